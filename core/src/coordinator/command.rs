@@ -1,0 +1,171 @@
+//! The commands the coordinator replicates and the outcomes they produce.
+//! These types cross the Raft log and the snapshot, so they are serde types
+//! encoded with postcard; add variants only at the end.
+
+use serde::{Deserialize, Serialize};
+
+use crate::ids::{Key, RegionId, RequestId};
+use crate::policy::Policy;
+
+/// One Raft log entry's payload: the leader's clock stamp and a batch of
+/// commands (group commit). The state-machine clock becomes
+/// `max(previous, stamp_ms)` before any command of the batch is applied.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Proposal {
+    /// Leader wall-clock time when it proposed, epoch milliseconds.
+    pub stamp_ms: u64,
+    /// Commands applied in order; each produces one [`Outcome`].
+    pub commands: Vec<Command>,
+}
+
+/// The result of applying one [`Proposal`]: one outcome per command, in order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct ProposalResult {
+    /// One entry per command of the proposal.
+    pub outcomes: Vec<Outcome>,
+}
+
+/// A replicated command.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Command {
+    /// Lease up to `tokens` of `key`'s current window for `region`.
+    Lease {
+        /// The budget.
+        key: Key,
+        /// The asking region.
+        region: RegionId,
+        /// Tokens wanted; must be > 0.
+        tokens: u64,
+        /// For exactly-once retries.
+        request_id: Option<RequestId>,
+    },
+    /// Return unused credits of `window_start_ms`; credited only while that
+    /// window is current, capped at what this region was granted in it minus
+    /// what it already returned; idempotent per (key, region, window).
+    Reconcile {
+        /// The budget.
+        key: Key,
+        /// The returning region.
+        region: RegionId,
+        /// Tokens handed back.
+        leftover: u64,
+        /// The window the credits were granted in.
+        window_start_ms: u64,
+        /// For exactly-once retries.
+        request_id: Option<RequestId>,
+    },
+    /// Region fair pool: raise this region's total grant for the current
+    /// window towards `want_total` (never lowers it).
+    PoolGrant {
+        /// The budget (a `fair` policy).
+        key: Key,
+        /// The asking region.
+        region: RegionId,
+        /// The region's weight: Σ of its active tenants' weights, ≥ 1.
+        region_weight: u64,
+        /// The total grant the region would like for this window.
+        want_total: u64,
+        /// For exactly-once retries.
+        request_id: Option<RequestId>,
+    },
+    /// Insert or replace the policy with this prefix.
+    SetPolicy(Policy),
+    /// Remove the policy with exactly this prefix.
+    DeletePolicy {
+        /// The prefix of the policy to remove.
+        prefix: String,
+    },
+    /// Advance the clock and collect dead windows and sessions; no other effect.
+    Tick,
+}
+
+/// What one command did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Outcome {
+    /// Result of [`Command::Lease`].
+    Lease(LeaseGrant),
+    /// Result of [`Command::Reconcile`].
+    Reconcile(ReconcileOutcome),
+    /// Result of [`Command::PoolGrant`].
+    PoolGrant(PoolGrantOutcome),
+    /// A policy was inserted or replaced.
+    PolicySet,
+    /// A policy delete; `existed` is false when there was nothing to delete.
+    PolicyDeleted {
+        /// Whether a policy with that prefix existed.
+        existed: bool,
+    },
+    /// The clock advanced; `collected_windows` dead windows were dropped.
+    Ticked {
+        /// How many window records were garbage-collected.
+        collected_windows: u64,
+    },
+    /// The command was refused; the state did not change.
+    Rejected(CommandError),
+}
+
+/// A grant from the coordinator, with the window it is valid for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseGrant {
+    /// Tokens granted, in `[0, tokens]`; partial grants are normal.
+    pub granted: u64,
+    /// The key's limit for this window.
+    pub limit: u64,
+    /// Start of the window the grant belongs to.
+    pub window_start_ms: u64,
+    /// End of that window; the grant dies there.
+    pub window_end_ms: u64,
+    /// The state-machine clock when the grant was applied. Receivers use
+    /// `window_end_ms - coordinator_now_ms` as a relative lifetime (DESIGN §4).
+    pub coordinator_now_ms: u64,
+}
+
+/// What a reconcile did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReconcileOutcome {
+    /// Tokens credited back to the window (0 when forfeited or duplicate).
+    pub credited: u64,
+    /// Why that amount.
+    pub disposition: ReconcileDisposition,
+}
+
+/// Why a reconcile credited what it did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ReconcileDisposition {
+    /// Credited (possibly capped) into the still-current window.
+    Credited,
+    /// The window is no longer current: the leftover is forfeited.
+    WindowEnded,
+    /// This (key, region, window) was already reconciled: no-op.
+    Duplicate,
+}
+
+/// The region's total pool grant after a [`Command::PoolGrant`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolGrantOutcome {
+    /// The region's new total grant for the window (monotonic within it).
+    pub granted_total: u64,
+    /// The key's limit for this window.
+    pub limit: u64,
+    /// Start of the window.
+    pub window_start_ms: u64,
+    /// End of the window.
+    pub window_end_ms: u64,
+    /// The state-machine clock when applied.
+    pub coordinator_now_ms: u64,
+}
+
+/// Why a command was refused. Maps onto gRPC codes at the edge.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum CommandError {
+    /// Malformed input (`INVALID_ARGUMENT`).
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// No policy matches the key (`NOT_FOUND`).
+    #[error("no policy matches key {0:?}")]
+    NoPolicy(String),
+    /// The command does not fit the key's policy, e.g. a pool grant on a
+    /// `counter` key (`FAILED_PRECONDITION`).
+    #[error("failed precondition: {0}")]
+    WrongKind(String),
+}

@@ -1,0 +1,27 @@
+//! Pure, deterministic logic of Leasehold. No IO, no clocks, no randomness:
+//! time and randomness come in as arguments, so everything here is
+//! property-testable and identical on every replica.
+//!
+//! # Layout
+//! - [`window`]: epoch-aligned window arithmetic and relative lifetimes.
+//! - [`ids`]: validated newtypes for keys, regions, tenants and request ids.
+//! - [`policy`]: the replicated policy table (longest-prefix match).
+//! - [`coordinator`]: the L3 state machine: commands, responses, `apply`.
+//! - [`fair_pool`]: the region fair pool arithmetic (weighted max-min across regions).
+//! - [`decision`]: the `Decision` type and its combine algebra.
+//! - [`escrow`]: the rules of one region's escrow for one key (L2, sans IO).
+//! - [`wfe`]: in-region weighted-fair escrow over a region's pool grant.
+//! - [`sizer`]: lease sizing: fixed batch and the online EOQ learner.
+//! - [`static_partition`]: the static-split baseline used for comparison.
+#![deny(missing_docs)]
+
+pub mod coordinator;
+pub mod decision;
+pub mod escrow;
+pub mod fair_pool;
+pub mod ids;
+pub mod policy;
+pub mod sizer;
+pub mod static_partition;
+pub mod wfe;
+pub mod window;
