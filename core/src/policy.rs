@@ -84,9 +84,129 @@ impl Policy {
         }
         if let OutagePolicy::Fallback { tokens_per_region } = self.outage {
             if tokens_per_region > self.limit {
-                return Err(PolicyError::FallbackShare { share: tokens_per_region, limit: self.limit });
+                return Err(PolicyError::FallbackShare {
+                    share: tokens_per_region,
+                    limit: self.limit,
+                });
             }
         }
         Ok(())
+    }
+}
+
+/// The replicated policy table: prefix → policy, longest-prefix match.
+///
+/// Law: `lookup(key)` returns the policy whose `prefix` is the longest prefix
+/// of `key` among all stored prefixes (the empty prefix matches every key),
+/// or `None` when no stored prefix is a prefix of `key`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PolicyTable {
+    by_prefix: std::collections::BTreeMap<String, Policy>,
+}
+
+impl PolicyTable {
+    /// An empty table.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Validates `policy` and inserts it, replacing any policy with the same
+    /// prefix. Returns the replaced policy, if any. On error nothing changes.
+    pub fn set(&mut self, policy: Policy) -> Result<Option<Policy>, PolicyError> {
+        policy.validate()?;
+        Ok(self.by_prefix.insert(policy.prefix.clone(), policy))
+    }
+
+    /// Removes the policy with exactly this prefix; returns it if it existed.
+    pub fn remove(&mut self, prefix: &str) -> Option<Policy> {
+        self.by_prefix.remove(prefix)
+    }
+
+    /// The policy governing `key`: the longest stored prefix of `key`.
+    /// Costs O(len(key) · log n) map probes, one per character boundary.
+    pub fn lookup(&self, key: &str) -> Option<&Policy> {
+        (0..=key.len())
+            .rev()
+            .filter(|&end| key.is_char_boundary(end))
+            .find_map(|end| self.by_prefix.get(&key[..end]))
+    }
+
+    /// All policies, sorted by prefix.
+    pub fn iter(&self) -> impl Iterator<Item = &Policy> {
+        self.by_prefix.values()
+    }
+
+    /// Number of policies.
+    pub fn len(&self) -> usize {
+        self.by_prefix.len()
+    }
+
+    /// Whether the table is empty.
+    pub fn is_empty(&self) -> bool {
+        self.by_prefix.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn policy(prefix: &str, limit: u64) -> Policy {
+        Policy {
+            prefix: prefix.to_string(),
+            limit,
+            window_ms: 1000,
+            kind: PolicyKind::Counter,
+            outage: OutagePolicy::FailClosed,
+        }
+    }
+
+    #[test]
+    fn invalid_policy_is_refused_and_table_unchanged() {
+        let mut table = PolicyTable::new();
+        assert!(table.set(policy("a", 0)).is_err());
+        assert!(table.is_empty());
+    }
+
+    #[test]
+    fn empty_prefix_matches_everything_but_longer_prefix_wins() {
+        let mut table = PolicyTable::new();
+        table.set(policy("", 1)).unwrap();
+        table.set(policy("api/", 2)).unwrap();
+        table.set(policy("api/users", 3)).unwrap();
+        assert_eq!(table.lookup("other").map(|p| p.limit), Some(1));
+        assert_eq!(table.lookup("api/x").map(|p| p.limit), Some(2));
+        assert_eq!(table.lookup("api/users/7").map(|p| p.limit), Some(3));
+        assert_eq!(table.remove("").map(|p| p.limit), Some(1));
+        assert_eq!(table.lookup("other"), None);
+    }
+
+    #[test]
+    fn multibyte_keys_do_not_panic() {
+        let mut table = PolicyTable::new();
+        table.set(policy("é", 5)).unwrap();
+        assert_eq!(table.lookup("éa").map(|p| p.limit), Some(5));
+        assert_eq!(table.lookup("aé"), None);
+    }
+
+    proptest! {
+        /// lookup agrees with a brute-force scan for the longest matching prefix.
+        #[test]
+        fn lookup_is_longest_matching_prefix(
+            prefixes in proptest::collection::vec("[ab]{0,3}", 0..6),
+            key in "[ab]{1,5}",
+        ) {
+            let mut table = PolicyTable::new();
+            for (i, p) in prefixes.iter().enumerate() {
+                table.set(policy(p, i as u64 + 1)).unwrap();
+            }
+            let expected = table
+                .iter()
+                .filter(|p| key.starts_with(p.prefix.as_str()))
+                .max_by_key(|p| p.prefix.len())
+                .cloned();
+            prop_assert_eq!(table.lookup(&key).cloned(), expected);
+        }
     }
 }

@@ -3,9 +3,26 @@
 //! Raft orders [`Proposal`]s (one log entry each, possibly a batch of commands
 //! from group commit); every replica applies them to a [`CoordinatorState`]
 //! and reaches the same state and the same [`Outcome`]s.
+//!
+//! # Layout
+//! - [`command`](self#reexports): the replicated commands and their outcomes (the log payload).
+//! - `state`: [`CoordinatorState`], `apply` and the read-only views.
+//! - `windows`: per-key window records, the window creation rule, tombstones.
+//! - `lease`, `reconcile`, `pool`, `policy_admin`: one file per command.
+//! - `sessions`: exactly-once client sessions, bounded.
+//! - `gc`: collection of dead windows and sessions.
 
 mod command;
+mod gc;
+mod lease;
+mod policy_admin;
+mod pool;
+mod reconcile;
+mod sessions;
 mod state;
+mod windows;
 
 pub use command::*;
+pub use lease::MAX_REGIONS_PER_WINDOW;
+pub use sessions::{MAX_RESPONSES_PER_SESSION, MAX_SESSIONS, SESSION_MIN_RETAIN_MS};
 pub use state::*;

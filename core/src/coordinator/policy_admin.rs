@@ -1,0 +1,45 @@
+//! `SetPolicy` and `DeletePolicy`, and what a policy change does to live windows.
+//!
+//! # Limit change rule
+//! Every live window keeps its own *effective limit*, captured from the
+//! governing policy when the window was created. After any change to the
+//! policy table, each live window whose key is still governed by some policy
+//! gets `effective = min(effective, governing limit)`: a decrease takes effect
+//! at once, an increase only from the key's next window. So a window never
+//! grants beyond the smallest limit that governed it during its life
+//! (property-tested in `core/tests/coordinator_properties.rs`). Tokens already
+//! granted above a lowered limit stay granted; no new grant is made until the
+//! outstanding amount falls below it.
+//!
+//! # Window length change rule
+//! A live window keeps its bounds until its end. The key's next window is the
+//! aligned window of the new `window_ms` containing the clock, started no
+//! earlier than the old window's end (see [`super::windows`]).
+//!
+//! # Delete
+//! Later leases and pool grants of keys that no policy governs any more are
+//! refused with `NoPolicy`; their live windows are kept until they end, so
+//! grants already made keep counting (and may still be reconciled).
+
+use super::command::{CommandError, Outcome};
+use super::state::CoordinatorState;
+use crate::policy::Policy;
+
+impl CoordinatorState {
+    pub(super) fn set_policy(&mut self, policy: &Policy) -> Outcome {
+        if let Err(error) = self.policies.set(policy.clone()) {
+            return Outcome::Rejected(CommandError::InvalidArgument(error.to_string()));
+        }
+        self.windows.note_window_ms(policy.window_ms);
+        self.windows.on_policies_changed(&self.policies);
+        Outcome::PolicySet
+    }
+
+    pub(super) fn delete_policy(&mut self, prefix: &str) -> Outcome {
+        let existed = self.policies.remove(prefix).is_some();
+        if existed {
+            self.windows.on_policies_changed(&self.policies);
+        }
+        Outcome::PolicyDeleted { existed }
+    }
+}

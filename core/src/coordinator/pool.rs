@@ -1,0 +1,77 @@
+//! `PoolGrant`: the region fair pool over a `fair` key's current window.
+//!
+//! The arithmetic is [`crate::fair_pool::next_grant`] with `L` = the window's
+//! *effective* limit (so a lowered limit also caps pool grants), over the
+//! window's regions in sorted order. The asking region joins the active set on
+//! its first call in the window (even with `want_total == 0`), and its weight
+//! is refreshed on every call. Regions that only hold lease grants (after a
+//! kind change) take part with weight 0: their grants are held, they reserve
+//! nothing more. Since every grant satisfies `granted_r ≤ L − Σ_{j≠r}
+//! granted_j`, `Σ granted ≤ L` holds for the window.
+//!
+//! Refused without any state change: `region_weight == 0` (`InvalidArgument`),
+//! no governing policy (`NoPolicy`), a `counter` key (`WrongKind`), a new
+//! region beyond [`super::MAX_REGIONS_PER_WINDOW`] (`InvalidArgument`).
+
+use super::command::{CommandError, Outcome, PoolGrantOutcome};
+use super::lease::MAX_REGIONS_PER_WINDOW;
+use super::state::CoordinatorState;
+use crate::fair_pool::{next_grant, PoolMember};
+use crate::ids::{Key, RegionId};
+use crate::policy::PolicyKind;
+
+impl CoordinatorState {
+    pub(super) fn pool_grant(
+        &mut self,
+        key: &Key,
+        region: &RegionId,
+        region_weight: u64,
+        want_total: u64,
+    ) -> Outcome {
+        if region_weight == 0 {
+            return Outcome::Rejected(CommandError::InvalidArgument(
+                "region_weight must be at least 1".to_string(),
+            ));
+        }
+        let Some(policy) = self.policies.lookup(key.as_str()) else {
+            return Outcome::Rejected(CommandError::NoPolicy(key.to_string()));
+        };
+        if policy.kind != PolicyKind::Fair {
+            return Outcome::Rejected(CommandError::WrongKind(
+                "key is counter: use Lease".to_string(),
+            ));
+        }
+        let now = self.now_ms;
+        let record = self.windows.live_or_create(key, policy, now);
+        if !record.regions.contains_key(region) && record.regions.len() >= MAX_REGIONS_PER_WINDOW {
+            return Outcome::Rejected(CommandError::InvalidArgument(format!(
+                "window already tracks {MAX_REGIONS_PER_WINDOW} regions"
+            )));
+        }
+        let current = record.regions.get(region).map_or(0, |used| used.granted);
+        let asker = PoolMember {
+            weight: region_weight,
+            granted: current,
+        };
+        let others = record
+            .regions
+            .iter()
+            .filter(|(id, _)| *id != region)
+            .map(|(_, used)| PoolMember {
+                weight: used.pool_weight,
+                granted: used.granted,
+            });
+        let granted_total = next_grant(record.limit, asker, want_total, others);
+        let used = record.regions.entry(region.clone()).or_default();
+        used.pool_weight = region_weight;
+        used.granted = granted_total;
+        record.granted += granted_total - current;
+        Outcome::PoolGrant(PoolGrantOutcome {
+            granted_total,
+            limit: record.limit,
+            window_start_ms: record.bounds.start_ms,
+            window_end_ms: record.bounds.end_ms,
+            coordinator_now_ms: now,
+        })
+    }
+}
