@@ -1,0 +1,481 @@
+//! Talking to the coordinator cluster (L3): [`CoordinatorClient`] for the
+//! public API (lease, reconcile, pool grant, window reads) and [`AdminClient`]
+//! for cluster and policy administration.
+//!
+//! The client tracks the leader: it starts with any configured endpoint,
+//! follows `FAILED_PRECONDITION` leader hints (metadata
+//! `leasehold-leader-id` / `leasehold-leader-addr`), remembers the leader
+//! that answered, and on `UNAVAILABLE`, deadline or transport errors moves to
+//! the next endpoint after a jittered exponential backoff. Every attempt has
+//! its own deadline and the whole call a total budget. A retried call reuses
+//! its [`RequestId`](leasehold_proto::v1::RequestId), so the coordinator
+//! applies it at most once and returns the first response.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use leasehold_proto::v1::admin_client::AdminClient as AdminRpc;
+use leasehold_proto::v1::coordinator_client::CoordinatorClient as CoordinatorRpc;
+use leasehold_proto::v1::{
+    GetWindowRequest, GetWindowResponse, LeaseRequest, LeaseResponse, PoolGrantRequest,
+    PoolGrantResponse, ReconcileRequest, ReconcileResponse, RequestId,
+};
+use leasehold_proto::{LEADER_ADDR_METADATA, LEADER_ID_METADATA};
+use rand::Rng;
+use tonic::transport::Channel;
+use tonic::{Code, Status};
+
+use crate::transport::{normalize_addr, DialError, Dialer};
+
+mod admin;
+mod error;
+
+pub use admin::AdminClient;
+pub use error::CoordinatorError;
+
+/// Deadlines and retry budget of a [`CoordinatorClient`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryOptions {
+    /// Deadline of one attempt against one node. Keep it above the
+    /// coordinator's proposal timeout so a `UNAVAILABLE` answer arrives first.
+    pub call_timeout: Duration,
+    /// Budget of the whole call, retries and backoff included.
+    pub total_timeout: Duration,
+    /// Most attempts per call (redirects count).
+    pub max_attempts: u32,
+    /// First backoff; doubles per retry up to `backoff_max`, fully jittered.
+    pub backoff_base: Duration,
+    /// Largest backoff.
+    pub backoff_max: Duration,
+}
+
+impl Default for RetryOptions {
+    fn default() -> Self {
+        Self {
+            call_timeout: Duration::from_millis(3_000),
+            total_timeout: Duration::from_millis(10_000),
+            max_attempts: 12,
+            backoff_base: Duration::from_millis(25),
+            backoff_max: Duration::from_millis(1_000),
+        }
+    }
+}
+
+/// Which node a call should go to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Target {
+    /// The leader (writes and linearizable reads): follow hints.
+    Leader,
+    /// Any node, starting from the first configured endpoint (node-local calls).
+    Any,
+}
+
+#[derive(Debug)]
+struct Routing {
+    endpoints: Vec<String>,
+    leader: Option<String>,
+    next: usize,
+    channels: HashMap<String, Channel>,
+}
+
+struct Shared {
+    dialer: Arc<dyn Dialer>,
+    options: RetryOptions,
+    client_id: String,
+    next_seq: AtomicU64,
+    routing: Mutex<Routing>,
+}
+
+/// A leader-tracking client of the coordinator's public API. Cheap to clone;
+/// clones share the leader cache, connections and request-id sequence.
+#[derive(Clone)]
+pub struct CoordinatorClient {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for CoordinatorClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CoordinatorClient")
+            .field("client_id", &self.shared.client_id)
+            .field("options", &self.shared.options)
+            .field("routing", &self.routing().endpoints)
+            .finish()
+    }
+}
+
+impl CoordinatorClient {
+    /// A client of the cluster reachable at `endpoints` (`host:port` or
+    /// `http://host:port`), with default [`RetryOptions`].
+    pub fn new<I, S>(endpoints: I, dialer: Arc<dyn Dialer>) -> Result<Self, CoordinatorError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        Self::with_options(endpoints, dialer, RetryOptions::default())
+    }
+
+    /// A client with explicit deadlines and retry budget.
+    pub fn with_options<I, S>(
+        endpoints: I,
+        dialer: Arc<dyn Dialer>,
+        options: RetryOptions,
+    ) -> Result<Self, CoordinatorError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let mut normalized = Vec::new();
+        for endpoint in endpoints {
+            let addr = normalize_addr(endpoint.as_ref())?;
+            if !normalized.contains(&addr) {
+                normalized.push(addr);
+            }
+        }
+        if normalized.is_empty() {
+            return Err(CoordinatorError::NoEndpoints);
+        }
+        let client_id = format!("c{:016x}", rand::thread_rng().gen::<u64>());
+        Ok(Self {
+            shared: Arc::new(Shared {
+                dialer,
+                options,
+                client_id,
+                next_seq: AtomicU64::new(1),
+                routing: Mutex::new(Routing {
+                    endpoints: normalized,
+                    leader: None,
+                    next: 0,
+                    channels: HashMap::new(),
+                }),
+            }),
+        })
+    }
+
+    /// This client's session id (the `client_id` of its request ids).
+    pub fn client_id(&self) -> &str {
+        &self.shared.client_id
+    }
+
+    /// A fresh request id; pass it to a `*_with_id` call and reuse it when
+    /// retrying the same logical request by hand.
+    pub fn next_request_id(&self) -> RequestId {
+        RequestId {
+            client_id: self.shared.client_id.clone(),
+            seq: self.shared.next_seq.fetch_add(1, Ordering::Relaxed),
+        }
+    }
+
+    /// The leader address last seen, if any.
+    pub fn leader(&self) -> Option<String> {
+        self.routing().leader.clone()
+    }
+
+    /// An admin client sharing this client's routing and connections.
+    pub fn admin(&self) -> AdminClient {
+        AdminClient::from_client(self.clone())
+    }
+
+    /// Leases up to `tokens` of `key`'s current window for `region`.
+    pub async fn lease(
+        &self,
+        key: &str,
+        region: &str,
+        tokens: u64,
+    ) -> Result<LeaseResponse, CoordinatorError> {
+        self.lease_with_id(key, region, tokens, self.next_request_id())
+            .await
+    }
+
+    /// [`lease`](Self::lease) with an explicit request id.
+    pub async fn lease_with_id(
+        &self,
+        key: &str,
+        region: &str,
+        tokens: u64,
+        request_id: RequestId,
+    ) -> Result<LeaseResponse, CoordinatorError> {
+        let request = LeaseRequest {
+            key: key.to_string(),
+            region: region.to_string(),
+            tokens,
+            request_id: Some(request_id),
+        };
+        self.call(Target::Leader, move |channel, timeout| {
+            let request = with_timeout(request.clone(), timeout);
+            async move { CoordinatorRpc::new(channel).lease(request).await }
+        })
+        .await
+    }
+
+    /// Returns `leftover` unused credits of the window starting at `window_start_ms`.
+    pub async fn reconcile(
+        &self,
+        key: &str,
+        region: &str,
+        leftover: u64,
+        window_start_ms: u64,
+    ) -> Result<ReconcileResponse, CoordinatorError> {
+        let request = ReconcileRequest {
+            key: key.to_string(),
+            region: region.to_string(),
+            leftover,
+            window_start_ms,
+            request_id: Some(self.next_request_id()),
+        };
+        self.call(Target::Leader, move |channel, timeout| {
+            let request = with_timeout(request.clone(), timeout);
+            async move { CoordinatorRpc::new(channel).reconcile(request).await }
+        })
+        .await
+    }
+
+    /// Raises `region`'s fair-pool grant of `key` towards `want_total`.
+    pub async fn pool_grant(
+        &self,
+        key: &str,
+        region: &str,
+        region_weight: u64,
+        want_total: u64,
+    ) -> Result<PoolGrantResponse, CoordinatorError> {
+        let request = PoolGrantRequest {
+            key: key.to_string(),
+            region: region.to_string(),
+            region_weight,
+            want_total,
+            request_id: Some(self.next_request_id()),
+        };
+        self.call(Target::Leader, move |channel, timeout| {
+            let request = with_timeout(request.clone(), timeout);
+            async move { CoordinatorRpc::new(channel).pool_grant(request).await }
+        })
+        .await
+    }
+
+    /// A linearizable view of `key`'s current window.
+    pub async fn get_window(&self, key: &str) -> Result<GetWindowResponse, CoordinatorError> {
+        let request = GetWindowRequest {
+            key: key.to_string(),
+        };
+        self.call(Target::Leader, move |channel, timeout| {
+            let request = with_timeout(request.clone(), timeout);
+            async move { CoordinatorRpc::new(channel).get_window(request).await }
+        })
+        .await
+    }
+
+    pub(crate) fn admin_rpc(channel: Channel) -> AdminRpc<Channel> {
+        AdminRpc::new(channel)
+    }
+
+    fn routing(&self) -> MutexGuard<'_, Routing> {
+        // A poisoned lock only means another caller panicked mid-update of a
+        // cache; the cache is still usable.
+        self.shared
+            .routing
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn pick(&self, target: Target, attempt: u32) -> String {
+        let mut routing = self.routing();
+        if target == Target::Leader {
+            if let Some(leader) = routing.leader.clone() {
+                return leader;
+            }
+        }
+        let index = match target {
+            Target::Leader => routing.next,
+            Target::Any => (attempt as usize).saturating_sub(1),
+        } % routing.endpoints.len();
+        routing.next = index;
+        routing.endpoints[index].clone()
+    }
+
+    async fn channel(&self, addr: &str) -> Result<Channel, DialError> {
+        if let Some(channel) = self.routing().channels.get(addr) {
+            return Ok(channel.clone());
+        }
+        let channel = self.shared.dialer.dial(addr).await?;
+        self.routing()
+            .channels
+            .insert(addr.to_string(), channel.clone());
+        Ok(channel)
+    }
+
+    /// Forgets `addr` as leader and its connection, and moves to the next endpoint.
+    fn give_up_on(&self, addr: &str) {
+        let mut routing = self.routing();
+        routing.channels.remove(addr);
+        if routing.leader.as_deref() == Some(addr) {
+            routing.leader = None;
+        }
+        routing.next = (routing.next + 1) % routing.endpoints.len();
+    }
+
+    fn follow_hint(&self, leader_addr: &str) {
+        if let Ok(addr) = normalize_addr(leader_addr) {
+            self.routing().leader = Some(addr);
+        }
+    }
+
+    fn remember_leader(&self, addr: &str) {
+        self.routing().leader = Some(addr.to_string());
+    }
+
+    fn backoff(&self, retry: u32) -> Duration {
+        let options = &self.shared.options;
+        let exp = options.backoff_base.saturating_mul(1u32 << retry.min(16));
+        let cap = exp.min(options.backoff_max);
+        let millis = u64::try_from(cap.as_millis()).unwrap_or(u64::MAX).max(1);
+        Duration::from_millis(rand::thread_rng().gen_range(millis / 2..=millis))
+    }
+
+    /// Runs `rpc` against the target node with per-attempt deadlines, leader
+    /// hints and jittered retries until success, a terminal error or the budget ends.
+    pub(crate) async fn call<R, F, Fut>(
+        &self,
+        target: Target,
+        mut rpc: F,
+    ) -> Result<R, CoordinatorError>
+    where
+        F: FnMut(Channel, Duration) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<R>, Status>>,
+    {
+        let options = self.shared.options;
+        let started = tokio::time::Instant::now();
+        let deadline = started + options.total_timeout;
+        let mut attempt = 0u32;
+        let mut redirects_in_a_row = 0u32;
+        loop {
+            attempt += 1;
+            let addr = self.pick(target, attempt);
+            let now = tokio::time::Instant::now();
+            let per_call = options
+                .call_timeout
+                .min(deadline.saturating_duration_since(now));
+            let error = match self.channel(&addr).await {
+                Err(e @ DialError::InvalidAddress { .. }) => return Err(e.into()),
+                Err(e) => CoordinatorError::Transport {
+                    addr: addr.clone(),
+                    message: e.to_string(),
+                },
+                Ok(channel) => match tokio::time::timeout(per_call, rpc(channel, per_call)).await {
+                    Ok(Ok(response)) => {
+                        if target == Target::Leader {
+                            self.remember_leader(&addr);
+                        }
+                        return Ok(response.into_inner());
+                    }
+                    Ok(Err(status)) => classify(&addr, status),
+                    Err(_) => CoordinatorError::DeadlineExceeded {
+                        addr: addr.clone(),
+                        after: per_call,
+                    },
+                },
+            };
+            let mut pause = true;
+            match &error {
+                CoordinatorError::NotLeader {
+                    leader_addr: Some(leader),
+                    ..
+                } if target == Target::Leader => {
+                    self.follow_hint(leader);
+                    redirects_in_a_row += 1;
+                    // Follow a fresh hint at once; back off if hints go round in circles.
+                    pause = redirects_in_a_row > 2;
+                }
+                e if e.is_retryable() => {
+                    redirects_in_a_row = 0;
+                    self.give_up_on(&addr);
+                }
+                _ => return Err(error),
+            }
+            let wait = if pause {
+                self.backoff(attempt)
+            } else {
+                Duration::ZERO
+            };
+            let resume = tokio::time::Instant::now() + wait;
+            if attempt >= options.max_attempts || resume >= deadline {
+                tracing::debug!(attempt, %error, "coordinator call gave up");
+                return Err(error);
+            }
+            tracing::debug!(attempt, %error, ?wait, "coordinator call retrying");
+            tokio::time::sleep(wait).await;
+        }
+    }
+}
+
+fn with_timeout<T>(message: T, timeout: Duration) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request.set_timeout(timeout);
+    request
+}
+
+/// Maps a gRPC status to a typed error, reading the leader hint metadata.
+fn classify(addr: &str, status: Status) -> CoordinatorError {
+    let message = status.message().to_string();
+    match status.code() {
+        Code::InvalidArgument => CoordinatorError::InvalidArgument(message),
+        Code::NotFound => CoordinatorError::NotFound(message),
+        Code::AlreadyExists => CoordinatorError::AlreadyExists(message),
+        Code::FailedPrecondition => {
+            let metadata = status.metadata();
+            let leader_id = metadata
+                .get(LEADER_ID_METADATA)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse().ok());
+            let leader_addr = metadata
+                .get(LEADER_ADDR_METADATA)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string);
+            if leader_id.is_some() || leader_addr.is_some() {
+                CoordinatorError::NotLeader {
+                    leader_id,
+                    leader_addr,
+                    message,
+                }
+            } else {
+                CoordinatorError::FailedPrecondition(message)
+            }
+        }
+        Code::Unavailable => CoordinatorError::Unavailable {
+            addr: addr.to_string(),
+            message,
+        },
+        Code::DeadlineExceeded => CoordinatorError::DeadlineExceeded {
+            addr: addr.to_string(),
+            after: Duration::ZERO,
+        },
+        Code::Unknown | Code::Cancelled | Code::Aborted | Code::Internal
+            if is_transport_message(&message) =>
+        {
+            CoordinatorError::Transport {
+                addr: addr.to_string(),
+                message,
+            }
+        }
+        code => CoordinatorError::Rpc { code, message },
+    }
+}
+
+/// Whether a non-standard status came from the connection rather than the server.
+fn is_transport_message(message: &str) -> bool {
+    let lower = message.to_ascii_lowercase();
+    [
+        "transport",
+        "connection",
+        "broken pipe",
+        "h2 protocol",
+        "operation was canceled",
+        "reset",
+    ]
+    .iter()
+    .any(|needle| lower.contains(needle))
+}
+
+#[cfg(test)]
+mod tests;

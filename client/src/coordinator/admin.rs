@@ -1,0 +1,160 @@
+//! [`AdminClient`]: cluster membership, status and policies over the
+//! `leasehold.v1.Admin` service, with the same routing and retries as
+//! [`CoordinatorClient`].
+
+use leasehold_proto::v1::{
+    AddLearnerRequest, ChangeMembershipRequest, DeletePolicyRequest, InitRequest,
+    ListPoliciesRequest, Member, Policy, SetPolicyRequest, StatusRequest, StatusResponse,
+};
+
+use super::{with_timeout, CoordinatorClient, CoordinatorError, Target};
+
+/// Administers a coordinator cluster. Writes and policy reads go to the
+/// leader; [`status`](Self::status) and [`init`](Self::init) go to the first
+/// configured endpoint that answers.
+#[derive(Debug, Clone)]
+pub struct AdminClient {
+    client: CoordinatorClient,
+}
+
+impl AdminClient {
+    /// Wraps a coordinator client, sharing its routing and connections.
+    pub fn from_client(client: CoordinatorClient) -> Self {
+        Self { client }
+    }
+
+    /// The underlying coordinator client.
+    pub fn client(&self) -> &CoordinatorClient {
+        &self.client
+    }
+
+    /// Initialises a pristine cluster with `members` (`(node id, host:port)`),
+    /// sent to the first configured endpoint. Fails with
+    /// [`CoordinatorError::AlreadyExists`] when that node is initialised already.
+    pub async fn init(&self, members: &[(u64, String)]) -> Result<(), CoordinatorError> {
+        let request = InitRequest {
+            members: members
+                .iter()
+                .map(|(id, addr)| Member {
+                    id: *id,
+                    addr: addr.clone(),
+                })
+                .collect(),
+        };
+        self.client
+            .call(Target::Any, move |channel, timeout| {
+                let request = with_timeout(request.clone(), timeout);
+                async move { CoordinatorClient::admin_rpc(channel).init(request).await }
+            })
+            .await
+            .map(|_| ())
+    }
+
+    /// Adds a non-voting member that starts receiving the log; returns the
+    /// log index of the membership change.
+    pub async fn add_learner(&self, id: u64, addr: &str) -> Result<u64, CoordinatorError> {
+        let request = AddLearnerRequest {
+            member: Some(Member {
+                id,
+                addr: addr.to_string(),
+            }),
+        };
+        self.client
+            .call(Target::Leader, move |channel, timeout| {
+                let request = with_timeout(request.clone(), timeout);
+                async move {
+                    CoordinatorClient::admin_rpc(channel)
+                        .add_learner(request)
+                        .await
+                }
+            })
+            .await
+            .map(|response| response.log_index)
+    }
+
+    /// Makes exactly `voter_ids` the voters; with `retain`, removed voters
+    /// stay as learners. Returns the log index of the final membership.
+    pub async fn change_membership(
+        &self,
+        voter_ids: &[u64],
+        retain: bool,
+    ) -> Result<u64, CoordinatorError> {
+        let request = ChangeMembershipRequest {
+            voter_ids: voter_ids.to_vec(),
+            retain,
+        };
+        self.client
+            .call(Target::Leader, move |channel, timeout| {
+                let request = with_timeout(request.clone(), timeout);
+                async move {
+                    CoordinatorClient::admin_rpc(channel)
+                        .change_membership(request)
+                        .await
+                }
+            })
+            .await
+            .map(|response| response.log_index)
+    }
+
+    /// The status of the first configured endpoint that answers (node-local,
+    /// not necessarily the leader's).
+    pub async fn status(&self) -> Result<StatusResponse, CoordinatorError> {
+        self.client
+            .call(Target::Any, move |channel, timeout| {
+                let request = with_timeout(StatusRequest {}, timeout);
+                async move { CoordinatorClient::admin_rpc(channel).status(request).await }
+            })
+            .await
+    }
+
+    /// Inserts or replaces the policy with `policy.prefix`.
+    pub async fn set_policy(&self, policy: Policy) -> Result<(), CoordinatorError> {
+        let request = SetPolicyRequest {
+            policy: Some(policy),
+        };
+        self.client
+            .call(Target::Leader, move |channel, timeout| {
+                let request = with_timeout(request.clone(), timeout);
+                async move {
+                    CoordinatorClient::admin_rpc(channel)
+                        .set_policy(request)
+                        .await
+                }
+            })
+            .await
+            .map(|_| ())
+    }
+
+    /// Removes the policy with exactly `prefix`; returns whether it existed.
+    pub async fn delete_policy(&self, prefix: &str) -> Result<bool, CoordinatorError> {
+        let request = DeletePolicyRequest {
+            prefix: prefix.to_string(),
+        };
+        self.client
+            .call(Target::Leader, move |channel, timeout| {
+                let request = with_timeout(request.clone(), timeout);
+                async move {
+                    CoordinatorClient::admin_rpc(channel)
+                        .delete_policy(request)
+                        .await
+                }
+            })
+            .await
+            .map(|response| response.existed)
+    }
+
+    /// Every policy, sorted by prefix (a linearizable read at the leader).
+    pub async fn list_policies(&self) -> Result<Vec<Policy>, CoordinatorError> {
+        self.client
+            .call(Target::Leader, move |channel, timeout| {
+                let request = with_timeout(ListPoliciesRequest {}, timeout);
+                async move {
+                    CoordinatorClient::admin_rpc(channel)
+                        .list_policies(request)
+                        .await
+                }
+            })
+            .await
+            .map(|response| response.policies)
+    }
+}

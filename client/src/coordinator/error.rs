@@ -1,0 +1,107 @@
+//! The typed errors of coordinator calls, one variant per gRPC outcome the
+//! caller may act on differently.
+
+use std::time::Duration;
+
+use crate::transport::DialError;
+
+/// Why a coordinator call failed (after any retries).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CoordinatorError {
+    /// No endpoint was configured.
+    #[error("no coordinator endpoints configured")]
+    NoEndpoints,
+    /// An endpoint address is malformed.
+    #[error(transparent)]
+    Address(#[from] DialError),
+    /// The request was malformed (`INVALID_ARGUMENT`); retrying will not help.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// No policy matches the key (`NOT_FOUND`).
+    #[error("not found: {0}")]
+    NotFound(String),
+    /// The thing to create exists already (`ALREADY_EXISTS`), e.g. the
+    /// cluster is initialised.
+    #[error("already exists: {0}")]
+    AlreadyExists(String),
+    /// The call does not fit the current state (`FAILED_PRECONDITION`
+    /// without a leader hint), e.g. a pool grant on a `counter` key.
+    #[error("failed precondition: {0}")]
+    FailedPrecondition(String),
+    /// The node is not the leader; the hint names the one it believes is.
+    /// Returned only when the retry budget ran out while following hints.
+    #[error("not the leader ({message}); leader id {leader_id:?} at {leader_addr:?}")]
+    NotLeader {
+        /// The leader's node id, if known.
+        leader_id: Option<u64>,
+        /// The leader's `host:port`, if known.
+        leader_addr: Option<String>,
+        /// The server's message.
+        message: String,
+    },
+    /// No leader or no quorum (`UNAVAILABLE`), or the node is unreachable.
+    #[error("unavailable at {addr}: {message}")]
+    Unavailable {
+        /// The node that answered (or failed to).
+        addr: String,
+        /// What it said.
+        message: String,
+    },
+    /// An attempt ran out of time.
+    #[error("no answer from {addr} within {after:?}")]
+    DeadlineExceeded {
+        /// The node that did not answer in time.
+        addr: String,
+        /// The attempt's deadline (zero when the server reported it).
+        after: Duration,
+    },
+    /// The connection failed underneath the call.
+    #[error("transport error talking to {addr}: {message}")]
+    Transport {
+        /// The node.
+        addr: String,
+        /// The transport's explanation.
+        message: String,
+    },
+    /// Any other gRPC status.
+    #[error("{code:?}: {message}")]
+    Rpc {
+        /// The status code.
+        code: tonic::Code,
+        /// The server's message.
+        message: String,
+    },
+}
+
+impl CoordinatorError {
+    /// Whether another attempt (possibly at another node) may succeed.
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            CoordinatorError::NotLeader { .. }
+                | CoordinatorError::Unavailable { .. }
+                | CoordinatorError::DeadlineExceeded { .. }
+                | CoordinatorError::Transport { .. }
+        )
+    }
+
+    /// The gRPC code this error corresponds to (for re-raising at another edge).
+    pub fn code(&self) -> tonic::Code {
+        use tonic::Code;
+        match self {
+            CoordinatorError::NoEndpoints
+            | CoordinatorError::Address(_)
+            | CoordinatorError::InvalidArgument(_) => Code::InvalidArgument,
+            CoordinatorError::NotFound(_) => Code::NotFound,
+            CoordinatorError::AlreadyExists(_) => Code::AlreadyExists,
+            CoordinatorError::FailedPrecondition(_) | CoordinatorError::NotLeader { .. } => {
+                Code::FailedPrecondition
+            }
+            CoordinatorError::Unavailable { .. } | CoordinatorError::Transport { .. } => {
+                Code::Unavailable
+            }
+            CoordinatorError::DeadlineExceeded { .. } => Code::DeadlineExceeded,
+            CoordinatorError::Rpc { code, .. } => *code,
+        }
+    }
+}

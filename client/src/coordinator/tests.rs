@@ -1,0 +1,215 @@
+//! Routing tests against scripted fake coordinators on loopback.
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use leasehold_proto::v1::coordinator_server::{Coordinator, CoordinatorServer};
+use leasehold_proto::v1::*;
+use tonic::metadata::MetadataValue;
+use tonic::transport::server::TcpIncoming;
+use tonic::{Request, Response, Status};
+
+use super::*;
+use crate::transport::TcpDialer;
+
+/// What a fake node answers to its next lease.
+#[derive(Clone)]
+enum Script {
+    Grant(u64),
+    NotLeader { id: u64, addr: String },
+    Unavailable,
+    Invalid,
+    Hang,
+}
+
+#[derive(Clone, Default)]
+struct FakeNode {
+    script: Arc<Mutex<VecDeque<Script>>>,
+    seen: Arc<Mutex<Vec<RequestId>>>,
+}
+
+#[tonic::async_trait]
+impl Coordinator for FakeNode {
+    async fn lease(
+        &self,
+        request: Request<LeaseRequest>,
+    ) -> Result<Response<LeaseResponse>, Status> {
+        let request = request.into_inner();
+        self.seen
+            .lock()
+            .unwrap()
+            .push(request.request_id.clone().unwrap());
+        let step = self
+            .script
+            .lock()
+            .unwrap()
+            .pop_front()
+            .unwrap_or(Script::Unavailable);
+        match step {
+            Script::Grant(granted) => Ok(Response::new(LeaseResponse {
+                granted,
+                ..Default::default()
+            })),
+            Script::NotLeader { id, addr } => {
+                let mut status = Status::failed_precondition(format!(
+                    "not the leader; leader is {id} at {addr}"
+                ));
+                status.metadata_mut().insert(
+                    LEADER_ID_METADATA,
+                    MetadataValue::try_from(id.to_string()).unwrap(),
+                );
+                status
+                    .metadata_mut()
+                    .insert(LEADER_ADDR_METADATA, MetadataValue::try_from(addr).unwrap());
+                Err(status)
+            }
+            Script::Unavailable => Err(Status::unavailable("no quorum")),
+            Script::Invalid => Err(Status::invalid_argument("tokens must be > 0")),
+            Script::Hang => {
+                tokio::time::sleep(Duration::from_secs(30)).await;
+                Err(Status::unavailable("late"))
+            }
+        }
+    }
+    async fn reconcile(
+        &self,
+        _: Request<ReconcileRequest>,
+    ) -> Result<Response<ReconcileResponse>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
+    async fn pool_grant(
+        &self,
+        _: Request<PoolGrantRequest>,
+    ) -> Result<Response<PoolGrantResponse>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
+    async fn get_window(
+        &self,
+        _: Request<GetWindowRequest>,
+    ) -> Result<Response<GetWindowResponse>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
+}
+
+async fn spawn_fake(script: Vec<Script>) -> (String, FakeNode) {
+    let node = FakeNode {
+        script: Arc::new(Mutex::new(script.into())),
+        ..Default::default()
+    };
+    let incoming = TcpIncoming::bind(SocketAddr::from(([127, 0, 0, 1], 0))).unwrap();
+    let addr = incoming.local_addr().unwrap().to_string();
+    let service = CoordinatorServer::new(node.clone());
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(service)
+            .serve_with_incoming(incoming),
+    );
+    (addr, node)
+}
+
+fn fast_options() -> RetryOptions {
+    RetryOptions {
+        call_timeout: Duration::from_millis(300),
+        total_timeout: Duration::from_secs(5),
+        max_attempts: 6,
+        backoff_base: Duration::from_millis(5),
+        backoff_max: Duration::from_millis(20),
+    }
+}
+
+fn client(endpoints: &[&str]) -> CoordinatorClient {
+    CoordinatorClient::with_options(
+        endpoints.iter().copied(),
+        Arc::new(TcpDialer::default()),
+        fast_options(),
+    )
+    .unwrap()
+}
+
+#[tokio::test]
+async fn follows_leader_hint_with_the_same_request_id() {
+    let (leader_addr, leader) = spawn_fake(vec![Script::Grant(7), Script::Grant(3)]).await;
+    let (follower_addr, follower) = spawn_fake(vec![Script::NotLeader {
+        id: 2,
+        addr: format!("http://{leader_addr}"),
+    }])
+    .await;
+    let client = client(&[&follower_addr]);
+
+    let first = client.lease("k", "eu", 7).await.unwrap();
+    assert_eq!(first.granted, 7);
+    assert_eq!(client.leader().as_deref(), Some(leader_addr.as_str()));
+    let asked_follower = follower.seen.lock().unwrap().clone();
+    let asked_leader = leader.seen.lock().unwrap().clone();
+    assert_eq!(asked_follower.len(), 1);
+    assert_eq!(
+        asked_leader, asked_follower,
+        "the redirected retry reuses the request id"
+    );
+
+    // The leader is remembered: the next call goes straight there.
+    assert_eq!(client.lease("k", "eu", 3).await.unwrap().granted, 3);
+    assert_eq!(follower.seen.lock().unwrap().len(), 1);
+    let ids = leader.seen.lock().unwrap().clone();
+    assert_ne!(
+        ids[0].seq, ids[1].seq,
+        "a new logical request gets a new sequence number"
+    );
+}
+
+#[tokio::test]
+async fn retries_unavailable_and_moves_to_the_next_endpoint() {
+    let (a_addr, a) = spawn_fake(vec![Script::Unavailable]).await;
+    let (b_addr, b) = spawn_fake(vec![Script::Grant(5)]).await;
+    let client = client(&[&a_addr, &b_addr]);
+    assert_eq!(client.lease("k", "eu", 5).await.unwrap().granted, 5);
+    assert_eq!(a.seen.lock().unwrap()[0], b.seen.lock().unwrap()[0]);
+}
+
+#[tokio::test]
+async fn a_hung_node_times_out_and_the_call_moves_on() {
+    let (a_addr, _a) = spawn_fake(vec![Script::Hang]).await;
+    let (b_addr, _b) = spawn_fake(vec![Script::Grant(1)]).await;
+    let client = client(&[&a_addr, &b_addr]);
+    assert_eq!(client.lease("k", "eu", 1).await.unwrap().granted, 1);
+}
+
+#[tokio::test]
+async fn invalid_argument_is_terminal() {
+    let (a_addr, a) = spawn_fake(vec![Script::Invalid, Script::Grant(1)]).await;
+    let client = client(&[&a_addr]);
+    let error = client.lease("k", "eu", 0).await.unwrap_err();
+    assert!(
+        matches!(error, CoordinatorError::InvalidArgument(_)),
+        "{error:?}"
+    );
+    assert!(!error.is_retryable());
+    assert_eq!(
+        a.seen.lock().unwrap().len(),
+        1,
+        "no retry after a terminal error"
+    );
+}
+
+#[tokio::test]
+async fn unreachable_cluster_gives_a_retryable_error_within_the_budget() {
+    // Port 1 on loopback refuses connections.
+    let client = client(&["127.0.0.1:1"]);
+    let error = client.lease("k", "eu", 1).await.unwrap_err();
+    assert!(error.is_retryable(), "{error:?}");
+}
+
+#[test]
+fn empty_or_malformed_endpoint_lists_are_rejected() {
+    let dialer: Arc<dyn Dialer> = Arc::new(TcpDialer::default());
+    assert_eq!(
+        CoordinatorClient::new(Vec::<String>::new(), dialer.clone()).unwrap_err(),
+        CoordinatorError::NoEndpoints
+    );
+    assert!(matches!(
+        CoordinatorClient::new(["nope"], dialer).unwrap_err(),
+        CoordinatorError::Address(_)
+    ));
+}
