@@ -1,1 +1,102 @@
-//! placeholder
+//! The Leasehold client library (L1): what services embed to ask "may this
+//! request proceed?" against a global, per-window budget.
+//!
+//! A [`Limiter`] answers `check(key, cost)` with a [`Decision`] in one of
+//! three [`Mode`]s: `Strict` (every check asks the backend), `CachedDeny`
+//! (denials are cached until their retry-after) or `Leased` (credits are
+//! leased in batches and spent locally, coupled to the coordinator window
+//! that granted them: no credit is ever spent after its window's end as
+//! the coordinator measures it, whatever the host clocks say).
+//!
+//! Credits come from a [`CreditSource`]: a regional escrow node
+//! ([`EscrowSource`]), the coordinator directly ([`CoordinatorSource`]), or
+//! anything else implementing the trait (tests use in-memory fakes).
+//!
+//! ```
+//! use std::sync::atomic::{AtomicU64, Ordering};
+//! use futures::future::{BoxFuture, FutureExt};
+//! use leasehold_client::{
+//!     AcquireRequest, CheckReply, CheckRequest, ClientError, CreditSource, Grant, LeaseOptions,
+//!     LeaseSizing, Limiter, LimiterConfig, Mode, ReturnRequest,
+//! };
+//! use leasehold_core::ids::ClientId;
+//!
+//! /// A one-window source with a fixed budget, for illustration.
+//! struct Budget(AtomicU64);
+//!
+//! impl CreditSource for Budget {
+//!     fn acquire(&self, r: AcquireRequest) -> BoxFuture<'_, Result<Grant, ClientError>> {
+//!         let left = self.0.load(Ordering::SeqCst);
+//!         let granted = r.tokens.min(left);
+//!         self.0.fetch_sub(granted, Ordering::SeqCst);
+//!         let grant = Grant {
+//!             granted, limit: 10, window_start_ms: 0, window_end_ms: 60_000,
+//!             remaining_lifetime_ms: 60_000, retry_after_ms: if granted == 0 { 1_000 } else { 0 },
+//!         };
+//!         async move { Ok(grant) }.boxed()
+//!     }
+//!     fn check(&self, _: CheckRequest) -> BoxFuture<'_, Result<CheckReply, ClientError>> {
+//!         async { Err(ClientError::Unsupported("leased only".into())) }.boxed()
+//!     }
+//!     fn give_back(&self, r: ReturnRequest) -> BoxFuture<'_, Result<u64, ClientError>> {
+//!         self.0.fetch_add(r.tokens, Ordering::SeqCst);
+//!         async move { Ok(r.tokens) }.boxed()
+//!     }
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let options = LeaseOptions { sizing: LeaseSizing::Fixed(4), ..LeaseOptions::default() };
+//! let config = LimiterConfig::new(Mode::Leased(options), ClientId::new("doc-example")?);
+//! let limiter = Limiter::new(Budget(AtomicU64::new(10)), config)?;
+//!
+//! let mut admitted = 0;
+//! for _ in 0..12 {
+//!     let decision = limiter.check("api:search", 1).await?;
+//!     if decision.allowed {
+//!         admitted += 1;
+//!     } else {
+//!         assert!(decision.retry_after_ms >= 1);
+//!     }
+//! }
+//! assert_eq!(admitted, 10); // never more than the budget
+//! assert_eq!(limiter.stats().refills, 4); // 4 + 4 + 2, then one empty grant
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Layout
+//! - [`limiter`]: the [`Limiter`] and its modes (leased, strict, cached-deny,
+//!   idle returns).
+//! - [`wallet`]: the sans-IO credit bookkeeping of one key (property-tested).
+//! - [`source`]: the [`CreditSource`] seam and its messages.
+//! - [`escrow_source`] / [`coordinator_source`]: the two network backends.
+//! - [`decision`]: [`Decision`] (from core), its combine algebra, and
+//!   [`Admission`] (a decision plus its window label).
+//! - [`config`], [`sizing`], [`stats`], [`error`]: options, lease sizing,
+//!   counters and typed errors.
+//! - [`static_partition`]: the uncoordinated static-split baseline.
+//! - [`transport`]: the [`Dialer`](transport::Dialer) and
+//!   [`WallClock`](transport::WallClock) seams (TCP or simulated).
+//! - [`coordinator`]: [`CoordinatorClient`](coordinator::CoordinatorClient)
+//!   with leader tracking, redirects and retries.
+#![deny(missing_docs)]
+
+pub mod config;
+pub mod coordinator;
+pub mod decision;
+pub mod error;
+pub mod limiter;
+pub mod sizing;
+pub mod source;
+pub mod stats;
+pub mod transport;
+pub mod wallet;
+
+pub use config::{LeaseOptions, LimiterConfig, Mode};
+pub use decision::{combine, Admission, Decision};
+pub use error::{ClientError, ConfigError};
+pub use limiter::Limiter;
+pub use sizing::LeaseSizing;
+pub use source::{AcquireRequest, CheckReply, CheckRequest, CreditSource, Grant, ReturnRequest};
+pub use stats::LimiterStats;

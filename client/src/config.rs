@@ -1,0 +1,108 @@
+//! How a [`Limiter`](crate::Limiter) behaves: its [`Mode`], lease options,
+//! identity and deadlines. Validated once, at construction.
+
+use std::time::Duration;
+
+use leasehold_core::ids::{ClientId, TenantId};
+
+use crate::error::ConfigError;
+use crate::sizing::LeaseSizing;
+
+/// How a limiter decides.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Mode {
+    /// Every check asks the backend (`Check`). Exact; one round trip per check.
+    Strict,
+    /// Like [`Mode::Strict`], but a denial is remembered until its
+    /// `retry_after` passes: later checks of that key with at least the
+    /// denied cost are denied locally, without a round trip.
+    CachedDeny,
+    /// Checks spend local credits leased in batches (`Acquire`), coupled to
+    /// the coordinator window that granted them.
+    Leased(LeaseOptions),
+}
+
+/// Options of [`Mode::Leased`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct LeaseOptions {
+    /// How many tokens one refill asks for.
+    pub sizing: LeaseSizing,
+    /// When a spend leaves at most this many credits, a refill is started in
+    /// the background (prefetch). 0 disables prefetching. A prefetched grant
+    /// that arrives after its deadline, or for an older window than the one
+    /// held, is dropped.
+    pub low_water: u64,
+    /// Credits untouched for this long are given back (`Return`) while
+    /// their window is current. `None` keeps them until they expire.
+    pub return_idle_after: Option<Duration>,
+    /// Upper bound on refills one check waits through before it gives up
+    /// with a denial (partial grants, dropped late grants).
+    pub max_refill_rounds: u32,
+}
+
+impl Default for LeaseOptions {
+    fn default() -> Self {
+        LeaseOptions {
+            sizing: LeaseSizing::Fixed(16),
+            low_water: 0,
+            return_idle_after: None,
+            max_refill_rounds: 16,
+        }
+    }
+}
+
+/// Everything a limiter needs besides its credit source.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LimiterConfig {
+    /// The decision mode.
+    pub mode: Mode,
+    /// This limiter's session id for exactly-once retries (unique per process).
+    pub client_id: ClientId,
+    /// The tenant this limiter acts for (`None`: the key's default tenant).
+    pub tenant: Option<TenantId>,
+    /// The tenant's weight, ≥ 1 (only `fair` keys use it).
+    pub weight: u64,
+    /// Deadline of one whole check, including any refill it waits for.
+    pub call_timeout: Duration,
+    /// Most keys tracked at once; beyond it the least recently used key's
+    /// state is dropped (its credits are forfeited, which is always safe).
+    pub max_keys: usize,
+}
+
+impl LimiterConfig {
+    /// A configuration with the given mode and client id and defaults for
+    /// the rest: default tenant, weight 1, 2 s call timeout, 100 000 keys.
+    pub fn new(mode: Mode, client_id: ClientId) -> Self {
+        LimiterConfig {
+            mode,
+            client_id,
+            tenant: None,
+            weight: 1,
+            call_timeout: Duration::from_secs(2),
+            max_keys: 100_000,
+        }
+    }
+
+    /// Checks every option; the error names the offending one.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.weight == 0 {
+            return Err(ConfigError("weight must be at least 1".into()));
+        }
+        if self.call_timeout.is_zero() {
+            return Err(ConfigError("call_timeout must be positive".into()));
+        }
+        if self.max_keys == 0 {
+            return Err(ConfigError("max_keys must be at least 1".into()));
+        }
+        if let Mode::Leased(lease) = &self.mode {
+            lease.sizing.validate()?;
+            if lease.max_refill_rounds == 0 {
+                return Err(ConfigError("max_refill_rounds must be at least 1".into()));
+            }
+            if lease.return_idle_after.is_some_and(|d| d.is_zero()) {
+                return Err(ConfigError("return_idle_after must be positive".into()));
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,96 @@
+//! Decisions as the limiter returns them: core's [`Decision`] plus the
+//! label of the window an admission was spent from.
+//!
+//! # The combine algebra
+//! Decisions of independent limits (say a per-user and a per-organisation
+//! budget) combine with [`combine`]: `allowed` is AND, `limit` and
+//! `remaining` are the minimum (the binding ceiling), `reset_at_ms` and
+//! `retry_after_ms` the maximum (never understate a wait). The neutral
+//! element is [`Decision::ALLOW_FULL`]; `combine` is associative,
+//! commutative and idempotent (property-tested in core), so any number of
+//! decisions reduce in any order with the same result.
+
+// TEMPORARY stand-in until leasehold-core's decision module lands.
+/// One admission decision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Decision {
+    /// Whether the request may proceed.
+    pub allowed: bool,
+    /// The effective ceiling.
+    pub limit: u64,
+    /// Units left before the next rejection.
+    pub remaining: u64,
+    /// When the window resets, epoch ms.
+    pub reset_at_ms: u64,
+    /// How long to wait before retrying; 0 when allowed.
+    pub retry_after_ms: u64,
+}
+impl Decision {
+    /// Neutral element of combine.
+    pub const ALLOW_FULL: Decision = Decision {
+        allowed: true,
+        limit: u64::MAX,
+        remaining: u64::MAX,
+        reset_at_ms: 0,
+        retry_after_ms: 0,
+    };
+}
+/// Combines two decisions.
+pub fn combine(a: Decision, b: Decision) -> Decision {
+    Decision {
+        allowed: a.allowed && b.allowed,
+        limit: a.limit.min(b.limit),
+        remaining: a.remaining.min(b.remaining),
+        reset_at_ms: a.reset_at_ms.max(b.reset_at_ms),
+        retry_after_ms: a.retry_after_ms.max(b.retry_after_ms),
+    }
+}
+// END TEMPORARY
+
+/// An allow spending credits of the window `[.., reset_at_ms)`.
+pub(crate) fn allowed(limit: u64, remaining: u64, reset_at_ms: u64) -> Decision {
+    Decision {
+        allowed: true,
+        limit,
+        remaining,
+        reset_at_ms,
+        retry_after_ms: 0,
+    }
+}
+
+/// A denial; `retry_after_ms` is raised to at least 1.
+pub(crate) fn denied(
+    limit: u64,
+    remaining: u64,
+    reset_at_ms: u64,
+    retry_after_ms: u64,
+) -> Decision {
+    Decision {
+        allowed: false,
+        limit,
+        remaining,
+        reset_at_ms,
+        retry_after_ms: retry_after_ms.max(1),
+    }
+}
+
+/// Makes a backend's decision well-formed: `retry_after_ms == 0` iff allowed.
+pub(crate) fn well_formed(d: Decision) -> Decision {
+    if d.allowed {
+        allowed(d.limit, d.remaining, d.reset_at_ms)
+    } else {
+        denied(d.limit, d.remaining, d.reset_at_ms, d.retry_after_ms)
+    }
+}
+
+/// A decision and, when it admitted, the window the admission is labelled
+/// with (DESIGN §1: every admission is labelled by the window whose credits
+/// it spent). The chaos suite's oracle sums admissions per label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Admission {
+    /// The decision.
+    pub decision: Decision,
+    /// Start of the window the admission spent credits of (coordinator
+    /// epoch ms); `Some` exactly when `decision.allowed`.
+    pub window_start_ms: Option<u64>,
+}

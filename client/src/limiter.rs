@@ -1,0 +1,173 @@
+//! The [`Limiter`] services embed: one object per budget family, shared by
+//! every task of the service (it is `Clone` and cheap to clone).
+//!
+//! The mode-specific paths live in submodules: [`leased`] (local credits,
+//! coalesced refills, prefetch), [`remote`] (strict and cached-deny) and
+//! [`idle`] (returning idle credits, key eviction).
+
+mod idle;
+mod keys;
+mod leased;
+mod remote;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use leasehold_core::ids::{Key, RequestId};
+
+use crate::config::{LimiterConfig, Mode};
+use crate::decision::{Admission, Decision};
+use crate::error::{ClientError, ConfigError};
+use crate::source::CreditSource;
+use crate::stats::{bump, LimiterStats, StatsCounters};
+
+use keys::KeyTable;
+use remote::CachedDenial;
+
+/// An admission limiter for many keys, in one of three [`Mode`]s.
+///
+/// `check` never blocks a thread: it awaits at most one backend call (or
+/// one coalesced refill) per round, bounded by the configured call timeout.
+/// Must be used inside a tokio runtime (real or simulated).
+#[derive(Clone)]
+pub struct Limiter {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Limiter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Limiter")
+            .field("config", &self.inner.config)
+            .finish_non_exhaustive()
+    }
+}
+
+/// State shared by every clone of a limiter and by its background tasks.
+pub(crate) struct Inner {
+    source: Arc<dyn CreditSource>,
+    config: LimiterConfig,
+    keys: Mutex<KeyTable>,
+    denials: Mutex<HashMap<String, CachedDenial>>,
+    stats: StatsCounters,
+    next_seq: AtomicU64,
+    sweeper_started: AtomicBool,
+}
+
+impl Limiter {
+    /// A limiter drawing on `source`. Fails if the configuration is invalid.
+    pub fn new(source: impl CreditSource, config: LimiterConfig) -> Result<Self, ConfigError> {
+        Self::with_shared_source(Arc::new(source), config)
+    }
+
+    /// A limiter drawing on a source shared with other limiters.
+    pub fn with_shared_source(
+        source: Arc<dyn CreditSource>,
+        config: LimiterConfig,
+    ) -> Result<Self, ConfigError> {
+        config.validate()?;
+        let max_keys = config.max_keys;
+        Ok(Limiter {
+            inner: Arc::new(Inner {
+                source,
+                config,
+                keys: Mutex::new(KeyTable::new(max_keys)),
+                denials: Mutex::new(HashMap::new()),
+                stats: StatsCounters::default(),
+                next_seq: AtomicU64::new(1),
+                sweeper_started: AtomicBool::new(false),
+            }),
+        })
+    }
+
+    /// Decides whether a request spending `cost` tokens of `key` may proceed.
+    ///
+    /// A denial is `Ok` with `allowed == false` and `retry_after_ms ≥ 1`.
+    /// Errors: [`ClientError::InvalidInput`] for an empty or too long key or
+    /// a zero cost; [`ClientError::Unavailable`] /
+    /// [`ClientError::DeadlineExceeded`] when the backend cannot answer in
+    /// time (the caller chooses to fail open or closed).
+    pub async fn check(&self, key: &str, cost: u64) -> Result<Decision, ClientError> {
+        self.check_labelled(key, cost).await.map(|a| a.decision)
+    }
+
+    /// Like [`check`](Self::check), also reporting the window an admission
+    /// is labelled with.
+    pub async fn check_labelled(&self, key: &str, cost: u64) -> Result<Admission, ClientError> {
+        let inner = &self.inner;
+        let result = match validate_input(key, cost) {
+            Err(e) => Err(e),
+            Ok(key) => {
+                let timeout = inner.config.call_timeout;
+                match tokio::time::timeout(timeout, inner.decide(key, cost)).await {
+                    Ok(result) => result,
+                    Err(_) => Err(ClientError::DeadlineExceeded(timeout)),
+                }
+            }
+        };
+        match &result {
+            Ok(a) if a.decision.allowed => {
+                bump(&inner.stats.admitted, 1);
+                bump(&inner.stats.admitted_tokens, cost);
+            }
+            Ok(_) => bump(&inner.stats.denied, 1),
+            Err(_) => bump(&inner.stats.errors, 1),
+        }
+        result
+    }
+
+    /// A snapshot of this limiter's counters.
+    pub fn stats(&self) -> LimiterStats {
+        self.inner.stats.snapshot()
+    }
+
+    /// The configuration this limiter was built with.
+    pub fn config(&self) -> &LimiterConfig {
+        &self.inner.config
+    }
+
+    /// Live local credits held for `key` (leased mode; 0 otherwise).
+    pub fn local_balance(&self, key: &str) -> u64 {
+        self.inner.local_balance(key)
+    }
+
+    /// Gives back (`Return`) the credits of every key untouched for at
+    /// least `idle_for`, and forgets idle keys that hold nothing. Returns
+    /// how many tokens the backend accepted. Leased mode runs this in the
+    /// background when `return_idle_after` is set; call it directly to
+    /// return credits on demand (`Duration::ZERO` before shutdown).
+    pub async fn return_idle_credits(&self, idle_for: Duration) -> Result<u64, ClientError> {
+        self.inner.return_idle(idle_for).await
+    }
+}
+
+impl Inner {
+    async fn decide(self: &Arc<Self>, key: Key, cost: u64) -> Result<Admission, ClientError> {
+        match &self.config.mode {
+            Mode::Strict => self.check_strict(key, cost).await,
+            Mode::CachedDeny => self.check_cached_deny(key, cost).await,
+            Mode::Leased(options) => self.check_leased(key, cost, options).await,
+        }
+    }
+
+    fn next_request_id(&self) -> RequestId {
+        RequestId {
+            client: self.config.client_id.clone(),
+            seq: self.next_seq.fetch_add(1, Ordering::Relaxed),
+        }
+    }
+}
+
+fn validate_input(key: &str, cost: u64) -> Result<Key, ClientError> {
+    if cost == 0 {
+        return Err(ClientError::InvalidInput("cost must be at least 1".into()));
+    }
+    Ok(Key::new(key)?)
+}
+
+/// Locks a mutex, recovering the data if another thread panicked while
+/// holding it (every critical section leaves the state consistent).
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}

@@ -1,0 +1,275 @@
+//! Leased mode: spend local credits; refill on shortage.
+//!
+//! - **Coalescing.** At most one refill (`Acquire`) is in flight per key.
+//!   A check that finds too few credits either starts it or waits on it;
+//!   when it lands, every waiter re-checks the wallet. The grant is credited
+//!   exactly once, by the refill task itself (never by the waiters — the
+//!   double credit of the original), and the task runs to completion even
+//!   if every waiting check is cancelled.
+//! - **Window coupling.** The credits' deadline is the instant the refill
+//!   was sent plus the grant's remaining lifetime; the wallet never spends
+//!   at or past it.
+//! - **Prefetch.** With `low_water > 0`, a spend that leaves at most
+//!   `low_water` credits starts a refill in the background; its grant is
+//!   dropped if it lands after its deadline or for an older window.
+
+use std::sync::Arc;
+
+use futures::FutureExt;
+use leasehold_core::ids::Key;
+use tokio::time::Instant;
+
+use super::keys::{KeyCell, KeyState, PendingRefill, RefillReport};
+use super::{lock, Inner};
+use crate::config::LeaseOptions;
+use crate::decision::{allowed, denied, Admission};
+use crate::error::ClientError;
+use crate::source::{AcquireRequest, Grant};
+use crate::stats::bump;
+use crate::wallet::{CreditOutcome, CreditWallet, GrantTerms, SpendOutcome, WindowLabel};
+
+impl Inner {
+    pub(super) async fn check_leased(
+        self: &Arc<Self>,
+        key: Key,
+        cost: u64,
+        options: &LeaseOptions,
+    ) -> Result<Admission, ClientError> {
+        self.ensure_sweeper(options);
+        let cell = self.cell(&key, options);
+        let mut last_refill: Option<RefillReport> = None;
+        for round in 0..=options.max_refill_rounds {
+            let now = Instant::now();
+            let waiting = {
+                let mut state = lock(&cell.state);
+                state.last_use = now;
+                let spent = state.wallet.spend(now, cost);
+                self.report_expired(&mut state);
+                match spent {
+                    SpendOutcome::Spent { remaining, window } => {
+                        if options.low_water > 0
+                            && remaining <= options.low_water
+                            && state.pending.is_none()
+                        {
+                            let tokens = state.sizer.size();
+                            // Fire and forget: the task credits the grant itself.
+                            let _ = self.start_refill(&cell, &mut state, &key, tokens, now, true);
+                        }
+                        return Ok(Admission {
+                            decision: allowed(window.limit, remaining, window.end_ms),
+                            window_start_ms: Some(window.start_ms),
+                        });
+                    }
+                    SpendOutcome::Short { balance } => {
+                        let exhausted = last_refill.is_some_and(|r| r.granted == 0);
+                        if exhausted || round == options.max_refill_rounds {
+                            return Ok(Admission {
+                                decision: self.denial(&state.wallet, balance, last_refill, now),
+                                window_start_ms: None,
+                            });
+                        }
+                        match &state.pending {
+                            Some(pending) => pending.clone(),
+                            None => {
+                                let tokens = state.sizer.size().max(cost.saturating_sub(balance));
+                                self.start_refill(&cell, &mut state, &key, tokens, now, false)
+                            }
+                        }
+                    }
+                }
+            };
+            last_refill = Some(waiting.await?);
+        }
+        // The loop always returns on its last round.
+        Err(ClientError::Protocol(
+            "refill loop ended without a decision".into(),
+        ))
+    }
+
+    /// The denial for a check that could not be served.
+    fn denial(
+        &self,
+        wallet: &CreditWallet<Instant>,
+        balance: u64,
+        last_refill: Option<RefillReport>,
+        now: Instant,
+    ) -> crate::Decision {
+        let window = wallet.window();
+        let limit = last_refill
+            .map(|r| r.limit)
+            .or(window.map(|w| w.limit))
+            .unwrap_or(0);
+        let reset_at_ms = last_refill
+            .map(|r| r.window_end_ms)
+            .or(window.map(|w| w.end_ms))
+            .unwrap_or(0);
+        let retry_after_ms = match last_refill {
+            Some(r) if r.retry_after_ms > 0 => r.retry_after_ms,
+            // An empty grant with no hint: the window is exhausted until it ends.
+            Some(r) if r.granted == 0 => millis_until(now, r.deadline),
+            _ => 1,
+        };
+        denied(limit, balance, reset_at_ms, retry_after_ms)
+    }
+
+    /// The cell of `key`, created on first use.
+    fn cell(&self, key: &Key, options: &LeaseOptions) -> Arc<KeyCell> {
+        lock(&self.keys).get_or_insert(key.as_str(), || KeyState {
+            wallet: CreditWallet::new(),
+            pending: None,
+            sizer: options.sizing.sizer(),
+            last_use: Instant::now(),
+            expired_reported: 0,
+        })
+    }
+
+    /// Counts credits that died unspent since the last report.
+    pub(super) fn report_expired(&self, state: &mut KeyState) {
+        let expired = state.wallet.totals().expired;
+        bump(
+            &self.stats.tokens_expired,
+            expired.saturating_sub(state.expired_reported),
+        );
+        state.expired_reported = expired;
+    }
+
+    /// Starts the one refill of this key (the caller checked none is in
+    /// flight) and returns the future every waiter awaits.
+    fn start_refill(
+        self: &Arc<Self>,
+        cell: &Arc<KeyCell>,
+        state: &mut KeyState,
+        key: &Key,
+        tokens: u64,
+        now: Instant,
+        prefetch: bool,
+    ) -> PendingRefill {
+        if let Some(pending) = &state.pending {
+            return pending.clone();
+        }
+        let Some(ticket) = state.wallet.begin_refill(now) else {
+            // The wallet and `pending` move together under the cell's lock,
+            // so this cannot happen; fail the check rather than the process.
+            let err = ClientError::Protocol("refill bookkeeping out of step".into());
+            return futures::future::ready(Err(err)).boxed().shared();
+        };
+        bump(&self.stats.refills, 1);
+        bump(&self.stats.backend_calls, 1);
+        if prefetch {
+            bump(&self.stats.prefetches, 1);
+        }
+        let request = AcquireRequest {
+            key: key.clone(),
+            tenant: self.config.tenant.clone(),
+            weight: self.config.weight,
+            tokens,
+            request_id: self.next_request_id(),
+        };
+        let inner = Arc::clone(self);
+        let task_cell = Arc::clone(cell);
+        let task = tokio::spawn(async move {
+            let timeout = inner.config.call_timeout;
+            let answer = match tokio::time::timeout(timeout, inner.source.acquire(request)).await {
+                Ok(answer) => answer,
+                Err(_) => Err(ClientError::DeadlineExceeded(timeout)),
+            };
+            let arrived = Instant::now();
+            let mut state = lock(&task_cell.state);
+            state.pending = None;
+            let report =
+                match answer.and_then(|grant| checked_terms(grant, tokens).map(|t| (grant, t))) {
+                    Err(e) => {
+                        state.wallet.abandon(ticket);
+                        Err(e)
+                    }
+                    Ok((grant, terms)) => {
+                        let deadline = crate::wallet::MonotonicTime::plus_millis(
+                            ticket.sent_at(),
+                            grant.remaining_lifetime_ms,
+                        );
+                        let outcome = state.wallet.credit(ticket, terms, arrived);
+                        let credited = inner.account_credit(&mut state, outcome);
+                        Ok(RefillReport {
+                            granted: grant.granted,
+                            credited,
+                            limit: grant.limit,
+                            window_end_ms: grant.window_end_ms,
+                            retry_after_ms: grant.retry_after_ms,
+                            deadline,
+                        })
+                    }
+                };
+            inner.report_expired(&mut state);
+            report
+        });
+        let pending: PendingRefill = async move {
+            task.await
+                .unwrap_or_else(|e| Err(ClientError::Protocol(format!("refill task failed: {e}"))))
+        }
+        .boxed()
+        .shared();
+        state.pending = Some(pending.clone());
+        pending
+    }
+
+    /// Updates counters and the sizer after a grant landed; returns the
+    /// tokens credited.
+    fn account_credit(&self, state: &mut KeyState, outcome: CreditOutcome) -> u64 {
+        match outcome {
+            CreditOutcome::Credited {
+                tokens,
+                closed_window_served,
+            } => {
+                bump(&self.stats.tokens_leased, tokens);
+                if let Some(served) = closed_window_served {
+                    state.sizer.observe_window_demand(served);
+                }
+                tokens
+            }
+            CreditOutcome::Empty => 0,
+            CreditOutcome::DroppedLate { tokens }
+            | CreditOutcome::DroppedStaleWindow { tokens } => {
+                bump(&self.stats.late_grants_dropped, 1);
+                bump(&self.stats.late_tokens_dropped, tokens);
+                0
+            }
+        }
+    }
+
+    pub(super) fn local_balance(&self, key: &str) -> u64 {
+        let cell = lock(&self.keys).get(key);
+        cell.map_or(0, |c| lock(&c.state).wallet.balance(Instant::now()))
+    }
+}
+
+/// Validates a grant against what was asked and converts it for the wallet.
+fn checked_terms(grant: Grant, asked: u64) -> Result<GrantTerms, ClientError> {
+    if grant.granted > asked {
+        return Err(ClientError::Protocol(format!(
+            "granted {} tokens, more than the {asked} asked",
+            grant.granted
+        )));
+    }
+    if grant.window_end_ms <= grant.window_start_ms {
+        return Err(ClientError::Protocol(format!(
+            "grant window [{}, {}) is empty",
+            grant.window_start_ms, grant.window_end_ms
+        )));
+    }
+    Ok(GrantTerms {
+        granted: grant.granted,
+        window: WindowLabel {
+            start_ms: grant.window_start_ms,
+            end_ms: grant.window_end_ms,
+            limit: grant.limit,
+        },
+        remaining_lifetime_ms: grant.remaining_lifetime_ms,
+    })
+}
+
+/// Whole milliseconds from `now` until `deadline`, rounded up, at least 1.
+pub(super) fn millis_until(now: Instant, deadline: Instant) -> u64 {
+    let left = deadline.saturating_duration_since(now);
+    let ms = left.as_millis() + u128::from(left.subsec_nanos() % 1_000_000 != 0);
+    u64::try_from(ms).unwrap_or(u64::MAX).max(1)
+}
