@@ -1,0 +1,124 @@
+//! `PoolGrant` through `apply`: the reference golden vector, validation, and
+//! the effective limit after a limit change.
+
+mod coordinator_support;
+
+use coordinator_support::*;
+use leasehold_core::coordinator::{CommandError, CoordinatorState, Outcome, PoolGrantOutcome};
+use leasehold_core::fair_pool::RegionFairPool;
+
+const T0: u64 = 1_699_999_980_000;
+
+/// (region, weight, want_total, expected total) with L = 100, one window.
+const GOLDEN: [(&str, u64, u64, u64); 10] = [
+    ("us", 3, 10, 10),
+    ("eu", 1, 40, 25),
+    ("us", 3, 80, 75),
+    ("ap", 2, 30, 0),
+    ("eu", 1, 5, 25),
+    ("us", 3, 200, 75),
+    ("ap", 2, 60, 0),
+    ("eu", 1, 100, 25),
+    ("us", 3, 100, 75),
+    ("ap", 2, 100, 0),
+];
+
+fn total(outcome: &Outcome) -> u64 {
+    match outcome {
+        Outcome::PoolGrant(PoolGrantOutcome { granted_total, .. }) => *granted_total,
+        other => panic!("expected a pool grant, got {other:?}"),
+    }
+}
+
+#[test]
+fn golden_vector_through_apply() {
+    let mut s = CoordinatorState::default();
+    run(&mut s, T0, fair("fed/", 100, 60_000));
+    for (name, weight, want, expected) in GOLDEN {
+        let got = total(&run(&mut s, T0, pool("fed/k", name, weight, want)));
+        assert_eq!(got, expected, "{name} w{weight} want {want}");
+    }
+    let view = s.window_view(&key("fed/k"), T0).expect("policy exists");
+    assert_eq!(view.granted, 100);
+    let weights: Vec<_> = view
+        .regions
+        .iter()
+        .map(|r| (r.region.as_str(), r.pool_weight))
+        .collect();
+    assert_eq!(weights, [("ap", 2), ("eu", 1), ("us", 3)]);
+}
+
+#[test]
+fn golden_vector_matches_the_in_process_pool_call_by_call() {
+    let mut s = CoordinatorState::default();
+    run(&mut s, T0, fair("fed/", 100, 60_000));
+    let mut reference = RegionFairPool::new(100, 60_000).expect("valid pool");
+    for (name, weight, want, _) in GOLDEN {
+        let via_apply = total(&run(&mut s, T0, pool("fed/k", name, weight, want)));
+        let direct = reference
+            .grant(&region(name), weight, want, T0)
+            .expect("valid weight");
+        assert_eq!(via_apply, direct);
+    }
+}
+
+#[test]
+fn pool_validation() {
+    let mut s = CoordinatorState::default();
+    run(&mut s, 0, fair("f/", 10, 1_000));
+    run(&mut s, 0, counter("c/", 10, 1_000));
+    let before = s.clone();
+    assert!(matches!(
+        run(&mut s, 0, pool("f/a", "us", 0, 5)),
+        Outcome::Rejected(CommandError::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        run(&mut s, 0, pool("c/a", "us", 1, 5)),
+        Outcome::Rejected(CommandError::WrongKind(_))
+    ));
+    assert_eq!(
+        run(&mut s, 0, pool("x", "us", 1, 5)),
+        Outcome::Rejected(CommandError::NoPolicy("x".into()))
+    );
+    assert_eq!(s, before);
+}
+
+#[test]
+fn joining_with_zero_want_reserves_the_guarantee() {
+    let mut s = CoordinatorState::default();
+    run(&mut s, 0, fair("f", 100, 1_000));
+    assert_eq!(total(&run(&mut s, 0, pool("f", "eu", 1, 0))), 0);
+    assert_eq!(total(&run(&mut s, 0, pool("f", "us", 1, 100))), 50);
+    assert_eq!(total(&run(&mut s, 0, pool("f", "eu", 1, 100))), 50);
+}
+
+#[test]
+fn lowered_limit_caps_pool_grants_of_the_live_window() {
+    let mut s = CoordinatorState::default();
+    run(&mut s, 0, fair("f", 100, 1_000));
+    assert_eq!(total(&run(&mut s, 0, pool("f", "us", 1, 30))), 30);
+    run(&mut s, 1, fair("f", 40, 1_000));
+    assert_eq!(total(&run(&mut s, 2, pool("f", "eu", 1, 100))), 10);
+    assert_eq!(
+        total(&run(&mut s, 3, pool("f", "us", 1, 100))),
+        30,
+        "never shrinks, never exceeds"
+    );
+    // Next window: the new limit applies in full.
+    assert_eq!(total(&run(&mut s, 1_000, pool("f", "us", 1, 100))), 40);
+}
+
+#[test]
+fn pool_grants_are_per_window() {
+    let mut s = CoordinatorState::default();
+    run(&mut s, 0, fair("f", 10, 1_000));
+    assert_eq!(total(&run(&mut s, 0, pool("f", "us", 1, 10))), 10);
+    assert_eq!(total(&run(&mut s, 999, pool("f", "eu", 1, 10))), 0);
+    match run(&mut s, 1_000, pool("f", "eu", 1, 10)) {
+        Outcome::PoolGrant(p) => assert_eq!(
+            (p.granted_total, p.window_start_ms, p.window_end_ms),
+            (10, 1_000, 2_000)
+        ),
+        other => panic!("{other:?}"),
+    }
+}
