@@ -84,19 +84,25 @@
 
 pub mod config;
 pub mod coordinator;
+pub mod coordinator_source;
 pub mod decision;
 pub mod error;
+pub mod escrow_source;
 pub mod limiter;
 pub mod sizing;
 pub mod source;
+pub mod static_partition;
 pub mod stats;
 pub mod transport;
 pub mod wallet;
 
 pub use config::{LeaseOptions, LimiterConfig, Mode};
+pub use coordinator_source::CoordinatorSource;
 pub use decision::{combine, Admission, Decision};
 pub use error::{ClientError, ConfigError};
+pub use escrow_source::{EscrowSource, EscrowSourceOptions};
 pub use limiter::Limiter;
 pub use sizing::LeaseSizing;
 pub use source::{AcquireRequest, CheckReply, CheckRequest, CreditSource, Grant, ReturnRequest};
+pub use static_partition::StaticPartition;
 pub use stats::LimiterStats;

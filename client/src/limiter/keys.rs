@@ -42,6 +42,9 @@ pub(crate) struct KeyState {
     pub last_use: Instant,
     /// How much of `wallet.totals().expired` was already counted in stats.
     pub expired_reported: u64,
+    /// After an empty grant: shortages are denied locally until this
+    /// instant (the grant's retry hint) instead of asking again.
+    pub empty_until: Option<(Instant, RefillReport)>,
 }
 
 /// A key's state cell, shared between checks and refill tasks.

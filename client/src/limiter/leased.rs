@@ -26,7 +26,9 @@ use crate::decision::{allowed, denied, Admission};
 use crate::error::ClientError;
 use crate::source::{AcquireRequest, Grant};
 use crate::stats::bump;
-use crate::wallet::{CreditOutcome, CreditWallet, GrantTerms, SpendOutcome, WindowLabel};
+use crate::wallet::{
+    CreditOutcome, CreditWallet, GrantTerms, MonotonicTime, SpendOutcome, WindowLabel,
+};
 
 impl Inner {
     pub(super) async fn check_leased(
@@ -61,6 +63,12 @@ impl Inner {
                         });
                     }
                     SpendOutcome::Short { balance } => {
+                        if let Some(denial) = cached_empty_grant(&mut state, balance, now) {
+                            return Ok(Admission {
+                                decision: denial,
+                                window_start_ms: None,
+                            });
+                        }
                         let exhausted = last_refill.is_some_and(|r| r.granted == 0);
                         if exhausted || round == options.max_refill_rounds {
                             return Ok(Admission {
@@ -120,6 +128,7 @@ impl Inner {
             sizer: options.sizing.sizer(),
             last_use: Instant::now(),
             expired_reported: 0,
+            empty_until: None,
         })
     }
 
@@ -176,29 +185,39 @@ impl Inner {
             let arrived = Instant::now();
             let mut state = lock(&task_cell.state);
             state.pending = None;
-            let report =
-                match answer.and_then(|grant| checked_terms(grant, tokens).map(|t| (grant, t))) {
-                    Err(e) => {
-                        state.wallet.abandon(ticket);
-                        Err(e)
-                    }
-                    Ok((grant, terms)) => {
-                        let deadline = crate::wallet::MonotonicTime::plus_millis(
-                            ticket.sent_at(),
-                            grant.remaining_lifetime_ms,
-                        );
-                        let outcome = state.wallet.credit(ticket, terms, arrived);
-                        let credited = inner.account_credit(&mut state, outcome);
-                        Ok(RefillReport {
-                            granted: grant.granted,
-                            credited,
-                            limit: grant.limit,
-                            window_end_ms: grant.window_end_ms,
-                            retry_after_ms: grant.retry_after_ms,
-                            deadline,
-                        })
-                    }
-                };
+            let checked = answer.and_then(|grant| checked_terms(grant, tokens).map(|t| (grant, t)));
+            let report = match checked {
+                Err(e) => {
+                    state.wallet.abandon(ticket);
+                    Err(e)
+                }
+                Ok((grant, terms)) => {
+                    let deadline = ticket.sent_at().plus_millis(grant.remaining_lifetime_ms);
+                    let credited = match terms {
+                        Some(terms) => {
+                            let outcome = state.wallet.credit(ticket, terms, arrived);
+                            inner.account_credit(&mut state, outcome)
+                        }
+                        // An empty grant naming no window (e.g. the node is
+                        // cut off from the coordinator): nothing to record.
+                        None => {
+                            state.wallet.abandon(ticket);
+                            0
+                        }
+                    };
+                    Ok(RefillReport {
+                        granted: grant.granted,
+                        credited,
+                        limit: grant.limit,
+                        window_end_ms: grant.window_end_ms,
+                        retry_after_ms: grant.retry_after_ms,
+                        deadline,
+                    })
+                }
+            };
+            if let Ok(r) = &report {
+                remember_empty_grant(&mut state, r, arrived);
+            }
             inner.report_expired(&mut state);
             report
         });
@@ -242,8 +261,9 @@ impl Inner {
     }
 }
 
-/// Validates a grant against what was asked and converts it for the wallet.
-fn checked_terms(grant: Grant, asked: u64) -> Result<GrantTerms, ClientError> {
+/// Validates a grant against what was asked and converts it for the
+/// wallet; `None` for an empty grant that names no window.
+fn checked_terms(grant: Grant, asked: u64) -> Result<Option<GrantTerms>, ClientError> {
     if grant.granted > asked {
         return Err(ClientError::Protocol(format!(
             "granted {} tokens, more than the {asked} asked",
@@ -251,12 +271,15 @@ fn checked_terms(grant: Grant, asked: u64) -> Result<GrantTerms, ClientError> {
         )));
     }
     if grant.window_end_ms <= grant.window_start_ms {
+        if grant.granted == 0 {
+            return Ok(None);
+        }
         return Err(ClientError::Protocol(format!(
             "grant window [{}, {}) is empty",
             grant.window_start_ms, grant.window_end_ms
         )));
     }
-    Ok(GrantTerms {
+    Ok(Some(GrantTerms {
         granted: grant.granted,
         window: WindowLabel {
             start_ms: grant.window_start_ms,
@@ -264,7 +287,40 @@ fn checked_terms(grant: Grant, asked: u64) -> Result<GrantTerms, ClientError> {
             limit: grant.limit,
         },
         remaining_lifetime_ms: grant.remaining_lifetime_ms,
-    })
+    }))
+}
+
+/// The local denial for a shortage while an empty grant's retry hint runs.
+fn cached_empty_grant(state: &mut KeyState, balance: u64, now: Instant) -> Option<crate::Decision> {
+    let (until, report) = state.empty_until?;
+    if now >= until {
+        state.empty_until = None;
+        return None;
+    }
+    Some(denied(
+        report.limit,
+        balance,
+        report.window_end_ms,
+        millis_until(now, until),
+    ))
+}
+
+/// After a refill: an empty grant starts (or refreshes) the local denial
+/// period; credited tokens end it.
+fn remember_empty_grant(state: &mut KeyState, report: &RefillReport, arrived: Instant) {
+    if report.credited > 0 {
+        state.empty_until = None;
+    } else if report.granted == 0 {
+        let hint_ms = if report.retry_after_ms > 0 {
+            report.retry_after_ms
+        } else {
+            let left = report.deadline.saturating_duration_since(arrived);
+            u64::try_from(left.as_millis()).unwrap_or(u64::MAX)
+        };
+        if hint_ms > 0 {
+            state.empty_until = Some((arrived.plus_millis(hint_ms), *report));
+        }
+    }
 }
 
 /// Whole milliseconds from `now` until `deadline`, rounded up, at least 1.

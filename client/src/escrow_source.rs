@@ -1,0 +1,261 @@
+//! [`EscrowSource`]: credits from a regional escrow node
+//! (`leasehold.v1.Escrow`: `Acquire`, `Check`, `Return`).
+//!
+//! Every attempt carries a deadline (gRPC `grpc-timeout` and a local
+//! timer). `Acquire` is retried on transient failures with jittered
+//! exponential backoff and the *same* request id, so the node applies it at
+//! most once. `Check` and `Return` are not retried: a repeated `Check` could
+//! spend twice and a lost `Return` only forfeits credits (safe). After a
+//! transient failure the channel is dropped and re-dialled on the next call,
+//! because an HTTP/2 connection can stay wedged after a partition.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::future::{BoxFuture, FutureExt};
+use leasehold_proto::v1 as wire;
+use leasehold_proto::v1::escrow_client::EscrowClient;
+use rand::Rng;
+use tonic::transport::Channel;
+
+use crate::error::ClientError;
+use crate::source::{AcquireRequest, CheckReply, CheckRequest, CreditSource, Grant, ReturnRequest};
+use crate::transport::{normalize_addr, Dialer};
+use crate::Decision;
+
+/// Deadlines and retry budget of an [`EscrowSource`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EscrowSourceOptions {
+    /// Deadline of one attempt.
+    pub rpc_timeout: Duration,
+    /// Most attempts of one `Acquire` (≥ 1).
+    pub max_attempts: u32,
+    /// First backoff between attempts; doubles per retry up to `backoff_max`.
+    pub backoff_base: Duration,
+    /// Largest backoff.
+    pub backoff_max: Duration,
+}
+
+impl Default for EscrowSourceOptions {
+    fn default() -> Self {
+        EscrowSourceOptions {
+            rpc_timeout: Duration::from_millis(1_000),
+            max_attempts: 3,
+            backoff_base: Duration::from_millis(20),
+            backoff_max: Duration::from_millis(500),
+        }
+    }
+}
+
+/// A [`CreditSource`] backed by one escrow node.
+pub struct EscrowSource {
+    addr: String,
+    dialer: Arc<dyn Dialer>,
+    options: EscrowSourceOptions,
+    channel: Mutex<Option<Channel>>,
+}
+
+impl std::fmt::Debug for EscrowSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EscrowSource")
+            .field("addr", &self.addr)
+            .field("options", &self.options)
+            .finish()
+    }
+}
+
+impl EscrowSource {
+    /// A source talking to the escrow node at `addr` (`host:port` or
+    /// `http://host:port`) through `dialer`. Dialling is lazy.
+    pub fn new(
+        addr: &str,
+        dialer: Arc<dyn Dialer>,
+        options: EscrowSourceOptions,
+    ) -> Result<Self, ClientError> {
+        let addr = normalize_addr(addr).map_err(|e| ClientError::InvalidInput(e.to_string()))?;
+        if options.max_attempts == 0 {
+            return Err(ClientError::InvalidInput(
+                "max_attempts must be at least 1".into(),
+            ));
+        }
+        if options.rpc_timeout.is_zero() {
+            return Err(ClientError::InvalidInput(
+                "rpc_timeout must be positive".into(),
+            ));
+        }
+        Ok(EscrowSource {
+            addr,
+            dialer,
+            options,
+            channel: Mutex::new(None),
+        })
+    }
+
+    /// The node's normalised address.
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    async fn client(&self) -> Result<EscrowClient<Channel>, ClientError> {
+        let cached = crate::limiter::lock(&self.channel).clone();
+        let channel = match cached {
+            Some(channel) => channel,
+            None => {
+                let channel = self
+                    .dialer
+                    .dial(&self.addr)
+                    .await
+                    .map_err(|e| ClientError::Unavailable(e.to_string()))?;
+                *crate::limiter::lock(&self.channel) = Some(channel.clone());
+                channel
+            }
+        };
+        Ok(EscrowClient::new(channel))
+    }
+
+    /// Drops the cached channel so the next call dials afresh.
+    fn forget_channel(&self) {
+        *crate::limiter::lock(&self.channel) = None;
+    }
+
+    /// Runs one attempt with its deadline; forgets the channel on a
+    /// transient failure.
+    async fn attempt<T, F, Fut>(&self, call: F) -> Result<T, ClientError>
+    where
+        F: FnOnce(EscrowClient<Channel>, Duration) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let timeout = self.options.rpc_timeout;
+        let result = match self.client().await {
+            Err(e) => Err(e),
+            Ok(client) => match tokio::time::timeout(timeout, call(client, timeout)).await {
+                Ok(Ok(response)) => Ok(response.into_inner()),
+                Ok(Err(status)) => Err(ClientError::from(status)),
+                Err(_) => Err(ClientError::DeadlineExceeded(timeout)),
+            },
+        };
+        if result.as_ref().is_err_and(ClientError::is_transient) {
+            self.forget_channel();
+        }
+        result
+    }
+
+    fn backoff(&self, retry: u32) -> Duration {
+        let base = self.options.backoff_base.as_millis().max(1);
+        let grown = base.saturating_mul(1u128 << retry.min(16));
+        let cap = self.options.backoff_max.as_millis().max(1);
+        let millis = u64::try_from(grown.min(cap)).unwrap_or(u64::MAX);
+        Duration::from_millis(rand::thread_rng().gen_range(millis / 2..=millis))
+    }
+
+    async fn acquire_with_retries(&self, request: AcquireRequest) -> Result<Grant, ClientError> {
+        let message = wire::AcquireRequest {
+            key: request.key.as_str().to_string(),
+            tenant: tenant_name(request.tenant.as_ref()),
+            weight: request.weight,
+            tokens: request.tokens,
+            request_id: Some(wire::RequestId {
+                client_id: request.request_id.client.as_str().to_string(),
+                seq: request.request_id.seq,
+            }),
+        };
+        let mut attempt = 0;
+        loop {
+            let message = message.clone();
+            let result = self
+                .attempt(|mut client, timeout| async move {
+                    client.acquire(with_deadline(message, timeout)).await
+                })
+                .await;
+            match result {
+                Ok(response) => return Ok(grant_from_wire(&response)),
+                Err(e) if e.is_transient() && attempt + 1 < self.options.max_attempts => {
+                    tokio::time::sleep(self.backoff(attempt)).await;
+                    attempt += 1;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+impl CreditSource for EscrowSource {
+    fn acquire(&self, request: AcquireRequest) -> BoxFuture<'_, Result<Grant, ClientError>> {
+        self.acquire_with_retries(request).boxed()
+    }
+
+    fn check(&self, request: CheckRequest) -> BoxFuture<'_, Result<CheckReply, ClientError>> {
+        let message = wire::CheckRequest {
+            key: request.key.as_str().to_string(),
+            tenant: tenant_name(request.tenant.as_ref()),
+            weight: request.weight,
+            cost: request.cost,
+        };
+        async move {
+            let response = self
+                .attempt(|mut client, timeout| async move {
+                    client.check(with_deadline(message, timeout)).await
+                })
+                .await?;
+            let decision = response
+                .decision
+                .ok_or_else(|| ClientError::Protocol("Check answered without a decision".into()))?;
+            Ok(CheckReply {
+                decision: decision_from_wire(&decision),
+                window_start_ms: response.window_start_ms,
+            })
+        }
+        .boxed()
+    }
+
+    fn give_back(&self, request: ReturnRequest) -> BoxFuture<'_, Result<u64, ClientError>> {
+        let message = wire::ReturnRequest {
+            key: request.key.as_str().to_string(),
+            tenant: tenant_name(request.tenant.as_ref()),
+            tokens: request.tokens,
+            window_start_ms: request.window_start_ms,
+        };
+        async move {
+            let response = self
+                .attempt(|mut client, timeout| async move {
+                    client.r#return(with_deadline(message, timeout)).await
+                })
+                .await?;
+            Ok(response.accepted)
+        }
+        .boxed()
+    }
+}
+
+fn tenant_name(tenant: Option<&leasehold_core::ids::TenantId>) -> String {
+    tenant.map(|t| t.as_str().to_string()).unwrap_or_default()
+}
+
+fn with_deadline<T>(message: T, timeout: Duration) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request.set_timeout(timeout);
+    request
+}
+
+/// Converts an `Acquire` answer.
+pub fn grant_from_wire(response: &wire::AcquireResponse) -> Grant {
+    Grant {
+        granted: response.granted,
+        limit: response.limit,
+        window_start_ms: response.window_start_ms,
+        window_end_ms: response.window_end_ms,
+        remaining_lifetime_ms: response.remaining_lifetime_ms,
+        retry_after_ms: response.retry_after_ms,
+    }
+}
+
+/// Converts a wire decision.
+pub fn decision_from_wire(d: &wire::Decision) -> Decision {
+    Decision {
+        allowed: d.allowed,
+        limit: d.limit,
+        remaining: d.remaining,
+        reset_at_ms: d.reset_at_ms,
+        retry_after_ms: d.retry_after_ms,
+    }
+}
