@@ -1,0 +1,229 @@
+//! The Raft log and vote: openraft's `RaftLogReader` + `RaftLogStorage` over
+//! a [`StorageEngine`].
+//!
+//! Durability rule: every write that openraft treats as persisted (vote,
+//! appended entries, truncation, purge) is flushed before the call returns
+//! or, for appends, before the `LogFlushed` callback is called. The
+//! committed log id is a recovery hint and rides along with the next flush.
+//!
+//! Flushes are blocking calls made on the storage task; with sled each is
+//! one fsync, so batching proposals (group commit) is what keeps them cheap.
+
+use std::fmt::Debug;
+use std::io;
+use std::ops::{Bound, RangeBounds};
+use std::sync::Arc;
+
+use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
+use openraft::{ErrorSubject, ErrorVerb, OptionalSend, RaftLogReader};
+
+use crate::codec::{decode, encode, Persisted};
+use crate::engine::{Keyspace, StorageEngine, WriteBatch};
+use crate::error::{OrStorageError, StoreError};
+use crate::records::{log_key, COMMITTED_KEY, LAST_PURGED_KEY, VOTE_KEY};
+use crate::types::{Entry, LogId, StorageError, TypeConfig, Vote};
+
+/// The Raft log, vote and committed pointer of one coordinator member.
+/// Cloning shares the same storage (clones serve as log readers).
+#[derive(Clone)]
+pub struct LogStore {
+    engine: Arc<dyn StorageEngine>,
+}
+
+impl Debug for LogStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LogStore").finish_non_exhaustive()
+    }
+}
+
+fn index_bound(bound: Bound<&u64>) -> Bound<[u8; 8]> {
+    match bound {
+        Bound::Included(index) => Bound::Included(log_key(*index)),
+        Bound::Excluded(index) => Bound::Excluded(log_key(*index)),
+        Bound::Unbounded => Bound::Unbounded,
+    }
+}
+
+fn as_slice_bound(bound: &Bound<[u8; 8]>) -> Bound<&[u8]> {
+    match bound {
+        Bound::Included(key) => Bound::Included(key.as_slice()),
+        Bound::Excluded(key) => Bound::Excluded(key.as_slice()),
+        Bound::Unbounded => Bound::Unbounded,
+    }
+}
+
+impl LogStore {
+    /// A log store over `engine`; checks that what is already stored can be
+    /// read by this build (unknown format versions fail here, typed).
+    pub(crate) fn open(engine: Arc<dyn StorageEngine>) -> Result<Self, StoreError> {
+        let store = Self { engine };
+        store.read_meta::<Vote>(VOTE_KEY)?;
+        store.read_meta::<LogId>(COMMITTED_KEY)?;
+        store.read_meta::<LogId>(LAST_PURGED_KEY)?;
+        store.last_entry_log_id()?;
+        if let Some((_, first)) = store.engine.first(Keyspace::Log)? {
+            decode::<Entry>(&first)?;
+        }
+        Ok(store)
+    }
+
+    fn read_meta<T: Persisted>(&self, key: &[u8]) -> Result<Option<T>, StoreError> {
+        match self.engine.get(Keyspace::LogMeta, key)? {
+            Some(bytes) => Ok(Some(decode(&bytes)?)),
+            None => Ok(None),
+        }
+    }
+
+    fn last_entry_log_id(&self) -> Result<Option<LogId>, StoreError> {
+        match self.engine.last(Keyspace::Log)? {
+            Some((_, bytes)) => Ok(Some(decode::<Entry>(&bytes)?.log_id)),
+            None => Ok(None),
+        }
+    }
+
+    fn entries_in(&self, start: Bound<&u64>, end: Bound<&u64>) -> Result<Vec<Entry>, StoreError> {
+        let (start, end) = (index_bound(start), index_bound(end));
+        let range = (as_slice_bound(&start), as_slice_bound(&end));
+        self.engine
+            .range(Keyspace::Log, range)?
+            .iter()
+            .map(|(_, bytes)| decode::<Entry>(bytes).map_err(StoreError::from))
+            .collect()
+    }
+
+    /// Removes every entry in the range, plus the extra writes in `batch`,
+    /// atomically, then flushes.
+    fn remove_entries_durably(
+        &self,
+        start: Bound<&u64>,
+        end: Bound<&u64>,
+        mut batch: WriteBatch,
+    ) -> Result<(), StoreError> {
+        let (start, end) = (index_bound(start), index_bound(end));
+        for (key, _) in self.engine.range(
+            Keyspace::Log,
+            (as_slice_bound(&start), as_slice_bound(&end)),
+        )? {
+            batch.remove(Keyspace::Log, key);
+        }
+        self.engine.apply_batch(batch)?;
+        self.engine.flush()?;
+        Ok(())
+    }
+
+    fn append_durably(&self, entries: impl IntoIterator<Item = Entry>) -> Result<(), StoreError> {
+        let mut batch = WriteBatch::new();
+        for entry in entries {
+            batch.insert(Keyspace::Log, log_key(entry.log_id.index), encode(&entry)?);
+        }
+        self.engine.apply_batch(batch)?;
+        self.engine.flush()?;
+        Ok(())
+    }
+}
+
+impl RaftLogReader<TypeConfig> for LogStore {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<Entry>, StorageError> {
+        self.entries_in(range.start_bound(), range.end_bound())
+            .or_storage(ErrorSubject::Logs, ErrorVerb::Read)
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for LogStore {
+    type LogReader = LogStore;
+
+    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError> {
+        let last_purged_log_id = self
+            .read_meta::<LogId>(LAST_PURGED_KEY)
+            .or_storage(ErrorSubject::Logs, ErrorVerb::Read)?;
+        let last_log_id = self
+            .last_entry_log_id()
+            .or_storage(ErrorSubject::Logs, ErrorVerb::Read)?
+            .or(last_purged_log_id);
+        Ok(LogState {
+            last_purged_log_id,
+            last_log_id,
+        })
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote) -> Result<(), StorageError> {
+        let write = || -> Result<(), StoreError> {
+            self.engine
+                .insert(Keyspace::LogMeta, VOTE_KEY, encode(vote)?)?;
+            self.engine.flush()?;
+            Ok(())
+        };
+        write().or_storage(ErrorSubject::Vote, ErrorVerb::Write)
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote>, StorageError> {
+        self.read_meta(VOTE_KEY)
+            .or_storage(ErrorSubject::Vote, ErrorVerb::Read)
+    }
+
+    async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
+        let write = || -> Result<(), StoreError> {
+            match committed {
+                Some(log_id) => {
+                    self.engine
+                        .insert(Keyspace::LogMeta, COMMITTED_KEY, encode(&log_id)?)?
+                }
+                None => self.engine.remove(Keyspace::LogMeta, COMMITTED_KEY)?,
+            }
+            Ok(())
+        };
+        write().or_storage(ErrorSubject::Store, ErrorVerb::Write)
+    }
+
+    async fn read_committed(&mut self) -> Result<Option<LogId>, StorageError> {
+        self.read_meta(COMMITTED_KEY)
+            .or_storage(ErrorSubject::Store, ErrorVerb::Read)
+    }
+
+    async fn append<I>(
+        &mut self,
+        entries: I,
+        callback: LogFlushed<TypeConfig>,
+    ) -> Result<(), StorageError>
+    where
+        I: IntoIterator<Item = Entry> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        match self.append_durably(entries) {
+            Ok(()) => {
+                callback.log_io_completed(Ok(()));
+                Ok(())
+            }
+            Err(error) => {
+                callback.log_io_completed(Err(io::Error::other(error.to_string())));
+                Err(error.into_storage(ErrorSubject::Logs, ErrorVerb::Write))
+            }
+        }
+    }
+
+    async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
+        tracing::debug!(%log_id, "truncating the log from this entry on");
+        self.remove_entries_durably(
+            Bound::Included(&log_id.index),
+            Bound::Unbounded,
+            WriteBatch::new(),
+        )
+        .or_storage(ErrorSubject::Logs, ErrorVerb::Delete)
+    }
+
+    async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
+        tracing::debug!(%log_id, "purging the log up to this entry");
+        let mut batch = WriteBatch::new();
+        let encoded = encode(&log_id).or_storage(ErrorSubject::Logs, ErrorVerb::Delete)?;
+        batch.insert(Keyspace::LogMeta, LAST_PURGED_KEY, encoded);
+        self.remove_entries_durably(Bound::Unbounded, Bound::Included(&log_id.index), batch)
+            .or_storage(ErrorSubject::Logs, ErrorVerb::Delete)
+    }
+}

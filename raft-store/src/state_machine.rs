@@ -1,0 +1,310 @@
+//! The replicated coordinator state machine: openraft's `RaftStateMachine` +
+//! `RaftSnapshotBuilder` around [`CoordinatorState::apply`].
+//!
+//! Persistence model ("persistent snapshot"): `apply` changes memory only;
+//! every built or installed snapshot is written and flushed before openraft
+//! learns of it (and so before any log entry it covers is purged). On
+//! restart the state machine is the latest snapshot and openraft re-applies
+//! the committed log entries after it. Nothing acknowledged is lost because
+//! the log entries themselves are durable before they are acknowledged; the
+//! snapshot policy bounds how many entries a restart replays.
+//!
+//! Reads for the API go through [`StateReader`] (a shared handle that stays
+//! valid after the store is handed to openraft).
+
+use std::fmt::Debug;
+use std::io::Cursor;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use leasehold_core::coordinator::{CoordinatorState, ProposalResult};
+use openraft::storage::RaftStateMachine;
+use openraft::{ErrorSubject, ErrorVerb, OptionalSend, RaftSnapshotBuilder};
+
+use crate::codec::{decode, encode};
+use crate::engine::{Keyspace, StorageEngine};
+use crate::error::{OrStorageError, StoreError};
+use crate::records::{SnapshotEnvelope, StoredSnapshot, SNAPSHOT_KEY};
+use crate::types::{
+    Entry, EntryPayload, LogId, Snapshot, SnapshotMeta, StorageError, StoredMembership, TypeConfig,
+};
+
+/// The in-memory state machine: the coordinator state and how far it got.
+#[derive(Debug, Default)]
+struct Applied {
+    last_applied: Option<LogId>,
+    membership: StoredMembership,
+    state: CoordinatorState,
+}
+
+impl Applied {
+    fn from_envelope(envelope: SnapshotEnvelope) -> Self {
+        Self {
+            last_applied: envelope.last_applied,
+            membership: envelope.membership,
+            state: envelope.state,
+        }
+    }
+}
+
+type SharedApplied = Arc<RwLock<Applied>>;
+
+fn read_lock(applied: &SharedApplied) -> RwLockReadGuard<'_, Applied> {
+    applied.read().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn write_lock(applied: &SharedApplied) -> RwLockWriteGuard<'_, Applied> {
+    applied.write().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Read access to the applied coordinator state, for serving reads after
+/// openraft's read index (`Raft::ensure_linearizable`) has been reached.
+#[derive(Clone)]
+pub struct StateReader {
+    applied: SharedApplied,
+}
+
+impl Debug for StateReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StateReader")
+            .field("last_applied", &self.last_applied())
+            .finish_non_exhaustive()
+    }
+}
+
+impl StateReader {
+    /// Runs `f` on the current coordinator state. Holds a read lock for the
+    /// duration of `f`, which blocks `apply`: keep `f` short and never await
+    /// inside it.
+    pub fn read<T>(&self, f: impl FnOnce(&CoordinatorState) -> T) -> T {
+        f(&read_lock(&self.applied).state)
+    }
+
+    /// The last log id applied to the state `read` sees.
+    pub fn last_applied(&self) -> Option<LogId> {
+        read_lock(&self.applied).last_applied
+    }
+
+    /// The last applied membership configuration.
+    pub fn membership(&self) -> StoredMembership {
+        read_lock(&self.applied).membership.clone()
+    }
+}
+
+/// Persists snapshots; shared by the state machine and its builders.
+#[derive(Clone)]
+struct SnapshotStore {
+    engine: Arc<dyn StorageEngine>,
+    /// Serialises "compare with the stored snapshot, then replace it".
+    replace_lock: Arc<Mutex<()>>,
+    next_id: Arc<AtomicU64>,
+}
+
+impl SnapshotStore {
+    fn load(&self) -> Result<Option<StoredSnapshot>, StoreError> {
+        match self.engine.get(Keyspace::StateMachine, SNAPSHOT_KEY)? {
+            Some(bytes) => Ok(Some(decode(&bytes)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Stores `snapshot` durably unless a snapshot covering more of the log
+    /// is already stored (a slow builder must not roll the snapshot back).
+    fn store_durably(&self, snapshot: &StoredSnapshot) -> Result<(), StoreError> {
+        let _serialised = self
+            .replace_lock
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(stored) = self.load()? {
+            if stored.meta.last_log_id > snapshot.meta.last_log_id {
+                return Ok(());
+            }
+        }
+        self.engine
+            .insert(Keyspace::StateMachine, SNAPSHOT_KEY, encode(snapshot)?)?;
+        self.engine.flush()?;
+        Ok(())
+    }
+
+    fn snapshot_id(&self, last_applied: Option<LogId>) -> String {
+        let sequence = self.next_id.fetch_add(1, Ordering::Relaxed);
+        match last_applied {
+            Some(log_id) => format!(
+                "{}-{}-{}-{sequence}",
+                log_id.leader_id.term, log_id.leader_id.node_id, log_id.index
+            ),
+            None => format!("none-{sequence}"),
+        }
+    }
+}
+
+fn into_openraft(snapshot: StoredSnapshot) -> Snapshot {
+    Snapshot {
+        meta: snapshot.meta,
+        snapshot: Box::new(Cursor::new(snapshot.data)),
+    }
+}
+
+/// The coordinator state machine of one member. Cloning shares it.
+#[derive(Clone)]
+pub struct StateMachineStore {
+    applied: SharedApplied,
+    snapshots: SnapshotStore,
+}
+
+impl Debug for StateMachineStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StateMachineStore")
+            .field("last_applied", &self.last_applied())
+            .finish_non_exhaustive()
+    }
+}
+
+impl StateMachineStore {
+    /// Restores the state machine from the latest stored snapshot (blank if
+    /// there is none).
+    pub(crate) fn open(engine: Arc<dyn StorageEngine>) -> Result<Self, StoreError> {
+        let snapshots = SnapshotStore {
+            engine,
+            replace_lock: Arc::new(Mutex::new(())),
+            next_id: Arc::new(AtomicU64::new(0)),
+        };
+        let applied = match snapshots.load()? {
+            Some(stored) => Applied::from_envelope(decode(&stored.data)?),
+            None => Applied::default(),
+        };
+        Ok(Self {
+            applied: Arc::new(RwLock::new(applied)),
+            snapshots,
+        })
+    }
+
+    /// A read handle that stays valid after this store is moved into
+    /// `Raft::new`.
+    pub fn reader(&self) -> StateReader {
+        StateReader {
+            applied: self.applied.clone(),
+        }
+    }
+
+    /// Runs `f` on the current coordinator state (see [`StateReader::read`]).
+    pub fn read<T>(&self, f: impl FnOnce(&CoordinatorState) -> T) -> T {
+        f(&read_lock(&self.applied).state)
+    }
+
+    /// The last log id applied.
+    pub fn last_applied(&self) -> Option<LogId> {
+        read_lock(&self.applied).last_applied
+    }
+
+    fn snapshot_of_current_state(&self) -> Result<StoredSnapshot, StoreError> {
+        let applied = read_lock(&self.applied);
+        let envelope = SnapshotEnvelope {
+            last_applied: applied.last_applied,
+            membership: applied.membership.clone(),
+            state: applied.state.clone(),
+        };
+        drop(applied);
+        let data = encode(&envelope)?;
+        Ok(StoredSnapshot {
+            meta: SnapshotMeta {
+                last_log_id: envelope.last_applied,
+                last_membership: envelope.membership,
+                snapshot_id: self.snapshots.snapshot_id(envelope.last_applied),
+            },
+            data,
+        })
+    }
+
+    fn install(&self, meta: &SnapshotMeta, data: Vec<u8>) -> Result<(), StoreError> {
+        let envelope: SnapshotEnvelope = decode(&data)?;
+        if envelope.last_applied != meta.last_log_id {
+            return Err(StoreError::SnapshotMismatch {
+                envelope: format!("{:?}", envelope.last_applied),
+                meta: format!("{:?}", meta.last_log_id),
+            });
+        }
+        self.snapshots.store_durably(&StoredSnapshot {
+            meta: meta.clone(),
+            data,
+        })?;
+        *write_lock(&self.applied) = Applied {
+            last_applied: meta.last_log_id,
+            membership: meta.last_membership.clone(),
+            state: envelope.state,
+        };
+        Ok(())
+    }
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
+    async fn build_snapshot(&mut self) -> Result<Snapshot, StorageError> {
+        let write = || -> Result<StoredSnapshot, StoreError> {
+            let snapshot = self.snapshot_of_current_state()?;
+            self.snapshots.store_durably(&snapshot)?;
+            Ok(snapshot)
+        };
+        let snapshot = write().or_storage(ErrorSubject::Snapshot(None), ErrorVerb::Write)?;
+        tracing::debug!(meta = %snapshot.meta, bytes = snapshot.data.len(), "built snapshot");
+        Ok(into_openraft(snapshot))
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for StateMachineStore {
+    type SnapshotBuilder = StateMachineStore;
+
+    async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), StorageError> {
+        let applied = read_lock(&self.applied);
+        Ok((applied.last_applied, applied.membership.clone()))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<ProposalResult>, StorageError>
+    where
+        I: IntoIterator<Item = Entry> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let mut applied = write_lock(&self.applied);
+        let mut results = Vec::new();
+        for entry in entries {
+            applied.last_applied = Some(entry.log_id);
+            let result = match entry.payload {
+                EntryPayload::Blank => ProposalResult::default(),
+                EntryPayload::Normal(proposal) => applied.state.apply(&proposal),
+                EntryPayload::Membership(membership) => {
+                    applied.membership = StoredMembership::new(Some(entry.log_id), membership);
+                    ProposalResult::default()
+                }
+            };
+            results.push(result);
+        }
+        Ok(results)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        self.clone()
+    }
+
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, StorageError> {
+        Ok(Box::new(Cursor::new(Vec::new())))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta,
+        snapshot: Box<Cursor<Vec<u8>>>,
+    ) -> Result<(), StorageError> {
+        tracing::info!(%meta, "installing snapshot");
+        self.install(meta, snapshot.into_inner()).or_storage(
+            ErrorSubject::Snapshot(Some(meta.signature())),
+            ErrorVerb::Write,
+        )
+    }
+
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, StorageError> {
+        let stored = self
+            .snapshots
+            .load()
+            .or_storage(ErrorSubject::Snapshot(None), ErrorVerb::Read)?;
+        Ok(stored.map(into_openraft))
+    }
+}
