@@ -192,7 +192,7 @@ impl Inner {
                     Err(e)
                 }
                 Ok((grant, terms)) => {
-                    let deadline = ticket.sent_at().plus_millis(grant.remaining_lifetime_ms);
+                    let deadline = ticket.sent_at().plus_millis(usable_lifetime_ms(&grant));
                     let credited = match terms {
                         Some(terms) => {
                             let outcome = state.wallet.credit(ticket, terms, arrived);
@@ -286,7 +286,7 @@ fn checked_terms(grant: Grant, asked: u64) -> Result<Option<GrantTerms>, ClientE
             end_ms: grant.window_end_ms,
             limit: grant.limit,
         },
-        remaining_lifetime_ms: grant.remaining_lifetime_ms,
+        remaining_lifetime_ms: usable_lifetime_ms(&grant),
     }))
 }
 
@@ -321,6 +321,19 @@ fn remember_empty_grant(state: &mut KeyState, report: &RefillReport, arrived: In
             state.empty_until = Some((arrived.plus_millis(hint_ms), *report));
         }
     }
+}
+
+/// Margin taken off every grant's lifetime. The coordinator stamps time in
+/// whole milliseconds, so a request sent within the millisecond of the stamp
+/// could otherwise see a deadline up to 1 ms past the window's end.
+const LIFETIME_MARGIN_MS: u64 = 1;
+
+/// The lifetime the wallet uses for a grant: its reported remaining
+/// lifetime minus [`LIFETIME_MARGIN_MS`].
+fn usable_lifetime_ms(grant: &Grant) -> u64 {
+    grant
+        .remaining_lifetime_ms
+        .saturating_sub(LIFETIME_MARGIN_MS)
 }
 
 /// Whole milliseconds from `now` until `deadline`, rounded up, at least 1.
