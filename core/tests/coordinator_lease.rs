@@ -231,3 +231,19 @@ fn window_view_reads_without_creating() {
         Ok((2_000, 0))
     );
 }
+
+#[test]
+fn window_start_never_repeats_when_window_grows_after_the_tombstone_is_dropped() {
+    let mut s = CoordinatorState::default();
+    run(&mut s, 1_000_000, counter("", 1, 500));
+    run(&mut s, 1_000_051, lease("zz", "us", 1)); // [1 000 000, 1 000 500)
+                                                  // At 1 001 000 the record and its tombstone are both collected, then the
+                                                  // window grows: the aligned 3 s window [999 000, 1 002 000) would overlap.
+    run(&mut s, 1_001_000, counter("", 1, 3_000));
+    match run(&mut s, 1_001_000, lease("zz", "us", 1)) {
+        Outcome::Lease(g) => {
+            assert_eq!((g.window_start_ms, g.window_end_ms), (1_000_500, 1_002_000))
+        }
+        other => panic!("{other:?}"),
+    }
+}

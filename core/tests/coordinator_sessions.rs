@@ -129,7 +129,7 @@ fn garbage_collection_bounds_windows_and_tick_reports_it() {
     assert_eq!(s.tracked_keys(), 50);
     run(&mut s, 2_000, Command::Tick);
     assert_eq!(s.tracked_keys(), 0);
-    // A proposal's first command collects: a later Tick in the batch sees 0.
+    // Collection happens once per proposal; every Tick in it reports that pass.
     run(&mut s, 2_000, lease("z", "us", 1));
     let result = s.apply(&Proposal {
         stamp_ms: 3_000,
@@ -142,8 +142,15 @@ fn garbage_collection_bounds_windows_and_tick_reports_it() {
                 collected_windows: 1
             },
             Outcome::Ticked {
-                collected_windows: 0
+                collected_windows: 1
             }
         ]
     );
+    // An empty proposal collects too.
+    run(&mut s, 3_000, lease("z", "us", 1));
+    s.apply(&Proposal {
+        stamp_ms: 4_000,
+        commands: vec![],
+    });
+    assert_eq!(s.live_windows(), 0);
 }

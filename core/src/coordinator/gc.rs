@@ -1,6 +1,6 @@
 //! Garbage collection: keeps the state bounded.
 //!
-//! Run before every command, at the current clock: drops every window record
+//! Run at the start of every proposal, once the clock has advanced: drops every window record
 //! whose end is `<= now` (its grants are dead; a reconcile of it is forfeit
 //! anyway), every key tombstone past its retention (see [`super::windows`]),
 //! and every session whose outcomes are all past retention (see

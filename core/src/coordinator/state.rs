@@ -4,10 +4,15 @@
 //! # Applying a proposal
 //! 1. The clock becomes `max(previous now, proposal.stamp_ms)`: it never goes
 //!    back, whatever the leaders' wall clocks say.
-//! 2. Each command, in order: first collect garbage (windows whose end is
-//!    `<= now`, expired tombstones and sessions; see [`super::gc`]), then, if
-//!    the command carries a request id, consult the session table (a retry
-//!    returns the first outcome and changes nothing), then execute.
+//! 2. Garbage is collected at that clock (windows whose end is `<= now`,
+//!    expired tombstones and sessions; see `gc`). The clock is fixed for
+//!    the rest of the proposal, so nothing else dies during it, and the state
+//!    after a proposal depends only on the state before and the proposal.
+//!    Every `Tick` of the proposal reports the number of windows this pass
+//!    collected.
+//! 3. Each command, in order: if it carries a request id, the session table is
+//!    consulted first (a retry returns the first outcome and changes nothing);
+//!    otherwise, or for a new id, it is executed.
 //!
 //! Everything is integer arithmetic over `BTreeMap`s, so two replicas applying
 //! the same proposals reach equal states and produce equal outcomes.
@@ -67,16 +72,16 @@ impl CoordinatorState {
     /// Applies one proposal; deterministic (see the module doc).
     pub fn apply(&mut self, proposal: &Proposal) -> ProposalResult {
         self.now_ms = self.now_ms.max(proposal.stamp_ms);
+        let collected_windows = self.collect_garbage();
         let outcomes = proposal
             .commands
             .iter()
-            .map(|command| self.apply_command(command))
+            .map(|command| self.apply_command(command, collected_windows))
             .collect();
         ProposalResult { outcomes }
     }
 
-    fn apply_command(&mut self, command: &Command) -> Outcome {
-        let collected_windows = self.collect_garbage();
+    fn apply_command(&mut self, command: &Command, collected_windows: u64) -> Outcome {
         match command {
             Command::Tick => Outcome::Ticked { collected_windows },
             Command::SetPolicy(policy) => self.set_policy(policy),

@@ -14,9 +14,14 @@
 //!
 //! To keep that law after a record is collected, the key keeps a tombstone
 //! (`last_end_ms`) until `now ≥ last_end_ms + max_window_ms_seen`, where
-//! `max_window_ms_seen` is the largest `window_ms` of any policy ever set:
-//! after that, every aligned window containing `now` starts after
-//! `last_end_ms` anyway.
+//! `max_window_ms_seen` is the largest `window_ms` of any policy set so far:
+//! until the window length grows, every aligned window containing `now` then
+//! starts after `last_end_ms` anyway. Because it may grow later, a dropped
+//! tombstone raises one table-wide floor, `forgotten_end_ms`, and every new
+//! window starts no earlier than it. With unchanged window lengths the floor
+//! never bites (aligned starts are already past it); after a window length
+//! grows, the first windows of keys may start at the floor instead of their
+//! aligned start (shortened, never overlapping an earlier window).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -99,6 +104,8 @@ pub(super) struct WindowTable {
     deadlines: BTreeSet<(u64, Key)>,
     /// Largest `window_ms` of any policy ever set (monotonic).
     max_window_ms_seen: u64,
+    /// Largest `last_end_ms` of any dropped tombstone: no window starts before it.
+    forgotten_end_ms: u64,
 }
 
 impl WindowTable {
@@ -130,15 +137,13 @@ impl WindowTable {
     /// `window_ms` gets (the creation rule of the module doc).
     pub fn next_bounds(&self, key: &Key, window_ms: u64, now_ms: u64) -> WindowBounds {
         let aligned = WindowBounds::containing(now_ms, window_ms);
-        match self.keys.get(key) {
-            Some(entry) if entry.last_end_ms > aligned.start_ms => {
-                // last_end_ms <= now_ms < aligned.end_ms whenever no live record exists.
-                WindowBounds {
-                    start_ms: entry.last_end_ms.min(now_ms),
-                    end_ms: aligned.end_ms,
-                }
-            }
-            _ => aligned,
+        let key_floor = self.keys.get(key).map_or(0, |entry| entry.last_end_ms);
+        // Both floors are ends of windows that are over, so they are <= now_ms
+        // (the `min` only guards that), and the window still contains now_ms.
+        let floor = key_floor.max(self.forgotten_end_ms).min(now_ms);
+        WindowBounds {
+            start_ms: aligned.start_ms.max(floor),
+            end_ms: aligned.end_ms,
         }
     }
 
@@ -200,6 +205,7 @@ impl WindowTable {
             }
             let tombstone_expiry = entry.last_end_ms.saturating_add(self.max_window_ms_seen);
             if tombstone_expiry <= now_ms {
+                self.forgotten_end_ms = self.forgotten_end_ms.max(entry.last_end_ms);
                 self.keys.remove(&key);
             } else {
                 entry.deadline_ms = tombstone_expiry;
