@@ -122,3 +122,33 @@ fn pool_grants_are_per_window() {
         other => panic!("{other:?}"),
     }
 }
+
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+
+        /// Within one window, `apply(PoolGrant)` returns exactly what the
+        /// in-process pool returns for the same calls, and Σ totals ≤ L.
+        #[test]
+        fn coordinator_pool_equals_in_process_pool(
+            limit in 1u64..1_000,
+            calls in prop::collection::vec((0usize..5, 1u64..8, 0u64..1_200), 1..40),
+        ) {
+            let names = ["a", "b", "c", "d", "e"];
+            let mut s = CoordinatorState::default();
+            run(&mut s, T0, fair("k", limit, 60_000));
+            let mut reference = RegionFairPool::new(limit, 60_000).expect("valid pool");
+            for (r, weight, want) in calls {
+                let via_apply = total(&run(&mut s, T0, pool("k", names[r], weight, want)));
+                let direct = reference.grant(&region(names[r]), weight, want, T0).expect("valid weight");
+                prop_assert_eq!(via_apply, direct);
+                let view = s.window_view(&key("k"), T0).expect("policy exists");
+                prop_assert_eq!(view.granted, reference.stats().total_granted);
+                prop_assert!(view.granted <= limit);
+            }
+        }
+    }
+}

@@ -5,7 +5,7 @@
 //! and reaches the same state and the same [`Outcome`]s.
 //!
 //! # Layout
-//! - [`command`](self#reexports): the replicated commands and their outcomes (the log payload).
+//! - `command`: the replicated commands and their outcomes (the log payload).
 //! - `state`: [`CoordinatorState`], `apply` and the read-only views.
 //! - `windows`: per-key window records, the window creation rule, tombstones.
 //! - `lease`, `reconcile`, `pool`, `policy_admin`: one file per command.

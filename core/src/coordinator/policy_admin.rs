@@ -5,11 +5,12 @@
 //! governing policy when the window was created. After any change to the
 //! policy table, each live window whose key is still governed by some policy
 //! gets `effective = min(effective, governing limit)`: a decrease takes effect
-//! at once, an increase only from the key's next window. So a window never
-//! grants beyond the smallest limit that governed it during its life
-//! (property-tested in `core/tests/coordinator_properties.rs`). Tokens already
-//! granted above a lowered limit stay granted; no new grant is made until the
-//! outstanding amount falls below it.
+//! at once, an increase only from the key's next window. So no grant ever
+//! takes a window's outstanding amount (`Σ granted − Σ credited`) past the
+//! smallest limit that governed it so far (property-tested in
+//! `core/tests/coordinator_properties.rs`). Grants are never revoked: tokens
+//! granted before a decrease stay granted, and no new grant is made until the
+//! outstanding amount falls below the lowered limit.
 //!
 //! # Window length change rule
 //! A live window keeps its bounds until its end. The key's next window is the

@@ -2,7 +2,8 @@
 //!
 //! A command carrying a [`RequestId`] `(client, seq)` is executed once; its
 //! outcome is stored in the client's session and a retry with the same id
-//! returns that outcome without touching anything else.
+//! returns that outcome without touching anything else. Refusals are stored
+//! too, so a retry sees the same answer even if the cause went away.
 //!
 //! # Bounds
 //! - A session keeps the outcomes of its last [`MAX_RESPONSES_PER_SESSION`]

@@ -1,6 +1,9 @@
 //! Builders shared by the coordinator integration tests.
 #![allow(dead_code)]
 
+pub mod history_gen;
+pub mod history_model;
+
 use leasehold_core::coordinator::{Command, CoordinatorState, Outcome, Proposal};
 use leasehold_core::ids::{ClientId, Key, RegionId, RequestId};
 use leasehold_core::policy::{OutagePolicy, Policy, PolicyKind};

@@ -1,0 +1,469 @@
+//! The model the coordinator property tests check outcomes against, built
+//! only from the commands and their outcomes.
+
+use std::collections::BTreeMap;
+
+use leasehold_core::coordinator::{
+    Command, CommandError, CoordinatorState, Outcome, ReconcileDisposition,
+    MAX_RESPONSES_PER_SESSION, SESSION_MIN_RETAIN_MS,
+};
+use leasehold_core::ids::RequestId;
+use leasehold_core::policy::{Policy, PolicyKind, PolicyTable};
+use proptest::prelude::*;
+
+use super::history_gen::{Gen, WindowPick, CLIENTS, KEYS, PREFIXES, REGIONS, WINDOWS};
+use super::{key, policy, region, request};
+
+/// The model's accounting of one window `(key, start)`.
+#[derive(Debug, Default)]
+struct WindowTrack {
+    end: u64,
+    min_limit: u64,
+    /// max(min_limit, outstanding when the limit was last lowered)
+    allowance: u64,
+    granted: u64,
+    returned: u64,
+    /// region → (granted, returned)
+    regions: BTreeMap<String, (u64, u64)>,
+}
+
+/// The model of one client session.
+#[derive(Debug, Default)]
+struct ModelSession {
+    retain_until: u64,
+    floor: u64,
+    responses: BTreeMap<u64, Outcome>,
+}
+
+#[derive(Default)]
+pub struct Model {
+    policies: PolicyTable,
+    windows: BTreeMap<(String, u64), WindowTrack>,
+    /// key → (start, end) of its latest window
+    latest: BTreeMap<String, (u64, u64)>,
+    /// key → start of the window before the latest
+    previous: BTreeMap<String, u64>,
+    sessions: BTreeMap<String, ModelSession>,
+    next_seq: BTreeMap<String, u64>,
+    issued: Vec<Command>,
+}
+
+pub fn request_id_of(command: &Command) -> Option<&RequestId> {
+    match command {
+        Command::Lease { request_id, .. }
+        | Command::Reconcile { request_id, .. }
+        | Command::PoolGrant { request_id, .. } => request_id.as_ref(),
+        _ => None,
+    }
+}
+
+impl Model {
+    fn fresh_id(&mut self, client: Option<usize>) -> Option<RequestId> {
+        let name = CLIENTS[client?];
+        let seq = self.next_seq.entry(name.to_string()).or_default();
+        *seq += 1;
+        Some(request(name, *seq))
+    }
+
+    /// Turns a generated command into a concrete one, given the run so far.
+    pub fn resolve(&mut self, gen: &Gen, now: u64) -> Command {
+        let command = match gen {
+            Gen::Lease {
+                key: k,
+                region: r,
+                tokens,
+                client,
+            } => Command::Lease {
+                key: key(KEYS[*k]),
+                region: region(REGIONS[*r]),
+                tokens: *tokens,
+                request_id: self.fresh_id(*client),
+            },
+            Gen::Reconcile {
+                key: k,
+                region: r,
+                leftover,
+                window,
+                client,
+            } => {
+                let name = KEYS[*k];
+                let window_start_ms = match window {
+                    WindowPick::Latest => self.latest.get(name).map_or(0, |w| w.0),
+                    WindowPick::Previous => self.previous.get(name).copied().unwrap_or(0),
+                    WindowPick::AlignedBack(n) => (now - now % 500).saturating_sub(n * 500),
+                };
+                Command::Reconcile {
+                    key: key(name),
+                    region: region(REGIONS[*r]),
+                    leftover: *leftover,
+                    window_start_ms,
+                    request_id: self.fresh_id(*client),
+                }
+            }
+            Gen::Pool {
+                key: k,
+                region: r,
+                weight,
+                want,
+                client,
+            } => Command::PoolGrant {
+                key: key(KEYS[*k]),
+                region: region(REGIONS[*r]),
+                region_weight: *weight,
+                want_total: *want,
+                request_id: self.fresh_id(*client),
+            },
+            Gen::SetPolicy {
+                prefix,
+                limit,
+                window,
+                fair: is_fair,
+            } => {
+                let kind = if *is_fair {
+                    PolicyKind::Fair
+                } else {
+                    PolicyKind::Counter
+                };
+                Command::SetPolicy(policy(PREFIXES[*prefix], *limit, WINDOWS[*window], kind))
+            }
+            Gen::DeletePolicy { prefix } => Command::DeletePolicy {
+                prefix: PREFIXES[*prefix].to_string(),
+            },
+            Gen::Tick => Command::Tick,
+            Gen::Retry(i) => {
+                let with_ids: Vec<&Command> = self
+                    .issued
+                    .iter()
+                    .filter(|c| request_id_of(c).is_some())
+                    .collect();
+                if with_ids.is_empty() {
+                    Command::Tick
+                } else {
+                    with_ids[i % with_ids.len()].clone()
+                }
+            }
+        };
+        self.issued.push(command.clone());
+        command
+    }
+
+    fn limit_of(&self, key: &str) -> Option<&Policy> {
+        self.policies.lookup(key)
+    }
+
+    fn live(&self, key: &str, now: u64) -> Option<(u64, u64)> {
+        self.latest.get(key).copied().filter(|w| w.1 > now)
+    }
+
+    /// Opens or finds the tracked window named by an outcome; checks the
+    /// non-overlap law and the effective limit.
+    fn window_for(
+        &mut self,
+        key: &str,
+        start: u64,
+        end: u64,
+        limit: u64,
+        now: u64,
+    ) -> Result<&mut WindowTrack, TestCaseError> {
+        prop_assert!(
+            start <= now && now < end,
+            "window [{start}, {end}) does not contain now {now}"
+        );
+        let label = (key.to_string(), start);
+        if !self.windows.contains_key(&label) {
+            if let Some((prev_start, prev_end)) = self.latest.get(key).copied() {
+                prop_assert!(
+                    start >= prev_end,
+                    "{key}: window {start} overlaps [{prev_start}, {prev_end})"
+                );
+                self.previous.insert(key.to_string(), prev_start);
+            }
+            let policy_limit = self.limit_of(key).map(|p| p.limit);
+            prop_assert!(
+                policy_limit.is_some(),
+                "{key}: window created without a policy"
+            );
+            self.latest.insert(key.to_string(), (start, end));
+            self.windows.insert(
+                label.clone(),
+                WindowTrack {
+                    end,
+                    min_limit: policy_limit.unwrap_or(0),
+                    allowance: policy_limit.unwrap_or(0),
+                    ..Default::default()
+                },
+            );
+        }
+        let track = self.windows.get_mut(&label).expect("inserted above");
+        prop_assert_eq!(track.end, end);
+        prop_assert_eq!(
+            limit,
+            track.min_limit,
+            "{}: effective limit differs from the minimum policy limit",
+            key
+        );
+        Ok(track)
+    }
+
+    /// Checks one outcome against the model and updates the model.
+    pub fn observe(
+        &mut self,
+        command: &Command,
+        outcome: &Outcome,
+        now: u64,
+    ) -> Result<(), TestCaseError> {
+        match (command, outcome) {
+            (
+                Command::Lease {
+                    key,
+                    region,
+                    tokens,
+                    ..
+                },
+                Outcome::Lease(g),
+            ) => {
+                prop_assert!(*tokens > 0);
+                prop_assert_eq!(
+                    self.limit_of(key.as_str()).map(|p| p.kind),
+                    Some(PolicyKind::Counter)
+                );
+                prop_assert!(g.granted <= *tokens);
+                prop_assert_eq!(g.coordinator_now_ms, now);
+                let track = self.window_for(
+                    key.as_str(),
+                    g.window_start_ms,
+                    g.window_end_ms,
+                    g.limit,
+                    now,
+                )?;
+                track.granted += g.granted;
+                track.regions.entry(region.to_string()).or_default().0 += g.granted;
+                if g.granted > 0 {
+                    prop_assert!(
+                        track.granted - track.returned <= track.min_limit,
+                        "lease granted past the limit"
+                    );
+                }
+            }
+            (
+                Command::PoolGrant {
+                    key,
+                    region,
+                    region_weight,
+                    want_total,
+                    ..
+                },
+                Outcome::PoolGrant(p),
+            ) => {
+                prop_assert!(*region_weight > 0);
+                prop_assert_eq!(
+                    self.limit_of(key.as_str()).map(|p| p.kind),
+                    Some(PolicyKind::Fair)
+                );
+                let track = self.window_for(
+                    key.as_str(),
+                    p.window_start_ms,
+                    p.window_end_ms,
+                    p.limit,
+                    now,
+                )?;
+                let held = track.regions.entry(region.to_string()).or_default();
+                prop_assert!(p.granted_total >= held.0, "pool total shrank");
+                prop_assert!(p.granted_total <= held.0.max(*want_total));
+                let delta = p.granted_total - held.0;
+                held.0 = p.granted_total;
+                track.granted += delta;
+                if delta > 0 {
+                    prop_assert!(
+                        track.granted - track.returned <= track.min_limit,
+                        "pool granted past the limit"
+                    );
+                }
+            }
+            (
+                Command::Reconcile {
+                    key,
+                    region,
+                    leftover,
+                    window_start_ms,
+                    ..
+                },
+                Outcome::Reconcile(r),
+            ) => {
+                prop_assert!(r.credited <= *leftover);
+                let live = self.live(key.as_str(), now);
+                if live.map(|w| w.0) != Some(*window_start_ms) {
+                    prop_assert_eq!(r.disposition, ReconcileDisposition::WindowEnded);
+                }
+                if r.credited > 0 {
+                    let track = self.windows.get_mut(&(key.to_string(), *window_start_ms));
+                    prop_assert!(track.is_some(), "credited into an unknown window");
+                    let track = track.expect("checked");
+                    track.returned += r.credited;
+                    let used = track.regions.entry(region.to_string()).or_default();
+                    used.1 += r.credited;
+                    prop_assert!(used.1 <= used.0, "region returned more than it was granted");
+                }
+            }
+            (Command::SetPolicy(p), outcome) => {
+                let valid = p.validate().is_ok();
+                prop_assert_eq!(
+                    matches!(outcome, Outcome::PolicySet),
+                    valid,
+                    "{:?}",
+                    outcome
+                );
+                if valid {
+                    self.policies.set(p.clone()).expect("validated");
+                    self.lower_live_limits(now);
+                }
+            }
+            (Command::DeletePolicy { prefix }, Outcome::PolicyDeleted { existed }) => {
+                prop_assert_eq!(self.policies.remove(prefix).is_some(), *existed);
+                self.lower_live_limits(now);
+            }
+            (Command::Tick, Outcome::Ticked { .. }) => {}
+            (command, Outcome::Rejected(error)) => self.check_rejection(command, error, now)?,
+            (command, outcome) => prop_assert!(false, "{command:?} produced {outcome:?}"),
+        }
+        self.check_conservation()
+    }
+
+    fn check_rejection(
+        &self,
+        command: &Command,
+        error: &CommandError,
+        now: u64,
+    ) -> Result<(), TestCaseError> {
+        let (key, bad_input, wanted_kind) = match command {
+            Command::Lease { key, tokens, .. } => (key, *tokens == 0, PolicyKind::Counter),
+            Command::PoolGrant {
+                key, region_weight, ..
+            } => (key, *region_weight == 0, PolicyKind::Fair),
+            Command::Reconcile { key, .. } => {
+                let kind = self.limit_of(key.as_str()).map(|p| p.kind);
+                prop_assert!(matches!(error, CommandError::WrongKind(_)), "{error:?}");
+                prop_assert!(
+                    kind == Some(PolicyKind::Fair)
+                        || (kind.is_none() && self.live(key.as_str(), now).is_some())
+                );
+                return Ok(());
+            }
+            other => {
+                prop_assert!(false, "{other:?} rejected with {error:?}");
+                return Ok(());
+            }
+        };
+        let expected = if bad_input {
+            "invalid"
+        } else {
+            match self.limit_of(key.as_str()) {
+                None => "no policy",
+                Some(p) if p.kind != wanted_kind => "wrong kind",
+                Some(_) => "accepted",
+            }
+        };
+        let got = match error {
+            CommandError::InvalidArgument(_) => "invalid",
+            CommandError::NoPolicy(_) => "no policy",
+            CommandError::WrongKind(_) => "wrong kind",
+        };
+        prop_assert_eq!(got, expected, "{:?}", command);
+        Ok(())
+    }
+
+    fn lower_live_limits(&mut self, now: u64) {
+        for ((key, _), track) in self.windows.iter_mut() {
+            if track.end > now {
+                if let Some(p) = self.policies.lookup(key) {
+                    track.min_limit = track.min_limit.min(p.limit);
+                    track.allowance = track.min_limit.max(track.granted - track.returned);
+                }
+            }
+        }
+    }
+
+    fn check_conservation(&self) -> Result<(), TestCaseError> {
+        for ((key, start), track) in &self.windows {
+            prop_assert!(track.returned <= track.granted);
+            prop_assert!(
+                track.granted - track.returned <= track.allowance,
+                "window ({key}, {start}): granted {} − returned {} > allowance {} (min limit {})",
+                track.granted,
+                track.returned,
+                track.allowance,
+                track.min_limit
+            );
+        }
+        Ok(())
+    }
+
+    /// The state's view of each key's live window equals the model's.
+    pub fn check_views(&self, state: &CoordinatorState) -> Result<(), TestCaseError> {
+        let now = state.now_ms();
+        for name in KEYS {
+            let Ok(view) = state.window_view(&key(name), now) else {
+                continue;
+            };
+            match self.live(name, now) {
+                Some((start, end)) => {
+                    let track = &self.windows[&(name.to_string(), start)];
+                    prop_assert_eq!((view.window_start_ms, view.window_end_ms), (start, end));
+                    prop_assert_eq!(
+                        (view.granted, view.returned, view.limit),
+                        (track.granted, track.returned, track.min_limit)
+                    );
+                }
+                None => prop_assert_eq!((view.granted, view.returned), (0, 0)),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Decides whether `outcome` is a replay of an earlier execution of `id`,
+/// following the documented session rules: a session lives until the clock
+/// reaches the largest `max(window end, applied at + SESSION_MIN_RETAIN_MS)`
+/// of its outcomes, and keeps its last `MAX_RESPONSES_PER_SESSION` seqs.
+pub fn classify_retry(
+    model: &mut Model,
+    id: &RequestId,
+    outcome: &Outcome,
+    now: u64,
+) -> Result<bool, TestCaseError> {
+    let client = id.client.as_str().to_string();
+    if model
+        .sessions
+        .get(&client)
+        .is_some_and(|s| now >= s.retain_until)
+    {
+        model.sessions.remove(&client);
+    }
+    let session = model.sessions.entry(client).or_default();
+    if let Some(first) = session.responses.get(&id.seq) {
+        prop_assert_eq!(outcome, first, "retry of {:?} changed its outcome", id);
+        return Ok(true);
+    }
+    if id.seq < session.floor {
+        let too_old = Outcome::Rejected(CommandError::InvalidArgument(
+            "request id too old".to_string(),
+        ));
+        prop_assert_eq!(outcome, &too_old);
+        return Ok(true);
+    }
+    let window_end = match outcome {
+        Outcome::Lease(g) => g.window_end_ms,
+        Outcome::PoolGrant(p) => p.window_end_ms,
+        _ => 0,
+    };
+    session.retain_until = session
+        .retain_until
+        .max(window_end.max(now + SESSION_MIN_RETAIN_MS));
+    session.responses.insert(id.seq, outcome.clone());
+    while session.responses.len() > MAX_RESPONSES_PER_SESSION {
+        if let Some((seq, _)) = session.responses.pop_first() {
+            session.floor = session.floor.max(seq + 1);
+        }
+    }
+    Ok(false)
+}
