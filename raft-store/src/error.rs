@@ -40,6 +40,8 @@ impl StoreError {
 }
 
 /// Adds `.or_storage(subject, verb)` to results of the store's own errors.
+// openraft's storage error is large; its size is not ours to choose.
+#[allow(clippy::result_large_err)]
 pub(crate) trait OrStorageError<T> {
     /// Converts the error into openraft's storage error about `subject`.
     fn or_storage(self, subject: ErrorSubject<NodeId>, verb: ErrorVerb) -> Result<T, StorageError>;

@@ -37,11 +37,11 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachineStore> for OnPowerLossDisk {
 }
 
 #[test]
-fn sled_store_passes_the_openraft_storage_suite() -> Result<(), StorageError> {
-    Suite::test_all(OnSled)
+fn sled_store_passes_the_openraft_storage_suite() {
+    Suite::test_all(OnSled).expect("storage suite on sled");
 }
 
 #[test]
-fn power_loss_store_passes_the_openraft_storage_suite() -> Result<(), StorageError> {
-    Suite::test_all(OnPowerLossDisk)
+fn power_loss_store_passes_the_openraft_storage_suite() {
+    Suite::test_all(OnPowerLossDisk).expect("storage suite on the power-loss engine");
 }
