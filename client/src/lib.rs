@@ -66,19 +66,19 @@
 //! ```
 //!
 //! # Layout
-//! - [`limiter`]: the [`Limiter`] and its modes (leased, strict, cached-deny,
+//! - [`limiter`] — the [`Limiter`] and its modes (leased, strict, cached-deny,
 //!   idle returns).
-//! - [`wallet`]: the sans-IO credit bookkeeping of one key (property-tested).
-//! - [`source`]: the [`CreditSource`] seam and its messages.
-//! - [`escrow_source`] / [`coordinator_source`]: the two network backends.
-//! - [`decision`]: [`Decision`] (from core), its combine algebra, and
+//! - [`wallet`] — the sans-IO credit bookkeeping of one key (property-tested).
+//! - [`source`] — the [`CreditSource`] seam and its messages.
+//! - [`escrow_source`] / [`coordinator_source`] — the two network backends.
+//! - [`decision`] — [`Decision`] (from core), its combine algebra, and
 //!   [`Admission`] (a decision plus its window label).
-//! - [`config`], [`sizing`], [`stats`], [`error`]: options, lease sizing,
+//! - [`config`], [`sizing`], [`stats`], [`error`] — options, lease sizing,
 //!   counters and typed errors.
-//! - [`static_partition`]: the uncoordinated static-split baseline.
-//! - [`transport`]: the [`Dialer`](transport::Dialer) and
+//! - [`static_partition`] — the uncoordinated static-split baseline.
+//! - [`transport`] — the [`Dialer`](transport::Dialer) and
 //!   [`WallClock`](transport::WallClock) seams (TCP or simulated).
-//! - [`coordinator`]: [`CoordinatorClient`](coordinator::CoordinatorClient)
+//! - [`coordinator`] — [`CoordinatorClient`](coordinator::CoordinatorClient)
 //!   with leader tracking, redirects and retries.
 #![deny(missing_docs)]
 

@@ -29,7 +29,10 @@ async fn strict_asks_every_time() {
     }
     assert_eq!(admitted, 10);
     let stats = l1.stats();
-    assert_eq!((stats.admitted, stats.denied, stats.backend_calls), (10, 15, 25));
+    assert_eq!(
+        (stats.admitted, stats.denied, stats.backend_calls),
+        (10, 15, 25)
+    );
     assert_eq!(stats.denied_from_cache, 0);
 }
 
@@ -49,7 +52,11 @@ async fn cached_deny_honours_retry_after() {
     let cached = l1.check("k", 4).await.expect("ok");
     assert!(!cached.allowed);
     assert_eq!(cached.retry_after_ms, 300, "the hint counts down");
-    assert_eq!(fake.check_calls.load(Ordering::SeqCst), 2, "answered locally");
+    assert_eq!(
+        fake.check_calls.load(Ordering::SeqCst),
+        2,
+        "answered locally"
+    );
     assert_eq!(l1.stats().denied_from_cache, 1);
 
     // A smaller cost may fit: it asks.
@@ -90,7 +97,10 @@ async fn decisions_of_two_limiters_combine() {
         let both = combine(combine(Decision::ALLOW_FULL, user), org);
         assert_eq!(both.allowed, user.allowed && org.allowed);
         assert_eq!(both.limit, 3);
-        assert_eq!(both.retry_after_ms, user.retry_after_ms.max(org.retry_after_ms));
+        assert_eq!(
+            both.retry_after_ms,
+            user.retry_after_ms.max(org.retry_after_ms)
+        );
         admitted += u64::from(both.allowed);
     }
     assert_eq!(admitted, 3);

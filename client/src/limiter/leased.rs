@@ -55,7 +55,7 @@ impl Inner {
                         {
                             let tokens = state.sizer.size();
                             // Fire and forget: the task credits the grant itself.
-                            let _ = self.start_refill(&cell, &mut state, &key, tokens, now, true);
+                            drop(self.start_refill(&cell, &mut state, &key, tokens, now, true));
                         }
                         return Ok(Admission {
                             decision: allowed(window.limit, remaining, window.end_ms),
@@ -339,6 +339,6 @@ fn usable_lifetime_ms(grant: &Grant) -> u64 {
 /// Whole milliseconds from `now` until `deadline`, rounded up, at least 1.
 pub(super) fn millis_until(now: Instant, deadline: Instant) -> u64 {
     let left = deadline.saturating_duration_since(now);
-    let ms = left.as_millis() + u128::from(left.subsec_nanos() % 1_000_000 != 0);
+    let ms = left.as_nanos().div_ceil(1_000_000);
     u64::try_from(ms).unwrap_or(u64::MAX).max(1)
 }
