@@ -247,3 +247,24 @@ fn window_start_never_repeats_when_window_grows_after_the_tombstone_is_dropped()
         other => panic!("{other:?}"),
     }
 }
+
+#[test]
+fn absurd_stamps_are_clamped_and_windows_stay_well_formed() {
+    let mut s = CoordinatorState::default();
+    run(&mut s, 0, counter("", 10, 1_000));
+    let first = run(&mut s, u64::MAX, lease("k", "us", 6));
+    let second = run(&mut s, u64::MAX, lease("k", "us", 6));
+    assert_eq!(s.now_ms(), leasehold_core::coordinator::MAX_CLOCK_MS);
+    match (first, second) {
+        (Outcome::Lease(a), Outcome::Lease(b)) => {
+            assert_eq!(
+                (a.granted, b.granted),
+                (6, 4),
+                "same window, limit respected"
+            );
+            assert_eq!(a.window_start_ms, b.window_start_ms);
+            assert!(a.window_start_ms <= s.now_ms() && s.now_ms() < a.window_end_ms);
+        }
+        other => panic!("{other:?}"),
+    }
+}

@@ -2,8 +2,8 @@
 //! each command to its own module.
 //!
 //! # Applying a proposal
-//! 1. The clock becomes `max(previous now, proposal.stamp_ms)`: it never goes
-//!    back, whatever the leaders' wall clocks say.
+//! 1. The clock becomes `max(previous now, min(proposal.stamp_ms,
+//!    MAX_CLOCK_MS))`: it never goes back, whatever the leaders' wall clocks say.
 //! 2. Garbage is collected at that clock (windows whose end is `<= now`,
 //!    expired tombstones and sessions; see `gc`). The clock is fixed for
 //!    the rest of the proposal, so nothing else dies during it, and the state
@@ -24,6 +24,10 @@ use super::sessions::{SessionLookup, Sessions, SESSION_MIN_RETAIN_MS};
 use super::windows::WindowTable;
 use crate::ids::{Key, RequestId};
 use crate::policy::{Policy, PolicyTable};
+
+/// Largest clock value the state machine uses: larger stamps count as this, so
+/// every window end (`start + window_ms`) stays representable and is > now.
+pub const MAX_CLOCK_MS: u64 = 1 << 62;
 
 /// A read-only view of one key's current window (for `GetWindow`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -71,7 +75,7 @@ pub struct CoordinatorState {
 impl CoordinatorState {
     /// Applies one proposal; deterministic (see the module doc).
     pub fn apply(&mut self, proposal: &Proposal) -> ProposalResult {
-        self.now_ms = self.now_ms.max(proposal.stamp_ms);
+        self.now_ms = self.now_ms.max(proposal.stamp_ms.min(MAX_CLOCK_MS));
         let collected_windows = self.collect_garbage();
         let outcomes = proposal
             .commands
@@ -167,7 +171,7 @@ impl CoordinatorState {
         let policy = self
             .policy_for(key)
             .ok_or_else(|| CommandError::NoPolicy(key.to_string()))?;
-        let now = now_ms.max(self.now_ms);
+        let now = now_ms.min(MAX_CLOCK_MS).max(self.now_ms);
         let view = match self.windows.live(key, now) {
             Some(record) => WindowView {
                 policy: policy.clone(),
