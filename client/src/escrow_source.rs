@@ -15,7 +15,6 @@ use std::time::Duration;
 use futures::future::{BoxFuture, FutureExt};
 use leasehold_proto::v1 as wire;
 use leasehold_proto::v1::escrow_client::EscrowClient;
-use rand::Rng;
 use tonic::transport::Channel;
 
 use crate::error::ClientError;
@@ -140,12 +139,18 @@ impl EscrowSource {
         result
     }
 
-    fn backoff(&self, retry: u32) -> Duration {
+    /// The pause before retry number `retry` (from 0): exponential, capped,
+    /// jittered into `[d/2, d]`. The jitter is a hash of the request's
+    /// sequence number and the retry, not a random draw, so a seeded
+    /// simulation replays the same pauses.
+    fn backoff(&self, retry: u32, salt: u64) -> Duration {
         let base = self.options.backoff_base.as_millis().max(1);
         let grown = base.saturating_mul(1u128 << retry.min(16));
         let cap = self.options.backoff_max.as_millis().max(1);
         let millis = u64::try_from(grown.min(cap)).unwrap_or(u64::MAX);
-        Duration::from_millis(rand::thread_rng().gen_range(millis / 2..=millis))
+        let half = millis / 2;
+        let jitter = splitmix64(salt ^ u64::from(retry)) % (millis - half + 1);
+        Duration::from_millis(half + jitter)
     }
 
     async fn acquire_with_retries(&self, request: AcquireRequest) -> Result<Grant, ClientError> {
@@ -170,7 +175,7 @@ impl EscrowSource {
             match result {
                 Ok(response) => return Ok(grant_from_wire(&response)),
                 Err(e) if e.is_transient() && attempt + 1 < self.options.max_attempts => {
-                    tokio::time::sleep(self.backoff(attempt)).await;
+                    tokio::time::sleep(self.backoff(attempt, request.request_id.seq)).await;
                     attempt += 1;
                 }
                 Err(e) => return Err(e),
@@ -225,6 +230,14 @@ impl CreditSource for EscrowSource {
         }
         .boxed()
     }
+}
+
+/// A 64-bit mixing function (splitmix64's finaliser).
+fn splitmix64(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 fn tenant_name(tenant: Option<&leasehold_core::ids::TenantId>) -> String {
