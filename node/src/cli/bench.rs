@@ -1,0 +1,231 @@
+//! `leasehold bench`: N concurrent callers lease from one key for a fixed
+//! time; prints leases per second, latency percentiles, errors, and the
+//! longest stretch with no successful lease (what a client sees of a leader
+//! failover when a member is killed during the run).
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use clap::Args;
+use leasehold_client::coordinator::CoordinatorClient;
+use leasehold_core::policy::MAX_LIMIT;
+use leasehold_proto::v1 as pb;
+use serde_json::json;
+use tokio::time::Instant;
+
+use super::output::emit;
+use super::{CliError, ClientArgs};
+
+/// Options of `leasehold bench`.
+#[derive(Debug, Clone, Args)]
+pub struct BenchArgs {
+    /// Concurrent callers.
+    #[arg(long, default_value_t = 16)]
+    pub concurrency: usize,
+    /// How long to run.
+    #[arg(long, default_value_t = 10)]
+    pub duration_secs: u64,
+    /// The key to lease from.
+    #[arg(long, default_value = "bench/key")]
+    pub key: String,
+    /// The region callers claim to be.
+    #[arg(long, default_value = "bench")]
+    pub region: String,
+    /// Tokens per lease.
+    #[arg(long, default_value_t = 1)]
+    pub tokens: u64,
+    /// Client connections the callers share (default: up to 4).
+    #[arg(long)]
+    pub connections: Option<usize>,
+    /// Do not set a policy for the key first (by default a policy with the
+    /// key as prefix and a huge limit is set, so no lease is denied).
+    #[arg(long)]
+    pub no_setup: bool,
+    /// Where to connect and how to print.
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+/// What a run measured.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BenchReport {
+    /// Successful leases.
+    pub leases: u64,
+    /// Calls that failed after the client's retries.
+    pub errors: u64,
+    /// Tokens granted in total.
+    pub tokens_granted: u64,
+    /// Wall time of the run.
+    pub elapsed: Duration,
+    /// Sorted latencies of successful leases, microseconds.
+    pub latencies_us: Vec<u64>,
+    /// Longest time without any successful lease, after the first one.
+    pub longest_gap: Duration,
+}
+
+impl BenchReport {
+    /// Successful leases per second.
+    pub fn rate(&self) -> f64 {
+        self.leases as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+
+    /// The `q`-quantile latency in milliseconds (nearest rank).
+    pub fn percentile_ms(&self, q: f64) -> f64 {
+        if self.latencies_us.is_empty() {
+            return 0.0;
+        }
+        let rank = ((q * self.latencies_us.len() as f64).ceil() as usize)
+            .clamp(1, self.latencies_us.len());
+        self.latencies_us[rank - 1] as f64 / 1_000.0
+    }
+}
+
+#[derive(Default)]
+struct Shared {
+    leases: u64,
+    errors: u64,
+    tokens: u64,
+    last_success: Option<Instant>,
+    longest_gap: Duration,
+}
+
+/// Runs the load and returns the measurements.
+pub async fn measure(clients: Vec<CoordinatorClient>, args: &BenchArgs) -> BenchReport {
+    let shared = Arc::new(Mutex::new(Shared::default()));
+    let started = Instant::now();
+    let until = started + Duration::from_secs(args.duration_secs);
+    let mut workers = Vec::new();
+    for worker in 0..args.concurrency.max(1) {
+        let client = clients[worker % clients.len()].clone();
+        let shared = shared.clone();
+        let (key, region, tokens) = (args.key.clone(), args.region.clone(), args.tokens);
+        workers.push(tokio::spawn(async move {
+            let mut latencies = Vec::new();
+            while Instant::now() < until {
+                let sent = Instant::now();
+                let result = client.lease(&key, &region, tokens).await;
+                let done = Instant::now();
+                let failed = {
+                    let mut shared = shared.lock().unwrap_or_else(|p| p.into_inner());
+                    match result {
+                        Ok(response) => {
+                            latencies
+                                .push(u64::try_from((done - sent).as_micros()).unwrap_or(u64::MAX));
+                            shared.leases += 1;
+                            shared.tokens += response.granted;
+                            if let Some(last) = shared.last_success {
+                                let gap = done.saturating_duration_since(last);
+                                shared.longest_gap = shared.longest_gap.max(gap);
+                            }
+                            shared.last_success =
+                                Some(shared.last_success.map_or(done, |last| last.max(done)));
+                            None
+                        }
+                        Err(error) => {
+                            shared.errors += 1;
+                            Some(error)
+                        }
+                    }
+                };
+                if let Some(error) = failed {
+                    tracing::debug!(%error, "lease failed");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            }
+            latencies
+        }));
+    }
+    let mut latencies_us = Vec::new();
+    for worker in workers {
+        if let Ok(mut latencies) = worker.await {
+            latencies_us.append(&mut latencies);
+        }
+    }
+    latencies_us.sort_unstable();
+    let shared = shared.lock().unwrap_or_else(|p| p.into_inner());
+    BenchReport {
+        leases: shared.leases,
+        errors: shared.errors,
+        tokens_granted: shared.tokens,
+        elapsed: started.elapsed(),
+        latencies_us,
+        longest_gap: shared.longest_gap,
+    }
+}
+
+/// Runs `leasehold bench`.
+pub async fn run(args: BenchArgs) -> Result<(), CliError> {
+    if args.concurrency == 0 || args.duration_secs == 0 || args.tokens == 0 {
+        return Err(CliError::Usage(
+            "--concurrency, --duration-secs and --tokens must be at least 1".into(),
+        ));
+    }
+    let connections = args.connections.unwrap_or(args.concurrency.min(4)).max(1);
+    let clients = (0..connections)
+        .map(|_| args.client.client())
+        .collect::<Result<Vec<_>, _>>()?;
+    if !args.no_setup {
+        let policy = pb::Policy {
+            prefix: args.key.clone(),
+            limit: MAX_LIMIT,
+            window_ms: 60_000,
+            kind: pb::PolicyKind::Counter as i32,
+            outage: pb::OutageMode::FailClosed as i32,
+            fallback_tokens_per_region: 0,
+        };
+        clients[0].admin().set_policy(policy).await?;
+    }
+    let report = measure(clients, &args).await;
+    let json = json!({
+        "concurrency": args.concurrency,
+        "duration_secs": report.elapsed.as_secs_f64(),
+        "leases": report.leases,
+        "errors": report.errors,
+        "tokens_granted": report.tokens_granted,
+        "leases_per_sec": report.rate(),
+        "latency_ms": {
+            "p50": report.percentile_ms(0.50),
+            "p90": report.percentile_ms(0.90),
+            "p99": report.percentile_ms(0.99),
+            "max": report.percentile_ms(1.0),
+        },
+        "longest_gap_ms": report.longest_gap.as_secs_f64() * 1_000.0,
+    });
+    emit(args.client.output, json, || {
+        format!(
+            "concurrency {}, {:.1} s: {} leases ({:.0}/s), {} errors\nlatency ms: p50 {:.2}  p90 {:.2}  p99 {:.2}  max {:.2}\nlongest gap between successful leases: {:.1} ms",
+            args.concurrency,
+            report.elapsed.as_secs_f64(),
+            report.leases,
+            report.rate(),
+            report.errors,
+            report.percentile_ms(0.50),
+            report.percentile_ms(0.90),
+            report.percentile_ms(0.99),
+            report.percentile_ms(1.0),
+            report.longest_gap.as_secs_f64() * 1_000.0,
+        )
+    });
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_use_nearest_rank() {
+        let report = BenchReport {
+            leases: 4,
+            errors: 0,
+            tokens_granted: 4,
+            elapsed: Duration::from_secs(2),
+            latencies_us: vec![1_000, 2_000, 3_000, 4_000],
+            longest_gap: Duration::ZERO,
+        };
+        assert_eq!(report.percentile_ms(0.5), 2.0);
+        assert_eq!(report.percentile_ms(0.99), 4.0);
+        assert_eq!(report.percentile_ms(1.0), 4.0);
+        assert_eq!(report.rate(), 2.0);
+    }
+}

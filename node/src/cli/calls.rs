@@ -1,0 +1,178 @@
+//! The coordinator calls: `leasehold lease | reconcile | pool-grant | window`.
+
+use clap::Args;
+use leasehold_proto::v1 as pb;
+use serde_json::json;
+
+use super::output::{emit, lease_json, window_json};
+use super::{CliError, ClientArgs};
+
+/// Options of `leasehold lease`.
+#[derive(Debug, Clone, Args)]
+pub struct LeaseArgs {
+    /// The budget's key.
+    #[arg(long)]
+    pub key: String,
+    /// The asking region.
+    #[arg(long)]
+    pub region: String,
+    /// Tokens wanted (≥ 1).
+    #[arg(long)]
+    pub tokens: u64,
+    /// Where to connect and how to print.
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+/// Options of `leasehold reconcile`.
+#[derive(Debug, Clone, Args)]
+pub struct ReconcileArgs {
+    /// The budget's key.
+    #[arg(long)]
+    pub key: String,
+    /// The returning region.
+    #[arg(long)]
+    pub region: String,
+    /// Unused tokens handed back.
+    #[arg(long)]
+    pub leftover: u64,
+    /// Start of the window the tokens were granted in (from `lease`).
+    #[arg(long)]
+    pub window_start: u64,
+    /// Where to connect and how to print.
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+/// Options of `leasehold pool-grant`.
+#[derive(Debug, Clone, Args)]
+pub struct PoolGrantArgs {
+    /// The budget's key (a `fair` policy).
+    #[arg(long)]
+    pub key: String,
+    /// The asking region.
+    #[arg(long)]
+    pub region: String,
+    /// The region's weight (≥ 1).
+    #[arg(long)]
+    pub weight: u64,
+    /// The total grant the region would like for this window.
+    #[arg(long)]
+    pub want: u64,
+    /// Where to connect and how to print.
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+/// Options of `leasehold window`.
+#[derive(Debug, Clone, Args)]
+pub struct WindowArgs {
+    /// The budget's key.
+    #[arg(long)]
+    pub key: String,
+    /// Where to connect and how to print.
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+/// Runs `leasehold lease`.
+pub async fn lease(args: LeaseArgs) -> Result<(), CliError> {
+    let response = args
+        .client
+        .client()?
+        .lease(&args.key, &args.region, args.tokens)
+        .await?;
+    emit(args.client.output, lease_json(&response), || {
+        format!(
+            "granted {} of {} (limit {}), window [{}, {}), valid for {} ms",
+            response.granted,
+            args.tokens,
+            response.limit,
+            response.window_start_ms,
+            response.window_end_ms,
+            response.remaining_lifetime_ms
+        )
+    });
+    Ok(())
+}
+
+/// Runs `leasehold reconcile`.
+pub async fn reconcile(args: ReconcileArgs) -> Result<(), CliError> {
+    let response = args
+        .client
+        .client()?
+        .reconcile(&args.key, &args.region, args.leftover, args.window_start)
+        .await?;
+    let disposition = match pb::ReconcileDisposition::try_from(response.disposition) {
+        Ok(pb::ReconcileDisposition::Credited) => "credited",
+        Ok(pb::ReconcileDisposition::WindowEnded) => "window-ended",
+        Ok(pb::ReconcileDisposition::Duplicate) => "duplicate",
+        _ => "unspecified",
+    };
+    emit(
+        args.client.output,
+        json!({"credited": response.credited, "disposition": disposition}),
+        || {
+            format!(
+                "credited {} of {} back ({disposition})",
+                response.credited, args.leftover
+            )
+        },
+    );
+    Ok(())
+}
+
+/// Runs `leasehold pool-grant`.
+pub async fn pool_grant(args: PoolGrantArgs) -> Result<(), CliError> {
+    let response = args
+        .client
+        .client()?
+        .pool_grant(&args.key, &args.region, args.weight, args.want)
+        .await?;
+    let json = json!({
+        "granted_total": response.granted_total,
+        "limit": response.limit,
+        "window_start_ms": response.window_start_ms,
+        "window_end_ms": response.window_end_ms,
+        "coordinator_now_ms": response.coordinator_now_ms,
+        "remaining_lifetime_ms": response.remaining_lifetime_ms,
+    });
+    emit(args.client.output, json, || {
+        format!(
+            "region {} now holds {} of {} (wanted {}), window [{}, {}), valid for {} ms",
+            args.region,
+            response.granted_total,
+            response.limit,
+            args.want,
+            response.window_start_ms,
+            response.window_end_ms,
+            response.remaining_lifetime_ms
+        )
+    });
+    Ok(())
+}
+
+/// Runs `leasehold window`.
+pub async fn window(args: WindowArgs) -> Result<(), CliError> {
+    let window = args.client.client()?.get_window(&args.key).await?;
+    emit(args.client.output, window_json(&window), || {
+        let mut text = format!(
+            "{}: granted {} returned {} of limit {} in window [{}, {}) (coordinator clock {})",
+            window.key,
+            window.granted,
+            window.returned,
+            window.limit,
+            window.window_start_ms,
+            window.window_end_ms,
+            window.coordinator_now_ms
+        );
+        for region in &window.regions {
+            text.push_str(&format!(
+                "\n  {:<12} granted {:>8} returned {:>8} weight {}",
+                region.region, region.granted, region.returned, region.pool_weight
+            ));
+        }
+        text
+    });
+    Ok(())
+}

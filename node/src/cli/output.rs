@@ -1,0 +1,171 @@
+//! Rendering command results as human text or JSON (`--output json`), and
+//! the JSON shape of each wire message the CLI prints.
+
+use leasehold_proto::v1 as pb;
+use serde_json::{json, Value};
+
+/// How a command prints its result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum OutputFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON document.
+    Json,
+}
+
+/// Prints `json` or `text` according to `format`.
+pub fn emit(format: OutputFormat, json: Value, text: impl FnOnce() -> String) {
+    match format {
+        OutputFormat::Json => println!("{json}"),
+        OutputFormat::Text => println!("{}", text()),
+    }
+}
+
+/// A policy's kind as the CLI spells it.
+pub fn kind_name(kind: i32) -> &'static str {
+    match pb::PolicyKind::try_from(kind) {
+        Ok(pb::PolicyKind::Fair) => "fair",
+        _ => "counter",
+    }
+}
+
+/// A policy's outage mode as the CLI spells it.
+pub fn outage_name(outage: i32) -> &'static str {
+    match pb::OutageMode::try_from(outage) {
+        Ok(pb::OutageMode::Fallback) => "fallback",
+        _ => "fail-closed",
+    }
+}
+
+/// JSON of a policy.
+pub fn policy_json(policy: &pb::Policy) -> Value {
+    json!({
+        "prefix": policy.prefix,
+        "limit": policy.limit,
+        "window_ms": policy.window_ms,
+        "kind": kind_name(policy.kind),
+        "outage": outage_name(policy.outage),
+        "fallback_tokens_per_region": policy.fallback_tokens_per_region,
+    })
+}
+
+/// One line describing a policy.
+pub fn policy_text(policy: &pb::Policy) -> String {
+    let mut line = format!(
+        "{:<24} limit {:>10} per {:>8} ms  {:<7}  {}",
+        format!("{:?}", policy.prefix),
+        policy.limit,
+        policy.window_ms,
+        kind_name(policy.kind),
+        outage_name(policy.outage)
+    );
+    if policy.fallback_tokens_per_region > 0 {
+        line.push_str(&format!(
+            " ({} per region)",
+            policy.fallback_tokens_per_region
+        ));
+    }
+    line
+}
+
+/// JSON of a lease response.
+pub fn lease_json(response: &pb::LeaseResponse) -> Value {
+    json!({
+        "granted": response.granted,
+        "limit": response.limit,
+        "window_start_ms": response.window_start_ms,
+        "window_end_ms": response.window_end_ms,
+        "coordinator_now_ms": response.coordinator_now_ms,
+        "remaining_lifetime_ms": response.remaining_lifetime_ms,
+    })
+}
+
+/// JSON of a window view.
+pub fn window_json(window: &pb::GetWindowResponse) -> Value {
+    json!({
+        "key": window.key,
+        "policy": window.policy.as_ref().map(policy_json),
+        "limit": window.limit,
+        "window_start_ms": window.window_start_ms,
+        "window_end_ms": window.window_end_ms,
+        "granted": window.granted,
+        "returned": window.returned,
+        "coordinator_now_ms": window.coordinator_now_ms,
+        "regions": window.regions.iter().map(|r| json!({
+            "region": r.region, "granted": r.granted, "returned": r.returned, "pool_weight": r.pool_weight,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// JSON of a member's status.
+pub fn status_json(status: &pb::StatusResponse) -> Value {
+    let members = |list: &[pb::Member]| {
+        list.iter()
+            .map(|m| json!({"id": m.id, "addr": m.addr}))
+            .collect::<Vec<_>>()
+    };
+    let counters: serde_json::Map<String, Value> = status
+        .counters
+        .iter()
+        .map(|(name, value)| (name.clone(), json!(value)))
+        .collect();
+    json!({
+        "node_id": status.node_id,
+        "state": status.state,
+        "initialized": status.initialized,
+        "current_term": status.current_term,
+        "current_leader": status.current_leader,
+        "leader_addr": status.leader_addr,
+        "last_log_index": status.last_log_index,
+        "last_applied_index": status.last_applied_index,
+        "snapshot_index": status.snapshot_index,
+        "voters": members(&status.voters),
+        "learners": members(&status.learners),
+        "state_machine_now_ms": status.state_machine_now_ms,
+        "live_windows": status.live_windows,
+        "policies": status.policies,
+        "counters": counters,
+    })
+}
+
+/// A member's status as text.
+pub fn status_text(status: &pb::StatusResponse) -> String {
+    let members = |list: &[pb::Member]| {
+        if list.is_empty() {
+            "-".to_string()
+        } else {
+            list.iter()
+                .map(|m| format!("{}={}", m.id, m.addr))
+                .collect::<Vec<_>>()
+                .join(" ")
+        }
+    };
+    let leader = match status.current_leader {
+        Some(id) => format!("{id} ({})", status.leader_addr),
+        None => "unknown".to_string(),
+    };
+    let mut counters: Vec<_> = status.counters.iter().collect();
+    counters.sort();
+    let counters = counters
+        .iter()
+        .map(|(name, value)| format!("{name}={value}"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    format!(
+        "node {} is {}{}\n  term {}  leader {}\n  log index {}  applied {}  snapshot {}\n  voters   {}\n  learners {}\n  state clock {} ms  live windows {}  policies {}\n  counters {}",
+        status.node_id,
+        status.state,
+        if status.initialized { "" } else { " (not initialised)" },
+        status.current_term,
+        leader,
+        status.last_log_index,
+        status.last_applied_index,
+        status.snapshot_index,
+        members(&status.voters),
+        members(&status.learners),
+        status.state_machine_now_ms,
+        status.live_windows,
+        status.policies,
+        counters,
+    )
+}

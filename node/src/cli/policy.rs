@@ -1,0 +1,174 @@
+//! `leasehold policy set | list | delete`: the replicated policy table.
+
+use clap::{Args, Subcommand, ValueEnum};
+use leasehold_proto::v1 as pb;
+use serde_json::json;
+
+use super::output::{emit, policy_json, policy_text};
+use super::{CliError, ClientArgs};
+
+/// Options of `leasehold policy`.
+#[derive(Debug, Clone, Args)]
+pub struct PolicyArgs {
+    /// Which policy command.
+    #[command(subcommand)]
+    pub command: PolicyCommand,
+}
+
+/// The policy commands.
+#[derive(Debug, Clone, Subcommand)]
+pub enum PolicyCommand {
+    /// Insert or replace the policy of a key prefix.
+    Set(SetArgs),
+    /// List every policy (linearizable).
+    List(ListArgs),
+    /// Remove the policy with exactly this prefix.
+    Delete(DeleteArgs),
+}
+
+/// How a key's budget is shared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum KindArg {
+    /// First-come leasing.
+    Counter,
+    /// Region fair pool plus in-region tenant fairness.
+    Fair,
+}
+
+/// What escrow nodes do while the coordinator is unreachable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OutageArg {
+    /// Serve what is held, then deny (Δ = 0 holds).
+    FailClosed,
+    /// Admit up to --fallback-tokens per region per window.
+    Fallback,
+}
+
+/// Options of `policy set`.
+#[derive(Debug, Clone, Args)]
+pub struct SetArgs {
+    /// Key prefix the policy applies to (longest match wins; may be empty).
+    #[arg(long)]
+    pub prefix: String,
+    /// Tokens per window.
+    #[arg(long)]
+    pub limit: u64,
+    /// Window length in milliseconds.
+    #[arg(long)]
+    pub window_ms: u64,
+    /// Counter or fair.
+    #[arg(long, value_enum, default_value_t = KindArg::Counter)]
+    pub kind: KindArg,
+    /// Outage behaviour of escrow nodes.
+    #[arg(long, value_enum, default_value_t = OutageArg::FailClosed)]
+    pub outage: OutageArg,
+    /// With `--outage fallback`: tokens per region per window during an outage.
+    #[arg(long, default_value_t = 0)]
+    pub fallback_tokens: u64,
+    /// Where to connect and how to print.
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+/// Options of `policy list`.
+#[derive(Debug, Clone, Args)]
+pub struct ListArgs {
+    /// Where to connect and how to print.
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+/// Options of `policy delete`.
+#[derive(Debug, Clone, Args)]
+pub struct DeleteArgs {
+    /// The exact prefix of the policy to remove.
+    #[arg(long)]
+    pub prefix: String,
+    /// Where to connect and how to print.
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+impl SetArgs {
+    /// The policy these flags describe.
+    pub fn policy(&self) -> Result<pb::Policy, CliError> {
+        let outage = match self.outage {
+            OutageArg::FailClosed if self.fallback_tokens > 0 => {
+                return Err(CliError::Usage(
+                    "--fallback-tokens needs --outage fallback".into(),
+                ));
+            }
+            OutageArg::FailClosed => pb::OutageMode::FailClosed,
+            OutageArg::Fallback => pb::OutageMode::Fallback,
+        };
+        let kind = match self.kind {
+            KindArg::Counter => pb::PolicyKind::Counter,
+            KindArg::Fair => pb::PolicyKind::Fair,
+        };
+        Ok(pb::Policy {
+            prefix: self.prefix.clone(),
+            limit: self.limit,
+            window_ms: self.window_ms,
+            kind: kind as i32,
+            outage: outage as i32,
+            fallback_tokens_per_region: self.fallback_tokens,
+        })
+    }
+}
+
+/// Runs `leasehold policy …`.
+pub async fn run(args: PolicyArgs) -> Result<(), CliError> {
+    match args.command {
+        PolicyCommand::Set(args) => {
+            let policy = args.policy()?;
+            args.client
+                .client()?
+                .admin()
+                .set_policy(policy.clone())
+                .await?;
+            emit(
+                args.client.output,
+                json!({"set": policy_json(&policy)}),
+                || format!("set {}", policy_text(&policy)),
+            );
+        }
+        PolicyCommand::List(args) => {
+            let policies = args.client.client()?.admin().list_policies().await?;
+            emit(
+                args.client.output,
+                json!({"policies": policies.iter().map(policy_json).collect::<Vec<_>>()}),
+                || {
+                    if policies.is_empty() {
+                        "no policies".to_string()
+                    } else {
+                        policies
+                            .iter()
+                            .map(policy_text)
+                            .collect::<Vec<_>>()
+                            .join("\n")
+                    }
+                },
+            );
+        }
+        PolicyCommand::Delete(args) => {
+            let existed = args
+                .client
+                .client()?
+                .admin()
+                .delete_policy(&args.prefix)
+                .await?;
+            emit(
+                args.client.output,
+                json!({"prefix": args.prefix, "existed": existed}),
+                || {
+                    if existed {
+                        format!("deleted the policy {:?}", args.prefix)
+                    } else {
+                        format!("no policy with prefix {:?}", args.prefix)
+                    }
+                },
+            );
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,256 @@
+//! The admin API (`leasehold.v1.Admin`): cluster formation and membership,
+//! node status, and the replicated policy table.
+//!
+//! `Init` runs on any pristine member; membership changes and policy writes
+//! need the leader (hint otherwise); `ListPolicies` is a linearizable read;
+//! `Status` is local to the member asked.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use leasehold_client::transport::normalize_addr;
+use leasehold_core::coordinator::{Command, Outcome};
+use leasehold_core::ids::MAX_KEY_BYTES;
+use leasehold_proto::v1 as pb;
+use leasehold_proto::v1::admin_server::Admin;
+use leasehold_raft_store::{Node, NodeId};
+use openraft::error::{ClientWriteError, InitializeError, RaftError};
+use tonic::{Request, Response, Status};
+
+use super::context::{forward_status, NodeContext};
+use super::convert;
+use super::leader::{command_error_status, LeaderView};
+
+/// Serves `leasehold.v1.Admin` for one member.
+#[derive(Clone)]
+pub struct AdminApi {
+    node: Arc<NodeContext>,
+}
+
+impl AdminApi {
+    /// The admin API over a member's shared context.
+    pub fn new(node: Arc<NodeContext>) -> Self {
+        Self { node }
+    }
+
+    async fn policy_write(&self, command: Command) -> Result<Outcome, Status> {
+        self.node.require_leader()?;
+        match self.node.propose(command).await? {
+            Outcome::Rejected(error) => Err(command_error_status(&error)),
+            outcome => Ok(outcome),
+        }
+    }
+}
+
+fn member(raw: &pb::Member) -> Result<(NodeId, Node), Status> {
+    if raw.id == 0 {
+        return Err(Status::invalid_argument("member ids start at 1"));
+    }
+    let addr = normalize_addr(&raw.addr)
+        .map_err(|e| Status::invalid_argument(format!("member {}: {e}", raw.id)))?;
+    Ok((raw.id, Node::new(addr)))
+}
+
+fn membership_write_status<E>(
+    error: RaftError<NodeId, ClientWriteError<NodeId, Node>>,
+) -> Result<E, Status> {
+    Err(match error {
+        RaftError::APIError(ClientWriteError::ForwardToLeader(forward)) => forward_status(&forward),
+        RaftError::APIError(ClientWriteError::ChangeMembershipError(e)) => {
+            Status::failed_precondition(e.to_string())
+        }
+        RaftError::Fatal(e) => Status::unavailable(format!("raft stopped: {e}")),
+    })
+}
+
+fn admin_timeout(ms: u128) -> Status {
+    Status::unavailable(format!(
+        "the membership change did not commit within {ms} ms (no quorum?)"
+    ))
+}
+
+#[tonic::async_trait]
+impl Admin for AdminApi {
+    async fn init(
+        &self,
+        request: Request<pb::InitRequest>,
+    ) -> Result<Response<pb::InitResponse>, Status> {
+        let request = request.into_inner();
+        if request.members.is_empty() {
+            return Err(Status::invalid_argument("init needs at least one member"));
+        }
+        let mut members = BTreeMap::new();
+        for raw in &request.members {
+            let (id, node) = member(raw)?;
+            if members.insert(id, node).is_some() {
+                return Err(Status::invalid_argument(format!(
+                    "member id {id} appears twice"
+                )));
+            }
+        }
+        if !members.contains_key(&self.node.id) {
+            return Err(Status::invalid_argument(format!(
+                "the members must include the member asked to initialise (id {})",
+                self.node.id
+            )));
+        }
+        let timeout = self.node.config.admin_timeout();
+        match tokio::time::timeout(timeout, self.node.raft.initialize(members)).await {
+            Ok(Ok(())) => Ok(Response::new(pb::InitResponse {})),
+            Ok(Err(RaftError::APIError(InitializeError::NotAllowed(e)))) => Err(
+                Status::already_exists(format!("this member is already initialised ({e})")),
+            ),
+            Ok(Err(RaftError::APIError(InitializeError::NotInMembers(e)))) => {
+                Err(Status::invalid_argument(e.to_string()))
+            }
+            Ok(Err(RaftError::Fatal(e))) => Err(Status::unavailable(format!("raft stopped: {e}"))),
+            Err(_) => Err(admin_timeout(timeout.as_millis())),
+        }
+    }
+
+    async fn add_learner(
+        &self,
+        request: Request<pb::AddLearnerRequest>,
+    ) -> Result<Response<pb::AddLearnerResponse>, Status> {
+        let raw = request
+            .into_inner()
+            .member
+            .ok_or_else(|| Status::invalid_argument("member is required"))?;
+        let (id, node) = member(&raw)?;
+        self.node.require_leader()?;
+        let timeout = self.node.config.admin_timeout();
+        match tokio::time::timeout(timeout, self.node.raft.add_learner(id, node, false)).await {
+            Ok(Ok(response)) => Ok(Response::new(pb::AddLearnerResponse {
+                log_index: response.log_id.index,
+            })),
+            Ok(Err(error)) => membership_write_status(error),
+            Err(_) => Err(admin_timeout(timeout.as_millis())),
+        }
+    }
+
+    async fn change_membership(
+        &self,
+        request: Request<pb::ChangeMembershipRequest>,
+    ) -> Result<Response<pb::ChangeMembershipResponse>, Status> {
+        let request = request.into_inner();
+        let voters: BTreeSet<NodeId> = request.voter_ids.iter().copied().collect();
+        if voters.is_empty() || voters.contains(&0) {
+            return Err(Status::invalid_argument(
+                "voter ids must be a non-empty list of ids ≥ 1",
+            ));
+        }
+        self.node.require_leader()?;
+        let timeout = self.node.config.admin_timeout();
+        match tokio::time::timeout(
+            timeout,
+            self.node.raft.change_membership(voters, request.retain),
+        )
+        .await
+        {
+            Ok(Ok(response)) => Ok(Response::new(pb::ChangeMembershipResponse {
+                log_index: response.log_id.index,
+            })),
+            Ok(Err(error)) => membership_write_status(error),
+            Err(_) => Err(admin_timeout(timeout.as_millis())),
+        }
+    }
+
+    async fn status(
+        &self,
+        _request: Request<pb::StatusRequest>,
+    ) -> Result<Response<pb::StatusResponse>, Status> {
+        let metrics = self.node.raft.metrics().borrow().clone();
+        let membership = metrics.membership_config.membership();
+        let member_list = |ids: Vec<NodeId>| -> Vec<pb::Member> {
+            ids.into_iter()
+                .map(|id| pb::Member {
+                    id,
+                    addr: membership
+                        .get_node(&id)
+                        .map(|n| n.addr.clone())
+                        .unwrap_or_default(),
+                })
+                .collect()
+        };
+        let voters = member_list(membership.voter_ids().collect());
+        let learners = member_list(membership.learner_ids().collect());
+        let leader_addr = match LeaderView::from_metrics(&metrics) {
+            LeaderView::Other { addr, .. } => addr.unwrap_or_default(),
+            LeaderView::Me => membership
+                .get_node(&metrics.id)
+                .map(|n| n.addr.clone())
+                .unwrap_or_default(),
+            LeaderView::Unknown { .. } => String::new(),
+        };
+        let (now_ms, live_windows, policies) = self.node.state.read(|state| {
+            (
+                state.now_ms(),
+                state.live_windows(),
+                state.policies().len() as u64,
+            )
+        });
+        Ok(Response::new(pb::StatusResponse {
+            node_id: metrics.id,
+            state: format!("{:?}", metrics.state),
+            current_term: metrics.current_term,
+            current_leader: metrics.current_leader,
+            leader_addr,
+            last_log_index: metrics.last_log_index.unwrap_or(0),
+            last_applied_index: metrics.last_applied.map(|id| id.index).unwrap_or(0),
+            snapshot_index: metrics.snapshot.map(|id| id.index).unwrap_or(0),
+            initialized: !voters.is_empty(),
+            voters,
+            learners,
+            state_machine_now_ms: now_ms,
+            live_windows,
+            policies,
+            counters: self
+                .node
+                .metrics
+                .snapshot()
+                .into_iter()
+                .map(|(name, value)| (name.to_string(), value))
+                .collect(),
+        }))
+    }
+
+    async fn set_policy(
+        &self,
+        request: Request<pb::SetPolicyRequest>,
+    ) -> Result<Response<pb::SetPolicyResponse>, Status> {
+        let policy = convert::policy_from_wire(request.into_inner().policy)?;
+        match self.policy_write(Command::SetPolicy(policy)).await? {
+            Outcome::PolicySet => Ok(Response::new(pb::SetPolicyResponse {})),
+            other => Err(Status::internal(format!("unexpected outcome {other:?}"))),
+        }
+    }
+
+    async fn delete_policy(
+        &self,
+        request: Request<pb::DeletePolicyRequest>,
+    ) -> Result<Response<pb::DeletePolicyResponse>, Status> {
+        let prefix = request.into_inner().prefix;
+        if prefix.len() > MAX_KEY_BYTES {
+            return Err(Status::invalid_argument(format!(
+                "prefix is longer than {MAX_KEY_BYTES} bytes"
+            )));
+        }
+        match self.policy_write(Command::DeletePolicy { prefix }).await? {
+            Outcome::PolicyDeleted { existed } => {
+                Ok(Response::new(pb::DeletePolicyResponse { existed }))
+            }
+            other => Err(Status::internal(format!("unexpected outcome {other:?}"))),
+        }
+    }
+
+    async fn list_policies(
+        &self,
+        _request: Request<pb::ListPoliciesRequest>,
+    ) -> Result<Response<pb::ListPoliciesResponse>, Status> {
+        self.node.linearizable_read().await?;
+        let policies = self.node.state.read(|state| state.policies());
+        Ok(Response::new(pb::ListPoliciesResponse {
+            policies: policies.iter().map(convert::policy_to_wire).collect(),
+        }))
+    }
+}

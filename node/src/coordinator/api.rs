@@ -1,0 +1,116 @@
+//! The public coordinator API (`leasehold.v1.Coordinator`): lease,
+//! reconcile and pool grant go through group commit at the leader;
+//! `GetWindow` is a linearizable read.
+//!
+//! Every handler validates its input first (`INVALID_ARGUMENT`, nothing
+//! proposed), then checks leadership (`FAILED_PRECONDITION` with a leader
+//! hint, or `UNAVAILABLE`), then proposes and maps the state machine's
+//! outcome (`NOT_FOUND` without a policy, `FAILED_PRECONDITION` on a kind
+//! mismatch).
+
+use std::sync::Arc;
+
+use leasehold_core::coordinator::{Command, Outcome};
+use leasehold_proto::v1 as pb;
+use leasehold_proto::v1::coordinator_server::Coordinator;
+use tonic::{Request, Response, Status};
+
+use super::context::NodeContext;
+use super::convert;
+use super::leader::command_error_status;
+use super::metrics::Rejection;
+
+/// Serves `leasehold.v1.Coordinator` for one member.
+#[derive(Clone)]
+pub struct CoordinatorApi {
+    node: Arc<NodeContext>,
+}
+
+impl CoordinatorApi {
+    /// The API over a member's shared context.
+    pub fn new(node: Arc<NodeContext>) -> Self {
+        Self { node }
+    }
+
+    fn invalid(&self, status: Status) -> Status {
+        self.node
+            .metrics
+            .record_rejection(Rejection::InvalidArgument);
+        status
+    }
+
+    async fn write(&self, command: Command) -> Result<Outcome, Status> {
+        self.node.require_leader()?;
+        let outcome = self.node.propose(command).await?;
+        match outcome {
+            Outcome::Rejected(error) => Err(command_error_status(&error)),
+            outcome => Ok(outcome),
+        }
+    }
+}
+
+fn unexpected(outcome: &Outcome) -> Status {
+    Status::internal(format!("unexpected outcome {outcome:?}"))
+}
+
+#[tonic::async_trait]
+impl Coordinator for CoordinatorApi {
+    async fn lease(
+        &self,
+        request: Request<pb::LeaseRequest>,
+    ) -> Result<Response<pb::LeaseResponse>, Status> {
+        let request = request.into_inner();
+        let tokens = request.tokens;
+        let command = convert::lease_command(request).map_err(|e| self.invalid(e))?;
+        self.node.require_leader()?;
+        self.node.metrics.record_lease_request(tokens);
+        match self.write(command).await? {
+            Outcome::Lease(grant) => Ok(Response::new(convert::lease_response(&grant))),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    async fn reconcile(
+        &self,
+        request: Request<pb::ReconcileRequest>,
+    ) -> Result<Response<pb::ReconcileResponse>, Status> {
+        let command =
+            convert::reconcile_command(request.into_inner()).map_err(|e| self.invalid(e))?;
+        match self.write(command).await? {
+            Outcome::Reconcile(outcome) => Ok(Response::new(convert::reconcile_response(&outcome))),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    async fn pool_grant(
+        &self,
+        request: Request<pb::PoolGrantRequest>,
+    ) -> Result<Response<pb::PoolGrantResponse>, Status> {
+        let command =
+            convert::pool_grant_command(request.into_inner()).map_err(|e| self.invalid(e))?;
+        match self.write(command).await? {
+            Outcome::PoolGrant(grant) => Ok(Response::new(convert::pool_grant_response(&grant))),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    async fn get_window(
+        &self,
+        request: Request<pb::GetWindowRequest>,
+    ) -> Result<Response<pb::GetWindowResponse>, Status> {
+        let key = convert::window_key(request.get_ref()).map_err(|e| self.invalid(e))?;
+        self.node.linearizable_read().await?;
+        let wall_now = self.node.clock.now_ms();
+        let view = self
+            .node
+            .state
+            .read(|state| state.window_view(&key, state.now_ms().max(wall_now)));
+        match view {
+            Ok(view) => Ok(Response::new(convert::window_response(&key, &view))),
+            Err(error) => {
+                self.node.metrics.record_rejection(Rejection::NoPolicy);
+                Err(command_error_status(&error))
+            }
+        }
+    }
+}

@@ -1,0 +1,135 @@
+//! What the services of one member share: the Raft handle, the group-commit
+//! batcher, the applied-state reader, the clock, counters and deadlines,
+//! plus the three steps every handler uses (check leadership, propose, make a
+//! read linearizable) with their errors already mapped to gRPC.
+
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use leasehold_client::transport::WallClock;
+use leasehold_core::coordinator::{Command, Outcome, Proposal, ProposalResult};
+use leasehold_raft_store::{Node, NodeId, Raft, StateReader};
+use openraft::error::{CheckIsLeaderError, ClientWriteError, ForwardToLeader, RaftError};
+use tonic::Status;
+
+use super::batcher::{Batcher, ProposeError, Proposer};
+use super::leader::{not_leader_status, propose_error_status, require_leader};
+use super::metrics::{NodeMetrics, Rejection};
+use crate::config::NodeConfig;
+
+/// The shared state of one coordinator member's services.
+pub struct NodeContext {
+    /// This member's id.
+    pub id: NodeId,
+    /// The Raft member.
+    pub raft: Raft,
+    /// Group commit in front of `raft.client_write`.
+    pub batcher: Batcher,
+    /// The applied coordinator state.
+    pub state: StateReader,
+    /// Wall clock for stamping and window reads.
+    pub clock: Arc<dyn WallClock>,
+    /// Counters.
+    pub metrics: Arc<NodeMetrics>,
+    /// Deadlines and sizes.
+    pub config: NodeConfig,
+}
+
+impl NodeContext {
+    /// Fails fast unless this member is the leader (see [`require_leader`]).
+    pub fn require_leader(&self) -> Result<(), Status> {
+        require_leader(&self.raft, &self.metrics)
+    }
+
+    /// Proposes `command` through group commit and returns its outcome.
+    pub async fn propose(&self, command: Command) -> Result<Outcome, Status> {
+        self.batcher
+            .submit(command)
+            .await
+            .map_err(|e| propose_error_status(e, &self.metrics))
+    }
+
+    /// Waits until a read of the local state is linearizable: this member
+    /// confirmed its leadership with a quorum and applied up to the read index.
+    pub async fn linearizable_read(&self) -> Result<(), Status> {
+        self.require_leader()?;
+        self.metrics.record_linearizable_read();
+        let timeout = self.config.read_timeout();
+        match tokio::time::timeout(timeout, self.raft.ensure_linearizable()).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(forward)))) => {
+                self.metrics.record_rejection(Rejection::NotLeader);
+                Err(forward_status(&forward))
+            }
+            Ok(Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(e)))) => {
+                self.metrics.record_rejection(Rejection::Unavailable);
+                Err(Status::unavailable(format!(
+                    "cannot confirm leadership: {e}"
+                )))
+            }
+            Ok(Err(RaftError::Fatal(e))) => {
+                self.metrics.record_rejection(Rejection::Unavailable);
+                Err(Status::unavailable(format!("raft stopped: {e}")))
+            }
+            Err(_) => {
+                self.metrics.record_rejection(Rejection::Unavailable);
+                Err(Status::unavailable(format!(
+                    "leadership not confirmed within {} ms (no quorum?)",
+                    timeout.as_millis()
+                )))
+            }
+        }
+    }
+}
+
+/// The gRPC error for openraft's "forward to leader".
+pub fn forward_status(forward: &ForwardToLeader<NodeId, Node>) -> Status {
+    let leader = forward
+        .leader_id
+        .map(|id| (id, forward.leader_node.as_ref().map(|n| n.addr.clone())));
+    not_leader_status(leader, true)
+}
+
+/// Proposes through `Raft::client_write`, bounded by the proposal timeout.
+pub struct RaftProposer {
+    raft: Raft,
+    timeout: std::time::Duration,
+}
+
+impl RaftProposer {
+    /// A proposer for `raft` whose proposals fail after `timeout`.
+    pub fn new(raft: Raft, timeout: std::time::Duration) -> Self {
+        Self { raft, timeout }
+    }
+}
+
+impl Proposer for RaftProposer {
+    fn propose(
+        &self,
+        proposal: Proposal,
+    ) -> BoxFuture<'static, Result<ProposalResult, ProposeError>> {
+        let raft = self.raft.clone();
+        let timeout = self.timeout;
+        Box::pin(async move {
+            match tokio::time::timeout(timeout, raft.client_write(proposal)).await {
+                Ok(Ok(response)) => Ok(response.data),
+                Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(forward)))) => {
+                    Err(ProposeError::NotLeader {
+                        leader: forward
+                            .leader_id
+                            .zip(forward.leader_node.map(|node| node.addr)),
+                    })
+                }
+                Ok(Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e)))) => {
+                    Err(ProposeError::Unavailable(e.to_string()))
+                }
+                Ok(Err(RaftError::Fatal(e))) => {
+                    Err(ProposeError::Unavailable(format!("raft stopped: {e}")))
+                }
+                Err(_) => Err(ProposeError::Timeout(
+                    u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+                )),
+            }
+        })
+    }
+}

@@ -1,0 +1,310 @@
+//! Wire ↔ core conversions for the coordinator services, with input
+//! validation: a request that fails here is answered `INVALID_ARGUMENT`
+//! before anything is proposed, so bad input never reaches the log.
+
+use leasehold_core::coordinator::{
+    Command, LeaseGrant, PoolGrantOutcome, ReconcileDisposition, ReconcileOutcome, WindowView,
+};
+use leasehold_core::ids::{ClientId, Key, RegionId, RequestId};
+use leasehold_core::policy::{OutagePolicy, Policy, PolicyKind};
+use leasehold_proto::v1 as pb;
+use tonic::Status;
+
+fn key(raw: &str) -> Result<Key, Status> {
+    Key::new(raw).map_err(|e| Status::invalid_argument(e.to_string()))
+}
+
+fn region(raw: &str) -> Result<RegionId, Status> {
+    RegionId::new(raw).map_err(|e| Status::invalid_argument(e.to_string()))
+}
+
+/// Validates a wire request id; absent means "not retried idempotently".
+pub fn request_id(raw: Option<pb::RequestId>) -> Result<Option<RequestId>, Status> {
+    let Some(raw) = raw else { return Ok(None) };
+    let client = ClientId::new(raw.client_id)
+        .map_err(|e| Status::invalid_argument(format!("request_id: {e}")))?;
+    Ok(Some(RequestId {
+        client,
+        seq: raw.seq,
+    }))
+}
+
+/// A lease request as a command: key and region valid, `tokens > 0`.
+pub fn lease_command(request: pb::LeaseRequest) -> Result<Command, Status> {
+    if request.tokens == 0 {
+        return Err(Status::invalid_argument("tokens must be greater than 0"));
+    }
+    Ok(Command::Lease {
+        key: key(&request.key)?,
+        region: region(&request.region)?,
+        tokens: request.tokens,
+        request_id: request_id(request.request_id)?,
+    })
+}
+
+/// A reconcile request as a command (a zero leftover is a valid no-op).
+pub fn reconcile_command(request: pb::ReconcileRequest) -> Result<Command, Status> {
+    Ok(Command::Reconcile {
+        key: key(&request.key)?,
+        region: region(&request.region)?,
+        leftover: request.leftover,
+        window_start_ms: request.window_start_ms,
+        request_id: request_id(request.request_id)?,
+    })
+}
+
+/// A pool grant request as a command: `region_weight ≥ 1`, `want_total ≥ 1`.
+pub fn pool_grant_command(request: pb::PoolGrantRequest) -> Result<Command, Status> {
+    if request.region_weight == 0 {
+        return Err(Status::invalid_argument("region_weight must be at least 1"));
+    }
+    if request.want_total == 0 {
+        return Err(Status::invalid_argument(
+            "want_total must be greater than 0",
+        ));
+    }
+    Ok(Command::PoolGrant {
+        key: key(&request.key)?,
+        region: region(&request.region)?,
+        region_weight: request.region_weight,
+        want_total: request.want_total,
+        request_id: request_id(request.request_id)?,
+    })
+}
+
+/// The key of a window read.
+pub fn window_key(request: &pb::GetWindowRequest) -> Result<Key, Status> {
+    key(&request.key)
+}
+
+/// A wire policy as a validated core policy.
+pub fn policy_from_wire(raw: Option<pb::Policy>) -> Result<Policy, Status> {
+    let raw = raw.ok_or_else(|| Status::invalid_argument("policy is required"))?;
+    let kind = match pb::PolicyKind::try_from(raw.kind) {
+        Ok(pb::PolicyKind::Unspecified | pb::PolicyKind::Counter) => PolicyKind::Counter,
+        Ok(pb::PolicyKind::Fair) => PolicyKind::Fair,
+        Err(_) => {
+            return Err(Status::invalid_argument(format!(
+                "unknown policy kind {}",
+                raw.kind
+            )))
+        }
+    };
+    let outage = match pb::OutageMode::try_from(raw.outage) {
+        Ok(pb::OutageMode::Unspecified | pb::OutageMode::FailClosed) => {
+            if raw.fallback_tokens_per_region != 0 {
+                return Err(Status::invalid_argument(
+                    "fallback_tokens_per_region is only valid with the fallback outage mode",
+                ));
+            }
+            OutagePolicy::FailClosed
+        }
+        Ok(pb::OutageMode::Fallback) => OutagePolicy::Fallback {
+            tokens_per_region: raw.fallback_tokens_per_region,
+        },
+        Err(_) => {
+            return Err(Status::invalid_argument(format!(
+                "unknown outage mode {}",
+                raw.outage
+            )))
+        }
+    };
+    let policy = Policy {
+        prefix: raw.prefix,
+        limit: raw.limit,
+        window_ms: raw.window_ms,
+        kind,
+        outage,
+    };
+    policy
+        .validate()
+        .map_err(|e| Status::invalid_argument(e.to_string()))?;
+    Ok(policy)
+}
+
+/// A core policy on the wire.
+pub fn policy_to_wire(policy: &Policy) -> pb::Policy {
+    let (outage, fallback) = match policy.outage {
+        OutagePolicy::FailClosed => (pb::OutageMode::FailClosed, 0),
+        OutagePolicy::Fallback { tokens_per_region } => {
+            (pb::OutageMode::Fallback, tokens_per_region)
+        }
+    };
+    let kind = match policy.kind {
+        PolicyKind::Counter => pb::PolicyKind::Counter,
+        PolicyKind::Fair => pb::PolicyKind::Fair,
+    };
+    pb::Policy {
+        prefix: policy.prefix.clone(),
+        limit: policy.limit,
+        window_ms: policy.window_ms,
+        kind: kind as i32,
+        outage: outage as i32,
+        fallback_tokens_per_region: fallback,
+    }
+}
+
+/// A lease grant on the wire, with its relative lifetime.
+pub fn lease_response(grant: &LeaseGrant) -> pb::LeaseResponse {
+    pb::LeaseResponse {
+        granted: grant.granted,
+        limit: grant.limit,
+        window_start_ms: grant.window_start_ms,
+        window_end_ms: grant.window_end_ms,
+        coordinator_now_ms: grant.coordinator_now_ms,
+        remaining_lifetime_ms: grant.window_end_ms.saturating_sub(grant.coordinator_now_ms),
+    }
+}
+
+/// A pool grant on the wire, with its relative lifetime.
+pub fn pool_grant_response(grant: &PoolGrantOutcome) -> pb::PoolGrantResponse {
+    pb::PoolGrantResponse {
+        granted_total: grant.granted_total,
+        limit: grant.limit,
+        window_start_ms: grant.window_start_ms,
+        window_end_ms: grant.window_end_ms,
+        coordinator_now_ms: grant.coordinator_now_ms,
+        remaining_lifetime_ms: grant.window_end_ms.saturating_sub(grant.coordinator_now_ms),
+    }
+}
+
+/// A reconcile outcome on the wire.
+pub fn reconcile_response(outcome: &ReconcileOutcome) -> pb::ReconcileResponse {
+    let disposition = match outcome.disposition {
+        ReconcileDisposition::Credited => pb::ReconcileDisposition::Credited,
+        ReconcileDisposition::WindowEnded => pb::ReconcileDisposition::WindowEnded,
+        ReconcileDisposition::Duplicate => pb::ReconcileDisposition::Duplicate,
+    };
+    pb::ReconcileResponse {
+        credited: outcome.credited,
+        disposition: disposition as i32,
+    }
+}
+
+/// A window view on the wire.
+pub fn window_response(key: &Key, view: &WindowView) -> pb::GetWindowResponse {
+    pb::GetWindowResponse {
+        key: key.to_string(),
+        policy: Some(policy_to_wire(&view.policy)),
+        limit: view.limit,
+        window_start_ms: view.window_start_ms,
+        window_end_ms: view.window_end_ms,
+        granted: view.granted,
+        returned: view.returned,
+        regions: view
+            .regions
+            .iter()
+            .map(|r| pb::RegionUsage {
+                region: r.region.clone(),
+                granted: r.granted,
+                returned: r.returned,
+                pool_weight: r.pool_weight,
+            })
+            .collect(),
+        coordinator_now_ms: view.coordinator_now_ms,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use tonic::Code;
+
+    fn lease(key: &str, region: &str, tokens: u64) -> pb::LeaseRequest {
+        pb::LeaseRequest {
+            key: key.into(),
+            region: region.into(),
+            tokens,
+            request_id: None,
+        }
+    }
+
+    #[test]
+    fn bad_lease_input_is_invalid_argument() {
+        let long_key = "k".repeat(257);
+        let long_region = "r".repeat(65);
+        for request in [
+            lease("", "eu", 1),
+            lease(&long_key, "eu", 1),
+            lease("k", "", 1),
+            lease("k", &long_region, 1),
+            lease("k", "eu", 0),
+        ] {
+            assert_eq!(
+                lease_command(request).unwrap_err().code(),
+                Code::InvalidArgument
+            );
+        }
+        let bad_id = pb::LeaseRequest {
+            request_id: Some(pb::RequestId {
+                client_id: String::new(),
+                seq: 1,
+            }),
+            ..lease("k", "eu", 1)
+        };
+        assert_eq!(
+            lease_command(bad_id).unwrap_err().code(),
+            Code::InvalidArgument
+        );
+        assert!(lease_command(lease("k", "eu", 1)).is_ok());
+    }
+
+    #[test]
+    fn bad_pool_grant_and_policy_input_is_invalid_argument() {
+        let pool = |weight, want| pb::PoolGrantRequest {
+            key: "k".into(),
+            region: "eu".into(),
+            region_weight: weight,
+            want_total: want,
+            request_id: None,
+        };
+        assert_eq!(
+            pool_grant_command(pool(0, 1)).unwrap_err().code(),
+            Code::InvalidArgument
+        );
+        assert_eq!(
+            pool_grant_command(pool(1, 0)).unwrap_err().code(),
+            Code::InvalidArgument
+        );
+        assert!(pool_grant_command(pool(1, 1)).is_ok());
+        let policy = |limit, window_ms, kind| pb::Policy {
+            prefix: "p".into(),
+            limit,
+            window_ms,
+            kind,
+            ..Default::default()
+        };
+        assert_eq!(
+            policy_from_wire(None).unwrap_err().code(),
+            Code::InvalidArgument
+        );
+        assert_eq!(
+            policy_from_wire(Some(policy(0, 1000, 1)))
+                .unwrap_err()
+                .code(),
+            Code::InvalidArgument
+        );
+        assert_eq!(
+            policy_from_wire(Some(policy(10, 0, 1))).unwrap_err().code(),
+            Code::InvalidArgument
+        );
+        assert_eq!(
+            policy_from_wire(Some(policy(10, 1000, 99)))
+                .unwrap_err()
+                .code(),
+            Code::InvalidArgument
+        );
+    }
+
+    proptest! {
+        /// Every valid core policy survives the trip over the wire.
+        #[test]
+        fn policy_round_trips(prefix in "[a-z/]{0,12}", limit in 1u64..1_000_000, window_ms in 1u64..86_400_000, fair: bool, share in proptest::option::of(0u64..1_000_000)) {
+            let outage = match share { Some(s) => OutagePolicy::Fallback { tokens_per_region: s.min(limit) }, None => OutagePolicy::FailClosed };
+            let kind = if fair { PolicyKind::Fair } else { PolicyKind::Counter };
+            let policy = Policy { prefix, limit, window_ms, kind, outage };
+            prop_assert_eq!(policy_from_wire(Some(policy_to_wire(&policy))).unwrap(), policy);
+        }
+    }
+}

@@ -1,0 +1,180 @@
+//! Who leads, as this member sees it, and the gRPC errors that say so.
+//!
+//! A member that is not the leader answers writes and linearizable reads
+//! with `FAILED_PRECONDITION`, naming the leader in the message and in the
+//! metadata keys `leasehold-leader-id` / `leasehold-leader-addr` (ADR 0004).
+//! With no leader known it answers `UNAVAILABLE` at once.
+
+use leasehold_core::coordinator::CommandError;
+use leasehold_proto::{LEADER_ADDR_METADATA, LEADER_ID_METADATA};
+use leasehold_raft_store::{NodeId, Raft, RaftMetrics};
+use openraft::ServerState;
+use tonic::metadata::MetadataValue;
+use tonic::Status;
+
+use super::batcher::ProposeError;
+use super::metrics::{NodeMetrics, Rejection};
+
+/// The leader as one member currently sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeaderView {
+    /// This member leads.
+    Me,
+    /// Another member leads; its address when the membership names it.
+    Other {
+        /// Its node id.
+        id: NodeId,
+        /// Its `host:port`.
+        addr: Option<String>,
+    },
+    /// No leader is known (election under way, no quorum, or not initialised).
+    Unknown {
+        /// Whether this member has ever been part of a cluster.
+        initialized: bool,
+    },
+}
+
+impl LeaderView {
+    /// Reads the view from Raft metrics.
+    pub fn from_metrics(metrics: &RaftMetrics) -> Self {
+        let initialized = metrics
+            .membership_config
+            .membership()
+            .voter_ids()
+            .next()
+            .is_some();
+        match metrics.current_leader {
+            Some(id) if id == metrics.id && metrics.state == ServerState::Leader => LeaderView::Me,
+            Some(id) if id != metrics.id => {
+                let addr = metrics
+                    .membership_config
+                    .membership()
+                    .get_node(&id)
+                    .map(|node| node.addr.clone());
+                LeaderView::Other { id, addr }
+            }
+            _ => LeaderView::Unknown { initialized },
+        }
+    }
+
+    /// The current view of `raft`.
+    pub fn of(raft: &Raft) -> Self {
+        Self::from_metrics(&raft.metrics().borrow())
+    }
+}
+
+/// The error for a request that needs the leader, given who leads.
+pub fn not_leader_status(leader: Option<(NodeId, Option<String>)>, initialized: bool) -> Status {
+    match leader {
+        Some((id, addr)) => {
+            let addr_text = addr.clone().unwrap_or_default();
+            let mut status = Status::failed_precondition(format!(
+                "this member is not the leader; the leader is node {id} at {}",
+                if addr_text.is_empty() { "an unknown address" } else { addr_text.as_str() }
+            ));
+            if let Ok(value) = MetadataValue::try_from(id.to_string()) {
+                status.metadata_mut().insert(LEADER_ID_METADATA, value);
+            }
+            if let Some(value) = addr.and_then(|a| MetadataValue::try_from(a).ok()) {
+                status.metadata_mut().insert(LEADER_ADDR_METADATA, value);
+            }
+            status
+        }
+        None if !initialized => Status::unavailable(
+            "this member is not initialised and knows no leader; run `leasehold cluster init` or add it to a cluster",
+        ),
+        None => Status::unavailable("no leader is known (election in progress or no quorum); retry shortly"),
+    }
+}
+
+/// Fails fast unless this member leads: the error carries the leader hint.
+pub fn require_leader(raft: &Raft, metrics: &NodeMetrics) -> Result<(), Status> {
+    match LeaderView::of(raft) {
+        LeaderView::Me => Ok(()),
+        LeaderView::Other { id, addr } => {
+            metrics.record_rejection(Rejection::NotLeader);
+            Err(not_leader_status(Some((id, addr)), true))
+        }
+        LeaderView::Unknown { initialized } => {
+            metrics.record_rejection(Rejection::Unavailable);
+            Err(not_leader_status(None, initialized))
+        }
+    }
+}
+
+/// The gRPC error for a failed proposal.
+pub fn propose_error_status(error: ProposeError, metrics: &NodeMetrics) -> Status {
+    match error {
+        ProposeError::NotLeader { leader } => {
+            metrics.record_rejection(Rejection::NotLeader);
+            not_leader_status(leader.map(|(id, addr)| (id, Some(addr))), true)
+        }
+        ProposeError::Timeout(ms) => {
+            metrics.record_rejection(Rejection::Unavailable);
+            Status::unavailable(format!(
+                "the write was not committed within {ms} ms (no quorum?); retrying with the same request id is safe"
+            ))
+        }
+        ProposeError::Unavailable(why) => {
+            metrics.record_rejection(Rejection::Unavailable);
+            Status::unavailable(why)
+        }
+        ProposeError::Overloaded => {
+            metrics.record_rejection(Rejection::Overloaded);
+            Status::unavailable("too many requests queued at the leader; retry with backoff")
+        }
+    }
+}
+
+/// The gRPC error for a command the state machine refused.
+pub fn command_error_status(error: &CommandError) -> Status {
+    match error {
+        CommandError::InvalidArgument(why) => Status::invalid_argument(why.clone()),
+        CommandError::NoPolicy(key) => Status::not_found(format!(
+            "no policy matches key {key:?}; set one with `leasehold policy set`"
+        )),
+        CommandError::WrongKind(why) => Status::failed_precondition(why.clone()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tonic::Code;
+
+    #[test]
+    fn hint_carries_id_and_address_in_metadata_and_message() {
+        let status = not_leader_status(Some((2, Some("127.0.0.1:7102".into()))), true);
+        assert_eq!(status.code(), Code::FailedPrecondition);
+        assert_eq!(status.metadata().get(LEADER_ID_METADATA).unwrap(), "2");
+        assert_eq!(
+            status.metadata().get(LEADER_ADDR_METADATA).unwrap(),
+            "127.0.0.1:7102"
+        );
+        assert!(status.message().contains("node 2 at 127.0.0.1:7102"));
+    }
+
+    #[test]
+    fn no_leader_is_unavailable_and_says_whether_initialised() {
+        let fresh = not_leader_status(None, false);
+        assert_eq!(fresh.code(), Code::Unavailable);
+        assert!(fresh.message().contains("not initialised"));
+        assert_eq!(not_leader_status(None, true).code(), Code::Unavailable);
+    }
+
+    #[test]
+    fn command_errors_map_to_their_codes() {
+        assert_eq!(
+            command_error_status(&CommandError::NoPolicy("k".into())).code(),
+            Code::NotFound
+        );
+        assert_eq!(
+            command_error_status(&CommandError::InvalidArgument("x".into())).code(),
+            Code::InvalidArgument
+        );
+        assert_eq!(
+            command_error_status(&CommandError::WrongKind("x".into())).code(),
+            Code::FailedPrecondition
+        );
+    }
+}

@@ -1,0 +1,189 @@
+//! The coordinator member (L3): one Raft member on its stores, serving the
+//! Coordinator, Admin, Raft and health gRPC services on an injected listener.
+//!
+//! [`run_coordinator`] takes everything that touches the outside world as
+//! arguments — the stores, the stream of accepted connections, the dialer
+//! for peers, the wall clock and the shutdown signal — so the same code runs
+//! on real TCP ([`serve`]) and in the turmoil simulation. Inside, only
+//! `tokio::time` measures time.
+//!
+//! Layout: [`context`] (what handlers share), [`api`] and [`admin`] (the two
+//! public services), [`batcher`] (group commit), [`leader`] (leader view and
+//! hints), [`convert`] (wire ↔ core with validation), [`network`] and
+//! [`raft_service`] (the peer transport), [`metrics`] (counters), `tasks`
+//! (health and clock ticks).
+
+pub mod admin;
+pub mod api;
+pub mod batcher;
+pub mod context;
+pub mod convert;
+pub mod leader;
+pub mod metrics;
+pub mod network;
+pub mod raft_service;
+mod tasks;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::Stream;
+use leasehold_client::transport::{Dialer, SystemClock, TcpDialer, WallClock};
+use leasehold_proto::v1::admin_server::AdminServer;
+use leasehold_proto::v1::coordinator_server::CoordinatorServer;
+use leasehold_raft_store::{LogStore, Raft, StateMachineStore};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::watch;
+use tonic::transport::server::Connected;
+
+use self::admin::AdminApi;
+use self::api::CoordinatorApi;
+use self::batcher::{Batcher, BatcherOptions};
+use self::context::{NodeContext, RaftProposer};
+use self::metrics::NodeMetrics;
+use self::network::PeerNetwork;
+use self::raft_service::RaftService;
+use crate::config::NodeConfig;
+use crate::error::NodeError;
+
+/// HTTP/2 keep-alive of the server side: a peer that stops acknowledging
+/// PINGs is dropped instead of holding a wedged connection.
+const SERVER_KEEP_ALIVE: Duration = Duration::from_secs(2);
+
+/// The Raft log store and state machine of one member, as opened by
+/// `leasehold_raft_store::open_sled` or `open_with_engine`.
+pub type CoordinatorStores = (LogStore, StateMachineStore);
+
+/// Runs one coordinator member until `shutdown` resolves, then stops the
+/// server (in-flight requests finish), the batcher and Raft, and returns
+/// once every task has ended and the stores are released.
+///
+/// - `incoming`: accepted connections (a `TcpListenerStream`, or simulated
+///   sockets implementing tonic's `Connected`).
+/// - `dialer`: how to reach peers (`host:port` from the membership).
+/// - `clock`: wall clock the leader stamps proposals with.
+pub async fn run_coordinator<I, IO, IE>(
+    config: NodeConfig,
+    stores: CoordinatorStores,
+    incoming: I,
+    dialer: Arc<dyn Dialer>,
+    clock: Arc<dyn WallClock>,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), NodeError>
+where
+    I: Stream<Item = Result<IO, IE>>,
+    IO: AsyncRead + AsyncWrite + Connected + Unpin + Send + 'static,
+    IE: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    config.validate()?;
+    let raft_config = config.raft_config()?;
+    let (log_store, state_machine) = stores;
+    let state = state_machine.reader();
+    let network = PeerNetwork::new(config.id, dialer);
+    let raft = Raft::new(config.id, raft_config, network, log_store, state_machine)
+        .await
+        .map_err(|e| NodeError::Raft(e.to_string()))?;
+
+    let metrics = Arc::new(NodeMetrics::default());
+    let (stop, stopped) = watch::channel(false);
+    let options = BatcherOptions {
+        max_batch: config.max_batch_commands,
+        queue_capacity: config.batch_queue_capacity,
+        max_inflight: config.max_inflight_proposals,
+    };
+    let proposer = Arc::new(RaftProposer::new(raft.clone(), config.proposal_timeout()));
+    let (batcher, batcher_task) = Batcher::spawn(
+        proposer,
+        clock.clone(),
+        options,
+        metrics.clone(),
+        stopped.clone(),
+    );
+    let node = Arc::new(NodeContext {
+        id: config.id,
+        raft: raft.clone(),
+        batcher,
+        state,
+        clock,
+        metrics,
+        config,
+    });
+
+    let (health_reporter, health_service) = tonic_health::server::health_reporter();
+    let mut background = vec![
+        tokio::spawn(tasks::report_health(
+            raft.clone(),
+            health_reporter,
+            stopped.clone(),
+        )),
+        tokio::spawn(tasks::tick_clock(node.clone(), stopped)),
+    ];
+    background.push(batcher_task);
+
+    tracing::info!(id = node.id, listen = %node.config.listen, "coordinator member serving");
+    let served = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(SERVER_KEEP_ALIVE))
+        .http2_keepalive_timeout(Some(SERVER_KEEP_ALIVE))
+        .add_service(health_service)
+        .add_service(CoordinatorServer::new(CoordinatorApi::new(node.clone())))
+        .add_service(AdminServer::new(AdminApi::new(node.clone())))
+        .add_service(RaftService::server(raft.clone()))
+        .serve_with_incoming_shutdown(incoming, shutdown)
+        .await;
+
+    tracing::info!(id = node.id, "coordinator member stopping");
+    let _ = stop.send(true);
+    for task in background {
+        let _ = task.await;
+    }
+    drop(node);
+    if let Err(e) = raft.shutdown().await {
+        tracing::warn!(error = %e, "raft did not shut down cleanly");
+    }
+    served.map_err(NodeError::Serve)
+}
+
+/// Runs a member on real TCP: opens the sled stores under
+/// `config.data_dir`, binds `config.listen`, dials peers over TCP and stamps
+/// with the system clock.
+pub async fn serve(
+    config: NodeConfig,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), NodeError> {
+    config.validate()?;
+    let stores = open_stores(&config)?;
+    let listener = bind(&config.listen).await?;
+    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+    run_coordinator(
+        config,
+        stores,
+        incoming,
+        Arc::new(TcpDialer::default()),
+        Arc::new(SystemClock),
+        shutdown,
+    )
+    .await
+}
+
+/// Opens the sled stores of `config.data_dir` (created if missing).
+pub fn open_stores(config: &NodeConfig) -> Result<CoordinatorStores, NodeError> {
+    std::fs::create_dir_all(&config.data_dir).map_err(|source| NodeError::DataDir {
+        path: config.data_dir.clone(),
+        source,
+    })?;
+    leasehold_raft_store::open_sled(config.data_dir.join("raft")).map_err(|e| NodeError::Storage {
+        path: config.data_dir.clone(),
+        message: e.to_string(),
+    })
+}
+
+/// Binds a TCP listener on `addr` (`host:port`).
+pub async fn bind(addr: &str) -> Result<tokio::net::TcpListener, NodeError> {
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| NodeError::Bind {
+            addr: addr.to_string(),
+            source,
+        })
+}

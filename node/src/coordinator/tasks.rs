@@ -1,0 +1,69 @@
+//! Background tasks of a member: health reporting and idle clock ticks.
+//! Both end when the stop signal turns true.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use leasehold_core::coordinator::Command;
+use leasehold_raft_store::Raft;
+use tokio::sync::watch;
+use tonic_health::server::HealthReporter;
+use tonic_health::ServingStatus;
+
+use super::context::NodeContext;
+use super::leader::LeaderView;
+
+/// The health-checking name of the public coordinator service.
+pub const COORDINATOR_SERVICE_NAME: &str = "leasehold.v1.Coordinator";
+
+/// Reports `""` (the process) as serving while it runs, and
+/// `leasehold.v1.Coordinator` as serving while a leader is known.
+pub async fn report_health(raft: Raft, reporter: HealthReporter, mut stop: watch::Receiver<bool>) {
+    reporter
+        .set_service_status("", ServingStatus::Serving)
+        .await;
+    let mut metrics = raft.metrics();
+    loop {
+        let has_leader = metrics.borrow_and_update().current_leader.is_some();
+        let status = if has_leader {
+            ServingStatus::Serving
+        } else {
+            ServingStatus::NotServing
+        };
+        reporter
+            .set_service_status(COORDINATOR_SERVICE_NAME, status)
+            .await;
+        tokio::select! {
+            changed = metrics.changed() => if changed.is_err() { break },
+            _ = stop.wait_for(|stopped| *stopped) => break,
+        }
+    }
+    reporter
+        .set_service_status("", ServingStatus::NotServing)
+        .await;
+    reporter
+        .set_service_status(COORDINATOR_SERVICE_NAME, ServingStatus::NotServing)
+        .await;
+}
+
+/// While this member leads, proposes a [`Command::Tick`] every
+/// `tick_interval_ms` so the state-machine clock advances and dead windows
+/// and sessions are collected even when no requests arrive.
+pub async fn tick_clock(node: Arc<NodeContext>, mut stop: watch::Receiver<bool>) {
+    if node.config.tick_interval_ms == 0 {
+        return;
+    }
+    let mut interval = tokio::time::interval(Duration::from_millis(node.config.tick_interval_ms));
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = interval.tick() => {}
+            _ = stop.wait_for(|stopped| *stopped) => break,
+        }
+        if LeaderView::of(&node.raft) == LeaderView::Me {
+            if let Err(error) = node.batcher.submit(Command::Tick).await {
+                tracing::debug!(%error, "clock tick not committed");
+            }
+        }
+    }
+}
