@@ -119,6 +119,7 @@ pub fn status_json(status: &pb::StatusResponse) -> Value {
         "last_log_index": status.last_log_index,
         "last_applied_index": status.last_applied_index,
         "snapshot_index": status.snapshot_index,
+        "purged_index": status.purged_index,
         "voters": members(&status.voters),
         "learners": members(&status.learners),
         "state_machine_now_ms": status.state_machine_now_ms,
@@ -152,7 +153,7 @@ pub fn status_text(status: &pb::StatusResponse) -> String {
         .collect::<Vec<_>>()
         .join(" ");
     format!(
-        "node {} is {}{}\n  term {}  leader {}\n  log index {}  applied {}  snapshot {}\n  voters   {}\n  learners {}\n  state clock {} ms  live windows {}  policies {}\n  counters {}",
+        "node {} is {}{}\n  term {}  leader {}\n  log index {}  applied {}  snapshot {}  purged {}\n  voters   {}\n  learners {}\n  state clock {} ms  live windows {}  policies {}\n  counters {}",
         status.node_id,
         status.state,
         if status.initialized { "" } else { " (not initialised)" },
@@ -161,6 +162,7 @@ pub fn status_text(status: &pb::StatusResponse) -> String {
         status.last_log_index,
         status.last_applied_index,
         status.snapshot_index,
+        status.purged_index,
         members(&status.voters),
         members(&status.learners),
         status.state_machine_now_ms,

@@ -198,6 +198,7 @@ impl Admin for AdminApi {
             last_log_index: metrics.last_log_index.unwrap_or(0),
             last_applied_index: metrics.last_applied.map(|id| id.index).unwrap_or(0),
             snapshot_index: metrics.snapshot.map(|id| id.index).unwrap_or(0),
+            purged_index: metrics.purged.map(|id| id.index).unwrap_or(0),
             initialized: !voters.is_empty(),
             voters,
             learners,
