@@ -91,6 +91,15 @@ impl StateReader {
     }
 }
 
+/// Whether storing a snapshot may replace one that covers more of the log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Replace {
+    /// Keep the stored snapshot if it is newer (snapshots built locally).
+    UnlessNewerStored,
+    /// Always replace (snapshots installed from the leader).
+    Always,
+}
+
 /// Persists snapshots; shared by the state machine and its builders.
 #[derive(Clone)]
 struct SnapshotStore {
@@ -108,16 +117,20 @@ impl SnapshotStore {
         }
     }
 
-    /// Stores `snapshot` durably unless a snapshot covering more of the log
-    /// is already stored (a slow builder must not roll the snapshot back).
-    fn store_durably(&self, snapshot: &StoredSnapshot) -> Result<(), StoreError> {
+    /// Stores `snapshot` durably. With [`Replace::UnlessNewerStored`] it is
+    /// skipped when a snapshot covering more of the log is already stored (a
+    /// slow builder must not roll the snapshot back); an installed snapshot
+    /// always replaces the stored one, as openraft requires.
+    fn store_durably(&self, snapshot: &StoredSnapshot, replace: Replace) -> Result<(), StoreError> {
         let _serialised = self
             .replace_lock
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        if let Some(stored) = self.load()? {
-            if stored.meta.last_log_id > snapshot.meta.last_log_id {
-                return Ok(());
+        if replace == Replace::UnlessNewerStored {
+            if let Some(stored) = self.load()? {
+                if stored.meta.last_log_id > snapshot.meta.last_log_id {
+                    return Ok(());
+                }
             }
         }
         self.engine
@@ -224,10 +237,11 @@ impl StateMachineStore {
                 meta: format!("{:?}", meta.last_log_id),
             });
         }
-        self.snapshots.store_durably(&StoredSnapshot {
+        let installed = StoredSnapshot {
             meta: meta.clone(),
             data,
-        })?;
+        };
+        self.snapshots.store_durably(&installed, Replace::Always)?;
         *write_lock(&self.applied) = Applied {
             last_applied: meta.last_log_id,
             membership: meta.last_membership.clone(),
@@ -241,7 +255,8 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
     async fn build_snapshot(&mut self) -> Result<Snapshot, StorageError> {
         let write = || -> Result<StoredSnapshot, StoreError> {
             let snapshot = self.snapshot_of_current_state()?;
-            self.snapshots.store_durably(&snapshot)?;
+            self.snapshots
+                .store_durably(&snapshot, Replace::UnlessNewerStored)?;
             Ok(snapshot)
         };
         let snapshot = write().or_storage(ErrorSubject::Snapshot(None), ErrorVerb::Write)?;
