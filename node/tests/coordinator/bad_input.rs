@@ -1,0 +1,287 @@
+//! Bad input gets the right gRPC code, never a panic, and changes nothing.
+
+use anyhow::{ensure, Result};
+use leasehold_proto::v1 as pb;
+use leasehold_proto::v1::admin_client::AdminClient as AdminRpc;
+use leasehold_proto::v1::coordinator_client::CoordinatorClient as CoordinatorRpc;
+use leasehold_proto::{LEADER_ADDR_METADATA, LEADER_ID_METADATA};
+use tonic::transport::Channel;
+use tonic::Code;
+
+use crate::harness::{counter_policy, Cluster, LONG_WINDOW_MS};
+
+async fn rpc(addr: &str) -> Result<(CoordinatorRpc<Channel>, AdminRpc<Channel>)> {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?
+        .connect()
+        .await?;
+    Ok((CoordinatorRpc::new(channel.clone()), AdminRpc::new(channel)))
+}
+
+fn lease(key: &str, region: &str, tokens: u64) -> pb::LeaseRequest {
+    pb::LeaseRequest {
+        key: key.into(),
+        region: region.into(),
+        tokens,
+        request_id: None,
+    }
+}
+
+fn code<T: std::fmt::Debug>(result: Result<tonic::Response<T>, tonic::Status>) -> Code {
+    match result {
+        Ok(response) => panic!("expected an error, got {response:?}"),
+        Err(status) => status.code(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_bad_request_gets_its_code_and_changes_nothing() -> Result<()> {
+    let mut cluster = Cluster::start_initialised(1, |_| {}).await?;
+    let (mut api, mut admin) = rpc(&cluster.addr(1)).await?;
+    admin
+        .set_policy(pb::SetPolicyRequest {
+            policy: Some(counter_policy("ok/", 100, LONG_WINDOW_MS)),
+        })
+        .await?;
+
+    let long_key = "k".repeat(257);
+    let long_region = "r".repeat(65);
+    for request in [
+        lease("", "eu", 1),
+        lease(&long_key, "eu", 1),
+        lease("ok/k", "", 1),
+        lease("ok/k", &long_region, 1),
+        lease("ok/k", "eu", 0),
+    ] {
+        ensure!(
+            code(api.lease(request.clone()).await) == Code::InvalidArgument,
+            "{request:?}"
+        );
+    }
+    let empty_client = pb::LeaseRequest {
+        request_id: Some(pb::RequestId {
+            client_id: String::new(),
+            seq: 1,
+        }),
+        ..lease("ok/k", "eu", 1)
+    };
+    ensure!(code(api.lease(empty_client).await) == Code::InvalidArgument);
+    ensure!(code(api.lease(lease("nopolicy/k", "eu", 1)).await) == Code::NotFound);
+    ensure!(
+        code(
+            api.get_window(pb::GetWindowRequest {
+                key: "nopolicy/k".into()
+            })
+            .await
+        ) == Code::NotFound
+    );
+    let pool = pb::PoolGrantRequest {
+        key: "ok/k".into(),
+        region: "eu".into(),
+        region_weight: 1,
+        want_total: 5,
+        request_id: None,
+    };
+    ensure!(
+        code(api.pool_grant(pool.clone()).await) == Code::FailedPrecondition,
+        "pool grant on a counter key"
+    );
+    ensure!(
+        code(
+            api.pool_grant(pb::PoolGrantRequest {
+                region_weight: 0,
+                ..pool.clone()
+            })
+            .await
+        ) == Code::InvalidArgument
+    );
+
+    let bad_policies = [
+        counter_policy("p/", 0, 1000),
+        counter_policy("p/", 10, 0),
+        pb::Policy {
+            kind: 42,
+            ..counter_policy("p/", 10, 1000)
+        },
+    ];
+    for policy in bad_policies {
+        ensure!(
+            code(
+                admin
+                    .set_policy(pb::SetPolicyRequest {
+                        policy: Some(policy)
+                    })
+                    .await
+            ) == Code::InvalidArgument
+        );
+    }
+    ensure!(
+        code(
+            admin
+                .set_policy(pb::SetPolicyRequest { policy: None })
+                .await
+        ) == Code::InvalidArgument
+    );
+    ensure!(
+        code(
+            admin
+                .delete_policy(pb::DeletePolicyRequest {
+                    prefix: "x".repeat(300)
+                })
+                .await
+        ) == Code::InvalidArgument
+    );
+
+    let member = |id: u64, addr: &str| pb::Member {
+        id,
+        addr: addr.into(),
+    };
+    let me = cluster.addr(1);
+    for members in [
+        vec![],
+        vec![member(0, &me)],
+        vec![member(1, "nope")],
+        vec![member(1, &me), member(1, &me)],
+        vec![member(2, "127.0.0.1:9")],
+    ] {
+        ensure!(
+            code(
+                admin
+                    .init(pb::InitRequest {
+                        members: members.clone()
+                    })
+                    .await
+            ) == Code::InvalidArgument,
+            "{members:?}"
+        );
+    }
+    ensure!(
+        code(
+            admin
+                .init(pb::InitRequest {
+                    members: vec![member(1, &me)]
+                })
+                .await
+        ) == Code::AlreadyExists
+    );
+    ensure!(
+        code(
+            admin
+                .add_learner(pb::AddLearnerRequest { member: None })
+                .await
+        ) == Code::InvalidArgument
+    );
+    ensure!(
+        code(
+            admin
+                .add_learner(pb::AddLearnerRequest {
+                    member: Some(member(2, "bad"))
+                })
+                .await
+        ) == Code::InvalidArgument
+    );
+    let change = |voter_ids: Vec<u64>| pb::ChangeMembershipRequest {
+        voter_ids,
+        retain: false,
+    };
+    ensure!(code(admin.change_membership(change(vec![])).await) == Code::InvalidArgument);
+    ensure!(
+        code(admin.change_membership(change(vec![1, 7])).await) == Code::FailedPrecondition,
+        "unknown learner"
+    );
+
+    // Nothing above changed the state: no grants, one policy, one voter.
+    let window = api
+        .get_window(pb::GetWindowRequest { key: "ok/k".into() })
+        .await?
+        .into_inner();
+    ensure!(window.granted == 0, "{window:?}");
+    let policies = admin
+        .list_policies(pb::ListPoliciesRequest {})
+        .await?
+        .into_inner()
+        .policies;
+    ensure!(policies.len() == 1 && policies[0].prefix == "ok/");
+    let status = admin.status(pb::StatusRequest {}).await?.into_inner();
+    ensure!(status.voters.len() == 1 && status.counters["rejected_invalid_argument"] >= 6);
+    ensure!(
+        api.lease(lease("ok/k", "eu", 3))
+            .await?
+            .into_inner()
+            .granted
+            == 3,
+        "good input still works"
+    );
+    cluster.stop_all().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_uninitialised_member_is_unavailable_not_hanging() -> Result<()> {
+    let mut cluster = Cluster::start(1, |_| {}).await?;
+    let (mut api, mut admin) = rpc(&cluster.addr(1)).await?;
+    let status = api.lease(lease("k", "eu", 1)).await.unwrap_err();
+    ensure!(
+        status.code() == Code::Unavailable && status.message().contains("not initialised"),
+        "{status:?}"
+    );
+    ensure!(
+        code(
+            api.get_window(pb::GetWindowRequest { key: "k".into() })
+                .await
+        ) == Code::Unavailable
+    );
+    let policy = Some(counter_policy("p/", 1, 1000));
+    ensure!(code(admin.set_policy(pb::SetPolicyRequest { policy }).await) == Code::Unavailable);
+    ensure!(
+        !admin
+            .status(pb::StatusRequest {})
+            .await?
+            .into_inner()
+            .initialized
+    );
+    cluster.stop_all().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn followers_answer_with_a_leader_hint() -> Result<()> {
+    let mut cluster = Cluster::start_initialised(3, |_| {}).await?;
+    let leader = cluster.leader().await?;
+    let follower = (1..=3).find(|id| *id != leader).unwrap_or(1);
+    let (mut api, mut admin) = rpc(&cluster.addr(follower)).await?;
+    for status in [
+        api.lease(lease("k", "eu", 1)).await.unwrap_err(),
+        api.get_window(pb::GetWindowRequest { key: "k".into() })
+            .await
+            .unwrap_err(),
+        admin
+            .list_policies(pb::ListPoliciesRequest {})
+            .await
+            .unwrap_err(),
+        admin
+            .set_policy(pb::SetPolicyRequest {
+                policy: Some(counter_policy("p/", 1, 1000)),
+            })
+            .await
+            .unwrap_err(),
+    ] {
+        ensure!(status.code() == Code::FailedPrecondition, "{status:?}");
+        ensure!(
+            status
+                .metadata()
+                .get(LEADER_ID_METADATA)
+                .map(|v| v.to_str().ok())
+                == Some(Some(leader.to_string().as_str()))
+        );
+        let addr = cluster.addr(leader);
+        ensure!(
+            status
+                .metadata()
+                .get(LEADER_ADDR_METADATA)
+                .map(|v| v.to_str().ok())
+                == Some(Some(addr.as_str()))
+        );
+        ensure!(status.message().contains(&addr));
+    }
+    // Bad input is refused before leadership matters.
+    ensure!(code(api.lease(lease("k", "eu", 0)).await) == Code::InvalidArgument);
+    cluster.stop_all().await
+}

@@ -1,0 +1,12 @@
+//! Coordinator cluster tests: real members on loopback ephemeral ports in
+//! this process, driven through the public gRPC API.
+//!
+//! - `safety`: concurrent callers never get more than L per window; a
+//!   leader failover under load; a full stop/restart keeps every
+//!   acknowledged grant; a member that missed compacted log entries rejoins
+//!   through install-snapshot.
+//! - `bad_input`: every error code, with no state change.
+
+mod bad_input;
+mod harness;
+mod safety;
