@@ -9,7 +9,7 @@
 //!   real TCP; group commit, leader hints, the Coordinator / Admin / Raft /
 //!   health services.
 //! - [`cli`]: the `leasehold` command line, one file per command group.
-//! - [`error`]: [`NodeError`].
+//! - [`error`]: the node's error type, [`NodeError`].
 //!
 //! # Running a member inside another program (or a simulation)
 //! ```text

@@ -156,6 +156,7 @@ impl PeerConnection {
         }
     }
 
+    #[allow(clippy::result_large_err)] // openraft's own error type
     fn remote<T, E: std::error::Error>(
         &self,
         result: Result<T, RaftError<NodeId, E>>,
