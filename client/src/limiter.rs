@@ -1,9 +1,10 @@
 //! The [`Limiter`] services embed: one object per budget family, shared by
 //! every task of the service (it is `Clone` and cheap to clone).
 //!
-//! The mode-specific paths live in submodules: [`leased`] (local credits,
-//! coalesced refills, prefetch), [`remote`] (strict and cached-deny) and
-//! [`idle`] (returning idle credits, key eviction).
+//! The mode-specific paths live in private submodules: `leased` (local
+//! credits, coalesced refills, prefetch), `remote` (strict and cached-deny),
+//! `idle` (returning idle credits, key eviction) and `keys` (the bounded
+//! per-key table).
 
 mod idle;
 mod keys;
