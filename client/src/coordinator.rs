@@ -10,6 +10,13 @@
 //! its own deadline and the whole call a total budget. A retried call reuses
 //! its [`RequestId`](leasehold_proto::v1::RequestId), so the coordinator
 //! applies it at most once and returns the first response.
+//!
+//! Request ids come from a pool of client sessions, one request in flight
+//! per session at a time (the coordinator keeps a bounded window of recent
+//! responses per session, so a slow retry must never fall behind many newer
+//! requests of its own session). Concurrent callers of one client each get a
+//! session of their own; sessions are reused, so their number follows the
+//! peak concurrency.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -57,9 +64,9 @@ impl Default for RetryOptions {
         Self {
             call_timeout: Duration::from_millis(3_000),
             total_timeout: Duration::from_millis(10_000),
-            max_attempts: 12,
-            backoff_base: Duration::from_millis(25),
-            backoff_max: Duration::from_millis(1_000),
+            max_attempts: 40,
+            backoff_base: Duration::from_millis(10),
+            backoff_max: Duration::from_millis(250),
         }
     }
 }
@@ -87,6 +94,52 @@ struct Shared {
     client_id: String,
     next_seq: AtomicU64,
     routing: Mutex<Routing>,
+    idle_sessions: Mutex<Vec<Session>>,
+    sessions_created: AtomicU64,
+}
+
+/// One client session: at most one request in flight, sequence numbers in order.
+#[derive(Debug)]
+struct Session {
+    client_id: String,
+    next_seq: u64,
+}
+
+/// A session checked out for one logical request; returned to the pool on drop.
+struct SessionGuard<'a> {
+    shared: &'a Shared,
+    session: Option<Session>,
+}
+
+impl SessionGuard<'_> {
+    fn request_id(&mut self) -> RequestId {
+        match self.session.as_mut() {
+            Some(session) => {
+                let id = RequestId {
+                    client_id: session.client_id.clone(),
+                    seq: session.next_seq,
+                };
+                session.next_seq += 1;
+                id
+            }
+            None => RequestId {
+                client_id: self.shared.client_id.clone(),
+                seq: self.shared.next_seq.fetch_add(1, Ordering::Relaxed),
+            },
+        }
+    }
+}
+
+impl Drop for SessionGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(session) = self.session.take() {
+            self.shared
+                .idle_sessions
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(session);
+        }
+    }
 }
 
 /// A leader-tracking client of the coordinator's public API. Cheap to clone;
@@ -150,17 +203,48 @@ impl CoordinatorClient {
                     next: 0,
                     channels: HashMap::new(),
                 }),
+                idle_sessions: Mutex::new(Vec::new()),
+                sessions_created: AtomicU64::new(0),
             }),
         })
     }
 
-    /// This client's session id (the `client_id` of its request ids).
+    /// This client's id: the `client_id` of ids from
+    /// [`next_request_id`](Self::next_request_id), and the prefix of its
+    /// pooled sessions' ids.
     pub fn client_id(&self) -> &str {
         &self.shared.client_id
     }
 
-    /// A fresh request id; pass it to a `*_with_id` call and reuse it when
-    /// retrying the same logical request by hand.
+    /// How many pooled sessions this client has opened (its peak concurrency).
+    pub fn sessions_opened(&self) -> u64 {
+        self.shared.sessions_created.load(Ordering::Relaxed)
+    }
+
+    fn checkout_session(&self) -> SessionGuard<'_> {
+        let idle = self
+            .shared
+            .idle_sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pop();
+        let session = idle.unwrap_or_else(|| {
+            let n = self.shared.sessions_created.fetch_add(1, Ordering::Relaxed);
+            Session {
+                client_id: format!("{}-s{n}", self.shared.client_id),
+                next_seq: 1,
+            }
+        });
+        SessionGuard {
+            shared: &self.shared,
+            session: Some(session),
+        }
+    }
+
+    /// A fresh request id of this client's own session, for callers that
+    /// manage retries themselves: pass it to a `*_with_id` call and reuse it
+    /// when retrying the same logical request. Keep fewer than 64 of these in
+    /// flight (the coordinator remembers that many responses per session).
     pub fn next_request_id(&self) -> RequestId {
         RequestId {
             client_id: self.shared.client_id.clone(),
@@ -185,8 +269,9 @@ impl CoordinatorClient {
         region: &str,
         tokens: u64,
     ) -> Result<LeaseResponse, CoordinatorError> {
-        self.lease_with_id(key, region, tokens, self.next_request_id())
-            .await
+        let mut session = self.checkout_session();
+        let request_id = session.request_id();
+        self.lease_with_id(key, region, tokens, request_id).await
     }
 
     /// [`lease`](Self::lease) with an explicit request id.
@@ -218,12 +303,13 @@ impl CoordinatorClient {
         leftover: u64,
         window_start_ms: u64,
     ) -> Result<ReconcileResponse, CoordinatorError> {
+        let mut session = self.checkout_session();
         let request = ReconcileRequest {
             key: key.to_string(),
             region: region.to_string(),
             leftover,
             window_start_ms,
-            request_id: Some(self.next_request_id()),
+            request_id: Some(session.request_id()),
         };
         self.call(Target::Leader, move |channel, timeout| {
             let request = with_timeout(request.clone(), timeout);
@@ -240,12 +326,13 @@ impl CoordinatorClient {
         region_weight: u64,
         want_total: u64,
     ) -> Result<PoolGrantResponse, CoordinatorError> {
+        let mut session = self.checkout_session();
         let request = PoolGrantRequest {
             key: key.to_string(),
             region: region.to_string(),
             region_weight,
             want_total,
-            request_id: Some(self.next_request_id()),
+            request_id: Some(session.request_id()),
         };
         self.call(Target::Leader, move |channel, timeout| {
             let request = with_timeout(request.clone(), timeout);
@@ -446,13 +533,12 @@ fn classify(addr: &str, status: Status) -> CoordinatorError {
             addr: addr.to_string(),
             message,
         },
-        Code::DeadlineExceeded => CoordinatorError::DeadlineExceeded {
+        // The server cancels a call whose grpc-timeout expired.
+        Code::DeadlineExceeded | Code::Cancelled => CoordinatorError::DeadlineExceeded {
             addr: addr.to_string(),
             after: Duration::ZERO,
         },
-        Code::Unknown | Code::Cancelled | Code::Aborted | Code::Internal
-            if is_transport_message(&message) =>
-        {
+        Code::Unknown | Code::Aborted | Code::Internal if is_transport_message(&message) => {
             CoordinatorError::Transport {
                 addr: addr.to_string(),
                 message,

@@ -68,9 +68,13 @@ pub struct NodeConfig {
     pub data_dir: PathBuf,
     /// Leader heartbeat interval; also openraft's per-append RPC deadline.
     pub heartbeat_ms: u64,
-    /// Lower bound of the randomised election timeout.
+    /// Lower bound of the randomised election timeout. A follower that
+    /// loses its leader starts an election after `election_timeout_max_ms`
+    /// (openraft's leader lease) plus a random timeout in
+    /// `[election_timeout_min_ms, election_timeout_max_ms)`: that sum
+    /// bounds failover time.
     pub election_timeout_min_ms: u64,
-    /// Upper bound of the randomised election timeout.
+    /// Upper bound of the randomised election timeout (also the leader lease).
     pub election_timeout_max_ms: u64,
     /// How long a write waits for its proposal to commit before `UNAVAILABLE`.
     pub proposal_timeout_ms: u64,
@@ -102,9 +106,9 @@ impl Default for NodeConfig {
             id: 0,
             listen: String::new(),
             data_dir: PathBuf::new(),
-            heartbeat_ms: 100,
-            election_timeout_min_ms: 400,
-            election_timeout_max_ms: 800,
+            heartbeat_ms: 50,
+            election_timeout_min_ms: 200,
+            election_timeout_max_ms: 400,
             proposal_timeout_ms: 2_000,
             read_timeout_ms: 2_000,
             admin_timeout_ms: 10_000,
@@ -246,7 +250,7 @@ mod tests {
     fn defaults_plus_identity_are_valid_and_convert_to_openraft() {
         valid().validate().unwrap();
         let raft = valid().raft_config().unwrap();
-        assert_eq!(raft.heartbeat_interval, 100);
+        assert_eq!(raft.heartbeat_interval, 50);
         assert_eq!(
             raft.snapshot_policy,
             openraft::SnapshotPolicy::LogsSinceLast(10_000)
@@ -280,14 +284,14 @@ mod tests {
             ),
             (
                 NodeConfig {
-                    election_timeout_min_ms: 100,
+                    election_timeout_min_ms: 50,
                     ..valid()
                 },
                 "election_timeout_min_ms",
             ),
             (
                 NodeConfig {
-                    election_timeout_max_ms: 400,
+                    election_timeout_max_ms: 200,
                     ..valid()
                 },
                 "election_timeout_max_ms",

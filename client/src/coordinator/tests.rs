@@ -213,3 +213,38 @@ fn empty_or_malformed_endpoint_lists_are_rejected() {
         CoordinatorError::Address(_)
     ));
 }
+
+#[tokio::test]
+async fn concurrent_calls_use_distinct_sessions_with_in_order_sequences() {
+    let script = vec![Script::Grant(1); 64];
+    let (addr, node) = spawn_fake(script).await;
+    let client = client(&[&addr]);
+    let calls: Vec<_> = (0..8)
+        .map(|_| {
+            let client = client.clone();
+            tokio::spawn(async move {
+                for _ in 0..8 {
+                    client.lease("k", "eu", 1).await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for call in calls {
+        call.await.unwrap();
+    }
+    let seen = node.seen.lock().unwrap().clone();
+    assert!(
+        client.sessions_opened() <= 8,
+        "sessions follow peak concurrency"
+    );
+    let mut by_session: std::collections::HashMap<String, Vec<u64>> = Default::default();
+    for id in seen {
+        by_session.entry(id.client_id).or_default().push(id.seq);
+    }
+    for (session, seqs) in by_session {
+        assert!(
+            seqs.windows(2).all(|w| w[1] == w[0] + 1),
+            "{session}: one request at a time, in order: {seqs:?}"
+        );
+    }
+}
