@@ -37,6 +37,10 @@ pub struct DevArgs {
     /// Number of members (1 to 9).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=9))]
     pub nodes: u64,
+    /// TOML member config applied to every member (its id, listen and
+    /// data_dir are replaced), e.g. to try other timings or batch sizes.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
 }
 
 /// A running in-process cluster.
@@ -50,6 +54,10 @@ pub struct DevCluster {
 impl DevCluster {
     /// Starts the members (they elect a leader once initialised).
     pub fn start(args: &DevArgs) -> Result<Self, CliError> {
+        let base = match &args.config {
+            Some(path) => NodeConfig::from_file(path)?,
+            None => NodeConfig::default(),
+        };
         let (stop, stopped) = watch::channel(false);
         let mut tasks = JoinSet::new();
         let mut members = Vec::new();
@@ -61,7 +69,7 @@ impl DevCluster {
                 id,
                 listen: format!("127.0.0.1:{port}"),
                 data_dir: args.data_dir.join(format!("node-{id}")),
-                ..NodeConfig::default()
+                ..base.clone()
             };
             config.validate()?;
             members.push((id, config.listen.clone()));

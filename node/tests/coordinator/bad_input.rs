@@ -283,5 +283,22 @@ async fn followers_answer_with_a_leader_hint() -> Result<()> {
     }
     // Bad input is refused before leadership matters.
     ensure!(code(api.lease(lease("k", "eu", 0)).await) == Code::InvalidArgument);
+
+    // grpc.health.v1: the process serves, and so does the coordinator service once a leader is known.
+    let channel =
+        tonic::transport::Endpoint::from_shared(format!("http://{}", cluster.addr(follower)))?
+            .connect()
+            .await?;
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+    for service in ["", "leasehold.v1.Coordinator"] {
+        let request = tonic_health::pb::HealthCheckRequest {
+            service: service.into(),
+        };
+        let status = health.check(request).await?.into_inner().status;
+        ensure!(
+            status == tonic_health::pb::health_check_response::ServingStatus::Serving as i32,
+            "{service:?}: {status}"
+        );
+    }
     cluster.stop_all().await
 }
