@@ -1,15 +1,58 @@
 //! Lease sizing: how many tokens one refill asks for.
 //!
 //! Window coupling makes the admission bound independent of the lease size,
-//! so sizing trades only round trips against stranded credits (seed 003).
+//! so sizing trades only round trips against stranded credits (seed 003):
+//! a size cannot loosen the bound, only change efficiency. A refill always
+//! asks for at least the cost of the check that needs it.
+//!
+//! [`LeaseSizing::Fixed`] asks for a constant batch. [`LeaseSizing::Adaptive`]
+//! runs one [`LeaseSizer`] per key, fed with the tokens served in each
+//! window once the window closes (the first grant of a newer window closes
+//! it).
+
+use std::sync::Arc;
 
 use crate::error::ConfigError;
+
+/// A per-key learner of lease sizes.
+pub trait LeaseSizer: Send + std::fmt::Debug {
+    /// The size to ask for now; values below 1 are treated as 1.
+    fn size(&self) -> u64;
+    /// Feeds the tokens served from one window that just closed.
+    fn observe_window_demand(&mut self, served: u64);
+}
+
+/// Builds a fresh [`LeaseSizer`] for each key.
+#[derive(Clone)]
+pub struct SizerFactory(Arc<dyn Fn() -> Box<dyn LeaseSizer> + Send + Sync>);
+
+impl SizerFactory {
+    /// A factory calling `make` once per key.
+    pub fn new(make: impl Fn() -> Box<dyn LeaseSizer> + Send + Sync + 'static) -> Self {
+        SizerFactory(Arc::new(make))
+    }
+}
+
+impl std::fmt::Debug for SizerFactory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SizerFactory")
+    }
+}
+
+impl PartialEq for SizerFactory {
+    /// Two factories are equal when they are the same factory.
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
 
 /// How a leased limiter sizes its refills.
 #[derive(Debug, Clone, PartialEq)]
 pub enum LeaseSizing {
     /// Always ask for this many tokens (at least the check's cost).
     Fixed(u64),
+    /// Ask what a per-key learner says (for example an EOQ sizer).
+    Adaptive(SizerFactory),
 }
 
 impl LeaseSizing {
@@ -19,7 +62,7 @@ impl LeaseSizing {
             LeaseSizing::Fixed(0) => {
                 Err(ConfigError("a fixed lease size must be at least 1".into()))
             }
-            LeaseSizing::Fixed(_) => Ok(()),
+            LeaseSizing::Fixed(_) | LeaseSizing::Adaptive(_) => Ok(()),
         }
     }
 
@@ -27,14 +70,16 @@ impl LeaseSizing {
     pub(crate) fn sizer(&self) -> KeySizer {
         match self {
             LeaseSizing::Fixed(n) => KeySizer::Fixed((*n).max(1)),
+            LeaseSizing::Adaptive(factory) => KeySizer::Adaptive((factory.0)()),
         }
     }
 }
 
 /// The per-key state of a sizing rule.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(crate) enum KeySizer {
     Fixed(u64),
+    Adaptive(Box<dyn LeaseSizer>),
 }
 
 impl KeySizer {
@@ -42,13 +87,15 @@ impl KeySizer {
     pub(crate) fn size(&self) -> u64 {
         match self {
             KeySizer::Fixed(n) => *n,
+            KeySizer::Adaptive(sizer) => sizer.size().max(1),
         }
     }
 
     /// Feeds the demand served in a window that just closed.
-    pub(crate) fn observe_window_demand(&mut self, _served: u64) {
+    pub(crate) fn observe_window_demand(&mut self, served: u64) {
         match self {
             KeySizer::Fixed(_) => {}
+            KeySizer::Adaptive(sizer) => sizer.observe_window_demand(served),
         }
     }
 }

@@ -399,3 +399,62 @@ async fn refills_carry_distinct_request_ids() {
     seqs.dedup();
     assert_eq!(seqs.len(), 5);
 }
+
+/// A sizer that asks for twice the last window's demand, recording what it saw.
+#[derive(Debug)]
+struct DoubleLastWindow {
+    seen: Arc<std::sync::Mutex<Vec<u64>>>,
+    size: u64,
+}
+
+impl leasehold_client::sizing::LeaseSizer for DoubleLastWindow {
+    fn size(&self) -> u64 {
+        self.size
+    }
+    fn observe_window_demand(&mut self, served: u64) {
+        self.seen.lock().expect("lock").push(served);
+        self.size = 2 * served;
+    }
+}
+
+/// An adaptive sizer learns each closed window's demand and sizes the
+/// following refills from it.
+#[tokio::test(start_paused = true)]
+async fn an_adaptive_sizer_learns_from_closed_windows() {
+    let fake = FakeCoordinator::new(1_000, 1_000, 0);
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let factory_seen = seen.clone();
+    let sizing = LeaseSizing::Adaptive(leasehold_client::sizing::SizerFactory::new(move || {
+        Box::new(DoubleLastWindow {
+            seen: factory_seen.clone(),
+            size: 4,
+        })
+    }));
+    let l1 = limiter(
+        fake.clone(),
+        LeaseOptions {
+            sizing,
+            ..leased(1, 0)
+        },
+        "adaptive",
+    );
+    for _ in 0..7 {
+        assert!(l1.check("k", 1).await.expect("ok").allowed);
+    }
+    assert_eq!(fake.asked(), vec![4, 4]);
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    assert!(l1.check("k", 1).await.expect("ok").allowed);
+    assert_eq!(
+        *seen.lock().expect("lock"),
+        vec![7],
+        "window 0 served 7 tokens"
+    );
+    for _ in 0..4 {
+        assert!(l1.check("k", 1).await.expect("ok").allowed);
+    }
+    assert_eq!(
+        fake.asked(),
+        vec![4, 4, 4, 14],
+        "sized from the learned demand"
+    );
+}

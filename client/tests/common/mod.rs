@@ -43,6 +43,7 @@ struct State {
     failures_left: u32,
     rng: Option<(StdRng, u64)>,
     request_ids: Vec<(String, u64)>,
+    asked: Vec<u64>,
 }
 
 /// The fake coordinator. Its clock reads `base_ms` at construction and
@@ -124,6 +125,11 @@ impl FakeCoordinator {
         self.state.lock().expect("lock").request_ids.clone()
     }
 
+    /// The `tokens` of every acquire, in order.
+    pub fn asked(&self) -> Vec<u64> {
+        self.state.lock().expect("lock").asked.clone()
+    }
+
     fn next_flight(&self) -> Flight {
         let mut state = self.state.lock().expect("lock");
         if let Some(f) = state.scripted.pop_front() {
@@ -163,6 +169,7 @@ impl CreditSource for FakeCoordinator {
             self.acquire_calls.fetch_add(1, Ordering::SeqCst);
             {
                 let mut state = self.state.lock().expect("lock");
+                state.asked.push(request.tokens);
                 state.request_ids.push((
                     request.request_id.client.as_str().to_string(),
                     request.request_id.seq,
