@@ -6,7 +6,9 @@
 //!   acknowledged grant; a member that missed compacted log entries rejoins
 //!   through install-snapshot.
 //! - `bad_input`: every error code, with no state change.
+//! - `cli`: `leasehold dev` and the binary's client commands.
 
 mod bad_input;
+mod cli;
 mod harness;
 mod safety;

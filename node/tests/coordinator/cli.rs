@@ -1,0 +1,136 @@
+//! The operator surface: `leasehold dev`'s cluster comes up initialised with
+//! the demo policy and is reused on a second start, and the `leasehold`
+//! binary's client commands work against a cluster, in text and JSON.
+
+use std::process::Command;
+
+use anyhow::{ensure, Context, Result};
+use leasehold_node::cli::dev::{prepare, DevArgs, DevCluster, DEMO_PREFIX};
+
+use crate::harness::Cluster;
+
+fn free_base_port() -> Result<u16> {
+    // Three consecutive free ports: probe a few random bases.
+    for _ in 0..50 {
+        let base = rand::random::<u16>() % 20_000 + 30_000;
+        if (0..3).all(|i| std::net::TcpListener::bind(("127.0.0.1", base + i)).is_ok()) {
+            return Ok(base);
+        }
+    }
+    anyhow::bail!("no free port range found")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dev_cluster_initialises_once_and_is_reused() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let args = DevArgs {
+        data_dir: dir.path().to_path_buf(),
+        base_port: free_base_port()?,
+        nodes: 3,
+        config: None,
+    };
+
+    let first = DevCluster::start(&args)?;
+    let status = prepare(&first.admin()?, &first.members).await?;
+    ensure!(status.initialized && status.current_leader.is_some());
+    let grant = first.admin()?.client().lease("demo/api", "eu", 10).await?;
+    ensure!(grant.granted == 10);
+    first.stop().await;
+
+    let second = DevCluster::start(&args)?;
+    let admin = second.admin()?;
+    let status = admin.status().await?;
+    ensure!(
+        status.initialized,
+        "the second run reuses the data: {status:?}"
+    );
+    prepare(&admin, &second.members).await?;
+    let policies = admin.list_policies().await?;
+    ensure!(policies.iter().filter(|p| p.prefix == DEMO_PREFIX).count() == 1);
+    let window = admin.client().get_window("demo/api").await?;
+    ensure!(
+        window.granted >= 10,
+        "the first run's grant is still counted: {window:?}"
+    );
+    second.stop().await;
+    Ok(())
+}
+
+fn leasehold(args: &[&str]) -> Result<String> {
+    let output = Command::new(env!("CARGO_BIN_EXE_leasehold"))
+        .args(args)
+        .output()
+        .context("run leasehold")?;
+    ensure!(
+        output.status.success(),
+        "leasehold {args:?} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Ok(String::from_utf8(output.stdout)?)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_drives_a_cluster() -> Result<()> {
+    let mut cluster = Cluster::start_initialised(1, |_| {}).await?;
+    let endpoint = format!("http://{}", cluster.addr(1));
+    let e = endpoint.as_str();
+    let out = tokio::task::spawn_blocking({
+        let e = e.to_string();
+        move || -> Result<Vec<String>> {
+            let e = e.as_str();
+            Ok(vec![
+                leasehold(&[
+                    "policy",
+                    "set",
+                    "-e",
+                    e,
+                    "--prefix",
+                    "cli/",
+                    "--limit",
+                    "5",
+                    "--window-ms",
+                    "3600000",
+                ])?,
+                leasehold(&[
+                    "lease", "-e", e, "--key", "cli/k", "--region", "eu", "--tokens", "3",
+                    "--output", "json",
+                ])?,
+                leasehold(&[
+                    "lease", "-e", e, "--key", "cli/k", "--region", "us", "--tokens", "3",
+                ])?,
+                leasehold(&["window", "-e", e, "--key", "cli/k", "--output", "json"])?,
+                leasehold(&["policy", "list", "-e", e, "--output", "json"])?,
+                leasehold(&["cluster", "status", "-e", e, "--output", "json"])?,
+            ])
+        }
+    })
+    .await??;
+    let first: serde_json::Value = serde_json::from_str(&out[1])?;
+    ensure!(first["granted"] == 3, "{first}");
+    ensure!(
+        out[2].contains("granted 2 of 3"),
+        "a partial grant reads as such: {}",
+        out[2]
+    );
+    let window: serde_json::Value = serde_json::from_str(&out[3])?;
+    ensure!(
+        window["granted"] == 5 && window["regions"].as_array().map(Vec::len) == Some(2),
+        "{window}"
+    );
+    let policies: serde_json::Value = serde_json::from_str(&out[4])?;
+    ensure!(policies["policies"][0]["prefix"] == "cli/");
+    let status: serde_json::Value = serde_json::from_str(&out[5])?;
+    ensure!(
+        status["state"] == "Leader" && status["counters"]["leases"] == 2,
+        "{status}"
+    );
+
+    let failed = Command::new(env!("CARGO_BIN_EXE_leasehold"))
+        .args([
+            "lease", "-e", e, "--key", "none/k", "--region", "eu", "--tokens", "1",
+        ])
+        .output()?;
+    ensure!(!failed.status.success());
+    ensure!(String::from_utf8_lossy(&failed.stderr).contains("no policy"));
+    cluster.stop_all().await
+}
