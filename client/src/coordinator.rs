@@ -20,7 +20,6 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -30,18 +29,20 @@ use leasehold_proto::v1::{
     GetWindowRequest, GetWindowResponse, LeaseRequest, LeaseResponse, PoolGrantRequest,
     PoolGrantResponse, ReconcileRequest, ReconcileResponse, RequestId,
 };
-use leasehold_proto::{LEADER_ADDR_METADATA, LEADER_ID_METADATA};
 use rand::Rng;
 use tonic::transport::Channel;
-use tonic::{Code, Status};
+use tonic::Status;
 
 use crate::transport::{normalize_addr, DialError, Dialer};
 
 mod admin;
 mod error;
+mod session;
 
 pub use admin::AdminClient;
+use error::classify;
 pub use error::CoordinatorError;
+use session::{SessionGuard, SessionPool};
 
 /// Deadlines and retry budget of a [`CoordinatorClient`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -91,55 +92,8 @@ struct Routing {
 struct Shared {
     dialer: Arc<dyn Dialer>,
     options: RetryOptions,
-    client_id: String,
-    next_seq: AtomicU64,
+    sessions: SessionPool,
     routing: Mutex<Routing>,
-    idle_sessions: Mutex<Vec<Session>>,
-    sessions_created: AtomicU64,
-}
-
-/// One client session: at most one request in flight, sequence numbers in order.
-#[derive(Debug)]
-struct Session {
-    client_id: String,
-    next_seq: u64,
-}
-
-/// A session checked out for one logical request; returned to the pool on drop.
-struct SessionGuard<'a> {
-    shared: &'a Shared,
-    session: Option<Session>,
-}
-
-impl SessionGuard<'_> {
-    fn request_id(&mut self) -> RequestId {
-        match self.session.as_mut() {
-            Some(session) => {
-                let id = RequestId {
-                    client_id: session.client_id.clone(),
-                    seq: session.next_seq,
-                };
-                session.next_seq += 1;
-                id
-            }
-            None => RequestId {
-                client_id: self.shared.client_id.clone(),
-                seq: self.shared.next_seq.fetch_add(1, Ordering::Relaxed),
-            },
-        }
-    }
-}
-
-impl Drop for SessionGuard<'_> {
-    fn drop(&mut self) {
-        if let Some(session) = self.session.take() {
-            self.shared
-                .idle_sessions
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push(session);
-        }
-    }
 }
 
 /// A leader-tracking client of the coordinator's public API. Cheap to clone;
@@ -152,7 +106,7 @@ pub struct CoordinatorClient {
 impl std::fmt::Debug for CoordinatorClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CoordinatorClient")
-            .field("client_id", &self.shared.client_id)
+            .field("client_id", &self.shared.sessions.client_id())
             .field("options", &self.shared.options)
             .field("routing", &self.routing().endpoints)
             .finish()
@@ -195,16 +149,13 @@ impl CoordinatorClient {
             shared: Arc::new(Shared {
                 dialer,
                 options,
-                client_id,
-                next_seq: AtomicU64::new(1),
+                sessions: SessionPool::new(client_id),
                 routing: Mutex::new(Routing {
                     endpoints: normalized,
                     leader: None,
                     next: 0,
                     channels: HashMap::new(),
                 }),
-                idle_sessions: Mutex::new(Vec::new()),
-                sessions_created: AtomicU64::new(0),
             }),
         })
     }
@@ -213,32 +164,16 @@ impl CoordinatorClient {
     /// [`next_request_id`](Self::next_request_id), and the prefix of its
     /// pooled sessions' ids.
     pub fn client_id(&self) -> &str {
-        &self.shared.client_id
+        self.shared.sessions.client_id()
     }
 
     /// How many pooled sessions this client has opened (its peak concurrency).
     pub fn sessions_opened(&self) -> u64 {
-        self.shared.sessions_created.load(Ordering::Relaxed)
+        self.shared.sessions.opened()
     }
 
     fn checkout_session(&self) -> SessionGuard<'_> {
-        let idle = self
-            .shared
-            .idle_sessions
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .pop();
-        let session = idle.unwrap_or_else(|| {
-            let n = self.shared.sessions_created.fetch_add(1, Ordering::Relaxed);
-            Session {
-                client_id: format!("{}-s{n}", self.shared.client_id),
-                next_seq: 1,
-            }
-        });
-        SessionGuard {
-            shared: &self.shared,
-            session: Some(session),
-        }
+        self.shared.sessions.checkout()
     }
 
     /// A fresh request id of this client's own session, for callers that
@@ -246,10 +181,7 @@ impl CoordinatorClient {
     /// when retrying the same logical request. Keep fewer than 64 of these in
     /// flight (the coordinator remembers that many responses per session).
     pub fn next_request_id(&self) -> RequestId {
-        RequestId {
-            client_id: self.shared.client_id.clone(),
-            seq: self.shared.next_seq.fetch_add(1, Ordering::Relaxed),
-        }
+        self.shared.sessions.manual_request_id()
     }
 
     /// The leader address last seen, if any.
@@ -500,67 +432,6 @@ fn with_timeout<T>(message: T, timeout: Duration) -> tonic::Request<T> {
     let mut request = tonic::Request::new(message);
     request.set_timeout(timeout);
     request
-}
-
-/// Maps a gRPC status to a typed error, reading the leader hint metadata.
-fn classify(addr: &str, status: Status) -> CoordinatorError {
-    let message = status.message().to_string();
-    match status.code() {
-        Code::InvalidArgument => CoordinatorError::InvalidArgument(message),
-        Code::NotFound => CoordinatorError::NotFound(message),
-        Code::AlreadyExists => CoordinatorError::AlreadyExists(message),
-        Code::FailedPrecondition => {
-            let metadata = status.metadata();
-            let leader_id = metadata
-                .get(LEADER_ID_METADATA)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.parse().ok());
-            let leader_addr = metadata
-                .get(LEADER_ADDR_METADATA)
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_string);
-            if leader_id.is_some() || leader_addr.is_some() {
-                CoordinatorError::NotLeader {
-                    leader_id,
-                    leader_addr,
-                    message,
-                }
-            } else {
-                CoordinatorError::FailedPrecondition(message)
-            }
-        }
-        Code::Unavailable => CoordinatorError::Unavailable {
-            addr: addr.to_string(),
-            message,
-        },
-        // The server cancels a call whose grpc-timeout expired.
-        Code::DeadlineExceeded | Code::Cancelled => CoordinatorError::DeadlineExceeded {
-            addr: addr.to_string(),
-            after: Duration::ZERO,
-        },
-        Code::Unknown | Code::Aborted | Code::Internal if is_transport_message(&message) => {
-            CoordinatorError::Transport {
-                addr: addr.to_string(),
-                message,
-            }
-        }
-        code => CoordinatorError::Rpc { code, message },
-    }
-}
-
-/// Whether a non-standard status came from the connection rather than the server.
-fn is_transport_message(message: &str) -> bool {
-    let lower = message.to_ascii_lowercase();
-    [
-        "transport",
-        "connection",
-        "broken pipe",
-        "h2 protocol",
-        "operation was canceled",
-        "reset",
-    ]
-    .iter()
-    .any(|needle| lower.contains(needle))
 }
 
 #[cfg(test)]

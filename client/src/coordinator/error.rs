@@ -3,6 +3,9 @@
 
 use std::time::Duration;
 
+use leasehold_proto::{LEADER_ADDR_METADATA, LEADER_ID_METADATA};
+use tonic::{Code, Status};
+
 use crate::transport::DialError;
 
 /// Why a coordinator call failed (after any retries).
@@ -104,4 +107,65 @@ impl CoordinatorError {
             CoordinatorError::Rpc { code, .. } => *code,
         }
     }
+}
+
+/// Maps a gRPC status to a typed error, reading the leader hint metadata.
+pub(crate) fn classify(addr: &str, status: Status) -> CoordinatorError {
+    let message = status.message().to_string();
+    match status.code() {
+        Code::InvalidArgument => CoordinatorError::InvalidArgument(message),
+        Code::NotFound => CoordinatorError::NotFound(message),
+        Code::AlreadyExists => CoordinatorError::AlreadyExists(message),
+        Code::FailedPrecondition => {
+            let metadata = status.metadata();
+            let leader_id = metadata
+                .get(LEADER_ID_METADATA)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse().ok());
+            let leader_addr = metadata
+                .get(LEADER_ADDR_METADATA)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string);
+            if leader_id.is_some() || leader_addr.is_some() {
+                CoordinatorError::NotLeader {
+                    leader_id,
+                    leader_addr,
+                    message,
+                }
+            } else {
+                CoordinatorError::FailedPrecondition(message)
+            }
+        }
+        Code::Unavailable => CoordinatorError::Unavailable {
+            addr: addr.to_string(),
+            message,
+        },
+        // The server cancels a call whose grpc-timeout expired.
+        Code::DeadlineExceeded | Code::Cancelled => CoordinatorError::DeadlineExceeded {
+            addr: addr.to_string(),
+            after: Duration::ZERO,
+        },
+        Code::Unknown | Code::Aborted | Code::Internal if is_transport_message(&message) => {
+            CoordinatorError::Transport {
+                addr: addr.to_string(),
+                message,
+            }
+        }
+        code => CoordinatorError::Rpc { code, message },
+    }
+}
+
+/// Whether a non-standard status came from the connection rather than the server.
+fn is_transport_message(message: &str) -> bool {
+    let lower = message.to_ascii_lowercase();
+    [
+        "transport",
+        "connection",
+        "broken pipe",
+        "h2 protocol",
+        "operation was canceled",
+        "reset",
+    ]
+    .iter()
+    .any(|needle| lower.contains(needle))
 }

@@ -13,6 +13,7 @@ use tonic::{Request, Response, Status};
 
 use super::*;
 use crate::transport::TcpDialer;
+use leasehold_proto::{LEADER_ADDR_METADATA, LEADER_ID_METADATA};
 
 /// What a fake node answers to its next lease.
 #[derive(Clone)]
