@@ -29,7 +29,8 @@ use leasehold_proto::v1::{
     GetWindowRequest, GetWindowResponse, LeaseRequest, LeaseResponse, PoolGrantRequest,
     PoolGrantResponse, ReconcileRequest, ReconcileResponse, RequestId,
 };
-use rand::Rng;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 use tonic::transport::Channel;
 use tonic::Status;
 
@@ -94,6 +95,7 @@ struct Shared {
     options: RetryOptions,
     sessions: SessionPool,
     routing: Mutex<Routing>,
+    jitter: Mutex<StdRng>,
 }
 
 /// A leader-tracking client of the coordinator's public API. Cheap to clone;
@@ -134,6 +136,21 @@ impl CoordinatorClient {
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
+        Self::with_seed(endpoints, dialer, options, rand::thread_rng().gen())
+    }
+
+    /// A client whose id and retry jitter come from `seed`: the same seed
+    /// gives the same request ids and backoffs (for seeded simulations).
+    pub fn with_seed<I, S>(
+        endpoints: I,
+        dialer: Arc<dyn Dialer>,
+        options: RetryOptions,
+        seed: u64,
+    ) -> Result<Self, CoordinatorError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
         let mut normalized = Vec::new();
         for endpoint in endpoints {
             let addr = normalize_addr(endpoint.as_ref())?;
@@ -144,12 +161,14 @@ impl CoordinatorClient {
         if normalized.is_empty() {
             return Err(CoordinatorError::NoEndpoints);
         }
-        let client_id = format!("c{:016x}", rand::thread_rng().gen::<u64>());
+        let mut rng = StdRng::seed_from_u64(seed);
+        let client_id = format!("c{:016x}", rng.gen::<u64>());
         Ok(Self {
             shared: Arc::new(Shared {
                 dialer,
                 options,
                 sessions: SessionPool::new(client_id),
+                jitter: Mutex::new(rng),
                 routing: Mutex::new(Routing {
                     endpoints: normalized,
                     leader: None,
@@ -349,7 +368,8 @@ impl CoordinatorClient {
         let exp = options.backoff_base.saturating_mul(1u32 << retry.min(16));
         let cap = exp.min(options.backoff_max);
         let millis = u64::try_from(cap.as_millis()).unwrap_or(u64::MAX).max(1);
-        Duration::from_millis(rand::thread_rng().gen_range(millis / 2..=millis))
+        let mut rng = self.shared.jitter.lock().unwrap_or_else(|p| p.into_inner());
+        Duration::from_millis(rng.gen_range(millis / 2..=millis))
     }
 
     /// Runs `rpc` against the target node with per-attempt deadlines, leader

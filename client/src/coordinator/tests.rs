@@ -249,3 +249,14 @@ async fn concurrent_calls_use_distinct_sessions_with_in_order_sequences() {
         );
     }
 }
+
+#[test]
+fn a_seed_fixes_the_client_id() {
+    let dialer: Arc<dyn Dialer> = Arc::new(TcpDialer::default());
+    let a = CoordinatorClient::with_seed(["n:1"], dialer.clone(), fast_options(), 7).unwrap();
+    let b = CoordinatorClient::with_seed(["n:1"], dialer.clone(), fast_options(), 7).unwrap();
+    let c = CoordinatorClient::with_seed(["n:1"], dialer, fast_options(), 8).unwrap();
+    assert_eq!(a.client_id(), b.client_id());
+    assert_ne!(a.client_id(), c.client_id());
+    assert_eq!(a.next_request_id(), b.next_request_id());
+}
