@@ -10,6 +10,8 @@
 //!   health services.
 //! - [`cli`]: the `leasehold` command line, one file per command group.
 //! - [`error`]: the node's error type, [`NodeError`].
+//! - `scripts/failover-bench.sh`: kills the leader of a 3-process cluster
+//!   under `leasehold bench` load; results in `docs/benchmarks.md`.
 //!
 //! # Running a member inside another program (or a simulation)
 //! ```text
