@@ -6,7 +6,7 @@
 //! - [`cluster`]: `cluster init | status | add-learner | change-membership`.
 //! - [`policy`]: `policy set | list | delete`.
 //! - [`calls`]: `lease`, `reconcile`, `pool-grant`, `window`.
-//! - [`bench`]: concurrent lease load with latency percentiles.
+//! - [`bench`](mod@bench): concurrent lease load with latency percentiles.
 //! - [`output`]: `--output text|json` rendering.
 //!
 //! Client commands share `--endpoint HOST:PORT` (repeatable or
