@@ -8,7 +8,7 @@
 //! that answered, and on `UNAVAILABLE`, deadline or transport errors moves to
 //! the next endpoint after a jittered exponential backoff. Every attempt has
 //! its own deadline and the whole call a total budget. A retried call reuses
-//! its [`RequestId`](leasehold_proto::v1::RequestId), so the coordinator
+//! its [`RequestId`], so the coordinator
 //! applies it at most once and returns the first response.
 //!
 //! Request ids come from a pool of client sessions, one request in flight
