@@ -10,8 +10,12 @@
 //! commutative and idempotent (property-tested in core), so any number of
 //! decisions reduce in any order with the same result.
 
-// TEMPORARY stand-in until leasehold-core's decision module lands.
-/// One admission decision.
+// Defined here until leasehold-core's `decision` module provides the type;
+// then this block becomes `pub use leasehold_core::decision::{combine, Decision};`.
+
+/// One admission decision. Integers throughout; `retry_after_ms == 0`
+/// exactly when `allowed` (every decision a [`Limiter`](crate::Limiter)
+/// returns satisfies this).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Decision {
     /// Whether the request may proceed.
@@ -26,7 +30,7 @@ pub struct Decision {
     pub retry_after_ms: u64,
 }
 impl Decision {
-    /// Neutral element of combine.
+    /// The neutral element of [`combine`]: allows everything, binds nothing.
     pub const ALLOW_FULL: Decision = Decision {
         allowed: true,
         limit: u64::MAX,
@@ -35,7 +39,9 @@ impl Decision {
         retry_after_ms: 0,
     };
 }
-/// Combines two decisions.
+/// Combines the decisions of two independent limits into one: allowed only
+/// if both are; the binding (smaller) limit and remaining; the later reset
+/// and the longer wait.
 pub fn combine(a: Decision, b: Decision) -> Decision {
     Decision {
         allowed: a.allowed && b.allowed,
@@ -45,7 +51,6 @@ pub fn combine(a: Decision, b: Decision) -> Decision {
         retry_after_ms: a.retry_after_ms.max(b.retry_after_ms),
     }
 }
-// END TEMPORARY
 
 /// An allow spending credits of the window `[.., reset_at_ms)`.
 pub(crate) fn allowed(limit: u64, remaining: u64, reset_at_ms: u64) -> Decision {
@@ -93,4 +98,42 @@ pub struct Admission {
     /// Start of the window the admission spent credits of (coordinator
     /// epoch ms); `Some` exactly when `decision.allowed`.
     pub window_start_ms: Option<u64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn decision() -> impl Strategy<Value = Decision> {
+        (
+            any::<bool>(),
+            0u64..1_000,
+            0u64..1_000,
+            0u64..10_000,
+            1u64..5_000,
+        )
+            .prop_map(|(allowed, limit, remaining, reset_at_ms, retry)| Decision {
+                allowed,
+                limit,
+                remaining: remaining.min(limit),
+                reset_at_ms,
+                retry_after_ms: if allowed { 0 } else { retry },
+            })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+        #[test]
+        fn combine_is_a_commutative_idempotent_monoid(a in decision(), b in decision(), c in decision()) {
+            prop_assert_eq!(combine(Decision::ALLOW_FULL, a), a);
+            prop_assert_eq!(combine(a, Decision::ALLOW_FULL), a);
+            prop_assert_eq!(combine(combine(a, b), c), combine(a, combine(b, c)));
+            prop_assert_eq!(combine(a, b), combine(b, a));
+            prop_assert_eq!(combine(a, a), a);
+            // Combining well-formed decisions stays well-formed.
+            let ab = combine(a, b);
+            prop_assert_eq!(ab.allowed, ab.retry_after_ms == 0);
+        }
+    }
 }
