@@ -10,7 +10,7 @@ IMAGE=${IMAGE:-leasehold:local}
 cargo build --release -p leasehold-node -p leasehold-chaos
 ROOT=deploy/docker/rootfs
 rm -rf "$ROOT"
-mkdir -p "$ROOT/usr/local/bin" "$ROOT/data" "$ROOT/tmp" "$ROOT/etc"
+mkdir -p "$ROOT/usr/local/bin" "$ROOT/tmp" "$ROOT/etc" deploy/docker/datadir
 cp target/release/leasehold "$ROOT/usr/local/bin/"
 cp target/release/leasehold-chaos "$ROOT/usr/local/bin/" 2>/dev/null || true
 # Copy the dynamic loader and every library the binaries link against.
@@ -24,6 +24,6 @@ done
 echo "leasehold:x:65532:65532::/data:/usr/local/bin/leasehold" > "$ROOT/etc/passwd"
 echo "leasehold:x:65532:" > "$ROOT/etc/group"
 chmod 1777 "$ROOT/tmp"
-chown -R 65532:65532 "$ROOT/data" 2>/dev/null || chmod 777 "$ROOT/data"
+touch deploy/docker/datadir/.keep
 docker build -t "$IMAGE" -f deploy/docker/Dockerfile deploy/docker
 echo "built $IMAGE"
