@@ -7,6 +7,7 @@
 
 use std::ops::Bound;
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use super::{
     is_empty_range, EngineError, KeyRange, KeyValue, Keyspace, StorageEngine, WriteBatch, WriteOp,
@@ -16,6 +17,16 @@ use super::{
 #[derive(Debug, Clone)]
 pub struct SledEngine {
     db: sled::Db,
+}
+
+/// How long [`SledEngine::open`] waits for sled's directory lock.
+pub const LOCK_WAIT: Duration = Duration::from_secs(5);
+const LOCK_RETRY_PAUSE: Duration = Duration::from_millis(5);
+
+/// Whether sled failed to open because another handle holds the directory
+/// lock (sled 0.34 reports it only as an I/O error with this message).
+fn is_lock_conflict(error: &sled::Error) -> bool {
+    matches!(error, sled::Error::Io(io) if io.to_string().contains("could not acquire lock"))
 }
 
 fn backend(error: sled::Error) -> EngineError {
@@ -44,13 +55,22 @@ fn unprefixed(entry: (sled::IVec, sled::IVec)) -> KeyValue {
 
 impl SledEngine {
     /// Opens (creating if needed) the database in directory `path`.
+    ///
+    /// sled releases its directory lock from a background thread some time
+    /// after the previous handle in this process is dropped, so a lock
+    /// conflict is retried for up to [`LOCK_WAIT`] before it is reported.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, EngineError> {
-        let db = sled::Config::new()
-            .path(path)
-            .flush_every_ms(None)
-            .open()
-            .map_err(backend)?;
-        Ok(Self { db })
+        let config = sled::Config::new().path(path).flush_every_ms(None);
+        let deadline = Instant::now() + LOCK_WAIT;
+        loop {
+            match config.open() {
+                Ok(db) => return Ok(Self { db }),
+                Err(error) if is_lock_conflict(&error) && Instant::now() < deadline => {
+                    std::thread::sleep(LOCK_RETRY_PAUSE);
+                }
+                Err(error) => return Err(backend(error)),
+            }
+        }
     }
 
     /// Bytes sled reports using on disk (for measurements).
