@@ -46,7 +46,8 @@ pub struct WindowView {
     pub returned: u64,
     /// Per region: (region, granted, returned, pool weight), sorted by region.
     pub regions: Vec<RegionView>,
-    /// State-machine clock.
+    /// The time the view was taken at: the later of the caller's clock and
+    /// the state-machine clock (the window shown is the one current then).
     pub coordinator_now_ms: u64,
 }
 
@@ -190,7 +191,7 @@ impl CoordinatorState {
                         pool_weight: used.pool_weight,
                     })
                     .collect(),
-                coordinator_now_ms: self.now_ms,
+                coordinator_now_ms: now,
             },
             None => {
                 let bounds = self.windows.next_bounds(key, policy.window_ms, now);
@@ -202,7 +203,7 @@ impl CoordinatorState {
                     granted: 0,
                     returned: 0,
                     regions: Vec::new(),
-                    coordinator_now_ms: self.now_ms,
+                    coordinator_now_ms: now,
                 }
             }
         };
