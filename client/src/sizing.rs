@@ -12,6 +12,8 @@
 
 use std::sync::Arc;
 
+use leasehold_core::sizer::{EoqParams, EoqSizer};
+
 use crate::error::ConfigError;
 
 /// A per-key learner of lease sizes.
@@ -20,6 +22,15 @@ pub trait LeaseSizer: Send + std::fmt::Debug {
     fn size(&self) -> u64;
     /// Feeds the tokens served from one window that just closed.
     fn observe_window_demand(&mut self, served: u64);
+}
+
+impl LeaseSizer for EoqSizer {
+    fn size(&self) -> u64 {
+        EoqSizer::size(self)
+    }
+    fn observe_window_demand(&mut self, served: u64) {
+        self.observe(served);
+    }
 }
 
 /// Builds a fresh [`LeaseSizer`] for each key.
@@ -56,6 +67,19 @@ pub enum LeaseSizing {
 }
 
 impl LeaseSizing {
+    /// Per-key online EOQ sizing (see `leasehold_core::sizer`): each key
+    /// learns its own batch from the demand served in each closed window.
+    pub fn eoq(params: EoqParams) -> Result<Self, ConfigError> {
+        EoqSizer::new(params).map_err(|e| ConfigError(format!("EOQ sizer: {e}")))?;
+        Ok(LeaseSizing::Adaptive(SizerFactory::new(
+            move || match EoqSizer::new(params) {
+                Ok(sizer) => Box::new(sizer) as Box<dyn LeaseSizer>,
+                // Unreachable: the parameters were validated above.
+                Err(_) => Box::new(FixedSizer(params.initial_size.max(1))),
+            },
+        )))
+    }
+
     /// Checks the parameters.
     pub fn validate(&self) -> Result<(), ConfigError> {
         match self {
@@ -97,5 +121,50 @@ impl KeySizer {
             KeySizer::Fixed(_) => {}
             KeySizer::Adaptive(sizer) => sizer.observe_window_demand(served),
         }
+    }
+}
+
+/// A constant size, used only as the fallback of [`LeaseSizing::eoq`].
+#[derive(Debug)]
+struct FixedSizer(u64);
+
+impl LeaseSizer for FixedSizer {
+    fn size(&self) -> u64 {
+        self.0
+    }
+    fn observe_window_demand(&mut self, _served: u64) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn eoq_sizing_learns_per_key() {
+        let sizing = LeaseSizing::eoq(EoqParams {
+            initial_size: 4,
+            ..EoqParams::default()
+        })
+        .unwrap();
+        let (mut busy, quiet) = (sizing.sizer(), sizing.sizer());
+        for _ in 0..500 {
+            busy.observe_window_demand(10_000);
+        }
+        assert!(
+            busy.size() > quiet.size(),
+            "{} vs {}",
+            busy.size(),
+            quiet.size()
+        );
+        assert_eq!(quiet.size(), 4);
+    }
+
+    #[test]
+    fn eoq_sizing_refuses_bad_parameters() {
+        assert!(LeaseSizing::eoq(EoqParams {
+            order_cost: -1.0,
+            ..EoqParams::default()
+        })
+        .is_err());
     }
 }

@@ -62,15 +62,22 @@ mod tests {
     use proptest::prelude::*;
 
     fn decision() -> impl Strategy<Value = Decision> {
-        (any::<bool>(), any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>()).prop_map(
-            |(allowed, limit, remaining, reset_at_ms, retry_after_ms)| Decision {
-                allowed,
-                limit,
-                remaining,
-                reset_at_ms,
-                retry_after_ms,
-            },
+        (
+            any::<bool>(),
+            any::<u64>(),
+            any::<u64>(),
+            any::<u64>(),
+            any::<u64>(),
         )
+            .prop_map(|(allowed, limit, remaining, reset_at_ms, retry_after_ms)| {
+                Decision {
+                    allowed,
+                    limit,
+                    remaining,
+                    reset_at_ms,
+                    retry_after_ms,
+                }
+            })
     }
 
     proptest! {

@@ -37,7 +37,11 @@ fn check(what: &'static str, s: &str, max: usize) -> Result<(), IdError> {
         return Err(IdError::Empty { what });
     }
     if s.len() > max {
-        return Err(IdError::TooLong { what, len: s.len(), max });
+        return Err(IdError::TooLong {
+            what,
+            len: s.len(),
+            max,
+        });
     }
     Ok(())
 }

@@ -20,7 +20,10 @@ impl WindowBounds {
     pub fn containing(now_ms: u64, window_ms: u64) -> Self {
         let w = window_ms.max(1);
         let start_ms = now_ms - now_ms % w;
-        WindowBounds { start_ms, end_ms: start_ms.saturating_add(w) }
+        WindowBounds {
+            start_ms,
+            end_ms: start_ms.saturating_add(w),
+        }
     }
 
     /// Whether `now_ms` lies inside this window.
