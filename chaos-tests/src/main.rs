@@ -1,1 +1,129 @@
-fn main() {}
+//! `leasehold-chaos`: runs the simulated fleet through its fault scenarios
+//! across seeds, prints a table, and exits non-zero on any violation.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use leasehold_chaos::scenario::{self, replay_command, ScenarioReport};
+use leasehold_chaos::sim::Weakening;
+
+/// Run Leasehold chaos scenarios and check its invariants.
+#[derive(Debug, Parser)]
+#[command(version)]
+struct Args {
+    /// Scenario name, or `all`.
+    #[arg(long, default_value = "all")]
+    scenario: String,
+    /// How many seeds per scenario.
+    #[arg(long, default_value_t = 4)]
+    seeds: u64,
+    /// First seed.
+    #[arg(long, default_value_t = 1)]
+    from_seed: u64,
+    /// List the scenarios and exit.
+    #[arg(long)]
+    list: bool,
+    /// Deliberately break a safety mechanism, to see the suite catch it:
+    /// `credits-outlive-window` or `ack-before-durable`.
+    #[arg(long, value_parser = parse_weakening, default_value = "none")]
+    weaken: Weakening,
+    /// Print each run's faults and per-window admissions (use with one seed).
+    #[arg(long)]
+    verbose: bool,
+}
+
+fn parse_weakening(s: &str) -> Result<Weakening, String> {
+    match s {
+        "none" => Ok(Weakening::None),
+        "credits-outlive-window" => Ok(Weakening::CreditsOutliveWindow),
+        "ack-before-durable" => Ok(Weakening::AcknowledgeBeforeDurable),
+        other => Err(format!(
+            "unknown weakening {other:?}: none, credits-outlive-window, ack-before-durable"
+        )),
+    }
+}
+
+fn print_table(reports: &[ScenarioReport]) {
+    println!(
+        "{:<20} {:>6} {:>8} {:>11} {:>8} {:>11} {:>12}",
+        "scenario", "seeds", "windows", "admissions", "max Σ/L", "violations", "utilisation"
+    );
+    for r in reports {
+        println!(
+            "{:<20} {:>6} {:>8} {:>11} {:>8.3} {:>11} {:>11.1}%",
+            r.name,
+            r.seeds,
+            r.windows_checked,
+            r.admissions,
+            r.max_ratio,
+            r.violations.len(),
+            r.utilisation * 100.0
+        );
+    }
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let scenarios = if args.scenario == "all" {
+        scenario::all()
+    } else {
+        match scenario::by_name(&args.scenario) {
+            Some(s) => vec![s],
+            None => {
+                let names: Vec<_> = scenario::all().iter().map(|s| s.name).collect();
+                eprintln!(
+                    "unknown scenario {:?}; known: {}",
+                    args.scenario,
+                    names.join(", ")
+                );
+                return ExitCode::from(2);
+            }
+        }
+    };
+    if args.list {
+        for s in &scenarios {
+            println!("{}", s.name);
+        }
+        return ExitCode::SUCCESS;
+    }
+    let mut reports = Vec::new();
+    for s in &scenarios {
+        if args.verbose {
+            for seed in args.from_seed..args.from_seed + args.seeds {
+                let outcome = leasehold_chaos::sim::run(s, seed, args.weaken);
+                println!("{} seed {seed}:", s.name);
+                for fault in &outcome.history.faults {
+                    println!("  fault {fault}");
+                }
+                for (start, admitted) in outcome.history.admitted_per_window() {
+                    println!(
+                        "  window {start}: {admitted} admitted of {}",
+                        outcome.history.limit
+                    );
+                }
+            }
+        }
+        let report = scenario::run_seeds(s, args.seeds, args.from_seed, args.weaken);
+        for (seed, v) in &report.violations {
+            eprintln!(
+                "VIOLATION {} seed {seed}: {}: {}",
+                s.name, v.invariant, v.detail
+            );
+            eprintln!("  replay: {}", replay_command(s.name, *seed));
+        }
+        for (seed, e) in &report.errors {
+            eprintln!("SIMULATION ERROR {} seed {seed}: {e}", s.name);
+            eprintln!("  replay: {}", replay_command(s.name, *seed));
+        }
+        reports.push(report);
+    }
+    print_table(&reports);
+    let failed = reports
+        .iter()
+        .any(|r| !r.violations.is_empty() || !r.errors.is_empty());
+    if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}

@@ -1,0 +1,207 @@
+//! Named scenarios (a fleet shape plus timed faults), running one across
+//! seeds, and the report the runner prints.
+
+use std::time::Duration;
+
+use crate::history::History;
+use crate::invariants::{check_all, max_ratio, utilisation, Violation};
+use crate::sim::{self, FleetShape, Weakening, SIM_EPOCH_MS};
+
+/// One injected fault. Member `0` means "the current leader".
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fault {
+    /// Cut a member off from every other host (both directions).
+    Isolate(u64),
+    /// Repair every partition made by `Isolate`.
+    HealAll,
+    /// Crash a member and drop its unflushed writes (power loss).
+    PowerLoss(u64),
+    /// Power loss on every member at once.
+    PowerLossAll,
+    /// Restart every member that is down.
+    RestartAll,
+    /// Hold a member's messages to the other members for a while.
+    Pause {
+        /// Which member.
+        member: u64,
+        /// For how long.
+        for_ms: u64,
+    },
+    /// Release a paused member (scheduled by `Pause`).
+    Resume(u64),
+}
+
+/// A named scenario.
+#[derive(Debug, Clone)]
+pub struct Scenario {
+    /// Name used on the command line.
+    pub name: &'static str,
+    /// Fleet shape.
+    pub shape: FleetShape,
+    /// Faults, at times counted from the start of the load.
+    pub faults: Vec<(Duration, Fault)>,
+    /// Per-member wall-clock offsets (ahead of real time), by member id − 1.
+    pub member_clock_offsets_ms: Vec<u64>,
+    /// After the last heal, admissions must resume within this.
+    pub liveness_bound_ms: u64,
+}
+
+impl Scenario {
+    /// The wall-clock offset of member `id`.
+    pub fn clock_offset_ms(&self, id: u64) -> u64 {
+        usize::try_from(id.saturating_sub(1))
+            .ok()
+            .and_then(|i| self.member_clock_offsets_ms.get(i).copied())
+            .unwrap_or(0)
+    }
+}
+
+fn secs(s: u64) -> Duration {
+    Duration::from_secs(s)
+}
+
+/// Every scenario the suite knows.
+pub fn all() -> Vec<Scenario> {
+    let base = |name, faults| Scenario {
+        name,
+        shape: FleetShape::default(),
+        faults,
+        member_clock_offsets_ms: Vec::new(),
+        liveness_bound_ms: 5_000,
+    };
+    vec![
+        base("healthy", vec![]),
+        base(
+            "leader_isolation",
+            vec![(secs(3), Fault::Isolate(0)), (secs(6), Fault::HealAll)],
+        ),
+        base(
+            "follower_isolation",
+            vec![(secs(3), Fault::Isolate(3)), (secs(6), Fault::HealAll)],
+        ),
+        base(
+            "leader_power_loss",
+            vec![(secs(3), Fault::PowerLoss(0)), (secs(5), Fault::RestartAll)],
+        ),
+        base(
+            "full_power_loss",
+            vec![(secs(3), Fault::PowerLossAll), (secs(5), Fault::RestartAll)],
+        ),
+        base(
+            "leader_pause",
+            vec![(
+                secs(3),
+                Fault::Pause {
+                    member: 0,
+                    for_ms: 2_000,
+                },
+            )],
+        ),
+        Scenario {
+            member_clock_offsets_ms: vec![0, 250, 700],
+            ..base(
+                "clock_skew",
+                vec![(secs(4), Fault::Isolate(0)), (secs(6), Fault::HealAll)],
+            )
+        },
+        // Demand below L: clients hold credits across every boundary.
+        Scenario {
+            shape: FleetShape {
+                limit: 1_000,
+                ..FleetShape::default()
+            },
+            ..base("light_load", vec![])
+        },
+        // Every member loses power and restarts inside one long window.
+        Scenario {
+            shape: FleetShape {
+                limit: 20_000,
+                window_ms: 10_000,
+                ..FleetShape::default()
+            },
+            ..base(
+                "power_loss_mid_window",
+                vec![(secs(2), Fault::PowerLossAll), (secs(3), Fault::RestartAll)],
+            )
+        },
+    ]
+}
+
+/// Looks a scenario up by name.
+pub fn by_name(name: &str) -> Option<Scenario> {
+    all().into_iter().find(|s| s.name == name)
+}
+
+/// The result of one scenario over a range of seeds.
+#[derive(Debug, Clone, Default)]
+pub struct ScenarioReport {
+    /// Scenario name.
+    pub name: String,
+    /// Seeds run.
+    pub seeds: u64,
+    /// Windows with at least one admission, summed over seeds.
+    pub windows_checked: u64,
+    /// Admissions, summed over seeds.
+    pub admissions: u64,
+    /// Largest Σ admitted / L over every window of every seed.
+    pub max_ratio: f64,
+    /// Mean utilisation of the healthy stretch before the first fault.
+    pub utilisation: f64,
+    /// Violations with the seed that produced them.
+    pub violations: Vec<(u64, Violation)>,
+    /// Simulation errors with their seed.
+    pub errors: Vec<(u64, String)>,
+}
+
+/// The command that replays one seed of one scenario.
+pub fn replay_command(scenario: &str, seed: u64) -> String {
+    format!("cargo run -p leasehold-chaos -- --scenario {scenario} --seeds 1 --from-seed {seed}")
+}
+
+/// Checks one recorded run.
+pub fn check(scenario: &Scenario, history: &History) -> Vec<Violation> {
+    check_all(history, scenario.liveness_bound_ms)
+}
+
+/// Runs `scenario` for seeds `from_seed .. from_seed + seeds`.
+pub fn run_seeds(
+    scenario: &Scenario,
+    seeds: u64,
+    from_seed: u64,
+    weakening: Weakening,
+) -> ScenarioReport {
+    let mut report = ScenarioReport {
+        name: scenario.name.to_string(),
+        seeds,
+        ..ScenarioReport::default()
+    };
+    let mut utilisation_sum = 0.0;
+    for seed in from_seed..from_seed + seeds {
+        let outcome = sim::run(scenario, seed, weakening);
+        let history = &outcome.history;
+        report.windows_checked += history.admitted_per_window().len() as u64;
+        report.admissions += history.admissions.iter().map(|a| a.cost).sum::<u64>();
+        report.max_ratio = report.max_ratio.max(max_ratio(history));
+        // Healthy stretch: from 1 s into the load (setup done) to the first fault.
+        let load_start = SIM_EPOCH_MS + 3_000;
+        let first_fault = scenario
+            .faults
+            .first()
+            .map_or(history.load_end_ms, |(at, _)| {
+                load_start + u64::try_from(at.as_millis()).unwrap_or(0)
+            });
+        utilisation_sum += utilisation(history, load_start + 1_000, first_fault);
+        for violation in check(scenario, history) {
+            report.violations.push((seed, violation));
+        }
+        if let Some(error) = outcome.sim_error {
+            report.errors.push((seed, error));
+        }
+    }
+    report.utilisation = if seeds == 0 {
+        0.0
+    } else {
+        utilisation_sum / seeds as f64
+    };
+    report
+}

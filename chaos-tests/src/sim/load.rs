@@ -1,0 +1,209 @@
+//! Simulated clients: a control host that forms the cluster, sets the
+//! policy and reads windows (linearizably) while the load runs; and client
+//! hosts, one leased [`Limiter`] each, recording every admission with its
+//! window label and every acknowledged grant.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use leasehold_client::coordinator::CoordinatorClient;
+use leasehold_client::transport::Dialer;
+use leasehold_client::{
+    AcquireRequest, CheckReply, CheckRequest, ClientError, CoordinatorSource, CreditSource, Grant,
+    LeaseOptions, LeaseSizing, Limiter, LimiterConfig, Mode, ReturnRequest,
+};
+use leasehold_core::ids::{ClientId, RegionId};
+use leasehold_proto::v1 as pb;
+use rand::{Rng, SeedableRng};
+use tonic::Code;
+
+use super::{sim_now_ms, sim_retry_options, FleetShape, SimDialer, KEY};
+use crate::history::{AckedGrant, Admission, Recorder, WindowObservation};
+
+/// A safety mechanism deliberately broken, to show the suite catches it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Weakening {
+    /// Nothing broken.
+    None,
+    /// Clients believe every grant lives one window longer than it does.
+    CreditsOutliveWindow,
+    /// Members' disks acknowledge flushes before the data is durable.
+    AcknowledgeBeforeDurable,
+}
+
+/// Client host name.
+pub fn client_host(index: usize) -> String {
+    format!("c{index}")
+}
+
+/// Records acknowledged grants (and applies a client-side weakening).
+struct RecordingSource {
+    inner: CoordinatorSource,
+    recorder: Recorder,
+    weakening: Weakening,
+    window_ms: u64,
+}
+
+impl CreditSource for RecordingSource {
+    fn acquire(&self, request: AcquireRequest) -> BoxFuture<'_, Result<Grant, ClientError>> {
+        Box::pin(async move {
+            let mut grant = self.inner.acquire(request).await?;
+            if grant.granted > 0 {
+                self.recorder.acked(AckedGrant {
+                    granted: grant.granted,
+                    window_start_ms: grant.window_start_ms,
+                    at_ms: sim_now_ms(),
+                });
+            }
+            if self.weakening == Weakening::CreditsOutliveWindow {
+                grant.remaining_lifetime_ms += self.window_ms;
+            }
+            Ok(grant)
+        })
+    }
+
+    fn check(&self, request: CheckRequest) -> BoxFuture<'_, Result<CheckReply, ClientError>> {
+        self.inner.check(request)
+    }
+
+    fn give_back(&self, request: ReturnRequest) -> BoxFuture<'_, Result<u64, ClientError>> {
+        self.inner.give_back(request)
+    }
+}
+
+/// Adds the control host and the client hosts to `sim`.
+#[allow(clippy::too_many_arguments)]
+pub fn spawn_clients(
+    sim: &mut turmoil::Sim<'_>,
+    shape: &FleetShape,
+    members: &[String],
+    seed: u64,
+    recorder: &Recorder,
+    leader: &Arc<AtomicU64>,
+    setup_time: Duration,
+    weakening: Weakening,
+) {
+    let ready = Arc::new(AtomicBool::new(false));
+    let load_end_ms =
+        super::SIM_EPOCH_MS + u64::try_from((setup_time + shape.load).as_millis()).unwrap_or(0);
+    let dialer: Arc<dyn Dialer> = Arc::new(SimDialer);
+
+    {
+        let (members, dialer, recorder, leader, ready, shape) = (
+            members.to_vec(),
+            dialer.clone(),
+            recorder.clone(),
+            leader.clone(),
+            ready.clone(),
+            shape.clone(),
+        );
+        sim.client("ctl", async move {
+            let client =
+                CoordinatorClient::with_seed(members.clone(), dialer, sim_retry_options(), seed)?;
+            let admin = client.admin();
+            let ids: Vec<(u64, String)> = members
+                .iter()
+                .enumerate()
+                .map(|(i, a)| (i as u64 + 1, a.clone()))
+                .collect();
+            loop {
+                match admin.init(&ids).await {
+                    Ok(()) => break,
+                    Err(e) if e.code() == Code::AlreadyExists => break,
+                    Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+                }
+            }
+            let policy = pb::Policy {
+                prefix: "chaos/".into(),
+                limit: shape.limit,
+                window_ms: shape.window_ms,
+                kind: pb::PolicyKind::Counter as i32,
+                outage: pb::OutageMode::FailClosed as i32,
+                fallback_tokens_per_region: 0,
+            };
+            while admin.set_policy(policy.clone()).await.is_err() {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            ready.store(true, Ordering::SeqCst);
+            while sim_now_ms() < load_end_ms + 1_000 {
+                if let Ok(status) = admin.status().await {
+                    if let Some(id) = status.current_leader {
+                        leader.store(id, Ordering::SeqCst);
+                    }
+                }
+                let read_at_ms = sim_now_ms();
+                if let Ok(window) = client.get_window(KEY).await {
+                    recorder.observe(WindowObservation {
+                        window_start_ms: window.window_start_ms,
+                        read_at_ms,
+                        granted: window.granted,
+                    });
+                }
+                tokio::time::sleep(Duration::from_millis(150)).await;
+            }
+            recorder.load_ended(load_end_ms);
+            Ok(())
+        });
+    }
+
+    for index in 0..shape.clients {
+        let (members, dialer, recorder, ready, window_ms) = (
+            members.to_vec(),
+            dialer.clone(),
+            recorder.clone(),
+            ready.clone(),
+            shape.window_ms,
+        );
+        let client_seed = seed.wrapping_mul(31).wrapping_add(index as u64);
+        sim.client(client_host(index), async move {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(client_seed);
+            while !ready.load(Ordering::SeqCst) {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            let client =
+                CoordinatorClient::with_seed(members, dialer, sim_retry_options(), client_seed)?;
+            let region = RegionId::new(format!("region-{index}"))?;
+            let source = RecordingSource {
+                inner: CoordinatorSource::new(client, region),
+                recorder: recorder.clone(),
+                weakening,
+                window_ms,
+            };
+            let batch = rng.gen_range(4..=24);
+            let mode = Mode::Leased(LeaseOptions {
+                sizing: LeaseSizing::Fixed(batch),
+                ..LeaseOptions::default()
+            });
+            let mut config = LimiterConfig::new(
+                mode,
+                ClientId::new(format!("{}-{client_seed}", client_host(index)))?,
+            );
+            config.call_timeout = Duration::from_secs(3);
+            let limiter = Limiter::new(source, config)?;
+            while sim_now_ms() < load_end_ms {
+                match limiter.check_labelled(KEY, 1).await {
+                    Ok(admission) => {
+                        if let (true, Some(window_start_ms)) =
+                            (admission.decision.allowed, admission.window_start_ms)
+                        {
+                            recorder.admit(Admission {
+                                client: index,
+                                cost: 1,
+                                window_start_ms,
+                                at_ms: sim_now_ms(),
+                            });
+                            tokio::time::sleep(Duration::from_millis(rng.gen_range(2..8))).await;
+                        } else {
+                            let wait = admission.decision.retry_after_ms.clamp(5, 50);
+                            tokio::time::sleep(Duration::from_millis(wait)).await;
+                        }
+                    }
+                    Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+                }
+            }
+            Ok(())
+        });
+    }
+}

@@ -1,0 +1,297 @@
+//! The simulated fleet: coordinator members running the real node code on
+//! turmoil hosts with power-loss disks, and client hosts running the real
+//! client crate's leased [`Limiter`] against them, all recording into one
+//! [`Recorder`]. Faults are injected by the driver loop between steps.
+//!
+//! Reproducibility: turmoil's network and scheduling are seeded. openraft
+//! draws election timeouts from the OS-seeded thread RNG, so Raft timing
+//! (who wins an election, when) can differ between replays of one seed;
+//! every invariant is checked on every run whatever the timing.
+
+mod clock;
+mod load;
+mod net;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use leasehold_client::coordinator::RetryOptions;
+use leasehold_client::transport::Dialer;
+use leasehold_node::{run_coordinator, NodeConfig};
+use leasehold_raft_store::{open_with_engine, PowerLossDisk, PowerLossOptions};
+
+pub use clock::{sim_now_ms, SkewedClock, SIM_EPOCH_MS};
+pub use load::Weakening;
+pub use net::{incoming, SimDialer};
+
+use crate::history::{History, Recorder};
+use crate::scenario::{Fault, Scenario};
+
+/// The key every client spends from.
+pub const KEY: &str = "chaos/budget";
+/// Port of every coordinator member.
+pub const PORT: u16 = 7100;
+
+/// Shape of one simulated run.
+#[derive(Debug, Clone)]
+pub struct FleetShape {
+    /// Coordinator members (3 or 5).
+    pub members: u64,
+    /// Client hosts (regions), each with one leased limiter.
+    pub clients: usize,
+    /// L.
+    pub limit: u64,
+    /// Window length.
+    pub window_ms: u64,
+    /// How long clients generate load, simulated.
+    pub load: Duration,
+}
+
+impl Default for FleetShape {
+    fn default() -> Self {
+        FleetShape {
+            members: 3,
+            clients: 4,
+            limit: 120,
+            window_ms: 1_000,
+            load: Duration::from_secs(12),
+        }
+    }
+}
+
+/// Member host name.
+pub fn member_host(id: u64) -> String {
+    format!("n{id}")
+}
+
+fn member_addr(id: u64) -> String {
+    format!("{}:{PORT}", member_host(id))
+}
+
+fn member_config(id: u64) -> NodeConfig {
+    NodeConfig {
+        id,
+        listen: format!("0.0.0.0:{PORT}"),
+        data_dir: std::path::PathBuf::from(format!("/sim/{id}")),
+        heartbeat_ms: 50,
+        // Distinct ranges per member make elections converge quickly.
+        election_timeout_min_ms: 300 + 60 * id,
+        election_timeout_max_ms: 600 + 60 * id,
+        proposal_timeout_ms: 1_500,
+        read_timeout_ms: 1_500,
+        admin_timeout_ms: 5_000,
+        snapshot_every_entries: 200,
+        logs_kept_after_snapshot: 20,
+        tick_interval_ms: 500,
+        ..NodeConfig::default()
+    }
+}
+
+/// Retries for simulated clients: ride out elections, never hang.
+pub fn sim_retry_options() -> RetryOptions {
+    RetryOptions {
+        call_timeout: Duration::from_millis(1_000),
+        total_timeout: Duration::from_secs(3),
+        max_attempts: 30,
+        backoff_base: Duration::from_millis(20),
+        backoff_max: Duration::from_millis(200),
+    }
+}
+
+/// What one run produced.
+#[derive(Debug, Clone)]
+pub struct RunOutcome {
+    /// The recorded history.
+    pub history: History,
+    /// The simulation's own error, if it failed (a host panicked, …).
+    pub sim_error: Option<String>,
+}
+
+/// Runs `scenario` once with `seed`.
+pub fn run(scenario: &Scenario, seed: u64, weakening: Weakening) -> RunOutcome {
+    let shape = scenario.shape.clone();
+    let recorder = Recorder::new(shape.limit, shape.window_ms);
+    let disks: Arc<Mutex<HashMap<u64, PowerLossDisk>>> = Arc::default();
+    let leader = Arc::new(AtomicU64::new(0));
+    let options = PowerLossOptions {
+        acknowledge_before_durable: weakening == Weakening::AcknowledgeBeforeDurable,
+    };
+
+    let setup_time = Duration::from_secs(3);
+    let total = setup_time + shape.load + Duration::from_secs(3);
+    let mut sim = turmoil::Builder::new()
+        .rng_seed(seed)
+        .simulation_duration(total + Duration::from_secs(30))
+        .min_message_latency(Duration::from_millis(1))
+        .max_message_latency(Duration::from_millis(15))
+        .tcp_capacity(4096)
+        .build();
+
+    for id in 1..=shape.members {
+        let disk = disks
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(id)
+            .or_insert_with(|| PowerLossDisk::with_options(options))
+            .clone();
+        let offset_ms = scenario.clock_offset_ms(id);
+        sim.host(member_host(id), move || {
+            let disk = disk.clone();
+            async move {
+                let stores = open_with_engine(disk.open_engine())?;
+                let listener = incoming(PORT).await?;
+                let dialer: Arc<dyn Dialer> = Arc::new(SimDialer);
+                run_coordinator(
+                    member_config(id),
+                    stores,
+                    listener,
+                    dialer,
+                    Arc::new(SkewedClock { offset_ms }),
+                    std::future::pending::<()>(),
+                )
+                .await?;
+                Ok(())
+            }
+        });
+    }
+
+    let members: Vec<String> = (1..=shape.members).map(member_addr).collect();
+    load::spawn_clients(
+        &mut sim, &shape, &members, seed, &recorder, &leader, setup_time, weakening,
+    );
+
+    let sim_error = drive(&mut sim, scenario, &recorder, &disks, &leader, setup_time).err();
+    RunOutcome {
+        history: recorder.snapshot(),
+        sim_error,
+    }
+}
+
+/// Steps the simulation, injecting the scenario's faults at their times.
+fn drive(
+    sim: &mut turmoil::Sim<'_>,
+    scenario: &Scenario,
+    recorder: &Recorder,
+    disks: &Arc<Mutex<HashMap<u64, PowerLossDisk>>>,
+    leader: &AtomicU64,
+    setup_time: Duration,
+) -> Result<(), String> {
+    let mut pending: Vec<(Duration, Fault)> = scenario
+        .faults
+        .iter()
+        .map(|(at, f)| (setup_time + *at, f.clone()))
+        .collect();
+    pending.sort_by_key(|(at, _)| *at);
+    let mut next = 0;
+    let mut isolated: Option<u64> = None;
+    loop {
+        let elapsed = sim.elapsed();
+        while next < pending.len() && elapsed >= pending[next].0 {
+            let fault = pending[next].1.clone();
+            next += 1;
+            let now_ms = SIM_EPOCH_MS + u64::try_from(elapsed.as_millis()).unwrap_or(0);
+            let target = |pick: u64| {
+                if pick == 0 {
+                    leader.load(Ordering::SeqCst).max(1)
+                } else {
+                    pick
+                }
+            };
+            match fault {
+                Fault::Isolate(pick) => {
+                    let id = target(pick);
+                    isolated = Some(id);
+                    let others: Vec<String> = (1..=scenario.shape.members)
+                        .filter(|m| *m != id)
+                        .map(member_host)
+                        .collect();
+                    for other in &others {
+                        sim.partition(member_host(id), other.as_str());
+                    }
+                    for c in 0..scenario.shape.clients {
+                        sim.partition(member_host(id), load::client_host(c));
+                    }
+                    recorder.fault(format!("{now_ms}: isolate n{id}"));
+                }
+                Fault::HealAll => {
+                    if let Some(id) = isolated.take() {
+                        for other in (1..=scenario.shape.members)
+                            .filter(|m| *m != id)
+                            .map(member_host)
+                        {
+                            sim.repair(member_host(id), other.as_str());
+                        }
+                        for c in 0..scenario.shape.clients {
+                            sim.repair(member_host(id), load::client_host(c));
+                        }
+                    }
+                    recorder.fault(format!("{now_ms}: heal"));
+                    recorder.healed(now_ms);
+                }
+                Fault::PowerLoss(pick) => {
+                    let id = target(pick);
+                    sim.crash(member_host(id));
+                    if let Some(disk) = disks
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .get(&id)
+                    {
+                        disk.crash();
+                    }
+                    recorder.fault(format!("{now_ms}: power loss on n{id}"));
+                }
+                Fault::PowerLossAll => {
+                    for id in 1..=scenario.shape.members {
+                        sim.crash(member_host(id));
+                        if let Some(disk) = disks
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .get(&id)
+                        {
+                            disk.crash();
+                        }
+                    }
+                    recorder.fault(format!("{now_ms}: power loss on every member"));
+                }
+                Fault::RestartAll => {
+                    for id in 1..=scenario.shape.members {
+                        if !sim.is_host_running(member_host(id)) {
+                            sim.bounce(member_host(id));
+                        }
+                    }
+                    recorder.fault(format!("{now_ms}: restart stopped members"));
+                    recorder.healed(now_ms);
+                }
+                Fault::Pause { member, for_ms } => {
+                    let id = target(member);
+                    for other in (1..=scenario.shape.members)
+                        .filter(|m| *m != id)
+                        .map(member_host)
+                    {
+                        sim.hold(member_host(id), other.as_str());
+                    }
+                    recorder.fault(format!("{now_ms}: pause n{id} for {for_ms} ms"));
+                    pending.push((elapsed + Duration::from_millis(for_ms), Fault::Resume(id)));
+                    pending[next..].sort_by_key(|(at, _)| *at);
+                }
+                Fault::Resume(id) => {
+                    for other in (1..=scenario.shape.members)
+                        .filter(|m| *m != id)
+                        .map(member_host)
+                    {
+                        sim.release(member_host(id), other.as_str());
+                    }
+                    recorder.fault(format!("{now_ms}: resume n{id}"));
+                    recorder.healed(now_ms);
+                }
+            }
+        }
+        match sim.step() {
+            Ok(true) => return Ok(()),
+            Ok(false) => {}
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+}
