@@ -9,12 +9,14 @@
 //! - [`coordinator`]: the L3 state machine: commands, responses, `apply`.
 //! - [`fair_pool`]: the region fair pool arithmetic (weighted max-min across regions).
 //! - [`decision`]: the `Decision` type and its combine algebra.
+//! - [`escrow`]: the rules of one region's escrow for one key (L2, sans IO).
 //! - [`wfe`]: in-region weighted-fair escrow over a region's pool grant.
 //! - [`sizer`]: the online EOQ lease-size learner.
 #![deny(missing_docs)]
 
 pub mod coordinator;
 pub mod decision;
+pub mod escrow;
 pub mod fair_pool;
 pub mod ids;
 pub mod policy;
