@@ -37,6 +37,9 @@ pub enum NodeError {
     /// Raft could not start.
     #[error("raft failed to start: {0}")]
     Raft(String),
+    /// An escrow node's configuration was refused.
+    #[error("invalid configuration: {0}")]
+    Invalid(String),
     /// The gRPC server failed.
     #[error("gRPC server failed: {0}")]
     Serve(#[from] tonic::transport::Error),

@@ -32,6 +32,7 @@ pub mod cli;
 pub mod config;
 pub mod coordinator;
 pub mod error;
+pub mod escrow;
 
 pub use config::NodeConfig;
 pub use coordinator::{run_coordinator, serve};

@@ -6,6 +6,7 @@
 //! - [`cluster`]: `cluster init | status | add-learner | change-membership`.
 //! - [`policy`]: `policy set | list | delete`.
 //! - [`calls`]: `lease`, `reconcile`, `pool-grant`, `window`.
+//! - [`escrow`](mod@escrow): run a regional escrow node.
 //! - [`bench`](mod@bench): concurrent lease load with latency percentiles.
 //! - [`output`]: `--output text|json` rendering.
 //!
@@ -16,6 +17,7 @@ pub mod bench;
 pub mod calls;
 pub mod cluster;
 pub mod dev;
+pub mod escrow;
 pub mod output;
 pub mod policy;
 pub mod serve;
@@ -40,7 +42,7 @@ pub struct Cli {
     pub command: Command,
 }
 
-/// The subcommands. (Escrow-node commands are added next to these.)
+/// The subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run a coordinator cluster member.
@@ -61,6 +63,8 @@ pub enum Command {
     Window(calls::WindowArgs),
     /// Measure lease throughput and latency under concurrency.
     Bench(bench::BenchArgs),
+    /// Run a regional escrow node (L2) serving one region's clients.
+    Escrow(escrow::EscrowArgs),
 }
 
 /// Why a command failed.
@@ -132,6 +136,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::PoolGrant(args) => calls::pool_grant(args).await,
         Command::Window(args) => calls::window(args).await,
         Command::Bench(args) => bench::run(args).await,
+        Command::Escrow(args) => escrow::run(args).await,
     }
 }
 

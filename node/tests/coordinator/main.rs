@@ -7,8 +7,11 @@
 //!   through install-snapshot.
 //! - `bad_input`: every error code, with no state change.
 //! - `cli`: `leasehold dev` and the binary's client commands.
+//! - `escrow`: regional escrow nodes: Σ admitted ≤ L across regions, outage
+//!   policies, bounded key table, idle eviction.
 
 mod bad_input;
 mod cli;
+mod escrow;
 mod harness;
 mod safety;

@@ -1,0 +1,302 @@
+//! Regional escrow nodes against a real 3-member cluster on loopback.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{ensure, Result};
+use leasehold_client::transport::{SystemClock, TcpDialer};
+use leasehold_client::{
+    EscrowSource, EscrowSourceOptions, LeaseOptions, LeaseSizing, Limiter, LimiterConfig, Mode,
+};
+use leasehold_core::ids::{ClientId, RegionId};
+use leasehold_node::escrow::{run_escrow, EscrowConfig};
+use leasehold_proto::v1 as pb;
+use leasehold_proto::v1::escrow_client::EscrowClient;
+use tokio::sync::oneshot;
+use tonic::Code;
+
+use crate::harness::{counter_policy, Cluster, LONG_WINDOW_MS};
+
+struct EscrowNode {
+    addr: String,
+    stop: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl EscrowNode {
+    async fn start(
+        cluster: &Cluster,
+        region: &str,
+        tweak: impl Fn(&mut EscrowConfig),
+    ) -> Result<Self> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?.to_string();
+        let coordinators = cluster.member_list().into_iter().map(|(_, a)| a).collect();
+        let mut config = EscrowConfig::new(RegionId::new(region)?, addr.clone(), coordinators);
+        tweak(&mut config);
+        let (stop, stopped) = oneshot::channel::<()>();
+        let incoming = tonic::transport::server::TcpIncoming::from(listener);
+        let task = tokio::spawn(async move {
+            let _ = run_escrow(
+                config,
+                incoming,
+                Arc::new(TcpDialer::default()),
+                Arc::new(SystemClock),
+                async {
+                    let _ = stopped.await;
+                },
+            )
+            .await;
+        });
+        Ok(EscrowNode {
+            addr,
+            stop: Some(stop),
+            task,
+        })
+    }
+
+    async fn rpc(&self) -> Result<EscrowClient<tonic::transport::Channel>> {
+        Ok(EscrowClient::connect(format!("http://{}", self.addr)).await?)
+    }
+
+    async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let _ = self.task.await;
+    }
+}
+
+fn acquire(key: &str, tokens: u64) -> pb::AcquireRequest {
+    pb::AcquireRequest {
+        key: key.into(),
+        tenant: String::new(),
+        weight: 1,
+        tokens,
+        request_id: None,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_escrow_nodes_never_admit_more_than_the_limit() -> Result<()> {
+    const LIMIT: u64 = 300;
+    let cluster = Cluster::start_initialised(3, |_| {}).await?;
+    cluster
+        .client()?
+        .admin()
+        .set_policy(counter_policy("esc/", LIMIT, LONG_WINDOW_MS))
+        .await?;
+    let eu = EscrowNode::start(&cluster, "eu", |c| c.batch = 16).await?;
+    let us = EscrowNode::start(&cluster, "us", |c| c.batch = 16).await?;
+
+    let mut tasks = Vec::new();
+    for i in 0..8 {
+        let addr = if i % 2 == 0 {
+            eu.addr.clone()
+        } else {
+            us.addr.clone()
+        };
+        tasks.push(tokio::spawn(async move {
+            let source = EscrowSource::new(
+                &addr,
+                Arc::new(TcpDialer::default()),
+                EscrowSourceOptions::default(),
+            )?;
+            let mode = Mode::Leased(LeaseOptions {
+                sizing: LeaseSizing::Fixed(4),
+                ..LeaseOptions::default()
+            });
+            let limiter = Limiter::new(
+                source,
+                LimiterConfig::new(mode, ClientId::new(format!("l1-{i}"))?),
+            )?;
+            let mut admitted = 0u64;
+            for _ in 0..100 {
+                if limiter.check("esc/k", 1).await?.allowed {
+                    admitted += 1;
+                }
+            }
+            anyhow::Ok(admitted)
+        }));
+    }
+    let mut total = 0;
+    for task in tasks {
+        total += task.await??;
+    }
+    ensure!(total <= LIMIT, "admitted {total} > limit {LIMIT}");
+    ensure!(
+        total >= LIMIT / 2,
+        "admitted only {total} of {LIMIT} under 800 requests"
+    );
+    let window = cluster.client()?.get_window("esc/k").await?;
+    ensure!(window.granted <= LIMIT);
+    eu.stop().await;
+    us.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fail_closed_serves_what_it_holds_then_denies_and_probes_on_a_cadence() -> Result<()> {
+    let mut cluster = Cluster::start_initialised(3, |_| {}).await?;
+    cluster
+        .client()?
+        .admin()
+        .set_policy(counter_policy("fc/", 10_000, LONG_WINDOW_MS))
+        .await?;
+    let node = EscrowNode::start(&cluster, "eu", |c| {
+        c.batch = 50;
+        c.probe_interval_ms = 600_000;
+    })
+    .await?;
+    let mut rpc = node.rpc().await?;
+    let first = rpc.acquire(acquire("fc/k", 10)).await?.into_inner();
+    ensure!(first.granted == 10 && first.remaining_lifetime_ms > 0);
+
+    for id in 1..=3 {
+        cluster.stop(id).await?;
+    }
+    let mut served = 0;
+    for _ in 0..4 {
+        served += rpc.acquire(acquire("fc/k", 10)).await?.into_inner().granted;
+    }
+    ensure!(
+        served == 40,
+        "the 40 held credits are served during the outage, got {served}"
+    );
+    let calls_before = rpc
+        .status(pb::EscrowStatusRequest {})
+        .await?
+        .into_inner()
+        .coordinator_calls;
+    let mut denials = 0;
+    for _ in 0..20 {
+        let r = rpc.acquire(acquire("fc/k", 10)).await?.into_inner();
+        ensure!(
+            r.granted == 0 && r.retry_after_ms > 0,
+            "denied with a retry hint: {r:?}"
+        );
+        denials += 1;
+    }
+    let status = rpc.status(pb::EscrowStatusRequest {}).await?.into_inner();
+    ensure!(denials == 20);
+    ensure!(!status.coordinator_reachable);
+    ensure!(
+        status.coordinator_calls <= calls_before + 1,
+        "probing on a cadence, not per request: {} calls after {}",
+        status.coordinator_calls,
+        calls_before
+    );
+    ensure!(status.outage_denials >= 19);
+    node.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fallback_admits_at_most_its_share_per_window() -> Result<()> {
+    let mut cluster = Cluster::start_initialised(3, |_| {}).await?;
+    let mut policy = counter_policy("fb/", 1_000, LONG_WINDOW_MS);
+    policy.outage = pb::OutageMode::Fallback as i32;
+    policy.fallback_tokens_per_region = 7;
+    cluster.client()?.admin().set_policy(policy).await?;
+    let node = EscrowNode::start(&cluster, "eu", |c| {
+        c.batch = 1;
+        c.probe_interval_ms = 600_000;
+    })
+    .await?;
+    let mut rpc = node.rpc().await?;
+    ensure!(rpc.acquire(acquire("fb/k", 1)).await?.into_inner().granted == 1);
+    for id in 1..=3 {
+        cluster.stop(id).await?;
+    }
+    let mut admitted = 0;
+    for _ in 0..20 {
+        admitted += rpc.acquire(acquire("fb/k", 1)).await?.into_inner().granted;
+    }
+    ensure!(
+        admitted == 7,
+        "fallback share is 7 per window, admitted {admitted}"
+    );
+    let status = rpc.status(pb::EscrowStatusRequest {}).await?.into_inner();
+    ensure!(status.fallback_admissions == 7);
+    node.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_keys_is_bounded_and_bad_input_is_refused() -> Result<()> {
+    let cluster = Cluster::start_initialised(3, |_| {}).await?;
+    cluster
+        .client()?
+        .admin()
+        .set_policy(counter_policy("fl/", 1_000, LONG_WINDOW_MS))
+        .await?;
+    let node = EscrowNode::start(&cluster, "eu", |c| c.max_keys = 4).await?;
+    let mut rpc = node.rpc().await?;
+    for i in 0..4 {
+        ensure!(
+            rpc.acquire(acquire(&format!("fl/{i}"), 1))
+                .await?
+                .into_inner()
+                .granted
+                == 1
+        );
+    }
+    let refused = rpc
+        .acquire(acquire("fl/overflow", 1))
+        .await
+        .expect_err("table is full");
+    ensure!(refused.code() == Code::ResourceExhausted, "{refused:?}");
+    ensure!(
+        rpc.status(pb::EscrowStatusRequest {})
+            .await?
+            .into_inner()
+            .active_keys
+            == 4
+    );
+
+    let empty = rpc.acquire(acquire("", 1)).await.expect_err("empty key");
+    ensure!(empty.code() == Code::InvalidArgument);
+    let zero = rpc
+        .acquire(acquire("fl/0", 0))
+        .await
+        .expect_err("zero tokens");
+    ensure!(zero.code() == Code::InvalidArgument);
+    let unknown = rpc.acquire(acquire("nopolicy/k", 1)).await;
+    ensure!(
+        matches!(unknown, Err(ref s) if s.code() == Code::NotFound || s.code() == Code::ResourceExhausted)
+    );
+    node.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_keys_are_evicted_and_their_slots_reused() -> Result<()> {
+    let cluster = Cluster::start_initialised(3, |_| {}).await?;
+    cluster
+        .client()?
+        .admin()
+        .set_policy(counter_policy("id/", 1_000, LONG_WINDOW_MS))
+        .await?;
+    let node = EscrowNode::start(&cluster, "eu", |c| {
+        c.max_keys = 1;
+        c.idle_evict_ms = 200;
+    })
+    .await?;
+    let mut rpc = node.rpc().await?;
+    ensure!(rpc.acquire(acquire("id/a", 1)).await?.into_inner().granted == 1);
+    let mut status = rpc.status(pb::EscrowStatusRequest {}).await?.into_inner();
+    for _ in 0..50 {
+        if status.evicted_keys >= 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        status = rpc.status(pb::EscrowStatusRequest {}).await?.into_inner();
+    }
+    ensure!(
+        status.evicted_keys == 1 && status.active_keys == 0,
+        "{status:?}"
+    );
+    ensure!(rpc.acquire(acquire("id/b", 1)).await?.into_inner().granted == 1);
+    node.stop().await;
+    Ok(())
+}
