@@ -41,6 +41,56 @@ pub struct DevArgs {
     /// data_dir are replaced), e.g. to try other timings or batch sizes.
     #[arg(long)]
     pub config: Option<PathBuf>,
+    /// Port of the first regional escrow node (region `eu`; `us` gets the
+    /// next port). 0 starts no escrow nodes.
+    #[arg(long, default_value_t = 7201)]
+    pub escrow_base_port: u16,
+}
+
+/// Regions of the escrow nodes `dev` starts.
+pub const DEV_REGIONS: [&str; 2] = ["eu", "us"];
+
+/// Starts the dev escrow nodes; returns their addresses, a stop switch and
+/// their tasks.
+fn start_escrow_nodes(
+    args: &DevArgs,
+    members: &[(u64, String)],
+) -> Result<
+    (
+        Vec<(String, String)>,
+        tokio::sync::watch::Sender<bool>,
+        Vec<tokio::task::JoinHandle<()>>,
+    ),
+    CliError,
+> {
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let mut nodes = Vec::new();
+    let mut tasks = Vec::new();
+    if args.escrow_base_port == 0 {
+        return Ok((nodes, stop, tasks));
+    }
+    let coordinators: Vec<String> = members.iter().map(|(_, addr)| addr.clone()).collect();
+    for (i, region) in DEV_REGIONS.iter().enumerate() {
+        let port = args
+            .escrow_base_port
+            .saturating_add(u16::try_from(i).unwrap_or(0));
+        let listen = format!("127.0.0.1:{port}");
+        let region_id = leasehold_core::ids::RegionId::new(*region)
+            .map_err(|e| CliError::Usage(e.to_string()))?;
+        let config =
+            crate::escrow::EscrowConfig::new(region_id, listen.clone(), coordinators.clone());
+        let mut stopped = stopped.clone();
+        tasks.push(tokio::spawn(async move {
+            let shutdown = async move {
+                let _ = stopped.wait_for(|s| *s).await;
+            };
+            if let Err(e) = crate::escrow::serve_escrow(config, shutdown).await {
+                tracing::error!(error = %e, "escrow node failed");
+            }
+        }));
+        nodes.push((region.to_string(), listen));
+    }
+    Ok((nodes, stop, tasks))
 }
 
 /// A running in-process cluster.
@@ -176,14 +226,29 @@ pub async fn run(args: DevArgs) -> Result<(), CliError> {
             return Err(e);
         }
     };
-    print_banner(&args, &cluster.members, status.current_leader);
+    let (escrow_nodes, stop_escrow, escrow_tasks) = start_escrow_nodes(&args, &cluster.members)?;
+    print_banner(
+        &args,
+        &cluster.members,
+        status.current_leader,
+        &escrow_nodes,
+    );
     let result = cluster.run_until(shutdown_signal()).await;
     println!("stopping…");
+    let _ = stop_escrow.send(true);
+    for task in escrow_tasks {
+        let _ = task.await;
+    }
     cluster.stop().await;
     result
 }
 
-fn print_banner(args: &DevArgs, members: &[(u64, String)], leader: Option<u64>) {
+fn print_banner(
+    args: &DevArgs,
+    members: &[(u64, String)],
+    leader: Option<u64>,
+    escrow_nodes: &[(String, String)],
+) {
     let first = &members[0].1;
     let all = members
         .iter()
@@ -203,6 +268,9 @@ fn print_banner(args: &DevArgs, members: &[(u64, String)], leader: Option<u64>) 
         };
         println!("  member {id}  {addr}{role}");
     }
+    for (region, addr) in escrow_nodes {
+        println!("  escrow node (region {region})  {addr}");
+    }
     println!(
         "Demo policy: prefix {DEMO_PREFIX:?}, {DEMO_LIMIT} tokens per {DEMO_WINDOW_MS} ms window."
     );
@@ -213,6 +281,11 @@ fn print_banner(args: &DevArgs, members: &[(u64, String)], leader: Option<u64>) 
     println!("  leasehold cluster status --endpoint {first}");
     println!("  leasehold policy list --endpoint {first}");
     println!("  leasehold bench --endpoint {all} --concurrency 16 --duration-secs 10");
+    if let Some((_, addr)) = escrow_nodes.first() {
+        println!(
+            "  cargo run -p leasehold-client --example quickstart -- {addr} demo/api 50 leased"
+        );
+    }
     println!();
     println!("Press Ctrl-C to stop.");
 }

@@ -28,6 +28,7 @@ async fn dev_cluster_initialises_once_and_is_reused() -> Result<()> {
         base_port: free_base_port()?,
         nodes: 3,
         config: None,
+        escrow_base_port: 0,
     };
 
     let first = DevCluster::start(&args)?;
