@@ -50,24 +50,24 @@ pub struct DevArgs {
 /// Regions of the escrow nodes `dev` starts.
 pub const DEV_REGIONS: [&str; 2] = ["eu", "us"];
 
-/// Starts the dev escrow nodes; returns their addresses, a stop switch and
-/// their tasks.
+/// The escrow nodes `dev` runs next to the cluster.
+struct DevEscrowNodes {
+    /// (region, address) of each node.
+    nodes: Vec<(String, String)>,
+    stop: tokio::sync::watch::Sender<bool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+/// Starts the dev escrow nodes.
 fn start_escrow_nodes(
     args: &DevArgs,
     members: &[(u64, String)],
-) -> Result<
-    (
-        Vec<(String, String)>,
-        tokio::sync::watch::Sender<bool>,
-        Vec<tokio::task::JoinHandle<()>>,
-    ),
-    CliError,
-> {
+) -> Result<DevEscrowNodes, CliError> {
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let mut nodes = Vec::new();
     let mut tasks = Vec::new();
     if args.escrow_base_port == 0 {
-        return Ok((nodes, stop, tasks));
+        return Ok(DevEscrowNodes { nodes, stop, tasks });
     }
     let coordinators: Vec<String> = members.iter().map(|(_, addr)| addr.clone()).collect();
     for (i, region) in DEV_REGIONS.iter().enumerate() {
@@ -90,7 +90,7 @@ fn start_escrow_nodes(
         }));
         nodes.push((region.to_string(), listen));
     }
-    Ok((nodes, stop, tasks))
+    Ok(DevEscrowNodes { nodes, stop, tasks })
 }
 
 /// A running in-process cluster.
@@ -226,7 +226,7 @@ pub async fn run(args: DevArgs) -> Result<(), CliError> {
             return Err(e);
         }
     };
-    let (escrow_nodes, stop_escrow, escrow_tasks) = start_escrow_nodes(&args, &cluster.members)?;
+    let escrow = start_escrow_nodes(&args, &cluster.members)?;
     print_banner(
         &args,
         &cluster.members,
@@ -235,8 +235,8 @@ pub async fn run(args: DevArgs) -> Result<(), CliError> {
     );
     let result = cluster.run_until(shutdown_signal()).await;
     println!("stopping…");
-    let _ = stop_escrow.send(true);
-    for task in escrow_tasks {
+    let _ = escrow.stop.send(true);
+    for task in escrow.tasks {
         let _ = task.await;
     }
     cluster.stop().await;
