@@ -231,7 +231,7 @@ pub async fn run(args: DevArgs) -> Result<(), CliError> {
         &args,
         &cluster.members,
         status.current_leader,
-        &escrow_nodes,
+        &escrow.nodes,
     );
     let result = cluster.run_until(shutdown_signal()).await;
     println!("stopping…");
