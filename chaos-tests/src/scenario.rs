@@ -29,6 +29,8 @@ pub enum Fault {
     },
     /// Release a paused member (scheduled by `Pause`).
     Resume(u64),
+    /// Cut escrow node `n` (a region) off from every member.
+    CutRegion(usize),
 }
 
 /// A named scenario.
@@ -102,6 +104,36 @@ pub fn all() -> Vec<Scenario> {
             ..base(
                 "clock_skew",
                 vec![(secs(4), Fault::Isolate(0)), (secs(6), Fault::HealAll)],
+            )
+        },
+        // Clients go through two regional escrow nodes.
+        Scenario {
+            shape: FleetShape {
+                escrow_nodes: 2,
+                ..FleetShape::default()
+            },
+            ..base("escrow_healthy", vec![])
+        },
+        // Region 0's escrow node loses the cluster for 3 s, then heals.
+        Scenario {
+            shape: FleetShape {
+                escrow_nodes: 2,
+                ..FleetShape::default()
+            },
+            ..base(
+                "region_cut",
+                vec![(secs(3), Fault::CutRegion(0)), (secs(6), Fault::HealAll)],
+            )
+        },
+        // Escrow nodes ride out a leader power loss.
+        Scenario {
+            shape: FleetShape {
+                escrow_nodes: 2,
+                ..FleetShape::default()
+            },
+            ..base(
+                "escrow_leader_power_loss",
+                vec![(secs(3), Fault::PowerLoss(0)), (secs(5), Fault::RestartAll)],
             )
         },
         // Demand below L: clients hold credits across every boundary.

@@ -65,6 +65,9 @@ scenario_tests!(
     clock_skew,
     light_load,
     power_loss_mid_window,
+    escrow_healthy,
+    region_cut,
+    escrow_leader_power_loss,
 );
 
 #[test]
@@ -79,6 +82,9 @@ fn every_scenario_has_a_test() {
         "clock_skew",
         "light_load",
         "power_loss_mid_window",
+        "escrow_healthy",
+        "region_cut",
+        "escrow_leader_power_loss",
     ];
     for s in scenario::all() {
         assert!(tested.contains(&s.name), "scenario {} has no test", s.name);

@@ -14,6 +14,7 @@ use leasehold_client::{
     AcquireRequest, CheckReply, CheckRequest, ClientError, CoordinatorSource, CreditSource, Grant,
     LeaseOptions, LeaseSizing, Limiter, LimiterConfig, Mode, ReturnRequest,
 };
+use leasehold_client::{EscrowSource, EscrowSourceOptions};
 use leasehold_core::ids::{ClientId, RegionId};
 use leasehold_proto::v1 as pb;
 use rand::{Rng, SeedableRng};
@@ -38,19 +39,22 @@ pub fn client_host(index: usize) -> String {
     format!("c{index}")
 }
 
-/// Records acknowledged grants (and applies a client-side weakening).
-struct RecordingSource {
-    inner: CoordinatorSource,
+/// Records acknowledged coordinator grants (and applies a client-side
+/// weakening). Through an escrow node the grants seen are the node's
+/// credits, not coordinator acknowledgements, so they are not recorded.
+struct RecordingSource<S> {
+    inner: S,
+    record_acks: bool,
     recorder: Recorder,
     weakening: Weakening,
     window_ms: u64,
 }
 
-impl CreditSource for RecordingSource {
+impl<S: CreditSource> CreditSource for RecordingSource<S> {
     fn acquire(&self, request: AcquireRequest) -> BoxFuture<'_, Result<Grant, ClientError>> {
         Box::pin(async move {
             let mut grant = self.inner.acquire(request).await?;
-            if grant.granted > 0 {
+            if self.record_acks && grant.granted > 0 {
                 self.recorder.acked(AckedGrant {
                     granted: grant.granted,
                     window_start_ms: grant.window_start_ms,
@@ -149,12 +153,13 @@ pub fn spawn_clients(
     }
 
     for index in 0..shape.clients {
-        let (members, dialer, recorder, ready, window_ms) = (
+        let (members, dialer, recorder, ready, window_ms, escrow_nodes) = (
             members.to_vec(),
             dialer.clone(),
             recorder.clone(),
             ready.clone(),
             shape.window_ms,
+            shape.escrow_nodes,
         );
         let client_seed = seed.wrapping_mul(31).wrapping_add(index as u64);
         sim.client(client_host(index), async move {
@@ -162,14 +167,36 @@ pub fn spawn_clients(
             while !ready.load(Ordering::SeqCst) {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
-            let client =
-                CoordinatorClient::with_seed(members, dialer, sim_retry_options(), client_seed)?;
-            let region = RegionId::new(format!("region-{index}"))?;
-            let source = RecordingSource {
-                inner: CoordinatorSource::new(client, region),
-                recorder: recorder.clone(),
-                weakening,
-                window_ms,
+            let source: Arc<dyn CreditSource> = if escrow_nodes == 0 {
+                let client = CoordinatorClient::with_seed(
+                    members,
+                    dialer,
+                    sim_retry_options(),
+                    client_seed,
+                )?;
+                let region = RegionId::new(format!("region-{index}"))?;
+                let inner = CoordinatorSource::new(client, region);
+                Arc::new(RecordingSource {
+                    inner,
+                    record_acks: true,
+                    recorder: recorder.clone(),
+                    weakening,
+                    window_ms,
+                })
+            } else {
+                let addr = format!(
+                    "{}:{}",
+                    super::escrow_host(index % escrow_nodes),
+                    super::ESCROW_PORT
+                );
+                let inner = EscrowSource::new(&addr, dialer, EscrowSourceOptions::default())?;
+                Arc::new(RecordingSource {
+                    inner,
+                    record_acks: false,
+                    recorder: recorder.clone(),
+                    weakening,
+                    window_ms,
+                })
             };
             let batch = rng.gen_range(4..=24);
             let mode = Mode::Leased(LeaseOptions {
@@ -181,7 +208,7 @@ pub fn spawn_clients(
                 ClientId::new(format!("{}-{client_seed}", client_host(index)))?,
             );
             config.call_timeout = Duration::from_secs(3);
-            let limiter = Limiter::new(source, config)?;
+            let limiter = Limiter::with_shared_source(source, config)?;
             while sim_now_ms() < load_end_ms {
                 match limiter.check_labelled(KEY, 1).await {
                     Ok(admission) => {

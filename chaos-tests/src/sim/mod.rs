@@ -33,6 +33,13 @@ use crate::scenario::{Fault, Scenario};
 pub const KEY: &str = "chaos/budget";
 /// Port of every coordinator member.
 pub const PORT: u16 = 7100;
+/// Port of every escrow node.
+pub const ESCROW_PORT: u16 = 7200;
+
+/// Escrow host name.
+pub fn escrow_host(index: usize) -> String {
+    format!("e{index}")
+}
 
 /// Shape of one simulated run.
 #[derive(Debug, Clone)]
@@ -47,6 +54,9 @@ pub struct FleetShape {
     pub window_ms: u64,
     /// How long clients generate load, simulated.
     pub load: Duration,
+    /// Regional escrow nodes between clients and the cluster (0: clients
+    /// lease from the coordinator directly). Client `c` uses node `c % n`.
+    pub escrow_nodes: usize,
 }
 
 impl Default for FleetShape {
@@ -57,6 +67,7 @@ impl Default for FleetShape {
             limit: 120,
             window_ms: 1_000,
             load: Duration::from_secs(12),
+            escrow_nodes: 0,
         }
     }
 }
@@ -158,6 +169,33 @@ pub fn run(scenario: &Scenario, seed: u64, weakening: Weakening) -> RunOutcome {
     }
 
     let members: Vec<String> = (1..=shape.members).map(member_addr).collect();
+    for index in 0..shape.escrow_nodes {
+        let members = members.clone();
+        sim.host(escrow_host(index), move || {
+            let members = members.clone();
+            async move {
+                let region = leasehold_core::ids::RegionId::new(format!("region-{index}"))?;
+                let mut config = leasehold_node::escrow::EscrowConfig::new(
+                    region,
+                    format!("0.0.0.0:{ESCROW_PORT}"),
+                    members,
+                );
+                config.probe_interval_ms = 500;
+                config.policy_refresh_ms = 500;
+                config.coordinator_timeout_ms = 1_000;
+                let listener = incoming(ESCROW_PORT).await?;
+                leasehold_node::escrow::run_escrow(
+                    config,
+                    listener,
+                    Arc::new(SimDialer),
+                    Arc::new(SkewedClock { offset_ms: 0 }),
+                    std::future::pending::<()>(),
+                )
+                .await?;
+                Ok(())
+            }
+        });
+    }
     load::spawn_clients(
         &mut sim, &shape, &members, seed, &recorder, &leader, setup_time, weakening,
     );
@@ -186,6 +224,7 @@ fn drive(
     pending.sort_by_key(|(at, _)| *at);
     let mut next = 0;
     let mut isolated: Option<u64> = None;
+    let mut cut_regions: Vec<usize> = Vec::new();
     loop {
         let elapsed = sim.elapsed();
         while next < pending.len() && elapsed >= pending[next].0 {
@@ -215,7 +254,19 @@ fn drive(
                     }
                     recorder.fault(format!("{now_ms}: isolate n{id}"));
                 }
+                Fault::CutRegion(index) => {
+                    for id in 1..=scenario.shape.members {
+                        sim.partition(escrow_host(index), member_host(id));
+                    }
+                    cut_regions.push(index);
+                    recorder.fault(format!("{now_ms}: cut region {index} off from the cluster"));
+                }
                 Fault::HealAll => {
+                    for index in cut_regions.drain(..) {
+                        for id in 1..=scenario.shape.members {
+                            sim.repair(escrow_host(index), member_host(id));
+                        }
+                    }
                     if let Some(id) = isolated.take() {
                         for other in (1..=scenario.shape.members)
                             .filter(|m| *m != id)
