@@ -57,6 +57,25 @@ impl PoolAccess for WholeBudget {
     }
 }
 
+/// A pool that grants nothing new but remembers what was asked: lets an
+/// async caller run [`WeightedFairEscrow::check`], perform the ask it wanted
+/// over the network, [`observe_grant`](WeightedFairEscrow::observe_grant)
+/// the answer and decide again.
+#[derive(Debug, Clone, Copy)]
+pub struct RecordedAsk {
+    /// The budget to keep answering with.
+    pub current: u64,
+    /// The last `(region_weight, want_total)` asked, if any.
+    pub asked: Option<(u64, u64)>,
+}
+
+impl PoolAccess for RecordedAsk {
+    fn grant(&mut self, region_weight: u64, want_total: u64) -> u64 {
+        self.asked = Some((region_weight, want_total));
+        self.current
+    }
+}
+
 /// One region's seat at an in-process [`RegionFairPool`].
 #[derive(Debug)]
 pub struct PoolSeat<'a> {
@@ -120,6 +139,19 @@ impl WeightedFairEscrow {
     /// The region's budget (pool grant) for the current window.
     pub fn budget(&self) -> u64 {
         self.budget
+    }
+
+    /// Moves to `window` (dropping the previous window's state) and raises
+    /// the budget to the region's pool grant `total` (never lowers it, never
+    /// above L). For callers that talk to the pool asynchronously.
+    pub fn observe_grant(&mut self, window: WindowBounds, total: u64) {
+        self.roll(window);
+        self.budget = self.budget.max(total.min(self.limit));
+    }
+
+    /// The current window, if any request was decided yet.
+    pub fn window(&self) -> Option<WindowBounds> {
+        self.window
     }
 
     /// Σ used this window, evicted tenants included.

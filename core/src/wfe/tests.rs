@@ -165,6 +165,52 @@ fn regions_share_one_pool_by_weight() {
     assert!(a.abs_diff(300) <= 2 && b.abs_diff(100) <= 2, "{a} / {b}");
 }
 
+#[test]
+fn asking_the_pool_asynchronously_decides_like_asking_it_inline() {
+    // The same requests through RecordedAsk + observe_grant give the same
+    // decisions as the synchronous PoolSeat.
+    let region = RegionId::new("r").unwrap();
+    let mut inline_pool = RegionFairPool::new(50, 1_000).unwrap();
+    let mut async_pool = RegionFairPool::new(50, 1_000).unwrap();
+    let mut inline = WeightedFairEscrow::new(50, 8);
+    let mut split = WeightedFairEscrow::new(50, 8);
+    for i in 0..80u64 {
+        let (t, w, cost) = (tenant(&format!("t{}", i % 3)), 1 + i % 3, 1 + i % 2);
+        let a = inline.check(
+            &t,
+            w,
+            cost,
+            WINDOW,
+            1,
+            &mut PoolSeat {
+                pool: &mut inline_pool,
+                region: &region,
+                now_ms: 1,
+            },
+        );
+        let b = loop {
+            let mut ask = RecordedAsk {
+                current: split.budget(),
+                asked: None,
+            };
+            let d = split.check(&t, w, cost, WINDOW, 1, &mut ask);
+            match ask.asked {
+                Some((rw, want)) if !d.allowed => {
+                    let before = split.budget();
+                    let total = async_pool.grant(&region, rw, want, 1).unwrap();
+                    split.observe_grant(WINDOW, total);
+                    if split.budget() <= before {
+                        break d;
+                    }
+                }
+                _ => break d,
+            }
+        };
+        assert_eq!(a.allowed, b.allowed, "request {i}");
+    }
+    assert_eq!(inline.total_used(), split.total_used());
+}
+
 fn weight_sets() -> impl Strategy<Value = Vec<u64>> {
     proptest::collection::vec(1u64..7, 1..6)
 }

@@ -7,7 +7,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold_core::escrow::{CoordinatorGrant, EscrowCounters, RegionEscrow, Served};
+use leasehold_core::ids::TenantId;
 use leasehold_core::policy::{Policy, PolicyKind};
+use leasehold_core::wfe::{RecordedAsk, WeightedFairEscrow};
+use leasehold_core::window::WindowBounds;
 use tokio::sync::{mpsc, oneshot};
 use tonic::{Code, Status};
 
@@ -44,6 +47,10 @@ pub enum KeyRequest {
     Acquire {
         /// How many.
         tokens: u64,
+        /// The asking tenant (`fair` keys; `None`: the key's default tenant).
+        tenant: Option<TenantId>,
+        /// The tenant's weight (≥ 1).
+        weight: u64,
         /// Where the answer goes.
         reply: oneshot::Sender<Result<Acquired, Status>>,
     },
@@ -86,6 +93,7 @@ impl KeyHandle {
                 mailbox,
                 last_window_end_ms: 0,
                 reported: EscrowCounters::default(),
+                fair: None,
             }
             .run(),
         );
@@ -105,7 +113,19 @@ struct KeyActor {
     mailbox: mpsc::Receiver<KeyRequest>,
     last_window_end_ms: u64,
     reported: EscrowCounters,
+    fair: Option<FairState>,
 }
+
+/// The weighted-fair escrow of a `fair` key and the pool grant it runs on.
+struct FairState {
+    escrow: WeightedFairEscrow,
+    window: WindowBounds,
+    /// Local monotonic deadline of the window's pool grant.
+    deadline_ms: u64,
+}
+
+/// Tenant used when a request names none.
+const DEFAULT_TENANT: &str = "default";
 
 impl KeyActor {
     async fn run(mut self) {
@@ -134,8 +154,13 @@ impl KeyActor {
 
     async fn handle(&mut self, request: KeyRequest) {
         match request {
-            KeyRequest::Acquire { tokens, reply } => {
-                let answer = self.acquire(tokens).await;
+            KeyRequest::Acquire {
+                tokens,
+                tenant,
+                weight,
+                reply,
+            } => {
+                let answer = self.acquire(tokens, tenant, weight).await;
                 self.shared
                     .record(&mut self.reported, self.escrow.counters());
                 let _ = reply.send(answer);
@@ -162,18 +187,28 @@ impl KeyActor {
             .shared
             .policy_for(&self.key)
             .ok_or_else(|| Status::not_found(format!("no policy matches key {:?}", self.key)))?;
-        if policy.kind == PolicyKind::Fair {
-            return Err(Status::failed_precondition(format!(
-                "key {:?} is governed by a fair policy; this escrow node serves counter keys",
-                self.key
-            )));
-        }
         self.escrow.set_outage_policy(policy.outage);
         Ok(policy)
     }
 
-    async fn acquire(&mut self, tokens: u64) -> Result<Acquired, Status> {
+    async fn acquire(
+        &mut self,
+        tokens: u64,
+        tenant: Option<TenantId>,
+        weight: u64,
+    ) -> Result<Acquired, Status> {
         let policy = self.policy().await?;
+        if policy.kind == PolicyKind::Fair {
+            let tenant = match tenant {
+                Some(t) => t,
+                None => {
+                    TenantId::new(DEFAULT_TENANT).map_err(|e| Status::internal(e.to_string()))?
+                }
+            };
+            return self
+                .acquire_fair(&policy, &tenant, weight.max(1), tokens)
+                .await;
+        }
         let limit = policy.limit;
         let now = self.shared.mono_ms();
         if let Some(served) = self.escrow.serve(tokens, now) {
@@ -244,6 +279,142 @@ impl KeyActor {
         Ok(Acquired::Denied {
             retry_after_ms: retry_after_ms.unwrap_or_else(|| self.escrow.retry_after_ms(now)),
             limit,
+            window_end_ms: self.last_window_end_ms,
+        })
+    }
+}
+
+impl KeyActor {
+    /// Asks the region fair pool for the region's total; `None` when the
+    /// coordinator could not be reached.
+    async fn pool_grant(
+        &mut self,
+        region_weight: u64,
+        want_total: u64,
+    ) -> Result<Option<u64>, Status> {
+        let sent = self.shared.mono_ms();
+        match self
+            .shared
+            .client
+            .pool_grant(
+                &self.key,
+                self.shared.config.region.as_str(),
+                region_weight,
+                want_total,
+            )
+            .await
+        {
+            Ok(grant) => {
+                self.shared.set_reachable(true);
+                let window = WindowBounds {
+                    start_ms: grant.window_start_ms,
+                    end_ms: grant.window_end_ms,
+                };
+                let deadline_ms = sent.saturating_add(grant.remaining_lifetime_ms);
+                let limit = grant.limit;
+                let state = self.fair.get_or_insert_with(|| FairState {
+                    escrow: WeightedFairEscrow::new(limit, self.shared.config.max_tenants),
+                    window,
+                    deadline_ms,
+                });
+                if state.window != window {
+                    state.window = window;
+                    state.deadline_ms = deadline_ms;
+                } else {
+                    state.deadline_ms = state.deadline_ms.min(deadline_ms);
+                }
+                state.escrow.observe_grant(window, grant.granted_total);
+                self.last_window_end_ms = grant.window_end_ms;
+                Ok(Some(grant.granted_total))
+            }
+            Err(e)
+                if matches!(
+                    e.code(),
+                    Code::NotFound | Code::InvalidArgument | Code::FailedPrecondition
+                ) =>
+            {
+                Err(Status::new(e.code(), e.to_string()))
+            }
+            Err(e) => {
+                tracing::warn!(key = %self.key, error = %e, "coordinator unreachable; fair key denies (fail closed)");
+                self.shared.set_reachable(false);
+                Ok(None)
+            }
+        }
+    }
+
+    /// One weighted-fair decision of `cost` tokens for `tenant`, over the
+    /// region's pool grant; an admission hands out `cost` credits.
+    async fn acquire_fair(
+        &mut self,
+        policy: &Policy,
+        tenant: &TenantId,
+        weight: u64,
+        cost: u64,
+    ) -> Result<Acquired, Status> {
+        let now = self.shared.mono_ms();
+        let live = self.fair.as_ref().is_some_and(|f| now < f.deadline_ms);
+        if !live && self.pool_grant(weight, cost).await?.is_none() {
+            return Ok(Acquired::Denied {
+                retry_after_ms: self.shared.config.probe_interval_ms.max(1),
+                limit: policy.limit,
+                window_end_ms: self.last_window_end_ms,
+            });
+        }
+        for _ in 0..leasehold_core::wfe::MAX_POOL_ASKS_PER_CHECK {
+            let Some(state) = self.fair.as_mut() else {
+                break;
+            };
+            let now = self.shared.mono_ms();
+            if now >= state.deadline_ms {
+                break;
+            }
+            let remaining = state.deadline_ms - now;
+            let coordinator_now = state.window.end_ms.saturating_sub(remaining);
+            let window = state.window;
+            let mut ask = RecordedAsk {
+                current: state.escrow.budget(),
+                asked: None,
+            };
+            let decision =
+                state
+                    .escrow
+                    .check(tenant, weight, cost, window, coordinator_now, &mut ask);
+            if decision.allowed {
+                let served = Served {
+                    granted: cost,
+                    window_start_ms: window.start_ms,
+                    window_end_ms: window.end_ms,
+                    remaining_lifetime_ms: remaining,
+                    from_fallback: false,
+                };
+                return Ok(Acquired::Credits {
+                    served,
+                    limit: decision.limit,
+                });
+            }
+            let before = state.escrow.budget();
+            let Some((region_weight, want)) = ask.asked else {
+                return Ok(Acquired::Denied {
+                    retry_after_ms: decision.retry_after_ms,
+                    limit: decision.limit,
+                    window_end_ms: window.end_ms,
+                });
+            };
+            match self.pool_grant(region_weight, want).await? {
+                Some(total) if total > before => continue,
+                _ => {
+                    return Ok(Acquired::Denied {
+                        retry_after_ms: decision.retry_after_ms,
+                        limit: decision.limit,
+                        window_end_ms: window.end_ms,
+                    })
+                }
+            }
+        }
+        Ok(Acquired::Denied {
+            retry_after_ms: 1,
+            limit: policy.limit,
             window_end_ms: self.last_window_end_ms,
         })
     }

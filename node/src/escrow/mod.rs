@@ -44,6 +44,9 @@ pub struct EscrowConfig {
     pub probe_interval_ms: u64,
     /// Most keys tracked at once; new keys beyond it get `RESOURCE_EXHAUSTED`.
     pub max_keys: usize,
+    /// Most tenants tracked per `fair` key; the oldest is evicted beyond it
+    /// and its use keeps counting, so a tenant flood cannot over-admit.
+    pub max_tenants: usize,
     /// A key's actor returns its credits and stops after this long idle.
     pub idle_evict_ms: u64,
     /// How often policies are re-read from the cluster.
@@ -62,6 +65,7 @@ impl EscrowConfig {
             batch: 16,
             probe_interval_ms: 1_000,
             max_keys: 100_000,
+            max_tenants: 10_000,
             idle_evict_ms: 30_000,
             policy_refresh_ms: 2_000,
             coordinator_timeout_ms: 1_000,

@@ -241,13 +241,33 @@ impl EscrowApi {
         EscrowApi { shared }
     }
 
-    async fn acquire_tokens(&self, key: &str, tokens: u64) -> Result<Acquired, Status> {
+    async fn acquire_tokens(
+        &self,
+        key: &str,
+        tokens: u64,
+        tenant: &str,
+        weight: u64,
+    ) -> Result<Acquired, Status> {
+        let tenant = if tenant.is_empty() {
+            None
+        } else {
+            Some(
+                leasehold_core::ids::TenantId::new(tenant)
+                    .map_err(|e| Status::invalid_argument(e.to_string()))?,
+            )
+        };
+        let weight = weight.max(1);
         let key = Key::new(key).map_err(|e| Status::invalid_argument(e.to_string()))?;
         if tokens == 0 {
             return Err(Status::invalid_argument("tokens must be at least 1"));
         }
         self.shared
-            .ask(key.as_str(), |reply| KeyRequest::Acquire { tokens, reply })
+            .ask(key.as_str(), |reply| KeyRequest::Acquire {
+                tokens,
+                tenant: tenant.clone(),
+                weight,
+                reply,
+            })
             .await?
     }
 }
@@ -278,7 +298,15 @@ impl pb::escrow_server::Escrow for EscrowApi {
         }
         let reachable = self.shared.reachable.load(Ordering::Relaxed);
         Ok(Response::new(
-            match self.acquire_tokens(&request.key, request.tokens).await? {
+            match self
+                .acquire_tokens(
+                    &request.key,
+                    request.tokens,
+                    &request.tenant,
+                    request.weight,
+                )
+                .await?
+            {
                 Acquired::Credits { served, limit } => pb::AcquireResponse {
                     granted: served.granted,
                     limit,
@@ -312,7 +340,9 @@ impl pb::escrow_server::Escrow for EscrowApi {
         let request = request.into_inner();
         let cost = request.cost.max(1);
         let key = request.key.clone();
-        let acquired = self.acquire_tokens(&key, cost).await?;
+        let acquired = self
+            .acquire_tokens(&key, cost, &request.tenant, request.weight)
+            .await?;
         let response = match acquired {
             Acquired::Credits { served, limit } if served.granted == cost => pb::CheckResponse {
                 decision: Some(pb::Decision {

@@ -300,3 +300,42 @@ async fn idle_keys_are_evicted_and_their_slots_reused() -> Result<()> {
     node.stop().await;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fair_keys_share_the_limit_by_weight_across_regions() -> Result<()> {
+    const LIMIT: u64 = 400;
+    let cluster = Cluster::start_initialised(3, |_| {}).await?;
+    let mut policy = counter_policy("fair/", LIMIT, LONG_WINDOW_MS);
+    policy.kind = pb::PolicyKind::Fair as i32;
+    cluster.client()?.admin().set_policy(policy).await?;
+    let us = EscrowNode::start(&cluster, "us", |_| {}).await?;
+    let eu = EscrowNode::start(&cluster, "eu", |_| {}).await?;
+    let (mut us_rpc, mut eu_rpc) = (us.rpc().await?, eu.rpc().await?);
+    let ask = |tenant: &str, weight: u64| pb::AcquireRequest {
+        key: "fair/k".into(),
+        tenant: tenant.into(),
+        weight,
+        tokens: 1,
+        request_id: None,
+    };
+    let (mut big, mut small) = (0u64, 0u64);
+    loop {
+        let a = us_rpc.acquire(ask("big", 3)).await?.into_inner().granted;
+        let b = eu_rpc.acquire(ask("small", 1)).await?.into_inner().granted;
+        big += a;
+        small += b;
+        if a == 0 && b == 0 {
+            break;
+        }
+    }
+    ensure!(big + small <= LIMIT, "admitted {} > {LIMIT}", big + small);
+    ensure!(
+        big.abs_diff(300) <= 4 && small.abs_diff(100) <= 4,
+        "3:1 weights gave {big} / {small}"
+    );
+    let window = cluster.client()?.get_window("fair/k").await?;
+    ensure!(window.granted <= LIMIT);
+    us.stop().await;
+    eu.stop().await;
+    Ok(())
+}
