@@ -12,6 +12,7 @@
 //! - [`escrow`]: the rules of one region's escrow for one key (L2, sans IO).
 //! - [`wfe`]: in-region weighted-fair escrow over a region's pool grant.
 //! - [`sizer`]: the online EOQ lease-size learner.
+//! - [`water_fill`]: the flat weighted max-min oracle.
 #![deny(missing_docs)]
 
 pub mod coordinator;
@@ -21,5 +22,6 @@ pub mod fair_pool;
 pub mod ids;
 pub mod policy;
 pub mod sizer;
+pub mod water_fill;
 pub mod wfe;
 pub mod window;
