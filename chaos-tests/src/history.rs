@@ -42,6 +42,16 @@ pub struct WindowObservation {
     pub granted: u64,
 }
 
+/// One reply the coordinator gave to a request id (a request may be sent
+/// more than once: retries and deliberate duplicates reuse its id).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordedReply {
+    /// The request id, rendered (`client/seq`).
+    pub request_id: String,
+    /// The effect the reply reports, rendered (tokens granted and window).
+    pub reply: String,
+}
+
 /// A recorded run of one scenario for one key.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct History {
@@ -53,6 +63,8 @@ pub struct History {
     pub admissions: Vec<Admission>,
     /// Every acknowledged grant.
     pub acked_grants: Vec<AckedGrant>,
+    /// Replies to requests sent more than once.
+    pub replies: Vec<RecordedReply>,
     /// Coordinator reads of windows while they were live.
     pub observations: Vec<WindowObservation>,
     /// Simulated time at which the last fault healed, epoch ms.
@@ -105,6 +117,11 @@ impl Recorder {
     /// Records an acknowledged grant.
     pub fn acked(&self, grant: AckedGrant) {
         self.with(|h| h.acked_grants.push(grant));
+    }
+
+    /// Records a reply to a request id.
+    pub fn reply(&self, reply: RecordedReply) {
+        self.with(|h| h.replies.push(reply));
     }
 
     /// Records a read of a window on the coordinator.

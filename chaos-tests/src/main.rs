@@ -45,16 +45,24 @@ fn parse_weakening(s: &str) -> Result<Weakening, String> {
 
 fn print_table(reports: &[ScenarioReport]) {
     println!(
-        "{:<20} {:>6} {:>8} {:>11} {:>8} {:>11} {:>12}",
-        "scenario", "seeds", "windows", "admissions", "max Σ/L", "violations", "utilisation"
+        "{:<26} {:>6} {:>8} {:>11} {:>11} {:>8} {:>11} {:>12}",
+        "scenario",
+        "seeds",
+        "windows",
+        "admissions",
+        "duplicates",
+        "max Σ/L",
+        "violations",
+        "utilisation"
     );
     for r in reports {
         println!(
-            "{:<20} {:>6} {:>8} {:>11} {:>8.3} {:>11} {:>11.1}%",
+            "{:<26} {:>6} {:>8} {:>11} {:>11} {:>8.3} {:>11} {:>11.1}%",
             r.name,
             r.seeds,
             r.windows_checked,
             r.admissions,
+            r.duplicates_checked,
             r.max_ratio,
             r.violations.len(),
             r.utilisation * 100.0

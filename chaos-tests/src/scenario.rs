@@ -31,6 +31,12 @@ pub enum Fault {
     Resume(u64),
     /// Cut escrow node `n` (a region) off from every member.
     CutRegion(usize),
+    /// A member's messages to the other members are dropped, while it still
+    /// hears them (one-way partition; 0 = the current leader).
+    MuteOneWay(u64),
+    /// Every link drops this fraction of messages (in per mille); `HealAll`
+    /// repairs it.
+    Loss(u32),
 }
 
 /// A named scenario.
@@ -88,6 +94,14 @@ pub fn all() -> Vec<Scenario> {
         base(
             "full_power_loss",
             vec![(secs(3), Fault::PowerLossAll), (secs(5), Fault::RestartAll)],
+        ),
+        base(
+            "leader_one_way",
+            vec![(secs(3), Fault::MuteOneWay(0)), (secs(6), Fault::HealAll)],
+        ),
+        base(
+            "lossy_network",
+            vec![(secs(3), Fault::Loss(5)), (secs(5), Fault::HealAll)],
         ),
         base(
             "leader_pause",
@@ -175,6 +189,8 @@ pub struct ScenarioReport {
     pub windows_checked: u64,
     /// Admissions, summed over seeds.
     pub admissions: u64,
+    /// Requests sent twice whose replies were compared (exactly-once).
+    pub duplicates_checked: u64,
     /// Largest Σ admitted / L over every window of every seed.
     pub max_ratio: f64,
     /// Mean utilisation of the healthy stretch before the first fault.
@@ -214,6 +230,7 @@ pub fn run_seeds(
         report.windows_checked += history.admitted_per_window().len() as u64;
         report.admissions += history.admissions.iter().map(|a| a.cost).sum::<u64>();
         report.max_ratio = report.max_ratio.max(max_ratio(history));
+        report.duplicates_checked += history.replies.len() as u64 / 2;
         // Healthy stretch: from 1 s into the load (setup done) to the first fault.
         let load_start = SIM_EPOCH_MS + 3_000;
         let first_fault = scenario

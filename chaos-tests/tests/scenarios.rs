@@ -29,6 +29,12 @@ fn assert_scenario_holds(name: &str) {
         .collect();
     assert!(problems.is_empty(), "{name}:\n{}", problems.join("\n"));
     assert!(report.admissions > 0, "{name}: no admission at all");
+    if scenario.shape.escrow_nodes == 0 {
+        assert!(
+            report.duplicates_checked > 0,
+            "{name}: no duplicated request to check exactly-once on"
+        );
+    }
     assert!(
         report.max_ratio <= 1.0,
         "{name}: max ratio {}",
@@ -59,6 +65,8 @@ scenario_tests!(
     healthy,
     leader_isolation,
     follower_isolation,
+    leader_one_way,
+    lossy_network,
     leader_power_loss,
     full_power_loss,
     leader_pause,
@@ -76,6 +84,8 @@ fn every_scenario_has_a_test() {
         "healthy",
         "leader_isolation",
         "follower_isolation",
+        "leader_one_way",
+        "lossy_network",
         "leader_power_loss",
         "full_power_loss",
         "leader_pause",

@@ -4,12 +4,14 @@
 
 mod credits_die_with_window;
 mod delta;
+mod exactly_once;
 mod liveness;
 mod no_forgotten_grant;
 mod utilisation;
 
 pub use credits_die_with_window::check_credits_die_with_window;
 pub use delta::{check_delta, max_ratio};
+pub use exactly_once::check_exactly_once;
 pub use liveness::check_liveness;
 pub use no_forgotten_grant::check_no_forgotten_grant;
 pub use utilisation::utilisation;
@@ -30,6 +32,7 @@ pub fn check_all(history: &History, liveness_bound_ms: u64) -> Vec<Violation> {
     let mut out = check_delta(history);
     out.extend(check_credits_die_with_window(history));
     out.extend(check_no_forgotten_grant(history));
+    out.extend(check_exactly_once(history));
     out.extend(check_liveness(history, liveness_bound_ms));
     out
 }

@@ -21,7 +21,7 @@ use rand::{Rng, SeedableRng};
 use tonic::Code;
 
 use super::{sim_now_ms, sim_retry_options, FleetShape, SimDialer, KEY};
-use crate::history::{AckedGrant, Admission, Recorder, WindowObservation};
+use crate::history::{AckedGrant, Admission, RecordedReply, Recorder, WindowObservation};
 
 /// A safety mechanism deliberately broken, to show the suite catches it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,10 +50,41 @@ struct RecordingSource<S> {
     window_ms: u64,
 }
 
+/// Every this many requests (by sequence number), the request is sent a
+/// second time after its reply, as a duplicate delivery would; both replies
+/// are recorded for the exactly-once check.
+const DUPLICATE_EVERY: u64 = 4;
+
+fn render_grant(grant: &Grant) -> String {
+    format!("{}@{}", grant.granted, grant.window_start_ms)
+}
+
+impl<S: CreditSource> RecordingSource<S> {
+    async fn send_duplicate(&self, request: AcquireRequest, first: &Grant) {
+        let request_id = format!("{}/{}", request.request_id.client, request.request_id.seq);
+        // A duplicate that fails (network) says nothing about exactly-once.
+        if let Ok(again) = self.inner.acquire(request).await {
+            self.recorder.reply(RecordedReply {
+                request_id: request_id.clone(),
+                reply: render_grant(first),
+            });
+            self.recorder.reply(RecordedReply {
+                request_id,
+                reply: render_grant(&again),
+            });
+        }
+    }
+}
+
 impl<S: CreditSource> CreditSource for RecordingSource<S> {
     fn acquire(&self, request: AcquireRequest) -> BoxFuture<'_, Result<Grant, ClientError>> {
         Box::pin(async move {
+            let duplicate = (self.record_acks && request.request_id.seq % DUPLICATE_EVERY == 0)
+                .then(|| request.clone());
             let mut grant = self.inner.acquire(request).await?;
+            if let Some(request) = duplicate {
+                self.send_duplicate(request, &grant).await;
+            }
             if self.record_acks && grant.granted > 0 {
                 self.recorder.acked(AckedGrant {
                     granted: grant.granted,

@@ -225,6 +225,8 @@ fn drive(
     let mut next = 0;
     let mut isolated: Option<u64> = None;
     let mut cut_regions: Vec<usize> = Vec::new();
+    let mut muted: Option<u64> = None;
+    let mut lossy = false;
     loop {
         let elapsed = sim.elapsed();
         while next < pending.len() && elapsed >= pending[next].0 {
@@ -261,7 +263,30 @@ fn drive(
                     cut_regions.push(index);
                     recorder.fault(format!("{now_ms}: cut region {index} off from the cluster"));
                 }
+                Fault::MuteOneWay(pick) => {
+                    let id = target(pick);
+                    muted = Some(id);
+                    for other in (1..=scenario.shape.members).filter(|m| *m != id) {
+                        sim.partition_oneway(member_host(id), member_host(other));
+                    }
+                    recorder.fault(format!("{now_ms}: n{id} can hear but not speak to members"));
+                }
+                Fault::Loss(per_mille) => {
+                    sim.set_fail_rate(f64::from(per_mille) / 1_000.0);
+                    lossy = true;
+                    recorder.fault(format!(
+                        "{now_ms}: every link drops {per_mille}‰ of messages"
+                    ));
+                }
                 Fault::HealAll => {
+                    if std::mem::take(&mut lossy) {
+                        sim.set_fail_rate(0.0);
+                    }
+                    if let Some(id) = muted.take() {
+                        for other in (1..=scenario.shape.members).filter(|m| *m != id) {
+                            sim.repair_oneway(member_host(id), member_host(other));
+                        }
+                    }
                     for index in cut_regions.drain(..) {
                         for id in 1..=scenario.shape.members {
                             sim.repair(escrow_host(index), member_host(id));
