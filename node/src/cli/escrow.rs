@@ -18,9 +18,12 @@ pub struct EscrowArgs {
     /// Coordinator member(s) as HOST:PORT; repeat or comma-separate.
     #[arg(long = "coordinator", value_delimiter = ',', required = true)]
     pub coordinators: Vec<String>,
-    /// Tokens per coordinator lease.
+    /// Tokens per coordinator lease (the starting size with --eoq).
     #[arg(long, default_value_t = 16)]
     pub batch: u64,
+    /// Learn each key's lease size online (EOQ) instead of a fixed batch.
+    #[arg(long)]
+    pub eoq: bool,
     /// Most keys tracked at once.
     #[arg(long, default_value_t = 100_000)]
     pub max_keys: usize,
@@ -39,6 +42,7 @@ impl EscrowArgs {
             RegionId::new(self.region.clone()).map_err(|e| CliError::Usage(e.to_string()))?;
         let mut config = EscrowConfig::new(region, self.listen.clone(), self.coordinators.clone());
         config.batch = self.batch;
+        config.eoq = self.eoq;
         config.max_keys = self.max_keys;
         config.probe_interval_ms = self.probe_interval_ms;
         config.idle_evict_ms = self.idle_evict_ms;

@@ -7,6 +7,7 @@
 //! - [`policy`]: `policy set | list | delete`.
 //! - [`calls`]: `lease`, `reconcile`, `pool-grant`, `window`.
 //! - [`escrow`](mod@escrow): run a regional escrow node.
+//! - [`demo`]: a skewed multi-region, multi-tenant load with a per-window report.
 //! - [`bench`](mod@bench): concurrent lease load with latency percentiles.
 //! - [`output`]: `--output text|json` rendering.
 //!
@@ -16,6 +17,7 @@
 pub mod bench;
 pub mod calls;
 pub mod cluster;
+pub mod demo;
 pub mod dev;
 pub mod escrow;
 pub mod output;
@@ -65,6 +67,8 @@ pub enum Command {
     Bench(bench::BenchArgs),
     /// Run a regional escrow node (L2) serving one region's clients.
     Escrow(escrow::EscrowArgs),
+    /// Run a local cluster with escrow nodes under a skewed load and report per window.
+    Demo(demo::DemoArgs),
 }
 
 /// Why a command failed.
@@ -137,6 +141,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Window(args) => calls::window(args).await,
         Command::Bench(args) => bench::run(args).await,
         Command::Escrow(args) => escrow::run(args).await,
+        Command::Demo(args) => demo::run(args).await,
     }
 }
 

@@ -38,8 +38,12 @@ pub struct EscrowConfig {
     pub listen: String,
     /// Coordinator members to lease from.
     pub coordinators: Vec<String>,
-    /// Tokens per coordinator lease (at least the request's size).
+    /// Tokens per coordinator lease (at least the request's size); the
+    /// starting size when `eoq` is set.
     pub batch: u64,
+    /// Learn each key's lease size online (EOQ, `leasehold_core::sizer`)
+    /// from the tokens it served per window, instead of a fixed batch.
+    pub eoq: bool,
     /// While the coordinator is unreachable, one probe per this interval.
     pub probe_interval_ms: u64,
     /// Most keys tracked at once; new keys beyond it get `RESOURCE_EXHAUSTED`.
@@ -63,6 +67,7 @@ impl EscrowConfig {
             listen,
             coordinators,
             batch: 16,
+            eoq: false,
             probe_interval_ms: 1_000,
             max_keys: 100_000,
             max_tenants: 10_000,

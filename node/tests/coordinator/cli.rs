@@ -135,3 +135,58 @@ async fn the_binary_drives_a_cluster() -> Result<()> {
     ensure!(String::from_utf8_lossy(&failed.stderr).contains("no policy"));
     cluster.stop_all().await
 }
+
+#[test]
+fn demo_reports_utilisation_static_partition_and_fairness() -> Result<()> {
+    let members = free_base_port()?;
+    let escrow = free_base_port()?;
+    let output = Command::new(env!("CARGO_BIN_EXE_leasehold"))
+        .args([
+            "demo",
+            "--windows",
+            "1",
+            "--window-ms",
+            "1500",
+            "--limit",
+            "300",
+        ])
+        .args([
+            "--base-port",
+            &members.to_string(),
+            "--escrow-base-port",
+            &escrow.to_string(),
+        ])
+        .env("RUST_LOG", "error")
+        .output()?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    ensure!(
+        output.status.success(),
+        "demo failed: {stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    for expected in [
+        "counter key, escrow batch 16",
+        "escrow EOQ sizer",
+        "per 1000",
+        "fair key demo-fair/chat",
+        "max dev",
+    ] {
+        ensure!(
+            stdout.contains(expected),
+            "missing {expected:?} in:\n{stdout}"
+        );
+    }
+    // Every reported window admitted at most L.
+    for line in stdout.lines() {
+        if let Some(cell) = line.split_whitespace().nth(1) {
+            if let Some((admitted, limit)) = cell.split_once('/') {
+                if let (Ok(a), Ok(l)) = (admitted.parse::<u64>(), limit.parse::<u64>()) {
+                    if l == 300 {
+                        ensure!(a <= l, "window over the limit: {line}");
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}

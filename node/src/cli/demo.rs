@@ -1,0 +1,384 @@
+//! `leasehold demo`: a local cluster, three regional escrow nodes and
+//! in-process clients under a skewed multi-region, multi-tenant load, with a
+//! per-window report: admitted vs L, utilisation, what a static partition
+//! would have admitted, each tenant's share beside the flat weighted
+//! max-min ideal, and coordinator operations per 1 000 admissions.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use clap::Args;
+use leasehold_client::transport::TcpDialer;
+use leasehold_client::{
+    EscrowSource, EscrowSourceOptions, LeaseOptions, LeaseSizing, Limiter, LimiterConfig, Mode,
+};
+use leasehold_core::ids::{ClientId, RegionId, TenantId};
+use leasehold_core::water_fill::{water_fill, Claim};
+use leasehold_proto::v1 as pb;
+use leasehold_proto::v1::escrow_client::EscrowClient;
+use tokio::sync::watch;
+
+use super::dev::{prepare, DevArgs, DevCluster};
+use super::CliError;
+use crate::escrow::{serve_escrow, EscrowConfig};
+
+/// Options of `leasehold demo`.
+#[derive(Debug, Clone, Args)]
+pub struct DemoArgs {
+    /// Data directory of the demo cluster (default: a fresh temporary one, removed after).
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// Port of member 1 (members use three consecutive ports).
+    #[arg(long, default_value_t = 7301)]
+    pub base_port: u16,
+    /// Port of the first escrow node (three consecutive ports).
+    #[arg(long, default_value_t = 7311)]
+    pub escrow_base_port: u16,
+    /// Windows measured per phase.
+    #[arg(long, default_value_t = 3)]
+    pub windows: u64,
+    /// Window length in milliseconds.
+    #[arg(long, default_value_t = 2_000)]
+    pub window_ms: u64,
+    /// L per window.
+    #[arg(long, default_value_t = 600)]
+    pub limit: u64,
+}
+
+const REGIONS: [&str; 3] = ["eu", "us", "ap"];
+
+fn wall_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(0))
+}
+
+/// (window, label) → (attempted, admitted).
+type Tally = Arc<Mutex<BTreeMap<(u64, String), (u64, u64)>>>;
+
+fn tally(t: &Tally, window: u64, label: &str, admitted: bool) {
+    let mut map = t.lock().unwrap_or_else(PoisonError::into_inner);
+    let entry = map.entry((window, label.to_string())).or_default();
+    entry.0 += 1;
+    entry.1 += u64::from(admitted);
+}
+
+/// One client: `check` every `every` on `key` through the escrow at `addr`.
+#[allow(clippy::too_many_arguments)]
+fn spawn_client(
+    addr: &str,
+    key: &'static str,
+    label: String,
+    tenant: Option<(&str, u64)>,
+    every: Duration,
+    window_ms: u64,
+    until_ms: u64,
+    t: Tally,
+) -> Result<tokio::task::JoinHandle<()>, CliError> {
+    let failed = |e: &dyn std::fmt::Display| CliError::Failed(e.to_string());
+    let source = EscrowSource::new(
+        addr,
+        Arc::new(TcpDialer::default()),
+        EscrowSourceOptions::default(),
+    )
+    .map_err(|e| failed(&e))?;
+    let mode = Mode::Leased(LeaseOptions {
+        sizing: LeaseSizing::Fixed(4),
+        ..LeaseOptions::default()
+    });
+    let mut config = LimiterConfig::new(
+        mode,
+        ClientId::new(format!("demo-{label}-{}", wall_ms())).map_err(|e| failed(&e))?,
+    );
+    if let Some((name, weight)) = tenant {
+        config.tenant = Some(TenantId::new(name).map_err(|e| failed(&e))?);
+        config.weight = weight;
+    }
+    let limiter = Limiter::new(source, config).map_err(|e| failed(&e))?;
+    Ok(tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        while wall_ms() < until_ms {
+            tick.tick().await;
+            let window = wall_ms() / window_ms * window_ms;
+            let admitted = matches!(limiter.check(key, 1).await, Ok(d) if d.allowed);
+            tally(&t, window, &label, admitted);
+        }
+    }))
+}
+
+async fn coordinator_calls(addrs: &[String]) -> u64 {
+    let mut total = 0;
+    for addr in addrs {
+        if let Ok(mut rpc) = EscrowClient::connect(format!("http://{addr}")).await {
+            if let Ok(status) = rpc.status(pb::EscrowStatusRequest {}).await {
+                total += status.into_inner().coordinator_calls;
+            }
+        }
+    }
+    total
+}
+
+/// Waits for the start of the next window, then `windows` more; returns the
+/// measured window starts.
+fn measured_windows(start_ms: u64, window_ms: u64, windows: u64) -> Vec<u64> {
+    let first = start_ms / window_ms * window_ms + window_ms;
+    (0..windows).map(|i| first + i * window_ms).collect()
+}
+
+async fn counter_phase(
+    args: &DemoArgs,
+    escrow: &[String],
+    key: &'static str,
+    title: &str,
+) -> Result<(), CliError> {
+    let t: Tally = Arc::default();
+    let start = wall_ms();
+    let windows = measured_windows(start, args.window_ms, args.windows);
+    let until = windows.last().copied().unwrap_or(start) + args.window_ms;
+    let calls_before = coordinator_calls(escrow).await;
+    // Skewed demand: eu is hot, us and ap nearly idle.
+    let plan: [(usize, usize, u64); 3] = [(0, 4, 8), (1, 1, 33), (2, 1, 100)];
+    let mut tasks = Vec::new();
+    for (region, workers, every_ms) in plan {
+        for w in 0..workers {
+            let label = REGIONS[region].to_string();
+            tasks.push(spawn_client(
+                &escrow[region],
+                key,
+                label,
+                None,
+                Duration::from_millis(every_ms + w as u64),
+                args.window_ms,
+                until,
+                t.clone(),
+            )?);
+        }
+    }
+    for task in tasks {
+        let _ = task.await;
+    }
+    let calls = coordinator_calls(escrow).await - calls_before;
+    let map = t.lock().unwrap_or_else(PoisonError::into_inner).clone();
+    println!(
+        "\n== {title}: key {key}, L = {} per {} ms, 3 regions, skewed demand ==",
+        args.limit, args.window_ms
+    );
+    println!(
+        "{:<16} {:>9} {:>8} {:>20} {:>20} {:>20} {:>10}",
+        "window", "admitted", "util", "eu adm/demand", "us adm/demand", "ap adm/demand", "static"
+    );
+    let region_ids: Vec<RegionId> = REGIONS
+        .iter()
+        .filter_map(|r| RegionId::new(*r).ok())
+        .collect();
+    let split = leasehold_client::static_partition::split(args.limit, &region_ids)
+        .map_err(|e| CliError::Usage(e.to_string()))?;
+    let shares: Vec<u64> = REGIONS
+        .iter()
+        .map(|r| {
+            split
+                .iter()
+                .find(|(id, _)| id.as_str() == *r)
+                .map_or(0, |(_, share)| *share)
+        })
+        .collect();
+    let mut admitted_total = 0;
+    for w in &windows {
+        let row: Vec<(u64, u64)> = REGIONS
+            .iter()
+            .map(|r| map.get(&(*w, r.to_string())).copied().unwrap_or((0, 0)))
+            .collect();
+        let admitted: u64 = row.iter().map(|(_, a)| a).sum();
+        admitted_total += admitted;
+        let static_admitted: u64 = row
+            .iter()
+            .zip(&shares)
+            .map(|((d, _), s)| (*d).min(*s))
+            .sum();
+        let cell = |(d, a): (u64, u64)| format!("{a}/{d}");
+        println!(
+            "{:<16} {:>9} {:>7.1}% {:>20} {:>20} {:>20} {:>10}",
+            w,
+            format!("{admitted}/{}", args.limit),
+            admitted as f64 * 100.0 / args.limit as f64,
+            cell(row[0]),
+            cell(row[1]),
+            cell(row[2]),
+            static_admitted
+        );
+    }
+    let admitted_all: u64 = map.values().map(|(_, a)| a).sum();
+    println!(
+        "coordinator operations: {calls} for {admitted_all} admissions = {:.1} per 1000 (measured windows: {admitted_total} admitted)",
+        calls as f64 * 1000.0 / admitted_all.max(1) as f64
+    );
+    Ok(())
+}
+
+async fn fair_phase(args: &DemoArgs, escrow: &[String]) -> Result<(), CliError> {
+    let t: Tally = Arc::default();
+    let start = wall_ms();
+    let windows = measured_windows(start, args.window_ms, args.windows);
+    let until = windows.last().copied().unwrap_or(start) + args.window_ms;
+    // (region, tenant, weight declared in that region, global weight)
+    // beta spans eu and ap with equal demand: its weight 2 is split 1 + 1.
+    let tenants: [(usize, &str, u64); 4] = [
+        (0, "alpha", 3),
+        (0, "beta", 1),
+        (1, "gamma", 2),
+        (2, "beta", 1),
+    ];
+    let global: [(&str, u64); 3] = [("alpha", 3), ("beta", 2), ("gamma", 2)];
+    let mut tasks = Vec::new();
+    for (region, tenant, weight) in tenants {
+        for _ in 0..3 {
+            let label = tenant.to_string();
+            tasks.push(spawn_client(
+                &escrow[region],
+                "demo-fair/chat",
+                label,
+                Some((tenant, weight)),
+                Duration::from_millis(2),
+                args.window_ms,
+                until,
+                t.clone(),
+            )?);
+        }
+    }
+    for task in tasks {
+        let _ = task.await;
+    }
+    let map = t.lock().unwrap_or_else(PoisonError::into_inner).clone();
+    println!("\n== fair key demo-fair/chat: L = {}, tenants alpha(w3, eu), beta(w2 split eu/ap), gamma(w2, us) ==", args.limit);
+    println!(
+        "{:<16} {:>9} {:>18} {:>18} {:>18} {:>10}",
+        "window", "admitted", "alpha got/ideal", "beta got/ideal", "gamma got/ideal", "max dev"
+    );
+    for w in &windows {
+        let got: Vec<(u64, u64)> = global
+            .iter()
+            .map(|(name, _)| map.get(&(*w, name.to_string())).copied().unwrap_or((0, 0)))
+            .collect();
+        let claims: Vec<Claim> = global
+            .iter()
+            .zip(&got)
+            .map(|((_, weight), (d, _))| Claim {
+                weight: *weight,
+                demand: *d,
+            })
+            .collect();
+        let ideal = water_fill(args.limit, &claims);
+        let admitted: u64 = got.iter().map(|(_, a)| a).sum();
+        let dev = got
+            .iter()
+            .zip(&ideal)
+            .map(|((_, a), i)| a.abs_diff(*i))
+            .max()
+            .unwrap_or(0);
+        let cell = |i: usize| format!("{}/{}", got[i].1, ideal[i]);
+        println!(
+            "{:<16} {:>9} {:>18} {:>18} {:>18} {:>9.1}%",
+            w,
+            format!("{admitted}/{}", args.limit),
+            cell(0),
+            cell(1),
+            cell(2),
+            dev as f64 * 100.0 / args.limit as f64
+        );
+    }
+    Ok(())
+}
+
+fn start_escrow(
+    args: &DemoArgs,
+    members: &[(u64, String)],
+    eoq: bool,
+    port_offset: u16,
+    stopped: &watch::Receiver<bool>,
+) -> Result<(Vec<String>, Vec<tokio::task::JoinHandle<()>>), CliError> {
+    let coordinators: Vec<String> = members.iter().map(|(_, a)| a.clone()).collect();
+    let mut addrs = Vec::new();
+    let mut tasks = Vec::new();
+    for (i, region) in REGIONS.iter().enumerate() {
+        let port = args
+            .escrow_base_port
+            .saturating_add(port_offset)
+            .saturating_add(u16::try_from(i).unwrap_or(0));
+        let listen = format!("127.0.0.1:{port}");
+        let region = RegionId::new(*region).map_err(|e| CliError::Usage(e.to_string()))?;
+        let mut config = EscrowConfig::new(region, listen.clone(), coordinators.clone());
+        config.eoq = eoq;
+        let mut stopped = stopped.clone();
+        tasks.push(tokio::spawn(async move {
+            let shutdown = async move {
+                let _ = stopped.wait_for(|s| *s).await;
+            };
+            if let Err(e) = serve_escrow(config, shutdown).await {
+                tracing::error!(error = %e, "demo escrow node failed");
+            }
+        }));
+        addrs.push(listen);
+    }
+    Ok((addrs, tasks))
+}
+
+/// Runs `leasehold demo`.
+pub async fn run(args: DemoArgs) -> Result<(), CliError> {
+    let (data_dir, temporary) = match &args.data_dir {
+        Some(dir) => (dir.clone(), false),
+        None => (
+            std::env::temp_dir().join(format!(
+                "leasehold-demo-{}-{}",
+                std::process::id(),
+                wall_ms()
+            )),
+            true,
+        ),
+    };
+    let dev = DevArgs {
+        data_dir: data_dir.clone(),
+        base_port: args.base_port,
+        nodes: 3,
+        config: None,
+        escrow_base_port: 0,
+    };
+    let cluster = DevCluster::start(&dev)?;
+    let result = async {
+        let admin = cluster.admin()?;
+        prepare(&admin, &cluster.members).await?;
+        for (prefix, kind) in [("demo-counter/", pb::PolicyKind::Counter), ("demo-fair/", pb::PolicyKind::Fair)] {
+            admin
+                .set_policy(pb::Policy {
+                    prefix: prefix.into(),
+                    limit: args.limit,
+                    window_ms: args.window_ms,
+                    kind: kind as i32,
+                    outage: pb::OutageMode::FailClosed as i32,
+                    fallback_tokens_per_region: 0,
+                })
+                .await?;
+        }
+        println!("Leasehold demo: 3 coordinator members on ports {}-{}, escrow nodes eu/us/ap; data in {}", args.base_port, args.base_port + 2, data_dir.display());
+        let (stop, stopped) = watch::channel(false);
+        let (fixed, mut tasks) = start_escrow(&args, &cluster.members, false, 0, &stopped)?;
+        let (eoq, more) = start_escrow(&args, &cluster.members, true, 3, &stopped)?;
+        tasks.extend(more);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        counter_phase(&args, &fixed, "demo-counter/api", "counter key, escrow batch 16").await?;
+        counter_phase(&args, &eoq, "demo-counter/eoq", "counter key, escrow EOQ sizer").await?;
+        fair_phase(&args, &fixed).await?;
+        let _ = stop.send(true);
+        for task in tasks {
+            let _ = task.await;
+        }
+        Ok::<(), CliError>(())
+    }
+    .await;
+    cluster.stop().await;
+    if temporary {
+        let _ = std::fs::remove_dir_all(&data_dir);
+    }
+    result
+}
