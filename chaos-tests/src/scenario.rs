@@ -50,6 +50,8 @@ pub struct Scenario {
     pub faults: Vec<(Duration, Fault)>,
     /// Per-member wall-clock offsets (ahead of real time), by member id − 1.
     pub member_clock_offsets_ms: Vec<u64>,
+    /// Per-member clock drift in parts per million, by member id − 1.
+    pub member_clock_drift_ppm: Vec<i64>,
     /// After the last heal, admissions must resume within this.
     pub liveness_bound_ms: u64,
 }
@@ -60,6 +62,14 @@ impl Scenario {
         usize::try_from(id.saturating_sub(1))
             .ok()
             .and_then(|i| self.member_clock_offsets_ms.get(i).copied())
+            .unwrap_or(0)
+    }
+
+    /// The clock drift of member `id`, parts per million.
+    pub fn clock_drift_ppm(&self, id: u64) -> i64 {
+        usize::try_from(id.saturating_sub(1))
+            .ok()
+            .and_then(|i| self.member_clock_drift_ppm.get(i).copied())
             .unwrap_or(0)
     }
 }
@@ -75,6 +85,7 @@ pub fn all() -> Vec<Scenario> {
         shape: FleetShape::default(),
         faults,
         member_clock_offsets_ms: Vec::new(),
+        member_clock_drift_ppm: Vec::new(),
         liveness_bound_ms: 5_000,
     };
     vec![
@@ -117,6 +128,14 @@ pub fn all() -> Vec<Scenario> {
             member_clock_offsets_ms: vec![0, 250, 700],
             ..base(
                 "clock_skew",
+                vec![(secs(4), Fault::Isolate(0)), (secs(6), Fault::HealAll)],
+            )
+        },
+        // Members' clocks run 3 % fast / 3 % slow; leadership moves.
+        Scenario {
+            member_clock_drift_ppm: vec![30_000, -30_000, 0],
+            ..base(
+                "clock_drift",
                 vec![(secs(4), Fault::Isolate(0)), (secs(6), Fault::HealAll)],
             )
         },

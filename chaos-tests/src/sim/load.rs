@@ -79,8 +79,9 @@ impl<S: CreditSource> RecordingSource<S> {
 impl<S: CreditSource> CreditSource for RecordingSource<S> {
     fn acquire(&self, request: AcquireRequest) -> BoxFuture<'_, Result<Grant, ClientError>> {
         Box::pin(async move {
-            let duplicate = (self.record_acks && request.request_id.seq % DUPLICATE_EVERY == 0)
-                .then(|| request.clone());
+            let duplicate = (self.record_acks
+                && request.request_id.seq.is_multiple_of(DUPLICATE_EVERY))
+            .then(|| request.clone());
             let mut grant = self.inner.acquire(request).await?;
             if let Some(request) = duplicate {
                 self.send_duplicate(request, &grant).await;

@@ -148,6 +148,7 @@ pub fn run(scenario: &Scenario, seed: u64, weakening: Weakening) -> RunOutcome {
             .or_insert_with(|| PowerLossDisk::with_options(options))
             .clone();
         let offset_ms = scenario.clock_offset_ms(id);
+        let drift_ppm = scenario.clock_drift_ppm(id);
         sim.host(member_host(id), move || {
             let disk = disk.clone();
             async move {
@@ -159,7 +160,10 @@ pub fn run(scenario: &Scenario, seed: u64, weakening: Weakening) -> RunOutcome {
                     stores,
                     listener,
                     dialer,
-                    Arc::new(SkewedClock { offset_ms }),
+                    Arc::new(SkewedClock {
+                        offset_ms,
+                        drift_ppm,
+                    }),
                     std::future::pending::<()>(),
                 )
                 .await?;
@@ -188,7 +192,10 @@ pub fn run(scenario: &Scenario, seed: u64, weakening: Weakening) -> RunOutcome {
                     config,
                     listener,
                     Arc::new(SimDialer),
-                    Arc::new(SkewedClock { offset_ms: 0 }),
+                    Arc::new(SkewedClock {
+                        offset_ms: 0,
+                        drift_ppm: 0,
+                    }),
                     std::future::pending::<()>(),
                 )
                 .await?;
