@@ -214,6 +214,18 @@ pub fn run(scenario: &Scenario, seed: u64, weakening: Weakening) -> RunOutcome {
     }
 }
 
+/// Crashes member `id` and drops every write its disk had not flushed.
+fn power_loss(sim: &mut turmoil::Sim<'_>, disks: &Mutex<HashMap<u64, PowerLossDisk>>, id: u64) {
+    sim.crash(member_host(id));
+    if let Some(disk) = disks
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .get(&id)
+    {
+        disk.crash();
+    }
+}
+
 /// Steps the simulation, injecting the scenario's faults at their times.
 fn drive(
     sim: &mut turmoil::Sim<'_>,
@@ -315,26 +327,12 @@ fn drive(
                 }
                 Fault::PowerLoss(pick) => {
                     let id = target(pick);
-                    sim.crash(member_host(id));
-                    if let Some(disk) = disks
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .get(&id)
-                    {
-                        disk.crash();
-                    }
+                    power_loss(sim, disks, id);
                     recorder.fault(format!("{now_ms}: power loss on n{id}"));
                 }
                 Fault::PowerLossAll => {
                     for id in 1..=scenario.shape.members {
-                        sim.crash(member_host(id));
-                        if let Some(disk) = disks
-                            .lock()
-                            .unwrap_or_else(PoisonError::into_inner)
-                            .get(&id)
-                        {
-                            disk.crash();
-                        }
+                        power_loss(sim, disks, id);
                     }
                     recorder.fault(format!("{now_ms}: power loss on every member"));
                 }
