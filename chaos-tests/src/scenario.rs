@@ -34,8 +34,9 @@ pub enum Fault {
     /// A member's messages to the other members are dropped, while it still
     /// hears them (one-way partition; 0 = the current leader).
     MuteOneWay(u64),
-    /// Every link drops this fraction of messages (in per mille); `HealAll`
-    /// repairs it.
+    /// Every link, each simulated tick, breaks with this probability (per
+    /// mille), dropping the messages in flight, and is repaired the next
+    /// tick; `HealAll` ends it.
     Loss(u32),
 }
 
