@@ -32,3 +32,55 @@ impl WallClock for SkewedClock {
         u64::try_from(now).unwrap_or(0)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    /// Reads `clock` after `after` of simulated time.
+    fn read_after(clock: SkewedClock, after: Duration) -> u64 {
+        let seen = Arc::new(AtomicU64::new(0));
+        let out = Arc::clone(&seen);
+        let mut sim = turmoil::Builder::new()
+            .simulation_duration(Duration::from_secs(60))
+            .build();
+        sim.client("reader", async move {
+            tokio::time::sleep(after).await;
+            out.store(clock.now_ms(), Ordering::SeqCst);
+            Ok(())
+        });
+        sim.run().expect("simulation runs");
+        seen.load(Ordering::SeqCst)
+    }
+
+    #[test]
+    fn offset_and_drift_add_to_real_time() {
+        let ten_s = Duration::from_secs(10);
+        let fast = read_after(
+            SkewedClock {
+                offset_ms: 250,
+                drift_ppm: 30_000,
+            },
+            ten_s,
+        );
+        let slow = read_after(
+            SkewedClock {
+                offset_ms: 0,
+                drift_ppm: -30_000,
+            },
+            ten_s,
+        );
+        // 10 s at ±3 %: 300 ms gained or lost, on top of the offset.
+        assert!(
+            (SIM_EPOCH_MS + 10_550..=SIM_EPOCH_MS + 10_551).contains(&fast),
+            "{fast}"
+        );
+        assert!(
+            (SIM_EPOCH_MS + 9_700..=SIM_EPOCH_MS + 9_701).contains(&slow),
+            "{slow}"
+        );
+    }
+}
