@@ -42,6 +42,10 @@ pub struct EoqParams {
     pub max_size: u64,
     /// Where learning starts (clamped into the bounds).
     pub initial_size: u64,
+    /// Most the size may change in one observation, as a factor (≥ 1; 2.0
+    /// = at most double or halve). AdaGrad's first step spans the whole log
+    /// range; bounding it keeps one noisy window from leasing a huge batch.
+    pub max_step_factor: f64,
 }
 
 impl Default for EoqParams {
@@ -52,6 +56,7 @@ impl Default for EoqParams {
             min_size: 1,
             max_size: 1_000_000,
             initial_size: 16,
+            max_step_factor: 2.0,
         }
     }
 }
@@ -77,6 +82,9 @@ impl EoqSizer {
             if !(v.is_finite() && v > 0.0) {
                 return Err(SizerError::NotPositive(name));
             }
+        }
+        if !(params.max_step_factor.is_finite() && params.max_step_factor >= 1.0) {
+            return Err(SizerError::NotPositive("max_step_factor - 1"));
         }
         if params.min_size == 0 || params.min_size > params.max_size {
             return Err(SizerError::Bounds {
@@ -115,7 +123,9 @@ impl EoqSizer {
             (self.params.min_size as f64).ln(),
             (self.params.max_size as f64).ln(),
         );
-        self.log_size = (self.log_size - step * grad).clamp(lo, hi);
+        let max_move = self.params.max_step_factor.ln();
+        let delta = (step * grad).clamp(-max_move, max_move);
+        self.log_size = (self.log_size - delta).clamp(lo, hi);
     }
 
     /// The EOQ for a known demand: `sqrt(2·c·D/h)`.
@@ -165,6 +175,19 @@ mod tests {
             sizer.size(),
             before / 2
         );
+    }
+
+    #[test]
+    fn one_window_moves_the_size_at_most_by_the_step_factor() {
+        let mut sizer = EoqSizer::new(EoqParams {
+            initial_size: 16,
+            ..EoqParams::default()
+        })
+        .unwrap();
+        sizer.observe(1_000_000);
+        assert!(sizer.size() <= 32, "{}", sizer.size());
+        sizer.observe(0);
+        assert!(sizer.size() >= 8, "{}", sizer.size());
     }
 
     #[test]

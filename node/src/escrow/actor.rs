@@ -17,6 +17,10 @@ use tonic::{Code, Status};
 
 use super::service::EscrowShared;
 
+/// Largest lease the EOQ sizer may ask for: past this, one region's lease
+/// strands more of a window than it saves in round trips.
+pub const EOQ_MAX_LEASE: u64 = 4_096;
+
 /// Capacity of one key's mailbox: requests beyond it wait in the caller.
 pub const KEY_MAILBOX_CAPACITY: usize = 256;
 
