@@ -69,6 +69,10 @@ pub struct History {
     pub observations: Vec<WindowObservation>,
     /// Simulated time at which the last fault healed, epoch ms.
     pub healed_at_ms: Option<u64>,
+    /// How far behind simulated real time the coordinator's clock may run
+    /// (members whose clocks run slow), ms: a window's end on the
+    /// coordinator's timeline falls up to this much later in real time.
+    pub coordinator_lag_ms: u64,
     /// Simulated end of the load, epoch ms.
     pub load_end_ms: u64,
     /// Human-readable log of injected faults.

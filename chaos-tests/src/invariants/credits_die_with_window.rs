@@ -1,6 +1,9 @@
 //! Credits die with their window: no admission spends a credit at or after
 //! the end of the window it was granted in, measured on the coordinator's
-//! timeline (simulated real time), whatever the clients' clocks say.
+//! timeline, whatever the clients' clocks say. The coordinator's timeline is
+//! simulated real time except where members' clocks run slow: then a window
+//! ends up to `coordinator_lag_ms` later in real time, and only admissions
+//! past that are violations.
 
 use super::Violation;
 use crate::history::History;
@@ -10,16 +13,19 @@ pub fn check_credits_die_with_window(history: &History) -> Vec<Violation> {
     history
         .admissions
         .iter()
-        .filter(|a| a.at_ms >= a.window_start_ms + history.window_ms)
+        .filter(|a| {
+            a.at_ms >= a.window_start_ms + history.window_ms + history.coordinator_lag_ms
+        })
         .map(|a| Violation {
             invariant: "credits_die_with_window",
             detail: format!(
-                "client {} spent {} of window {} at {} (window ended at {})",
+                "client {} spent {} of window {} at {} (window ended at {}, clock lag allowed {} ms)",
                 a.client,
                 a.cost,
                 a.window_start_ms,
                 a.at_ms,
-                a.window_start_ms + history.window_ms
+                a.window_start_ms + history.window_ms,
+                history.coordinator_lag_ms
             ),
         })
         .collect()
@@ -54,5 +60,15 @@ mod tests {
     fn spending_at_or_after_the_end_is_caught() {
         assert_eq!(check_credits_die_with_window(&at(2_000)).len(), 1);
         assert_eq!(check_credits_die_with_window(&at(5_000)).len(), 1);
+    }
+
+    #[test]
+    fn a_slow_coordinator_clock_extends_the_window_by_its_lag_only() {
+        let lagging = |at_ms| History {
+            coordinator_lag_ms: 300,
+            ..at(at_ms)
+        };
+        assert!(check_credits_die_with_window(&lagging(2_299)).is_empty());
+        assert_eq!(check_credits_die_with_window(&lagging(2_300)).len(), 1);
     }
 }

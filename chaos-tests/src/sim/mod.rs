@@ -208,8 +208,12 @@ pub fn run(scenario: &Scenario, seed: u64, weakening: Weakening) -> RunOutcome {
     );
 
     let sim_error = drive(&mut sim, scenario, &recorder, &disks, &leader, setup_time).err();
+    let history = recorder.snapshot();
     RunOutcome {
-        history: recorder.snapshot(),
+        history: History {
+            coordinator_lag_ms: coordinator_lag_ms(scenario, &history),
+            ..history
+        },
         sim_error,
     }
 }
@@ -224,6 +228,18 @@ fn power_loss(sim: &mut turmoil::Sim<'_>, disks: &Mutex<HashMap<u64, PowerLossDi
     {
         disk.crash();
     }
+}
+
+/// How far the slowest member's clock falls behind real time by the end of
+/// the load (0 when no member's clock runs slow).
+fn coordinator_lag_ms(scenario: &Scenario, history: &History) -> u64 {
+    let run_ms = history.load_end_ms.saturating_sub(SIM_EPOCH_MS);
+    (1..=scenario.shape.members)
+        .map(|id| scenario.clock_drift_ppm(id))
+        .filter(|ppm| *ppm < 0)
+        .map(|ppm| run_ms.saturating_mul(ppm.unsigned_abs()) / 1_000_000 + 1)
+        .max()
+        .unwrap_or(0)
 }
 
 /// Steps the simulation, injecting the scenario's faults at their times.
