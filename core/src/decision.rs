@@ -37,6 +37,9 @@ impl Decision {
         retry_after_ms: 0,
     };
 
+    /// Another name for [`Decision::ALLOW_FULL`]: the identity of [`combine`].
+    pub const ALLOW_ALL: Decision = Decision::ALLOW_FULL;
+
     /// `combine(self, other)`.
     pub fn combine(self, other: Decision) -> Decision {
         combine(self, other)
@@ -54,6 +57,12 @@ pub fn combine(a: Decision, b: Decision) -> Decision {
         reset_at_ms: a.reset_at_ms.max(b.reset_at_ms),
         retry_after_ms: a.retry_after_ms.max(b.retry_after_ms),
     }
+}
+
+/// Combines any number of decisions; the empty set gives
+/// [`Decision::ALLOW_FULL`]. By the laws above the order does not matter.
+pub fn combine_all<I: IntoIterator<Item = Decision>>(decisions: I) -> Decision {
+    decisions.into_iter().fold(Decision::ALLOW_FULL, combine)
 }
 
 #[cfg(test)]
@@ -86,6 +95,7 @@ mod tests {
         fn allow_full_is_the_identity(d in decision()) {
             prop_assert_eq!(combine(d, Decision::ALLOW_FULL), d);
             prop_assert_eq!(combine(Decision::ALLOW_FULL, d), d);
+            prop_assert_eq!(combine(Decision::ALLOW_ALL, d), d);
         }
         #[test]
         fn combine_is_associative(a in decision(), b in decision(), c in decision()) {
@@ -98,6 +108,16 @@ mod tests {
         #[test]
         fn combine_is_idempotent(d in decision()) {
             prop_assert_eq!(combine(d, d), d);
+        }
+        #[test]
+        fn combine_all_ignores_order(mut ds in proptest::collection::vec(decision(), 0..8), rotate in 0usize..8) {
+            let forward = combine_all(ds.clone());
+            if !ds.is_empty() {
+                let by = rotate % ds.len();
+                ds.rotate_left(by);
+            }
+            ds.reverse();
+            prop_assert_eq!(combine_all(ds), forward);
         }
         #[test]
         fn a_denial_always_wins(a in decision(), b in decision()) {

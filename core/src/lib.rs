@@ -13,6 +13,7 @@
 //! - [`wfe`]: in-region weighted-fair escrow over a region's pool grant.
 //! - [`sizer`]: the online EOQ lease-size learner.
 //! - [`water_fill`]: the flat weighted max-min oracle.
+//! - [`static_partition`]: the uncoordinated even split, the baseline leasing beats.
 #![deny(missing_docs)]
 
 pub mod coordinator;
@@ -22,6 +23,7 @@ pub mod fair_pool;
 pub mod ids;
 pub mod policy;
 pub mod sizer;
+pub mod static_partition;
 pub mod water_fill;
 pub mod wfe;
 pub mod window;

@@ -134,6 +134,34 @@ impl EoqSizer {
     }
 }
 
+/// How one key's lease size is chosen: a fixed batch, or learned online.
+/// Either way the result is deterministic given the demands observed.
+#[derive(Debug, Clone, PartialEq)]
+pub enum LeaseSizer {
+    /// Always lease this many tokens (a batch of 0 is treated as 1).
+    Fixed(u64),
+    /// The online EOQ learner.
+    Eoq(EoqSizer),
+}
+
+impl LeaseSizer {
+    /// The lease size to ask for now (≥ 1).
+    pub fn size(&self) -> u64 {
+        match self {
+            LeaseSizer::Fixed(batch) => (*batch).max(1),
+            LeaseSizer::Eoq(sizer) => sizer.size(),
+        }
+    }
+
+    /// Learns from one closed window in which `window_demand` tokens were
+    /// served (a fixed size ignores it).
+    pub fn observe(&mut self, window_demand: u64) {
+        if let LeaseSizer::Eoq(sizer) = self {
+            sizer.observe(window_demand);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -215,8 +243,27 @@ mod tests {
         .is_err());
     }
 
+    #[test]
+    fn a_fixed_size_ignores_demand() {
+        let mut fixed = LeaseSizer::Fixed(16);
+        fixed.observe(1_000_000);
+        assert_eq!(fixed.size(), 16);
+        assert_eq!(LeaseSizer::Fixed(0).size(), 1);
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(128))]
+        #[test]
+        fn the_same_demands_give_the_same_sizes(demands in proptest::collection::vec(0u64..100_000, 0..64)) {
+            let mut a = LeaseSizer::Eoq(EoqSizer::new(EoqParams::default()).unwrap());
+            let mut b = a.clone();
+            for d in demands {
+                a.observe(d);
+                b.observe(d);
+                prop_assert_eq!(a.size(), b.size());
+            }
+        }
+
         #[test]
         fn size_stays_within_bounds(
             min in 1u64..100, span in 0u64..10_000, initial in 0u64..20_000,
