@@ -2,9 +2,12 @@
 //!
 //! The escrow holds credits the coordinator granted for one window and
 //! serves them to the region's clients. Rules:
-//! - At most one coordinator lease in flight: [`RegionEscrow::lease_to_send`]
-//!   returns a lease only when none is outstanding; a grant is credited
-//!   exactly once, by [`RegionEscrow::on_grant`].
+//! - At most one coordinator lease in flight: [`RegionEscrow::send_lease`]
+//!   returns a [`LeaseTicket`] only when none is outstanding, so concurrent
+//!   shortages wait on it; its grant is credited exactly once, by
+//!   [`RegionEscrow::on_grant_for`] with that ticket's id. A grant for any
+//!   other id (a duplicate delivery, a lease already given up) is ignored:
+//!   neither credited nor returned, which can only strand capacity.
 //! - Credits die with their window, on the coordinator's timeline: the local
 //!   deadline is the monotonic time the lease was *sent* plus the remaining
 //!   lifetime the coordinator returned (DESIGN §4). Nothing is served at or
@@ -20,47 +23,22 @@
 //!   hint; `fallback` additionally admits up to a static share per window
 //!   while the coordinator is unreachable.
 //!
+//! - Lease size: `max(shortage, sizer.size())` where the [`LeaseSizer`] is a
+//!   fixed batch or the online EOQ learner; the escrow feeds it the tokens it
+//!   served in each window when it first serves from a newer one (windows in
+//!   which nothing was served are not observed).
+//!
 //! Times here are the caller's monotonic milliseconds; window bounds are the
 //! coordinator's epoch milliseconds and are only compared with each other.
+//! The one exception is the outage fallback, which has no coordinator window
+//! and labels what it serves by the caller's wall-clock window.
 
 use crate::policy::OutagePolicy;
+use crate::sizer::LeaseSizer;
 
-/// A grant as the coordinator returned it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CoordinatorGrant {
-    /// Tokens granted.
-    pub granted: u64,
-    /// The window the grant belongs to (coordinator epoch ms).
-    pub window_start_ms: u64,
-    /// Its end.
-    pub window_end_ms: u64,
-    /// `window_end − coordinator_now` when the grant was applied.
-    pub remaining_lifetime_ms: u64,
-}
+mod types;
 
-/// Credits to hand back to the coordinator.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Reconcile {
-    /// The window they were granted in.
-    pub window_start_ms: u64,
-    /// How many.
-    pub leftover: u64,
-}
-
-/// Credits served to a client.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Served {
-    /// Tokens handed out (≤ asked).
-    pub granted: u64,
-    /// Their window.
-    pub window_start_ms: u64,
-    /// Its end (coordinator epoch ms).
-    pub window_end_ms: u64,
-    /// Lifetime left, to pass down as a relative deadline.
-    pub remaining_lifetime_ms: u64,
-    /// True when served from the outage fallback share rather than a grant.
-    pub from_fallback: bool,
-}
+pub use types::{CoordinatorGrant, EscrowCounters, EscrowStatus, LeaseTicket, Reconcile, Served};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Held {
@@ -70,53 +48,47 @@ struct Held {
     deadline_ms: u64,
 }
 
-/// Counters an operator reads in the escrow node's status.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct EscrowCounters {
-    /// Leases sent to the coordinator.
-    pub leases_sent: u64,
-    /// Leases that failed (unreachable, timeout).
-    pub leases_failed: u64,
-    /// Tokens credited from grants.
-    pub tokens_credited: u64,
-    /// Tokens of grants not credited (arrived dead or stale).
-    pub tokens_not_credited: u64,
-    /// Tokens served to clients.
-    pub tokens_served: u64,
-    /// Tokens that expired unspent.
-    pub tokens_expired: u64,
-    /// Requests denied because the coordinator was unreachable.
-    pub outage_denials: u64,
-    /// Tokens admitted from the fallback share.
-    pub fallback_tokens: u64,
-}
-
 /// One region's escrow of one key.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct RegionEscrow {
-    batch: u64,
+    sizer: LeaseSizer,
     probe_interval_ms: u64,
     outage_policy: OutagePolicy,
     held: Option<Held>,
-    in_flight_since: Option<u64>,
+    in_flight: Option<LeaseTicket>,
+    next_lease_id: u64,
     unreachable_since: Option<u64>,
     next_probe_ms: u64,
     fallback_window: Option<(u64, u64)>,
+    /// (window start, tokens served in it) for the sizer.
+    served_window: Option<(u64, u64)>,
     counters: EscrowCounters,
 }
 
 impl RegionEscrow {
     /// An empty escrow leasing `batch` tokens at a time (at least 1).
     pub fn new(batch: u64, probe_interval_ms: u64, outage_policy: OutagePolicy) -> Self {
+        Self::with_sizer(LeaseSizer::Fixed(batch), probe_interval_ms, outage_policy)
+    }
+
+    /// An empty escrow whose lease size comes from `sizer`. After a failed
+    /// lease it asks again at most once per `probe_interval_ms` (≥ 1).
+    pub fn with_sizer(
+        sizer: LeaseSizer,
+        probe_interval_ms: u64,
+        outage_policy: OutagePolicy,
+    ) -> Self {
         RegionEscrow {
-            batch: batch.max(1),
+            sizer,
             probe_interval_ms: probe_interval_ms.max(1),
             outage_policy,
             held: None,
-            in_flight_since: None,
+            in_flight: None,
+            next_lease_id: 0,
             unreachable_since: None,
             next_probe_ms: 0,
             fallback_window: None,
+            served_window: None,
             counters: EscrowCounters::default(),
         }
     }
@@ -126,9 +98,30 @@ impl RegionEscrow {
         self.outage_policy = outage_policy;
     }
 
-    /// Changes the lease size.
+    /// Fixes the lease size at `batch` (at least 1), replacing the sizer.
     pub fn set_batch(&mut self, batch: u64) {
-        self.batch = batch.max(1);
+        self.sizer = LeaseSizer::Fixed(batch);
+    }
+
+    /// The lease size the sizer recommends now (≥ 1).
+    pub fn lease_size(&self) -> u64 {
+        self.sizer.size()
+    }
+
+    /// A snapshot for status pages (expired credits are dropped first).
+    pub fn status(&mut self, now_ms: u64) -> EscrowStatus {
+        self.expire(now_ms);
+        EscrowStatus {
+            balance: self.held.map_or(0, |h| h.balance),
+            window_start_ms: self.held.map(|h| h.window_start_ms),
+            remaining_lifetime_ms: self
+                .held
+                .map_or(0, |h| h.deadline_ms.saturating_sub(now_ms)),
+            lease_in_flight: self.in_flight.is_some(),
+            coordinator_unreachable: self.coordinator_unreachable(),
+            lease_size: self.lease_size(),
+            counters: self.counters,
+        }
     }
 
     /// The counters so far.
@@ -165,40 +158,101 @@ impl RegionEscrow {
             return None;
         }
         h.balance -= granted;
+        let (window_start_ms, window_end_ms, deadline_ms) =
+            (h.window_start_ms, h.window_end_ms, h.deadline_ms);
         self.counters.tokens_served += granted;
+        self.note_demand(window_start_ms, granted);
         Some(Served {
             granted,
-            window_start_ms: h.window_start_ms,
-            window_end_ms: h.window_end_ms,
-            remaining_lifetime_ms: h.deadline_ms - now_ms,
+            window_start_ms,
+            window_end_ms,
+            remaining_lifetime_ms: deadline_ms - now_ms,
             from_fallback: false,
         })
     }
 
+    /// Counts served demand per window; a newer window closes the previous
+    /// one for the sizer.
+    fn note_demand(&mut self, window_start_ms: u64, tokens: u64) {
+        match self.served_window {
+            Some((w, served)) if w == window_start_ms => {
+                self.served_window = Some((w, served.saturating_add(tokens)));
+            }
+            Some((w, served)) if w < window_start_ms => {
+                self.sizer.observe(served);
+                self.served_window = Some((window_start_ms, tokens));
+            }
+            Some(_) => {}
+            None => self.served_window = Some((window_start_ms, tokens)),
+        }
+    }
+
     /// The lease to send now for a shortage of `want` tokens, if any: none
     /// while one is in flight, or while an outage waits for its next probe.
-    /// The caller must report the result with `on_grant` or `on_lease_failed`.
-    pub fn lease_to_send(&mut self, want: u64, now_ms: u64) -> Option<u64> {
-        if self.in_flight_since.is_some() {
+    /// Its size is `max(want, lease_size())`. The caller must report the
+    /// result with [`on_grant_for`](Self::on_grant_for) or
+    /// [`on_lease_failed_for`](Self::on_lease_failed_for) and the ticket's id.
+    pub fn send_lease(&mut self, want: u64, now_ms: u64) -> Option<LeaseTicket> {
+        if self.in_flight.is_some() {
             return None;
         }
         if self.unreachable_since.is_some() && now_ms < self.next_probe_ms {
             return None;
         }
-        self.in_flight_since = Some(now_ms);
+        self.next_lease_id += 1;
+        let ticket = LeaseTicket {
+            id: self.next_lease_id,
+            tokens: want.max(self.sizer.size()),
+            sent_at_ms: now_ms,
+        };
+        self.in_flight = Some(ticket);
         self.counters.leases_sent += 1;
-        Some(want.max(self.batch))
+        Some(ticket)
+    }
+
+    /// [`send_lease`](Self::send_lease) returning only the token count, for
+    /// callers that report the result with [`on_grant`](Self::on_grant) /
+    /// [`on_lease_failed`](Self::on_lease_failed).
+    pub fn lease_to_send(&mut self, want: u64, now_ms: u64) -> Option<u64> {
+        self.send_lease(want, now_ms).map(|t| t.tokens)
     }
 
     /// Whether a lease is outstanding.
     pub fn lease_in_flight(&self) -> bool {
-        self.in_flight_since.is_some()
+        self.in_flight.is_some()
     }
 
-    /// A grant arrived for the lease sent at `sent_at_ms`. Credits it once,
-    /// or returns it to its own window when it cannot be credited.
+    /// The outstanding lease, if any.
+    pub fn outstanding_lease(&self) -> Option<LeaseTicket> {
+        self.in_flight
+    }
+
+    /// A grant arrived for the outstanding lease (see
+    /// [`on_grant_for`](Self::on_grant_for)); ignored if none is outstanding.
     pub fn on_grant(&mut self, grant: CoordinatorGrant, now_ms: u64) -> Option<Reconcile> {
-        let sent_at_ms = self.in_flight_since.take().unwrap_or(now_ms);
+        let id = self.in_flight.map_or(0, |t| t.id);
+        self.on_grant_for(id, grant, now_ms)
+    }
+
+    /// A grant arrived for lease `lease_id`. Credits it once, or returns it
+    /// to its own window when it cannot be credited (arrived at or after its
+    /// deadline, or for an older window than the one held). A grant for a
+    /// lease that is not outstanding is ignored and counted.
+    pub fn on_grant_for(
+        &mut self,
+        lease_id: u64,
+        grant: CoordinatorGrant,
+        now_ms: u64,
+    ) -> Option<Reconcile> {
+        let sent_at_ms = match self.in_flight {
+            Some(ticket) if ticket.id == lease_id => ticket.sent_at_ms,
+            _ => {
+                self.counters.unexpected_grants += 1;
+                self.counters.tokens_not_credited += grant.granted;
+                return None;
+            }
+        };
+        self.in_flight = None;
         self.unreachable_since = None;
         self.fallback_window = None;
         self.expire(now_ms);
@@ -238,9 +292,22 @@ impl RegionEscrow {
         None
     }
 
-    /// The lease failed (unreachable, timeout, no quorum).
+    /// The outstanding lease failed (see
+    /// [`on_lease_failed_for`](Self::on_lease_failed_for)).
     pub fn on_lease_failed(&mut self, now_ms: u64) {
-        self.in_flight_since = None;
+        if let Some(ticket) = self.in_flight {
+            self.on_lease_failed_for(ticket.id, now_ms);
+        }
+    }
+
+    /// Lease `lease_id` failed (unreachable, timeout, no quorum): the
+    /// coordinator counts as unreachable and is probed again only after
+    /// `probe_interval_ms`. Ignored if that lease is not outstanding.
+    pub fn on_lease_failed_for(&mut self, lease_id: u64, now_ms: u64) {
+        if self.in_flight.map(|t| t.id) != Some(lease_id) {
+            return;
+        }
+        self.in_flight = None;
         self.counters.leases_failed += 1;
         if self.unreachable_since.is_none() {
             self.unreachable_since = Some(now_ms);
@@ -249,8 +316,25 @@ impl RegionEscrow {
     }
 
     /// While the coordinator is unreachable: serve from the fallback share
-    /// (policy `fallback`) for the local window `[start, start + window_ms)`
-    /// computed on the caller's clock, or count a denial (`fail_closed`).
+    /// (policy `fallback`) for the caller's wall-clock window containing
+    /// `wall_now_ms`, with the lifetime left in that window, or count a
+    /// denial (`fail_closed`).
+    pub fn serve_outage_at(
+        &mut self,
+        tokens: u64,
+        wall_now_ms: u64,
+        window_ms: u64,
+    ) -> Option<Served> {
+        let window_ms = window_ms.max(1);
+        let start = wall_now_ms - wall_now_ms % window_ms;
+        let mut served = self.serve_outage(tokens, start, window_ms)?;
+        served.remaining_lifetime_ms = start + window_ms - wall_now_ms;
+        Some(served)
+    }
+
+    /// [`serve_outage_at`](Self::serve_outage_at) given the local window's
+    /// start instead of the time; what it serves carries the whole window as
+    /// its lifetime, so prefer `serve_outage_at`.
     pub fn serve_outage(
         &mut self,
         tokens: u64,
@@ -302,6 +386,7 @@ impl RegionEscrow {
     pub fn return_all(&mut self, now_ms: u64) -> Option<Reconcile> {
         self.expire(now_ms);
         let h = self.held.take()?;
+        self.counters.tokens_returned += h.balance;
         (h.balance > 0).then_some(Reconcile {
             window_start_ms: h.window_start_ms,
             leftover: h.balance,
