@@ -9,8 +9,13 @@
 //! - Within its guarantee (`used_t + cost ≤ g_t`) a tenant is admitted,
 //!   subject to `Σ used + cost ≤ budget`.
 //! - Past it, a tenant may borrow at most `cost` per call (the DRR quantum)
-//!   out of `budget − Σ used − Σ_{j≠t} max(0, g_j − used_j)`: other tenants'
-//!   unclaimed guarantees are reserved for them.
+//!   out of the unreserved budget `budget − Σ used − Σ_j max(0, g_j − used_j)`:
+//!   every tenant's unclaimed guarantee stays reserved for it. A call that
+//!   straddles the caller's guarantee spends its own reserve for the part
+//!   below `g_t` and borrows only the part above. (The original subtracted
+//!   only the *others'* reserves, so a straddling call with cost > 1 counted
+//!   its own reserve twice and ate into other tenants' guarantees, breaking
+//!   T2 and T4 for costs above 1; with unit cost both rules agree.)
 //! - When short, the region asks the pool for
 //!   `min(L, Σ used + reserve_of_others + cost)` with region weight `W`
 //!   (the GPS-decomposition condition: a region weighs the sum of its
@@ -24,9 +29,14 @@
 //!   its `used` keeps counting (`evicted_used`), so a flood of unique tenants
 //!   can neither exhaust memory nor over-admit.
 //!
-//! Theorems (property-tested below): T1 `Σ used ≤ budget ≤ L`; T2 a
-//! backlogged tenant is admitted up to `g_t`; T3 under backlog `Σ used = L`;
-//! T4 `|a_i/w_i − a_j/w_j| ≤ cost·(1/w_i + 1/w_j)` for backlogged tenants.
+//! Theorems (property-tested in `wfe/tests.rs` and `tests/wfe_theorems.rs`,
+//! for tenants that all joined before a round-robin backlog):
+//! - T1 `Σ used ≤ budget ≤ L`, for any order, weights, costs and pool.
+//! - T2 with unit cost a backlogged tenant gets at least `g_t`; with a
+//!   uniform cost c, `used_t + c > g_t`.
+//! - T3 with unit cost, under backlog `Σ used = L`; with a uniform cost c,
+//!   `L − Σ used ≤ n·(c − 1)` (each tenant's remainder below one call).
+//! - T4 with a uniform cost c, `|a_i/w_i − a_j/w_j| ≤ c·(1/w_i + 1/w_j)`.
 
 use std::collections::BTreeMap;
 
@@ -236,7 +246,13 @@ impl WeightedFairEscrow {
         if t.used + cost <= g {
             return Some((g, g));
         }
-        let borrow_available = l_rem.saturating_sub(self.reserve_of_others(tenant));
+        // The part of the call within the guarantee uses the caller's own
+        // unclaimed reserve; only the part beyond it borrows, and only from
+        // what nobody (the caller included) has reserved.
+        let own_reserve = g.saturating_sub(t.used);
+        let borrow_available = l_rem
+            .saturating_sub(self.reserve_of_others(tenant))
+            .saturating_sub(own_reserve);
         let wanted = (t.used + cost).saturating_sub(g);
         let grantable = wanted.min(cost).min(borrow_available).min(l_rem);
         Some((g + grantable, g))

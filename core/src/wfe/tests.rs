@@ -249,7 +249,11 @@ proptest! {
     fn t2_t3_guarantee_and_work_conservation(limit in 1u64..300, weights in weight_sets()) {
         let set = tenants(&weights);
         let mut escrow = WeightedFairEscrow::new(limit, 64);
-        // Every tenant joins before the backlog so W is the whole set.
+        // Every tenant joins before the backlog (asking while the region
+        // has no budget yet) so W is the whole set.
+        for (t, w) in &set {
+            prop_assert!(!escrow.check(t, *w, 1, WINDOW, 1, &mut WholeBudget(0)).allowed);
+        }
         backlog(&mut escrow, &set, 1, &mut WholeBudget(limit));
         let total_weight: u128 = weights.iter().map(|w| u128::from(*w)).sum();
         for (t, w) in &set {
