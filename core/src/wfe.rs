@@ -25,9 +25,14 @@
 //!   `w_{t,r} = w_t · d_{t,r} / d_t` of its weight, where `d_{t,r}` is its
 //!   demand in region r over the previous window (as its own services report
 //!   it); declaring the full weight everywhere over-serves it about k-fold.
+//!   [`split_weight`] does the integer split (Σ of the shares is exactly
+//!   `w_t`); scale every tenant's weight by the same factor (say 1000) first
+//!   so the rounding stays negligible.
 //! - The tenant table is bounded: when full, the oldest tenant is evicted and
 //!   its `used` keeps counting (`evicted_used`), so a flood of unique tenants
 //!   can neither exhaust memory nor over-admit.
+//! - Windows only move forward: a grant or request for a window older than
+//!   the current one changes nothing (and the request is denied).
 //!
 //! Theorems (property-tested in `wfe/tests.rs` and `tests/wfe_theorems.rs`,
 //! for tenants that all joined before a round-robin backlog):
@@ -39,6 +44,9 @@
 //! - T4 with a uniform cost c, `|a_i/w_i − a_j/w_j| ≤ c·(1/w_i + 1/w_j)`.
 
 use std::collections::BTreeMap;
+
+mod split;
+pub use split::split_weight;
 
 use crate::decision::Decision;
 use crate::fair_pool::RegionFairPool;
@@ -153,9 +161,13 @@ impl WeightedFairEscrow {
 
     /// Moves to `window` (dropping the previous window's state) and raises
     /// the budget to the region's pool grant `total` (never lowers it, never
-    /// above L). For callers that talk to the pool asynchronously.
+    /// above L). For callers that talk to the pool asynchronously. A grant
+    /// for a window older than the current one is ignored: it must not bring
+    /// back a dead window's budget with its tenants' use forgotten.
     pub fn observe_grant(&mut self, window: WindowBounds, total: u64) {
-        self.roll(window);
+        if !self.roll(window) {
+            return;
+        }
         self.budget = self.budget.max(total.min(self.limit));
     }
 
@@ -188,12 +200,19 @@ impl WeightedFairEscrow {
         self.tenants.values().map(|t| u128::from(t.weight)).sum()
     }
 
-    fn roll(&mut self, window: WindowBounds) {
-        if self.window != Some(window) {
-            self.window = Some(window);
-            self.budget = 0;
-            self.evicted_used = 0;
-            self.tenants.clear();
+    /// Moves to `window` if it is not older than the current one; returns
+    /// whether `window` is now current.
+    fn roll(&mut self, window: WindowBounds) -> bool {
+        match self.window {
+            Some(current) if current == window => true,
+            Some(current) if window.start_ms < current.start_ms => false,
+            _ => {
+                self.window = Some(window);
+                self.budget = 0;
+                self.evicted_used = 0;
+                self.tenants.clear();
+                true
+            }
         }
     }
 
@@ -277,7 +296,17 @@ impl WeightedFairEscrow {
         pool: &mut impl PoolAccess,
     ) -> Decision {
         let cost = cost.max(1);
-        self.roll(window);
+        if !self.roll(window) {
+            // A request labelled with a window older than the current one:
+            // that window is over, nothing may be spent in it.
+            return Decision {
+                allowed: false,
+                limit: 0,
+                remaining: 0,
+                reset_at_ms: window.end_ms,
+                retry_after_ms: 1,
+            };
+        }
         self.upsert(tenant, weight.max(1));
         for _ in 0..MAX_POOL_ASKS_PER_CHECK {
             if self.budget >= self.limit || self.would_admit(tenant, cost) {
