@@ -69,7 +69,7 @@ fn run(seed: u64, s: &Scenario, pick_region: impl Fn(&mut Rng, usize) -> usize) 
         admitted_per_window: BTreeMap::new(),
         late_admissions: 0,
     };
-    let mut send = |network: &mut Network<Message>, rng: &mut Rng, now: u64, m: Message| {
+    let send = |network: &mut Network<Message>, rng: &mut Rng, now: u64, m: Message| {
         if !rng.chance(s.loss_percent) {
             network.send(now + rng.below(s.max_delay_ms + 1), m);
         }
