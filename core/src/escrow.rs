@@ -22,7 +22,6 @@
 //!   request). `fail_closed` serves what it holds, then denies with a retry
 //!   hint; `fallback` additionally admits up to a static share per window
 //!   while the coordinator is unreachable.
-//!
 //! - Lease size: `max(shortage, sizer.size())` where the [`LeaseSizer`] is a
 //!   fixed batch or the online EOQ learner; the escrow feeds it the tokens it
 //!   served in each window when it first serves from a newer one (windows in
