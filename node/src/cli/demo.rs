@@ -101,9 +101,15 @@ fn spawn_client(
         let mut tick = tokio::time::interval(every);
         while wall_ms() < until_ms {
             tick.tick().await;
-            let window = wall_ms() / window_ms * window_ms;
-            let admitted = matches!(limiter.check(key, 1).await, Ok(d) if d.allowed);
-            tally(&t, window, &label, admitted);
+            let asked_in = wall_ms() / window_ms * window_ms;
+            // An admission counts in the window its credits were granted for
+            // (its label); a denial in the window it was asked in.
+            match limiter.check_labelled(key, 1).await {
+                Ok(a) if a.decision.allowed => {
+                    tally(&t, a.window_start_ms.unwrap_or(asked_in), &label, true)
+                }
+                _ => tally(&t, asked_in, &label, false),
+            }
         }
     }))
 }

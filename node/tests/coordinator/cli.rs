@@ -10,10 +10,14 @@ use leasehold_node::cli::dev::{prepare, DevArgs, DevCluster, DEMO_PREFIX};
 use crate::harness::Cluster;
 
 fn free_base_port() -> Result<u16> {
-    // Three consecutive free ports: probe a few random bases.
+    free_port_range(3)
+}
+
+fn free_port_range(len: u16) -> Result<u16> {
+    // `len` consecutive free ports: probe a few random bases.
     for _ in 0..50 {
         let base = rand::random::<u16>() % 20_000 + 30_000;
-        if (0..3).all(|i| std::net::TcpListener::bind(("127.0.0.1", base + i)).is_ok()) {
+        if (0..len).all(|i| std::net::TcpListener::bind(("127.0.0.1", base + i)).is_ok()) {
             return Ok(base);
         }
     }
@@ -139,7 +143,8 @@ async fn the_binary_drives_a_cluster() -> Result<()> {
 #[test]
 fn demo_reports_utilisation_static_partition_and_fairness() -> Result<()> {
     let members = free_base_port()?;
-    let escrow = free_base_port()?;
+    // Two sets of three escrow nodes (fixed batch and EOQ).
+    let escrow = free_port_range(6)?;
     let output = Command::new(env!("CARGO_BIN_EXE_leasehold"))
         .args([
             "demo",
