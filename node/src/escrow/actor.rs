@@ -288,11 +288,8 @@ impl KeyActor {
         }
         if self.escrow.coordinator_unreachable() {
             let wall = self.shared.wall_ms();
-            let window_start = wall - wall % policy.window_ms.max(1);
-            if let Some(served) = self
-                .escrow
-                .serve_outage(tokens, window_start, policy.window_ms)
-            {
+            // Fallback credits live only for the rest of the local window.
+            if let Some(served) = self.escrow.serve_outage_at(tokens, wall, policy.window_ms) {
                 return Ok(Acquired::Credits { served, limit });
             }
         }
