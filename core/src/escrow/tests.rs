@@ -1,6 +1,5 @@
-//! Escrow rules: regressions for the original's defects and properties.
-
-use proptest::prelude::*;
+//! Escrow rules: regressions for the original's defects. The property
+//! tests over random event sequences live in `core/tests/escrow_rules.rs`.
 
 use super::*;
 
@@ -109,100 +108,4 @@ fn fallback_admits_at_most_its_share_per_window() {
         .sum();
     assert_eq!(second, 5);
     assert_eq!(e.counters().fallback_tokens, 10);
-}
-
-#[derive(Debug, Clone)]
-enum Step {
-    Lease(u64),
-    Grant {
-        granted: u64,
-        window: u64,
-        lifetime: u64,
-    },
-    Fail,
-    Serve(u64),
-    TakeBack(u64),
-    Advance(u64),
-}
-
-fn step() -> impl Strategy<Value = Step> {
-    prop_oneof![
-        (1u64..20).prop_map(Step::Lease),
-        (0u64..30, 0u64..4, 0u64..1_500).prop_map(|(granted, w, lifetime)| Step::Grant {
-            granted,
-            window: w * 1_000,
-            lifetime
-        }),
-        Just(Step::Fail),
-        (1u64..10).prop_map(Step::Serve),
-        (1u64..5).prop_map(Step::TakeBack),
-        (0u64..400).prop_map(Step::Advance),
-    ]
-}
-
-proptest! {
-    #![proptest_config(ProptestConfig::with_cases(256))]
-
-    /// Never serves more than was credited (plus what clients gave back),
-    /// never serves a credit at or after its deadline, and at most one
-    /// lease is ever outstanding.
-    #[test]
-    fn serves_only_live_credited_tokens(steps in proptest::collection::vec(step(), 1..120)) {
-        let mut e = RegionEscrow::new(8, 200, OutagePolicy::FailClosed);
-        let mut now = 0u64;
-        let mut outstanding: Option<u64> = None;
-        let mut served_per_window: std::collections::BTreeMap<u64, u64> = Default::default();
-        let mut credited_per_window: std::collections::BTreeMap<u64, u64> = Default::default();
-        let mut deadlines: std::collections::BTreeMap<u64, u64> = Default::default();
-        for s in steps {
-            match s {
-                Step::Lease(want) => {
-                    let sent = e.lease_to_send(want, now);
-                    if sent.is_some() {
-                        prop_assert!(outstanding.is_none(), "two leases in flight");
-                        outstanding = Some(now);
-                    }
-                }
-                Step::Grant { granted, window, lifetime } => {
-                    if let Some(sent) = outstanding.take() {
-                        let before = e.counters().tokens_credited;
-                        e.on_grant(grant(granted, window, lifetime), now);
-                        let credited = e.counters().tokens_credited - before;
-                        if credited > 0 {
-                            *credited_per_window.entry(window).or_default() += credited;
-                            // The latest deadline any credited grant of the window allows.
-                            let d = deadlines.entry(window).or_insert(sent + lifetime);
-                            *d = (*d).max(sent + lifetime);
-                        }
-                    }
-                }
-                Step::Fail => {
-                    if outstanding.take().is_some() {
-                        e.on_lease_failed(now);
-                    }
-                }
-                Step::Serve(n) => {
-                    if let Some(s) = e.serve(n, now) {
-                        prop_assert!(s.granted <= n);
-                        let deadline = deadlines.get(&s.window_start_ms).copied().unwrap_or(0);
-                        prop_assert!(now < deadline, "served at {} past deadline {}", now, deadline);
-                        prop_assert!(now + s.remaining_lifetime_ms <= deadline);
-                        *served_per_window.entry(s.window_start_ms).or_default() += s.granted;
-                    }
-                }
-                Step::TakeBack(n) => {
-                    // A client gives back credits it holds of the current window.
-                    if let Some((&w, served)) = served_per_window.iter_mut().next_back() {
-                        let n = n.min(*served);
-                        let accepted = e.take_back(n, w, now);
-                        *served -= accepted;
-                    }
-                }
-                Step::Advance(ms) => now += ms,
-            }
-        }
-        for (w, served) in served_per_window {
-            prop_assert!(served <= credited_per_window.get(&w).copied().unwrap_or(0));
-        }
-    }
 }

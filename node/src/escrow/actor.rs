@@ -9,7 +9,7 @@ use std::time::Duration;
 use leasehold_core::escrow::{CoordinatorGrant, EscrowCounters, RegionEscrow, Served};
 use leasehold_core::ids::TenantId;
 use leasehold_core::policy::{Policy, PolicyKind};
-use leasehold_core::sizer::{EoqParams, EoqSizer};
+use leasehold_core::sizer::{EoqParams, EoqSizer, LeaseSizer};
 use leasehold_core::wfe::{RecordedAsk, WeightedFairEscrow};
 use leasehold_core::window::WindowBounds;
 use tokio::sync::{mpsc, oneshot};
@@ -85,19 +85,16 @@ impl KeyHandle {
     /// Starts the actor of `key`.
     pub fn spawn(key: String, shared: Arc<EscrowShared>) -> Self {
         let (sender, mailbox) = mpsc::channel(KEY_MAILBOX_CAPACITY);
-        let escrow = RegionEscrow::new(
-            shared.config.batch,
-            shared.config.probe_interval_ms,
-            Default::default(),
-        );
-        let sizer = shared.config.eoq.then(|| {
-            let params = EoqParams {
-                initial_size: shared.config.batch,
-                ..EoqParams::default()
-            };
-            EoqSizer::new(params).ok()
-        });
-        let sizer = sizer.flatten();
+        let sizer = match EoqSizer::new(EoqParams {
+            initial_size: shared.config.batch,
+            max_size: shared.config.batch.max(EOQ_MAX_LEASE),
+            ..EoqParams::default()
+        }) {
+            Ok(eoq) if shared.config.eoq => LeaseSizer::Eoq(eoq),
+            _ => LeaseSizer::Fixed(shared.config.batch),
+        };
+        let escrow =
+            RegionEscrow::with_sizer(sizer, shared.config.probe_interval_ms, Default::default());
         tokio::spawn(
             KeyActor {
                 key,
@@ -107,8 +104,6 @@ impl KeyHandle {
                 last_window_end_ms: 0,
                 reported: EscrowCounters::default(),
                 fair: None,
-                sizer,
-                served_window: (0, 0),
             }
             .run(),
         );
@@ -129,10 +124,6 @@ struct KeyActor {
     last_window_end_ms: u64,
     reported: EscrowCounters,
     fair: Option<FairState>,
-    /// The online lease sizer, when configured.
-    sizer: Option<EoqSizer>,
-    /// (window start, tokens served in it), fed to the sizer at each new window.
-    served_window: (u64, u64),
 }
 
 /// The weighted-fair escrow of a `fair` key and the pool grant it runs on.
@@ -231,7 +222,6 @@ impl KeyActor {
         let limit = policy.limit;
         let now = self.shared.mono_ms();
         if let Some(served) = self.escrow.serve(tokens, now) {
-            self.count_served(&served);
             return Ok(Acquired::Credits { served, limit });
         }
         let mut retry_after_ms = None;
@@ -282,7 +272,6 @@ impl KeyActor {
                 }
             }
             if let Some(served) = self.escrow.serve(tokens, self.shared.mono_ms()) {
-                self.count_served(&served);
                 return Ok(Acquired::Credits { served, limit });
             }
         }
@@ -303,22 +292,6 @@ impl KeyActor {
 }
 
 impl KeyActor {
-    /// Feeds the sizer one closed window's demand when a new window starts.
-    fn count_served(&mut self, served: &Served) {
-        let (window, tokens) = self.served_window;
-        if served.window_start_ms == window {
-            self.served_window.1 = tokens + served.granted;
-            return;
-        }
-        if let Some(sizer) = self.sizer.as_mut() {
-            if window != 0 {
-                sizer.observe(tokens);
-                self.escrow.set_batch(sizer.size());
-            }
-        }
-        self.served_window = (served.window_start_ms, served.granted);
-    }
-
     /// Asks the region fair pool for the region's total; `None` when the
     /// coordinator could not be reached.
     async fn pool_grant(
