@@ -10,6 +10,8 @@
 //! - [`sim`]: the turmoil fleet: real coordinator members on power-loss
 //!   disks, real leased client limiters, simulated network and clocks.
 //! - [`scenario`]: named fault schedules, seeded runs, reports.
+//! - [`processes`]: the same checks against real `leasehold` processes on
+//!   loopback (`kill -9`, `SIGSTOP` / `SIGCONT`, restarts, concurrent load).
 //!
 //! The `leasehold-chaos` binary runs scenarios across seeds and prints a
 //! table; `docs/testing.md` explains how to run and replay.
@@ -17,5 +19,6 @@
 
 pub mod history;
 pub mod invariants;
+pub mod processes;
 pub mod scenario;
 pub mod sim;

@@ -1,9 +1,14 @@
 //! `leasehold-chaos`: runs the simulated fleet through its fault scenarios
-//! across seeds, prints a table, and exits non-zero on any violation.
+//! across seeds — or, with `--processes`, real `leasehold` processes on
+//! loopback through theirs — prints a table, and exits non-zero on any
+//! violation.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::Parser;
+use leasehold_chaos::processes::{self, ProcessOptions};
 use leasehold_chaos::scenario::{self, replay_command, ScenarioReport};
 use leasehold_chaos::sim::Weakening;
 
@@ -30,6 +35,18 @@ struct Args {
     /// Print each run's faults and per-window admissions (use with one seed).
     #[arg(long)]
     verbose: bool,
+    /// Run real `leasehold` processes on loopback (kill -9, SIGSTOP/SIGCONT,
+    /// restarts) instead of the simulation; `--seeds` runs each scenario
+    /// that many times.
+    #[arg(long)]
+    processes: bool,
+    /// The `leasehold` binary for `--processes` (default: the one next to
+    /// this executable).
+    #[arg(long, requires = "processes")]
+    binary: Option<PathBuf>,
+    /// Seconds of load per run with `--processes`.
+    #[arg(long, default_value_t = 12, requires = "processes")]
+    load_secs: u64,
 }
 
 fn parse_weakening(s: &str) -> Result<Weakening, String> {
@@ -72,6 +89,9 @@ fn print_table(reports: &[ScenarioReport]) {
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    if args.processes {
+        return run_processes(&args);
+    }
     let scenarios = if args.scenario == "all" {
         scenario::all()
     } else {
@@ -122,6 +142,101 @@ fn main() -> ExitCode {
         for (seed, e) in &report.errors {
             eprintln!("SIMULATION ERROR {} seed {seed}: {e}", s.name);
             eprintln!("  replay: {}", replay_command(s.name, *seed));
+        }
+        reports.push(report);
+    }
+    print_table(&reports);
+    let failed = reports
+        .iter()
+        .any(|r| !r.violations.is_empty() || !r.errors.is_empty());
+    if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+fn run_processes(args: &Args) -> ExitCode {
+    let scenarios = if args.scenario == "all" {
+        processes::scenarios()
+    } else {
+        match processes::scenario_by_name(&args.scenario) {
+            Some(s) => vec![s],
+            None => {
+                let names: Vec<_> = processes::scenarios().iter().map(|s| s.name).collect();
+                eprintln!(
+                    "unknown process scenario {:?}; known: {}",
+                    args.scenario,
+                    names.join(", ")
+                );
+                return ExitCode::from(2);
+            }
+        }
+    };
+    if args.list {
+        for s in &scenarios {
+            println!("{}", s.name);
+        }
+        return ExitCode::SUCCESS;
+    }
+    let Some(binary) = args.binary.clone().or_else(processes::sibling_binary) else {
+        eprintln!("no leasehold binary next to this executable; pass --binary PATH");
+        return ExitCode::from(2);
+    };
+    if args.weaken == Weakening::AcknowledgeBeforeDurable {
+        eprintln!(
+            "--weaken ack-before-durable needs the simulated disks; it has no --processes form"
+        );
+        return ExitCode::from(2);
+    }
+    let mut options = ProcessOptions::new(binary);
+    options.load = Duration::from_secs(args.load_secs.max(1));
+    options.weakening = args.weaken;
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut reports = Vec::new();
+    for s in &scenarios {
+        let mut report = ScenarioReport::new(s.name, args.seeds);
+        for seed in args.from_seed..args.from_seed + args.seeds {
+            match runtime.block_on(processes::run(s, &options, seed)) {
+                Ok(outcome) => {
+                    let history = &outcome.history;
+                    if args.verbose {
+                        println!("{} run {seed}:", s.name);
+                        for fault in &history.faults {
+                            println!("  fault {fault}");
+                        }
+                        for (start, admitted) in history.admitted_per_window() {
+                            println!("  window {start}: {admitted} admitted of {}", history.limit);
+                        }
+                    }
+                    let first_fault = s.faults.first().map_or(history.load_end_ms, |(at, _)| {
+                        outcome.load_start_ms + u64::try_from(at.as_millis()).unwrap_or(0)
+                    });
+                    report.add_run(
+                        seed,
+                        history,
+                        outcome.violations,
+                        (outcome.load_start_ms + 1_000, first_fault),
+                    );
+                }
+                Err(e) => report.errors.push((seed, format!("{e:#}"))),
+            }
+        }
+        report.finish();
+        for (seed, v) in &report.violations {
+            eprintln!(
+                "VIOLATION {} run {seed}: {}: {}",
+                s.name, v.invariant, v.detail
+            );
+        }
+        for (seed, e) in &report.errors {
+            eprintln!("RUN ERROR {} run {seed}: {e}", s.name);
         }
         reports.push(report);
     }

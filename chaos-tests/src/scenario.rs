@@ -231,6 +231,45 @@ pub fn check(scenario: &Scenario, history: &History) -> Vec<Violation> {
     check_all(history, scenario.liveness_bound_ms)
 }
 
+impl ScenarioReport {
+    /// An empty report of `seeds` runs of scenario `name`.
+    pub fn new(name: &str, seeds: u64) -> Self {
+        ScenarioReport {
+            name: name.to_string(),
+            seeds,
+            ..ScenarioReport::default()
+        }
+    }
+
+    /// Adds one run's history and violations; `healthy` is the stretch
+    /// (epoch ms) whose utilisation is reported. Call [`finish`](Self::finish)
+    /// after the last run.
+    pub fn add_run(
+        &mut self,
+        seed: u64,
+        history: &History,
+        violations: Vec<Violation>,
+        healthy: (u64, u64),
+    ) {
+        self.windows_checked += history.admitted_per_window().len() as u64;
+        self.admissions += history.admissions.iter().map(|a| a.cost).sum::<u64>();
+        self.max_ratio = self.max_ratio.max(max_ratio(history));
+        self.duplicates_checked += history.replies.len() as u64 / 2;
+        self.utilisation += utilisation(history, healthy.0, healthy.1);
+        self.violations
+            .extend(violations.into_iter().map(|violation| (seed, violation)));
+    }
+
+    /// Turns the summed utilisation into the mean over the runs.
+    pub fn finish(&mut self) {
+        self.utilisation = if self.seeds == 0 {
+            0.0
+        } else {
+            self.utilisation / self.seeds as f64
+        };
+    }
+}
+
 /// Runs `scenario` for seeds `from_seed .. from_seed + seeds`.
 pub fn run_seeds(
     scenario: &Scenario,
@@ -238,19 +277,10 @@ pub fn run_seeds(
     from_seed: u64,
     weakening: Weakening,
 ) -> ScenarioReport {
-    let mut report = ScenarioReport {
-        name: scenario.name.to_string(),
-        seeds,
-        ..ScenarioReport::default()
-    };
-    let mut utilisation_sum = 0.0;
+    let mut report = ScenarioReport::new(scenario.name, seeds);
     for seed in from_seed..from_seed + seeds {
         let outcome = sim::run(scenario, seed, weakening);
         let history = &outcome.history;
-        report.windows_checked += history.admitted_per_window().len() as u64;
-        report.admissions += history.admissions.iter().map(|a| a.cost).sum::<u64>();
-        report.max_ratio = report.max_ratio.max(max_ratio(history));
-        report.duplicates_checked += history.replies.len() as u64 / 2;
         // Healthy stretch: from 1 s into the load (setup done) to the first fault.
         let load_start = SIM_EPOCH_MS + 3_000;
         let first_fault = scenario
@@ -259,18 +289,16 @@ pub fn run_seeds(
             .map_or(history.load_end_ms, |(at, _)| {
                 load_start + u64::try_from(at.as_millis()).unwrap_or(0)
             });
-        utilisation_sum += utilisation(history, load_start + 1_000, first_fault);
-        for violation in check(scenario, history) {
-            report.violations.push((seed, violation));
-        }
+        report.add_run(
+            seed,
+            history,
+            check(scenario, history),
+            (load_start + 1_000, first_fault),
+        );
         if let Some(error) = outcome.sim_error {
             report.errors.push((seed, error));
         }
     }
-    report.utilisation = if seeds == 0 {
-        0.0
-    } else {
-        utilisation_sum / seeds as f64
-    };
+    report.finish();
     report
 }

@@ -11,6 +11,8 @@
 //! - [`state_machine`]: [`StateMachineStore`], the coordinator state machine
 //!   and its snapshots, with [`StateReader`] for reads.
 //! - `records`: what is persisted under which key, with format versions.
+//! - [`runtime`]: tokio for openraft, with election randomness a
+//!   simulation can seed.
 //!
 //! # Use
 //! ```no_run
@@ -38,6 +40,7 @@ pub mod engine;
 mod error;
 pub mod log_store;
 mod records;
+pub mod runtime;
 pub mod state_machine;
 pub mod types;
 
@@ -52,6 +55,7 @@ pub use engine::{
 pub use error::StoreError;
 pub use log_store::LogStore;
 pub use records::SnapshotEnvelope;
+pub use runtime::{seed_election_rng, unseed_election_rng, CoordinatorRuntime};
 pub use state_machine::{StateMachineStore, StateReader};
 pub use types::*;
 

@@ -15,7 +15,7 @@ openraft::declare_raft_types!(
         Node = openraft::BasicNode,
         Entry = openraft::Entry<TypeConfig>,
         SnapshotData = std::io::Cursor<Vec<u8>>,
-        AsyncRuntime = openraft::TokioRuntime,
+        AsyncRuntime = crate::runtime::CoordinatorRuntime,
 );
 
 /// A coordinator member's id.

@@ -42,12 +42,14 @@ pub fn client_host(index: usize) -> String {
 /// Records acknowledged coordinator grants (and applies a client-side
 /// weakening). Through an escrow node the grants seen are the node's
 /// credits, not coordinator acknowledgements, so they are not recorded.
-struct RecordingSource<S> {
-    inner: S,
-    record_acks: bool,
-    recorder: Recorder,
-    weakening: Weakening,
-    window_ms: u64,
+pub(crate) struct RecordingSource<S> {
+    pub(crate) inner: S,
+    pub(crate) record_acks: bool,
+    pub(crate) recorder: Recorder,
+    pub(crate) weakening: Weakening,
+    pub(crate) window_ms: u64,
+    /// The run's real time, epoch ms (simulated or wall clock).
+    pub(crate) now_ms: fn() -> u64,
 }
 
 /// Every this many requests (by sequence number), the request is sent a
@@ -90,7 +92,7 @@ impl<S: CreditSource> CreditSource for RecordingSource<S> {
                 self.recorder.acked(AckedGrant {
                     granted: grant.granted,
                     window_start_ms: grant.window_start_ms,
-                    at_ms: sim_now_ms(),
+                    at_ms: (self.now_ms)(),
                 });
             }
             if self.weakening == Weakening::CreditsOutliveWindow {
@@ -214,6 +216,7 @@ pub fn spawn_clients(
                     recorder: recorder.clone(),
                     weakening,
                     window_ms,
+                    now_ms: sim_now_ms,
                 })
             } else {
                 let addr = format!(
@@ -228,6 +231,7 @@ pub fn spawn_clients(
                     recorder: recorder.clone(),
                     weakening,
                     window_ms,
+                    now_ms: sim_now_ms,
                 })
             };
             let batch = rng.gen_range(4..=24);

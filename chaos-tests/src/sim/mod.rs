@@ -3,13 +3,14 @@
 //! client crate's leased [`Limiter`] against them, all recording into one
 //! [`Recorder`]. Faults are injected by the driver loop between steps.
 //!
-//! Reproducibility: turmoil's network and scheduling are seeded. openraft
-//! draws election timeouts from the OS-seeded thread RNG, so Raft timing
-//! (who wins an election, when) can differ between replays of one seed;
-//! every invariant is checked on every run whatever the timing.
+//! Reproducibility: turmoil's network and scheduling are seeded, every
+//! client's request ids, jitter and batch sizes come from the seed, and
+//! openraft's election timeouts are drawn from a generator seeded with it
+//! ([`leasehold_raft_store::seed_election_rng`]; turmoil runs every host on
+//! the driving thread).
 
 mod clock;
-mod load;
+pub(crate) mod load;
 mod net;
 
 use std::collections::HashMap;
@@ -123,6 +124,7 @@ pub struct RunOutcome {
 /// Runs `scenario` once with `seed`.
 pub fn run(scenario: &Scenario, seed: u64, weakening: Weakening) -> RunOutcome {
     let shape = scenario.shape.clone();
+    leasehold_raft_store::seed_election_rng(seed);
     let recorder = Recorder::new(shape.limit, shape.window_ms);
     let disks: Arc<Mutex<HashMap<u64, PowerLossDisk>>> = Arc::default();
     let leader = Arc::new(AtomicU64::new(0));
@@ -208,6 +210,8 @@ pub fn run(scenario: &Scenario, seed: u64, weakening: Weakening) -> RunOutcome {
     );
 
     let sim_error = drive(&mut sim, scenario, &recorder, &disks, &leader, setup_time).err();
+    drop(sim);
+    leasehold_raft_store::unseed_election_rng();
     let history = recorder.snapshot();
     RunOutcome {
         history: History {

@@ -1,0 +1,347 @@
+//! Real `leasehold` processes on loopback: coordinator members (`serve`,
+//! each on its own data directory and port, with a generated config file)
+//! and regional escrow nodes (`escrow`), with the faults an operator's
+//! machine can inflict — `kill -9`, `SIGSTOP` / `SIGCONT`, restart on the
+//! same data directory. Dropping the fleet kills every process it started.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use leasehold_client::coordinator::{CoordinatorClient, RetryOptions};
+use leasehold_client::transport::{Dialer, TcpDialer};
+use leasehold_node::NodeConfig;
+use std::sync::Arc;
+use tempfile::TempDir;
+
+/// One process the fleet manages.
+#[derive(Debug)]
+struct Managed {
+    /// What `ps` would call it, for logs and errors.
+    label: String,
+    /// `host:port` it serves on.
+    addr: String,
+    /// Arguments after the binary.
+    args: Vec<String>,
+    /// Where its stdout and stderr go.
+    log: PathBuf,
+    child: Option<Child>,
+    stopped: bool,
+}
+
+impl Managed {
+    fn spawn(&mut self, binary: &Path) -> Result<()> {
+        let log = File::options()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .with_context(|| format!("opening {}", self.log.display()))?;
+        let child = Command::new(binary)
+            .args(&self.args)
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("starting {} ({})", self.label, binary.display()))?;
+        self.child = Some(child);
+        self.stopped = false;
+        Ok(())
+    }
+
+    fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// `kill -9`, then reaps it.
+    fn kill(&mut self) -> Result<()> {
+        if let Some(mut child) = self.child.take() {
+            child
+                .kill()
+                .with_context(|| format!("kill -9 {}", self.label))?;
+            child.wait()?;
+        }
+        self.stopped = false;
+        Ok(())
+    }
+
+    fn signal(&mut self, signal: &str) -> Result<()> {
+        let Some(pid) = self.pid() else {
+            bail!("{} is not running", self.label);
+        };
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(pid.to_string())
+            .status()
+            .context("running kill(1)")?;
+        if !status.success() {
+            bail!("kill -{signal} {pid} ({}) failed: {status}", self.label);
+        }
+        self.stopped = signal == "STOP";
+        Ok(())
+    }
+
+    /// Fails if the process exited on its own (a crash, a bad flag).
+    fn check_alive(&mut self) -> Result<()> {
+        if let Some(child) = self.child.as_mut() {
+            if let Some(status) = child.try_wait()? {
+                self.child = None;
+                let tail = std::fs::read_to_string(&self.log).unwrap_or_default();
+                let tail: String = tail
+                    .lines()
+                    .rev()
+                    .take(10)
+                    .collect::<Vec<_>>()
+                    .into_iter()
+                    .rev()
+                    .collect::<Vec<_>>()
+                    .join("\n");
+                bail!(
+                    "{} exited by itself ({status}); last log lines:\n{tail}",
+                    self.label
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A free loopback port (bound, read, released).
+fn free_port() -> Result<u16> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").context("reserving a port")?;
+    Ok(listener.local_addr()?.port())
+}
+
+/// Timings for members on one loopback host under concurrent load: quick
+/// failover, but slack enough that a busy 2-core machine does not trigger
+/// needless elections.
+fn member_config(id: u64, listen: String, data_dir: PathBuf) -> NodeConfig {
+    NodeConfig {
+        id,
+        listen,
+        data_dir,
+        heartbeat_ms: 100,
+        election_timeout_min_ms: 500,
+        election_timeout_max_ms: 1_000,
+        proposal_timeout_ms: 2_000,
+        read_timeout_ms: 2_000,
+        tick_interval_ms: 500,
+        ..NodeConfig::default()
+    }
+}
+
+/// Retries of the runner's own clients: ride out an election or a restart.
+pub fn runner_retry_options() -> RetryOptions {
+    RetryOptions {
+        call_timeout: Duration::from_millis(1_000),
+        total_timeout: Duration::from_secs(4),
+        max_attempts: 40,
+        backoff_base: Duration::from_millis(20),
+        backoff_max: Duration::from_millis(250),
+    }
+}
+
+/// The processes of one run.
+#[derive(Debug)]
+pub struct Fleet {
+    binary: PathBuf,
+    dir: TempDir,
+    members: Vec<Managed>,
+    escrows: Vec<Managed>,
+}
+
+impl Fleet {
+    /// Starts `members` coordinator members (ids 1..=members) from `binary`.
+    pub fn start_members(binary: &Path, members: u64) -> Result<Self> {
+        if !binary.is_file() {
+            bail!(
+                "no leasehold binary at {} (build it: cargo build --release -p leasehold-node, or pass --binary)",
+                binary.display()
+            );
+        }
+        let dir = tempfile::Builder::new()
+            .prefix("leasehold-chaos-")
+            .tempdir()
+            .context("creating the run directory")?;
+        let mut fleet = Fleet {
+            binary: binary.to_path_buf(),
+            dir,
+            members: Vec::new(),
+            escrows: Vec::new(),
+        };
+        for id in 1..=members {
+            let addr = format!("127.0.0.1:{}", free_port()?);
+            let data_dir = fleet.dir.path().join(format!("member-{id}"));
+            let config = member_config(id, addr.clone(), data_dir);
+            let config_path = fleet.dir.path().join(format!("member-{id}.toml"));
+            std::fs::write(&config_path, toml::to_string(&config)?)
+                .context("writing a member config")?;
+            let mut member = Managed {
+                label: format!("member {id}"),
+                addr,
+                args: vec![
+                    "serve".into(),
+                    "--config".into(),
+                    config_path.display().to_string(),
+                ],
+                log: fleet.dir.path().join(format!("member-{id}.log")),
+                child: None,
+                stopped: false,
+            };
+            member.spawn(&fleet.binary)?;
+            fleet.members.push(member);
+        }
+        Ok(fleet)
+    }
+
+    /// Starts one escrow node per region in `regions`, leasing from the members.
+    pub fn start_escrows(&mut self, regions: &[String], batch: u64) -> Result<()> {
+        let coordinators = self.member_addrs().join(",");
+        for region in regions {
+            let addr = format!("127.0.0.1:{}", free_port()?);
+            let mut escrow = Managed {
+                label: format!("escrow {region}"),
+                addr: addr.clone(),
+                args: vec![
+                    "escrow".into(),
+                    "--region".into(),
+                    region.clone(),
+                    "--listen".into(),
+                    addr,
+                    "--coordinator".into(),
+                    coordinators.clone(),
+                    "--batch".into(),
+                    batch.to_string(),
+                    "--probe-interval-ms".into(),
+                    "300".into(),
+                ],
+                log: self.dir.path().join(format!("escrow-{region}.log")),
+                child: None,
+                stopped: false,
+            };
+            escrow.spawn(&self.binary)?;
+            self.escrows.push(escrow);
+        }
+        Ok(())
+    }
+
+    /// Every member's `host:port`, by id − 1.
+    pub fn member_addrs(&self) -> Vec<String> {
+        self.members.iter().map(|m| m.addr.clone()).collect()
+    }
+
+    /// Every escrow node's `host:port`.
+    pub fn escrow_addrs(&self) -> Vec<String> {
+        self.escrows.iter().map(|e| e.addr.clone()).collect()
+    }
+
+    /// The directory holding data and logs (kept only while the fleet lives).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn member(&mut self, id: u64) -> Result<&mut Managed> {
+        usize::try_from(id)
+            .ok()
+            .and_then(|id| id.checked_sub(1))
+            .and_then(|i| self.members.get_mut(i))
+            .with_context(|| format!("no member {id}"))
+    }
+
+    /// `kill -9` member `id`.
+    pub fn kill_member(&mut self, id: u64) -> Result<()> {
+        self.member(id)?.kill()
+    }
+
+    /// `SIGSTOP` member `id`: it keeps its sockets but answers nothing.
+    pub fn stop_member(&mut self, id: u64) -> Result<()> {
+        self.member(id)?.signal("STOP")
+    }
+
+    /// `SIGCONT` every stopped member.
+    pub fn continue_members(&mut self) -> Result<()> {
+        for member in self.members.iter_mut().filter(|m| m.stopped) {
+            member.signal("CONT")?;
+        }
+        Ok(())
+    }
+
+    /// Starts every killed member again on its own data directory and port.
+    pub fn restart_members(&mut self) -> Result<()> {
+        let binary = self.binary.clone();
+        for member in self.members.iter_mut().filter(|m| m.child.is_none()) {
+            member.spawn(&binary)?;
+        }
+        Ok(())
+    }
+
+    /// `kill -9` escrow node `index`.
+    pub fn kill_escrow(&mut self, index: usize) -> Result<()> {
+        self.escrows
+            .get_mut(index)
+            .with_context(|| format!("no escrow node {index}"))?
+            .kill()
+    }
+
+    /// Starts every killed escrow node again (same region and port).
+    pub fn restart_escrows(&mut self) -> Result<()> {
+        let binary = self.binary.clone();
+        for escrow in self.escrows.iter_mut().filter(|e| e.child.is_none()) {
+            escrow.spawn(&binary)?;
+        }
+        Ok(())
+    }
+
+    /// Members that are running and not stopped, by id.
+    pub fn responsive_members(&self) -> Vec<u64> {
+        (1..)
+            .zip(&self.members)
+            .filter(|(_, m)| m.child.is_some() && !m.stopped)
+            .map(|(id, _)| id)
+            .collect()
+    }
+
+    /// Fails if a process the fleet believes running has exited on its own.
+    pub fn check_alive(&mut self) -> Result<()> {
+        for managed in self.members.iter_mut().chain(self.escrows.iter_mut()) {
+            managed.check_alive()?;
+        }
+        Ok(())
+    }
+
+    /// The member currently leading, asked of every responsive member.
+    pub async fn leader(&self) -> Option<u64> {
+        let dialer: Arc<dyn Dialer> = Arc::new(TcpDialer::default());
+        for id in self.responsive_members() {
+            let addr = &self.members[usize::try_from(id - 1).ok()?].addr;
+            let Ok(client) = CoordinatorClient::with_options(
+                [addr],
+                dialer.clone(),
+                RetryOptions {
+                    call_timeout: Duration::from_millis(300),
+                    total_timeout: Duration::from_millis(300),
+                    max_attempts: 1,
+                    ..runner_retry_options()
+                },
+            ) else {
+                continue;
+            };
+            if let Ok(status) = client.admin().status().await {
+                if status.state == "Leader" {
+                    return Some(status.node_id);
+                }
+            }
+        }
+        None
+    }
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        for managed in self.members.iter_mut().chain(self.escrows.iter_mut()) {
+            let _ = managed.kill();
+        }
+    }
+}

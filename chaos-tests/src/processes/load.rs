@@ -1,0 +1,141 @@
+//! Concurrent load against real processes: leased limiters (even clients
+//! lease from the cluster directly, odd ones through an escrow node when
+//! the scenario has any) recording every admission and acknowledged grant,
+//! and an observer reading the live window linearizably.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use leasehold_client::coordinator::CoordinatorClient;
+use leasehold_client::transport::{Dialer, TcpDialer};
+use leasehold_client::{
+    CoordinatorSource, CreditSource, EscrowSource, EscrowSourceOptions, LeaseOptions, LeaseSizing,
+    Limiter, LimiterConfig, Mode,
+};
+use leasehold_core::ids::{ClientId, RegionId};
+use rand::{Rng, SeedableRng};
+use tokio::task::JoinHandle;
+
+use super::{fleet::runner_retry_options, wall_now_ms, ProcessOptions, KEY};
+use crate::history::{Admission, Recorder, WindowObservation};
+use crate::sim::load::RecordingSource;
+
+/// The load's tasks.
+pub struct LoadTasks {
+    handles: Vec<JoinHandle<Result<()>>>,
+}
+
+/// Waits for every load task; the first error wins.
+pub async fn join(tasks: LoadTasks) -> Result<()> {
+    for handle in tasks.handles {
+        handle.await.context("a load task panicked")??;
+    }
+    Ok(())
+}
+
+/// Starts the observer and the clients; they run until `load_end_ms`.
+#[allow(clippy::too_many_arguments)]
+pub fn spawn(
+    options: &ProcessOptions,
+    members: &[String],
+    escrows: &[String],
+    observer_client: CoordinatorClient,
+    recorder: &Recorder,
+    seed: u64,
+    load_start_ms: u64,
+    load_end_ms: u64,
+) -> Result<LoadTasks> {
+    let dialer: Arc<dyn Dialer> = Arc::new(TcpDialer::default());
+    let mut handles = Vec::new();
+    {
+        let recorder = recorder.clone();
+        handles.push(tokio::spawn(async move {
+            while wall_now_ms() < load_end_ms + 500 {
+                let read_at_ms = wall_now_ms();
+                if let Ok(window) = observer_client.get_window(KEY).await {
+                    recorder.observe(WindowObservation {
+                        window_start_ms: window.window_start_ms,
+                        read_at_ms,
+                        granted: window.granted,
+                    });
+                }
+                tokio::time::sleep(Duration::from_millis(150)).await;
+            }
+            Ok(())
+        }));
+    }
+    for index in 0..options.clients {
+        let client_seed = seed.wrapping_mul(31).wrapping_add(index as u64);
+        let via_escrow = (!escrows.is_empty() && index % 2 == 1)
+            .then(|| escrows[index / 2 % escrows.len()].clone());
+        let source: Arc<dyn CreditSource> = match via_escrow {
+            None => {
+                let client = CoordinatorClient::with_seed(
+                    members.to_vec(),
+                    dialer.clone(),
+                    runner_retry_options(),
+                    client_seed,
+                )?;
+                let region = RegionId::new(format!("direct-{index}"))?;
+                Arc::new(RecordingSource {
+                    inner: CoordinatorSource::new(client, region),
+                    record_acks: true,
+                    recorder: recorder.clone(),
+                    weakening: options.weakening,
+                    window_ms: options.window_ms,
+                    now_ms: wall_now_ms,
+                })
+            }
+            Some(addr) => Arc::new(RecordingSource {
+                inner: EscrowSource::new(&addr, dialer.clone(), EscrowSourceOptions::default())?,
+                record_acks: false,
+                recorder: recorder.clone(),
+                weakening: options.weakening,
+                window_ms: options.window_ms,
+                now_ms: wall_now_ms,
+            }),
+        };
+        let mut rng = rand::rngs::StdRng::seed_from_u64(client_seed);
+        let mode = Mode::Leased(LeaseOptions {
+            sizing: LeaseSizing::Fixed(rng.gen_range(4..=24)),
+            ..LeaseOptions::default()
+        });
+        let mut config =
+            LimiterConfig::new(mode, ClientId::new(format!("c{index}-{client_seed}"))?);
+        config.call_timeout = Duration::from_secs(3);
+        let limiter = Limiter::with_shared_source(source, config)?;
+        let recorder = recorder.clone();
+        let (pause_min, pause_max) = options.client_pause_ms;
+        let pause_max = pause_max.max(pause_min + 1);
+        handles.push(tokio::spawn(async move {
+            let start = load_start_ms.saturating_sub(wall_now_ms());
+            tokio::time::sleep(Duration::from_millis(start)).await;
+            while wall_now_ms() < load_end_ms {
+                match limiter.check_labelled(KEY, 1).await {
+                    Ok(admission) => {
+                        let at_ms = wall_now_ms();
+                        if let (true, Some(window_start_ms)) =
+                            (admission.decision.allowed, admission.window_start_ms)
+                        {
+                            recorder.admit(Admission {
+                                client: index,
+                                cost: 1,
+                                window_start_ms,
+                                at_ms,
+                            });
+                            let pause = rng.gen_range(pause_min..pause_max);
+                            tokio::time::sleep(Duration::from_millis(pause)).await;
+                        } else {
+                            let wait = admission.decision.retry_after_ms.clamp(5, 50);
+                            tokio::time::sleep(Duration::from_millis(wait)).await;
+                        }
+                    }
+                    Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+                }
+            }
+            Ok(())
+        }));
+    }
+    Ok(LoadTasks { handles })
+}

@@ -1,0 +1,361 @@
+//! The runner's second mode: the same invariants, checked against real
+//! `leasehold` processes on loopback instead of the simulation.
+//!
+//! A run starts three coordinator members (`leasehold serve`, fsync on, each
+//! on its own data directory) and, for some scenarios, regional escrow nodes
+//! (`leasehold escrow`); forms the cluster and sets a counter policy; drives
+//! concurrent load from leased [`Limiter`](leasehold_client::Limiter)s in
+//! this process (some leasing from the cluster directly, some through escrow
+//! nodes) while it `kill -9`s, `SIGSTOP`s / `SIGCONT`s and restarts
+//! processes on a schedule; and records what the clients saw (every
+//! admission with its window, every acknowledged grant, duplicate replies)
+//! and what the cluster says (linearizable `GetWindow` reads). The checks of
+//! [`crate::invariants`] then run on that [`History`].
+//!
+//! Time here is the host's wall clock, which every process shares. Timing is
+//! real, so a seed fixes the clients' choices (batch sizes, request ids,
+//! jitter) but not the interleaving: a run is evidence, not a replay.
+
+mod fleet;
+mod load;
+
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result};
+use leasehold_client::coordinator::CoordinatorClient;
+use leasehold_client::transport::{Dialer, TcpDialer};
+use leasehold_proto::v1 as pb;
+use std::sync::Arc;
+use tonic::Code;
+
+pub use fleet::Fleet;
+
+use crate::history::{History, Recorder};
+use crate::invariants::{check_all, Violation};
+use crate::sim::Weakening;
+
+/// Wall-clock time, epoch ms.
+pub fn wall_now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// The key every client spends from.
+pub const KEY: &str = "chaos/budget";
+
+/// One fault inflicted on the processes. Member `0` means "the current leader".
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProcessFault {
+    /// `kill -9` a member.
+    Kill(u64),
+    /// `kill -9` every member at once.
+    KillAll,
+    /// `SIGSTOP` a member (it holds its sockets and answers nothing).
+    Stop(u64),
+    /// `SIGCONT` every stopped member.
+    Continue,
+    /// Start every killed member again on its own data directory.
+    Restart,
+    /// `kill -9` escrow node `n`.
+    KillEscrow(usize),
+    /// Start every killed escrow node again.
+    RestartEscrows,
+}
+
+/// A named schedule of faults against real processes.
+#[derive(Debug, Clone)]
+pub struct ProcessScenario {
+    /// Name used on the command line.
+    pub name: &'static str,
+    /// Escrow nodes (regions) between some clients and the cluster.
+    pub escrow_nodes: usize,
+    /// Faults, at times counted from the start of the load.
+    pub faults: Vec<(Duration, ProcessFault)>,
+}
+
+fn secs(s: f64) -> Duration {
+    Duration::from_secs_f64(s)
+}
+
+/// Every process scenario.
+pub fn scenarios() -> Vec<ProcessScenario> {
+    use ProcessFault::*;
+    let plain = |name, faults| ProcessScenario {
+        name,
+        escrow_nodes: 0,
+        faults,
+    };
+    vec![
+        plain("healthy", vec![]),
+        plain(
+            "leader_kill9",
+            vec![(secs(3.0), Kill(0)), (secs(5.0), Restart)],
+        ),
+        plain(
+            "leader_stop",
+            vec![(secs(3.0), Stop(0)), (secs(6.0), Continue)],
+        ),
+        plain(
+            "all_kill9",
+            vec![(secs(3.0), KillAll), (secs(4.0), Restart)],
+        ),
+        plain(
+            "rolling_restart",
+            vec![
+                (secs(3.0), Kill(1)),
+                (secs(4.0), Restart),
+                (secs(5.5), Kill(2)),
+                (secs(6.5), Restart),
+                (secs(8.0), Kill(3)),
+                (secs(9.0), Restart),
+            ],
+        ),
+        ProcessScenario {
+            name: "escrow_kill9",
+            escrow_nodes: 2,
+            faults: vec![
+                (secs(3.0), KillEscrow(0)),
+                (secs(4.0), Kill(0)),
+                (secs(5.0), RestartEscrows),
+                (secs(6.0), Restart),
+            ],
+        },
+    ]
+}
+
+/// Looks a process scenario up by name.
+pub fn scenario_by_name(name: &str) -> Option<ProcessScenario> {
+    scenarios().into_iter().find(|s| s.name == name)
+}
+
+/// What every process run shares.
+#[derive(Debug, Clone)]
+pub struct ProcessOptions {
+    /// The `leasehold` binary to run.
+    pub binary: PathBuf,
+    /// Coordinator members.
+    pub members: u64,
+    /// Client limiters in this process.
+    pub clients: usize,
+    /// L.
+    pub limit: u64,
+    /// Window length.
+    pub window_ms: u64,
+    /// How long the clients generate load.
+    pub load: Duration,
+    /// After the last heal, admissions must resume within this.
+    pub liveness_bound_ms: u64,
+    /// Slack between a limiter's decision and the moment it is recorded
+    /// (both on the wall clock; the recording thread may be descheduled in
+    /// between): an admission counts as past its window's end only beyond it.
+    pub record_slack_ms: u64,
+    /// A safety mechanism deliberately broken (client side only here).
+    pub weakening: Weakening,
+    /// Each client pauses a random time in this range (ms) after each
+    /// admission; longer pauses mean lower demand.
+    pub client_pause_ms: (u64, u64),
+}
+
+impl ProcessOptions {
+    /// Defaults for `binary`.
+    pub fn new(binary: PathBuf) -> Self {
+        ProcessOptions {
+            binary,
+            members: 3,
+            clients: 4,
+            limit: 300,
+            window_ms: 1_000,
+            load: Duration::from_secs(12),
+            liveness_bound_ms: 8_000,
+            record_slack_ms: 100,
+            weakening: Weakening::None,
+            client_pause_ms: (1, 6),
+        }
+    }
+}
+
+/// The `leasehold` binary next to the running executable (`target/<profile>/`),
+/// or one directory up (test executables live in `target/<profile>/deps/`).
+pub fn sibling_binary() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let dir = exe.parent()?;
+    [dir.join("leasehold"), dir.parent()?.join("leasehold")]
+        .into_iter()
+        .find(|p| p.is_file())
+}
+
+/// One run against real processes.
+#[derive(Debug, Clone)]
+pub struct ProcessOutcome {
+    /// What the clients and the cluster recorded.
+    pub history: History,
+    /// Wall-clock start of the load, epoch ms.
+    pub load_start_ms: u64,
+    /// Violations of the invariants.
+    pub violations: Vec<Violation>,
+}
+
+async fn form_cluster(fleet: &Fleet, options: &ProcessOptions) -> Result<CoordinatorClient> {
+    let dialer: Arc<dyn Dialer> = Arc::new(TcpDialer::default());
+    let client = CoordinatorClient::with_options(
+        fleet.member_addrs(),
+        dialer,
+        fleet::runner_retry_options(),
+    )?;
+    let admin = client.admin();
+    let ids: Vec<(u64, String)> = (1..).zip(fleet.member_addrs()).collect();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        match admin.init(&ids).await {
+            Ok(()) => break,
+            Err(e) if e.code() == Code::AlreadyExists => break,
+            Err(e) if tokio::time::Instant::now() > deadline => {
+                return Err(e).context("initialising the cluster")
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+    let policy = pb::Policy {
+        prefix: "chaos/".into(),
+        limit: options.limit,
+        window_ms: options.window_ms,
+        kind: pb::PolicyKind::Counter as i32,
+        outage: pb::OutageMode::FailClosed as i32,
+        fallback_tokens_per_region: 0,
+    };
+    loop {
+        match admin.set_policy(policy.clone()).await {
+            Ok(()) => break,
+            Err(e) if tokio::time::Instant::now() > deadline => {
+                return Err(e).context("setting the policy")
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+    Ok(client)
+}
+
+/// Runs `scenario` once against real processes.
+pub async fn run(
+    scenario: &ProcessScenario,
+    options: &ProcessOptions,
+    seed: u64,
+) -> Result<ProcessOutcome> {
+    let mut fleet = Fleet::start_members(&options.binary, options.members)?;
+    let client = form_cluster(&fleet, options)
+        .await
+        .with_context(|| format!("forming the cluster (logs in {})", fleet.dir().display()))?;
+    let regions: Vec<String> = (0..scenario.escrow_nodes)
+        .map(|i| format!("region-{i}"))
+        .collect();
+    fleet.start_escrows(&regions, 16)?;
+
+    let recorder = Recorder::new(options.limit, options.window_ms);
+    let load_start_ms = wall_now_ms() + 500;
+    let load_end_ms = load_start_ms + u64::try_from(options.load.as_millis()).unwrap_or(0);
+    let tasks = load::spawn(
+        options,
+        &fleet.member_addrs(),
+        &fleet.escrow_addrs(),
+        client,
+        &recorder,
+        seed,
+        load_start_ms,
+        load_end_ms,
+    )?;
+
+    let faulted = inflict(&mut fleet, scenario, &recorder, load_start_ms).await;
+    let joined = load::join(tasks).await;
+    let alive = fleet.check_alive();
+    drop(fleet);
+    faulted?;
+    joined?;
+    alive?;
+    recorder.load_ended(load_end_ms);
+
+    let history = History {
+        coordinator_lag_ms: options.record_slack_ms,
+        ..recorder.snapshot()
+    };
+    let violations = check_all(&history, options.liveness_bound_ms);
+    Ok(ProcessOutcome {
+        history,
+        load_start_ms,
+        violations,
+    })
+}
+
+async fn sleep_until_ms(at_ms: u64) {
+    let now = wall_now_ms();
+    if at_ms > now {
+        tokio::time::sleep(Duration::from_millis(at_ms - now)).await;
+    }
+}
+
+/// Member `pick`, or the current leader for `0` (asked for up to a second).
+async fn resolve(fleet: &Fleet, pick: u64) -> Option<u64> {
+    if pick != 0 {
+        return Some(pick);
+    }
+    for _ in 0..20 {
+        if let Some(leader) = fleet.leader().await {
+            return Some(leader);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    None
+}
+
+/// Applies the scenario's faults at their times.
+async fn inflict(
+    fleet: &mut Fleet,
+    scenario: &ProcessScenario,
+    recorder: &Recorder,
+    load_start_ms: u64,
+) -> Result<()> {
+    for (at, fault) in &scenario.faults {
+        sleep_until_ms(load_start_ms + u64::try_from(at.as_millis()).unwrap_or(0)).await;
+        fleet.check_alive()?;
+        let now = wall_now_ms();
+        match fault {
+            ProcessFault::Kill(p) => {
+                let id = resolve(fleet, *p).await.context("no leader to kill")?;
+                fleet.kill_member(id)?;
+                recorder.fault(format!("{now}: kill -9 member {id}"));
+            }
+            ProcessFault::KillAll => {
+                for id in fleet.responsive_members() {
+                    fleet.kill_member(id)?;
+                }
+                recorder.fault(format!("{now}: kill -9 every member"));
+            }
+            ProcessFault::Stop(p) => {
+                let id = resolve(fleet, *p).await.context("no leader to stop")?;
+                fleet.stop_member(id)?;
+                recorder.fault(format!("{now}: SIGSTOP member {id}"));
+            }
+            ProcessFault::Continue => {
+                fleet.continue_members()?;
+                recorder.fault(format!("{now}: SIGCONT"));
+                recorder.healed(now);
+            }
+            ProcessFault::Restart => {
+                fleet.restart_members()?;
+                recorder.fault(format!("{now}: restart killed members"));
+                recorder.healed(now);
+            }
+            ProcessFault::KillEscrow(index) => {
+                fleet.kill_escrow(*index)?;
+                recorder.fault(format!("{now}: kill -9 escrow node {index}"));
+            }
+            ProcessFault::RestartEscrows => {
+                fleet.restart_escrows()?;
+                recorder.fault(format!("{now}: restart escrow nodes"));
+                recorder.healed(now);
+            }
+        }
+    }
+    Ok(())
+}
