@@ -77,6 +77,9 @@ pub struct History {
     pub load_end_ms: u64,
     /// Human-readable log of injected faults.
     pub faults: Vec<String>,
+    /// Operator actions (membership changes) that never completed before
+    /// the load ended.
+    pub unfinished: Vec<String>,
 }
 
 impl History {
@@ -141,6 +144,11 @@ impl Recorder {
     /// Records when the last fault healed.
     pub fn healed(&self, at_ms: u64) {
         self.with(|h| h.healed_at_ms = Some(at_ms));
+    }
+
+    /// Records an operator action that never completed.
+    pub fn unfinished(&self, what: String) {
+        self.with(|h| h.unfinished.push(what));
     }
 
     /// Records the end of the load.

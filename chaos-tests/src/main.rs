@@ -62,7 +62,7 @@ fn parse_weakening(s: &str) -> Result<Weakening, String> {
 
 fn print_table(reports: &[ScenarioReport]) {
     println!(
-        "{:<26} {:>6} {:>8} {:>11} {:>11} {:>8} {:>11} {:>12}",
+        "{:<30} {:>6} {:>8} {:>11} {:>11} {:>8} {:>11} {:>12}",
         "scenario",
         "seeds",
         "windows",
@@ -74,7 +74,7 @@ fn print_table(reports: &[ScenarioReport]) {
     );
     for r in reports {
         println!(
-            "{:<26} {:>6} {:>8} {:>11} {:>11} {:>8.3} {:>11} {:>11.1}%",
+            "{:<30} {:>6} {:>8} {:>11} {:>11} {:>8.3} {:>11} {:>11.1}%",
             r.name,
             r.seeds,
             r.windows_checked,

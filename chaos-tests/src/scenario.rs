@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use crate::history::History;
 use crate::invariants::{check_all, max_ratio, utilisation, Violation};
-use crate::sim::{self, FleetShape, Weakening, SIM_EPOCH_MS};
+use crate::sim::{self, FleetShape, MembershipAction, Weakening, SIM_EPOCH_MS};
 
 /// One injected fault. Member `0` means "the current leader".
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,6 +38,16 @@ pub enum Fault {
     /// mille), dropping the messages in flight, and is repaired the next
     /// tick; `HealAll` ends it.
     Loss(u32),
+    /// Every message (members, escrow nodes, clients) is delayed by up to
+    /// this many milliseconds instead of 15; `HealAll` ends it.
+    Delay(u64),
+    /// The current leader and the fewest other members that still leave it
+    /// in a minority are cut off from the rest of the members (clients
+    /// still reach both sides); `HealAll` repairs it.
+    SplitLeaderMinority,
+    /// A membership change, carried out through the admin API by an
+    /// operator host while the load runs.
+    Membership(MembershipAction),
 }
 
 /// A named scenario.
@@ -178,6 +188,66 @@ pub fn all() -> Vec<Scenario> {
             },
             ..base("light_load", vec![])
         },
+        // Messages take up to 400 ms (heartbeats every 50 ms, elections
+        // after 300–900 ms): leases and elections ride through slow links.
+        base(
+            "slow_network",
+            vec![(secs(3), Fault::Delay(400)), (secs(6), Fault::HealAll)],
+        ),
+        // Five members; the leader and one follower are split from the
+        // other three, which elect a new leader; the old one cannot commit.
+        Scenario {
+            shape: FleetShape {
+                members: 5,
+                ..FleetShape::default()
+            },
+            ..base(
+                "five_member_split",
+                vec![
+                    (secs(3), Fault::SplitLeaderMinority),
+                    (secs(6), Fault::HealAll),
+                ],
+            )
+        },
+        // Five members; the leader loses power, then a follower does too
+        // while the first is still down (two of five down: quorum holds).
+        Scenario {
+            shape: FleetShape {
+                members: 5,
+                ..FleetShape::default()
+            },
+            ..base(
+                "five_member_double_power_loss",
+                vec![
+                    (secs(3), Fault::PowerLoss(0)),
+                    (secs(4), Fault::PowerLoss(2)),
+                    (secs(6), Fault::RestartAll),
+                ],
+            )
+        },
+        // Three voters grow to five under load, then the leader is removed.
+        Scenario {
+            shape: FleetShape {
+                spare_members: 2,
+                ..FleetShape::default()
+            },
+            ..base(
+                "membership_change",
+                vec![
+                    (secs(2), Fault::Membership(MembershipAction::JoinSpares)),
+                    (secs(6), Fault::Membership(MembershipAction::RemoveVoter(0))),
+                ],
+            )
+        },
+        // The leader hands leadership off under load (admin step-down),
+        // twice.
+        base(
+            "leader_step_down",
+            vec![
+                (secs(3), Fault::Membership(MembershipAction::StepDown)),
+                (secs(7), Fault::Membership(MembershipAction::StepDown)),
+            ],
+        ),
         // Every member loses power and restarts inside one long window.
         Scenario {
             shape: FleetShape {

@@ -77,6 +77,11 @@ scenario_tests!(
     escrow_healthy,
     region_cut,
     escrow_leader_power_loss,
+    slow_network,
+    five_member_split,
+    five_member_double_power_loss,
+    membership_change,
+    leader_step_down,
 );
 
 #[test]
@@ -97,6 +102,11 @@ fn every_scenario_has_a_test() {
         "escrow_healthy",
         "region_cut",
         "escrow_leader_power_loss",
+        "slow_network",
+        "five_member_split",
+        "five_member_double_power_loss",
+        "membership_change",
+        "leader_step_down",
     ];
     for s in scenario::all() {
         assert!(tested.contains(&s.name), "scenario {} has no test", s.name);

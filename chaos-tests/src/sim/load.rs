@@ -141,8 +141,10 @@ pub fn spawn_clients(
             let client =
                 CoordinatorClient::with_seed(members.clone(), dialer, sim_retry_options(), seed)?;
             let admin = client.admin();
+            // Spare members (after the first `shape.members`) join later.
             let ids: Vec<(u64, String)> = members
                 .iter()
+                .take(usize::try_from(shape.members).unwrap_or(usize::MAX))
                 .enumerate()
                 .map(|(i, a)| (i as u64 + 1, a.clone()))
                 .collect();

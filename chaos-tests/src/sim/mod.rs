@@ -11,6 +11,7 @@
 
 mod clock;
 pub(crate) mod load;
+mod membership;
 mod net;
 
 use std::collections::HashMap;
@@ -25,6 +26,7 @@ use leasehold_raft_store::{open_with_engine, PowerLossDisk, PowerLossOptions};
 
 pub use clock::{sim_now_ms, SkewedClock, SIM_EPOCH_MS};
 pub use load::Weakening;
+pub use membership::MembershipAction;
 pub use net::{incoming, SimDialer};
 
 use crate::history::{History, Recorder};
@@ -45,8 +47,11 @@ pub fn escrow_host(index: usize) -> String {
 /// Shape of one simulated run.
 #[derive(Debug, Clone)]
 pub struct FleetShape {
-    /// Coordinator members (3 or 5).
+    /// Coordinator members that form the cluster (3 or 5).
     pub members: u64,
+    /// Further member hosts, started uninitialised, that join only when a
+    /// [`MembershipAction::JoinSpares`] fault adds them (ids after `members`).
+    pub spare_members: u64,
     /// Client hosts (regions), each with one leased limiter.
     pub clients: usize,
     /// L.
@@ -64,6 +69,7 @@ impl Default for FleetShape {
     fn default() -> Self {
         FleetShape {
             members: 3,
+            spare_members: 0,
             clients: 4,
             limit: 120,
             window_ms: 1_000,
@@ -78,7 +84,14 @@ pub fn member_host(id: u64) -> String {
     format!("n{id}")
 }
 
-fn member_addr(id: u64) -> String {
+impl FleetShape {
+    /// Every member host id, the initial voters first, then the spares.
+    pub fn member_ids(&self) -> std::ops::RangeInclusive<u64> {
+        1..=self.members + self.spare_members
+    }
+}
+
+pub(crate) fn member_addr(id: u64) -> String {
     format!("{}:{PORT}", member_host(id))
 }
 
@@ -138,11 +151,11 @@ pub fn run(scenario: &Scenario, seed: u64, weakening: Weakening) -> RunOutcome {
         .rng_seed(seed)
         .simulation_duration(total + Duration::from_secs(30))
         .min_message_latency(Duration::from_millis(1))
-        .max_message_latency(Duration::from_millis(15))
+        .max_message_latency(MAX_LATENCY)
         .tcp_capacity(4096)
         .build();
 
-    for id in 1..=shape.members {
+    for id in shape.member_ids() {
         let disk = disks
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -174,7 +187,7 @@ pub fn run(scenario: &Scenario, seed: u64, weakening: Weakening) -> RunOutcome {
         });
     }
 
-    let members: Vec<String> = (1..=shape.members).map(member_addr).collect();
+    let members: Vec<String> = shape.member_ids().map(member_addr).collect();
     for index in 0..shape.escrow_nodes {
         let members = members.clone();
         sim.host(escrow_host(index), move || {
@@ -208,8 +221,34 @@ pub fn run(scenario: &Scenario, seed: u64, weakening: Weakening) -> RunOutcome {
     load::spawn_clients(
         &mut sim, &shape, &members, seed, &recorder, &leader, setup_time, weakening,
     );
+    let actions = membership::ActionQueue::default();
+    if scenario
+        .faults
+        .iter()
+        .any(|(_, f)| matches!(f, Fault::Membership(_)))
+    {
+        let stop_at_ms =
+            SIM_EPOCH_MS + u64::try_from((setup_time + shape.load).as_millis()).unwrap_or(0);
+        membership::spawn_operator(
+            &mut sim,
+            shape.members,
+            shape.spare_members,
+            seed,
+            &actions,
+            &recorder,
+            &leader,
+            stop_at_ms,
+        );
+    }
 
-    let sim_error = drive(&mut sim, scenario, &recorder, &disks, &leader, setup_time).err();
+    let faults = Faults {
+        scenario,
+        recorder: &recorder,
+        disks: &disks,
+        leader: &leader,
+        actions: &actions,
+    };
+    let sim_error = drive(&mut sim, &faults, setup_time).err();
     drop(sim);
     leasehold_raft_store::unseed_election_rng();
     let history = recorder.snapshot();
@@ -238,7 +277,9 @@ fn power_loss(sim: &mut turmoil::Sim<'_>, disks: &Mutex<HashMap<u64, PowerLossDi
 /// the load (0 when no member's clock runs slow).
 fn coordinator_lag_ms(scenario: &Scenario, history: &History) -> u64 {
     let run_ms = history.load_end_ms.saturating_sub(SIM_EPOCH_MS);
-    (1..=scenario.shape.members)
+    scenario
+        .shape
+        .member_ids()
         .map(|id| scenario.clock_drift_ppm(id))
         .filter(|ppm| *ppm < 0)
         .map(|ppm| run_ms.saturating_mul(ppm.unsigned_abs()) / 1_000_000 + 1)
@@ -246,153 +287,234 @@ fn coordinator_lag_ms(scenario: &Scenario, history: &History) -> u64 {
         .unwrap_or(0)
 }
 
+/// What the driver needs to inject a scenario's faults.
+struct Faults<'a> {
+    scenario: &'a Scenario,
+    recorder: &'a Recorder,
+    disks: &'a Arc<Mutex<HashMap<u64, PowerLossDisk>>>,
+    leader: &'a AtomicU64,
+    actions: &'a membership::ActionQueue,
+}
+
+/// The partitions and link settings in force, so `HealAll` undoes them.
+#[derive(Default)]
+struct Damage {
+    isolated: Option<u64>,
+    cut_regions: Vec<usize>,
+    muted: Option<u64>,
+    split: Option<(Vec<u64>, Vec<u64>)>,
+    lossy: bool,
+    delayed: bool,
+}
+
+/// Normal per-message latency bound (see the builder in [`run`]).
+const MAX_LATENCY: Duration = Duration::from_millis(15);
+
 /// Steps the simulation, injecting the scenario's faults at their times.
 fn drive(
     sim: &mut turmoil::Sim<'_>,
-    scenario: &Scenario,
-    recorder: &Recorder,
-    disks: &Arc<Mutex<HashMap<u64, PowerLossDisk>>>,
-    leader: &AtomicU64,
+    faults: &Faults<'_>,
     setup_time: Duration,
 ) -> Result<(), String> {
-    let mut pending: Vec<(Duration, Fault)> = scenario
+    let mut pending: Vec<(Duration, Fault)> = faults
+        .scenario
         .faults
         .iter()
         .map(|(at, f)| (setup_time + *at, f.clone()))
         .collect();
     pending.sort_by_key(|(at, _)| *at);
     let mut next = 0;
-    let mut isolated: Option<u64> = None;
-    let mut cut_regions: Vec<usize> = Vec::new();
-    let mut muted: Option<u64> = None;
-    let mut lossy = false;
+    let mut damage = Damage::default();
     loop {
         let elapsed = sim.elapsed();
         while next < pending.len() && elapsed >= pending[next].0 {
             let fault = pending[next].1.clone();
             next += 1;
-            let now_ms = SIM_EPOCH_MS + u64::try_from(elapsed.as_millis()).unwrap_or(0);
-            let target = |pick: u64| {
-                if pick == 0 {
-                    leader.load(Ordering::SeqCst).max(1)
-                } else {
-                    pick
-                }
-            };
-            match fault {
-                Fault::Isolate(pick) => {
-                    let id = target(pick);
-                    isolated = Some(id);
-                    let others: Vec<String> = (1..=scenario.shape.members)
-                        .filter(|m| *m != id)
-                        .map(member_host)
-                        .collect();
-                    for other in &others {
-                        sim.partition(member_host(id), other.as_str());
-                    }
-                    for c in 0..scenario.shape.clients {
-                        sim.partition(member_host(id), load::client_host(c));
-                    }
-                    recorder.fault(format!("{now_ms}: isolate n{id}"));
-                }
-                Fault::CutRegion(index) => {
-                    for id in 1..=scenario.shape.members {
-                        sim.partition(escrow_host(index), member_host(id));
-                    }
-                    cut_regions.push(index);
-                    recorder.fault(format!("{now_ms}: cut region {index} off from the cluster"));
-                }
-                Fault::MuteOneWay(pick) => {
-                    let id = target(pick);
-                    muted = Some(id);
-                    for other in (1..=scenario.shape.members).filter(|m| *m != id) {
-                        sim.partition_oneway(member_host(id), member_host(other));
-                    }
-                    recorder.fault(format!("{now_ms}: n{id} can hear but not speak to members"));
-                }
-                Fault::Loss(per_mille) => {
-                    sim.set_fail_rate(f64::from(per_mille) / 1_000.0);
-                    lossy = true;
-                    recorder.fault(format!(
-                        "{now_ms}: every link drops {per_mille}‰ of messages"
-                    ));
-                }
-                Fault::HealAll => {
-                    if std::mem::take(&mut lossy) {
-                        sim.set_fail_rate(0.0);
-                    }
-                    if let Some(id) = muted.take() {
-                        for other in (1..=scenario.shape.members).filter(|m| *m != id) {
-                            sim.repair_oneway(member_host(id), member_host(other));
-                        }
-                    }
-                    for index in cut_regions.drain(..) {
-                        for id in 1..=scenario.shape.members {
-                            sim.repair(escrow_host(index), member_host(id));
-                        }
-                    }
-                    if let Some(id) = isolated.take() {
-                        for other in (1..=scenario.shape.members)
-                            .filter(|m| *m != id)
-                            .map(member_host)
-                        {
-                            sim.repair(member_host(id), other.as_str());
-                        }
-                        for c in 0..scenario.shape.clients {
-                            sim.repair(member_host(id), load::client_host(c));
-                        }
-                    }
-                    recorder.fault(format!("{now_ms}: heal"));
-                    recorder.healed(now_ms);
-                }
-                Fault::PowerLoss(pick) => {
-                    let id = target(pick);
-                    power_loss(sim, disks, id);
-                    recorder.fault(format!("{now_ms}: power loss on n{id}"));
-                }
-                Fault::PowerLossAll => {
-                    for id in 1..=scenario.shape.members {
-                        power_loss(sim, disks, id);
-                    }
-                    recorder.fault(format!("{now_ms}: power loss on every member"));
-                }
-                Fault::RestartAll => {
-                    for id in 1..=scenario.shape.members {
-                        if !sim.is_host_running(member_host(id)) {
-                            sim.bounce(member_host(id));
-                        }
-                    }
-                    recorder.fault(format!("{now_ms}: restart stopped members"));
-                    recorder.healed(now_ms);
-                }
-                Fault::Pause { member, for_ms } => {
-                    let id = target(member);
-                    for other in (1..=scenario.shape.members)
-                        .filter(|m| *m != id)
-                        .map(member_host)
-                    {
-                        sim.hold(member_host(id), other.as_str());
-                    }
-                    recorder.fault(format!("{now_ms}: pause n{id} for {for_ms} ms"));
-                    pending.push((elapsed + Duration::from_millis(for_ms), Fault::Resume(id)));
-                    pending[next..].sort_by_key(|(at, _)| *at);
-                }
-                Fault::Resume(id) => {
-                    for other in (1..=scenario.shape.members)
-                        .filter(|m| *m != id)
-                        .map(member_host)
-                    {
-                        sim.release(member_host(id), other.as_str());
-                    }
-                    recorder.fault(format!("{now_ms}: resume n{id}"));
-                    recorder.healed(now_ms);
-                }
+            if let Some(resume_after) = inject(sim, faults, &mut damage, elapsed, fault) {
+                pending.push(resume_after);
+                pending[next..].sort_by_key(|(at, _)| *at);
             }
         }
         match sim.step() {
             Ok(true) => return Ok(()),
             Ok(false) => {}
             Err(e) => return Err(e.to_string()),
+        }
+    }
+}
+
+/// Injects one fault; returns a follow-up fault to schedule, if any.
+fn inject(
+    sim: &mut turmoil::Sim<'_>,
+    faults: &Faults<'_>,
+    damage: &mut Damage,
+    elapsed: Duration,
+    fault: Fault,
+) -> Option<(Duration, Fault)> {
+    let shape = &faults.scenario.shape;
+    let recorder = faults.recorder;
+    let now_ms = SIM_EPOCH_MS + u64::try_from(elapsed.as_millis()).unwrap_or(0);
+    let target = |pick: u64| {
+        if pick == 0 {
+            faults.leader.load(Ordering::SeqCst).max(1)
+        } else {
+            pick
+        }
+    };
+    let others = |id: u64| {
+        shape
+            .member_ids()
+            .filter(move |m| *m != id)
+            .map(member_host)
+    };
+    match fault {
+        Fault::Isolate(pick) => {
+            let id = target(pick);
+            damage.isolated = Some(id);
+            for other in others(id) {
+                sim.partition(member_host(id), other.as_str());
+            }
+            for c in 0..shape.clients {
+                sim.partition(member_host(id), load::client_host(c));
+            }
+            recorder.fault(format!("{now_ms}: isolate n{id}"));
+        }
+        Fault::SplitLeaderMinority => {
+            let leader = target(0);
+            let minority_size = usize::try_from((shape.members.max(1) - 1) / 2)
+                .unwrap_or(1)
+                .max(1);
+            let mut minority = vec![leader];
+            minority.extend(
+                shape
+                    .member_ids()
+                    .filter(|m| *m != leader)
+                    .take(minority_size - 1),
+            );
+            let majority: Vec<u64> = shape
+                .member_ids()
+                .filter(|m| !minority.contains(m))
+                .collect();
+            for a in &minority {
+                for b in &majority {
+                    sim.partition(member_host(*a), member_host(*b));
+                }
+            }
+            recorder.fault(format!(
+                "{now_ms}: split members {minority:?} (with the leader) | {majority:?}"
+            ));
+            damage.split = Some((minority, majority));
+        }
+        Fault::CutRegion(index) => {
+            for id in shape.member_ids() {
+                sim.partition(escrow_host(index), member_host(id));
+            }
+            damage.cut_regions.push(index);
+            recorder.fault(format!("{now_ms}: cut region {index} off from the cluster"));
+        }
+        Fault::MuteOneWay(pick) => {
+            let id = target(pick);
+            damage.muted = Some(id);
+            for other in others(id) {
+                sim.partition_oneway(member_host(id), other.as_str());
+            }
+            recorder.fault(format!("{now_ms}: n{id} can hear but not speak to members"));
+        }
+        Fault::Loss(per_mille) => {
+            sim.set_fail_rate(f64::from(per_mille) / 1_000.0);
+            damage.lossy = true;
+            recorder.fault(format!(
+                "{now_ms}: every link drops {per_mille}‰ of messages"
+            ));
+        }
+        Fault::Delay(max_ms) => {
+            sim.set_max_message_latency(Duration::from_millis(max_ms));
+            damage.delayed = true;
+            recorder.fault(format!("{now_ms}: every message delayed up to {max_ms} ms"));
+        }
+        Fault::HealAll => {
+            heal(sim, shape, damage);
+            recorder.fault(format!("{now_ms}: heal"));
+            recorder.healed(now_ms);
+        }
+        Fault::PowerLoss(pick) => {
+            let id = target(pick);
+            power_loss(sim, faults.disks, id);
+            recorder.fault(format!("{now_ms}: power loss on n{id}"));
+        }
+        Fault::PowerLossAll => {
+            for id in shape.member_ids() {
+                power_loss(sim, faults.disks, id);
+            }
+            recorder.fault(format!("{now_ms}: power loss on every member"));
+        }
+        Fault::RestartAll => {
+            for id in shape.member_ids() {
+                if !sim.is_host_running(member_host(id)) {
+                    sim.bounce(member_host(id));
+                }
+            }
+            recorder.fault(format!("{now_ms}: restart stopped members"));
+            recorder.healed(now_ms);
+        }
+        Fault::Pause { member, for_ms } => {
+            let id = target(member);
+            for other in others(id) {
+                sim.hold(member_host(id), other.as_str());
+            }
+            recorder.fault(format!("{now_ms}: pause n{id} for {for_ms} ms"));
+            return Some((elapsed + Duration::from_millis(for_ms), Fault::Resume(id)));
+        }
+        Fault::Resume(id) => {
+            for other in others(id) {
+                sim.release(member_host(id), other.as_str());
+            }
+            recorder.fault(format!("{now_ms}: resume n{id}"));
+            recorder.healed(now_ms);
+        }
+        Fault::Membership(action) => {
+            recorder.fault(format!("{now_ms}: start {action:?}"));
+            faults
+                .actions
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push_back(action);
+        }
+    }
+    None
+}
+
+/// Undoes every partition and link setting recorded in `damage`.
+fn heal(sim: &mut turmoil::Sim<'_>, shape: &FleetShape, damage: &mut Damage) {
+    if std::mem::take(&mut damage.lossy) {
+        sim.set_fail_rate(0.0);
+    }
+    if std::mem::take(&mut damage.delayed) {
+        sim.set_max_message_latency(MAX_LATENCY);
+    }
+    if let Some(id) = damage.muted.take() {
+        for other in shape.member_ids().filter(|m| *m != id) {
+            sim.repair_oneway(member_host(id), member_host(other));
+        }
+    }
+    for index in damage.cut_regions.drain(..) {
+        for id in shape.member_ids() {
+            sim.repair(escrow_host(index), member_host(id));
+        }
+    }
+    if let Some((minority, majority)) = damage.split.take() {
+        for a in &minority {
+            for b in &majority {
+                sim.repair(member_host(*a), member_host(*b));
+            }
+        }
+    }
+    if let Some(id) = damage.isolated.take() {
+        for other in shape.member_ids().filter(|m| *m != id) {
+            sim.repair(member_host(id), member_host(other));
+        }
+        for c in 0..shape.clients {
+            sim.repair(member_host(id), load::client_host(c));
         }
     }
 }

@@ -5,6 +5,7 @@
 use leasehold_proto::v1::{
     AddLearnerRequest, ChangeMembershipRequest, DeletePolicyRequest, InitRequest,
     ListPoliciesRequest, Member, Policy, SetPolicyRequest, StatusRequest, StatusResponse,
+    StepDownRequest,
 };
 
 use super::{with_timeout, CoordinatorClient, CoordinatorError, Target};
@@ -94,6 +95,29 @@ impl AdminClient {
             })
             .await
             .map(|response| response.log_index)
+    }
+
+    /// Asks the leader to step down so that another voter leads; returns
+    /// the new leader's id. With `leader_id` (the member expected to lead)
+    /// retries are idempotent: once another member leads, it is the answer.
+    /// Without it, a retry after a lost reply may move leadership again.
+    /// Fails with `UNAVAILABLE` when no other voter took over within the
+    /// server's admin timeout (the old leader still leads).
+    pub async fn step_down(&self, leader_id: Option<u64>) -> Result<u64, CoordinatorError> {
+        let request = StepDownRequest {
+            leader_id: leader_id.unwrap_or(0),
+        };
+        self.client
+            .call(Target::Leader, move |channel, timeout| {
+                let request = with_timeout(request, timeout);
+                async move {
+                    CoordinatorClient::admin_rpc(channel)
+                        .step_down(request)
+                        .await
+                }
+            })
+            .await
+            .map(|response| response.new_leader)
     }
 
     /// The status of the first configured endpoint that answers (node-local,

@@ -1,4 +1,4 @@
-//! `leasehold cluster init | status | add-learner | change-membership`.
+//! `leasehold cluster init | status | add-learner | change-membership | step-down`.
 
 use std::time::Duration;
 
@@ -29,6 +29,8 @@ pub enum ClusterCommand {
     AddLearner(AddLearnerArgs),
     /// Replace the set of voters (learners to promote must have been added).
     ChangeMembership(ChangeMembershipArgs),
+    /// Make the leader hand its leadership to another voter (before maintenance).
+    StepDown(StepDownArgs),
 }
 
 /// Options of `cluster init`.
@@ -76,6 +78,17 @@ pub struct ChangeMembershipArgs {
     /// Keep removed voters as learners.
     #[arg(long)]
     pub retain: bool,
+    /// Where to connect and how to print.
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+/// Options of `cluster step-down`.
+#[derive(Debug, Clone, Args)]
+pub struct StepDownArgs {
+    /// The member expected to lead; makes retries idempotent (default: whichever leads).
+    #[arg(long)]
+    pub leader: Option<u64>,
     /// Where to connect and how to print.
     #[command(flatten)]
     pub client: ClientArgs,
@@ -153,6 +166,15 @@ pub async fn run(args: ClusterArgs) -> Result<(), CliError> {
                 args.client.output,
                 json!({"voters": args.voters, "log_index": index}),
                 || format!("voters are now {:?} (log index {index})", args.voters),
+            );
+            Ok(())
+        }
+        ClusterCommand::StepDown(args) => {
+            let new_leader = args.client.client()?.admin().step_down(args.leader).await?;
+            emit(
+                args.client.output,
+                json!({"new_leader": new_leader}),
+                || format!("node {new_leader} leads now"),
             );
             Ok(())
         }

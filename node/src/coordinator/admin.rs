@@ -1,11 +1,18 @@
 //! The admin API (`leasehold.v1.Admin`): cluster formation and membership,
 //! node status, and the replicated policy table.
 //!
-//! `Init` runs on any pristine member; membership changes and policy writes
-//! need the leader (hint otherwise); `ListPolicies` is a linearizable read;
-//! `Status` is local to the member asked.
+//! `Init` runs on any pristine member; membership changes, step-down and
+//! policy writes need the leader (hint otherwise); `ListPolicies` is a
+//! linearizable read; `Status` is local to the member asked.
+//!
+//! Step-down (openraft 0.9 has no leader transfer): the leader refuses
+//! leader work and stops heartbeats and its own election timer, so the
+//! other voters' election timers fire and one of them is elected; then it
+//! turns both back on. It answers with the new leader, or `UNAVAILABLE`
+//! (still leading) if no other voter took over within the admin timeout.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use leasehold_client::transport::normalize_addr;
@@ -152,6 +159,60 @@ impl Admin for AdminApi {
             })),
             Ok(Err(error)) => membership_write_status(error),
             Err(_) => Err(admin_timeout(timeout.as_millis())),
+        }
+    }
+
+    async fn step_down(
+        &self,
+        request: Request<pb::StepDownRequest>,
+    ) -> Result<Response<pb::StepDownResponse>, Status> {
+        let asked = request.into_inner().leader_id;
+        self.node.require_leader()?;
+        if asked != 0 && asked != self.node.id {
+            // Member `asked` already handed off (this is a retry): done.
+            return Ok(Response::new(pb::StepDownResponse {
+                new_leader: self.node.id,
+            }));
+        }
+        if self
+            .node
+            .stepping_down
+            .compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst)
+            .is_err()
+        {
+            return Err(Status::unavailable("a step-down is already in progress"));
+        }
+        let runtime = self.node.raft.runtime_config();
+        runtime.heartbeat(false);
+        runtime.elect(false);
+        let timeout = self.node.config.admin_timeout();
+        let me = self.node.id;
+        let mut metrics = self.node.raft.metrics();
+        let successor = tokio::time::timeout(timeout, async move {
+            loop {
+                let leader = metrics.borrow_and_update().current_leader;
+                if let Some(id) = leader.filter(|id| *id != me) {
+                    return Some(id);
+                }
+                if metrics.changed().await.is_err() {
+                    return None;
+                }
+            }
+        })
+        .await;
+        runtime.heartbeat(true);
+        runtime.elect(true);
+        self.node.stepping_down.store(false, Ordering::SeqCst);
+        match successor {
+            Ok(Some(new_leader)) => {
+                tracing::info!(new_leader, "stepped down");
+                Ok(Response::new(pb::StepDownResponse { new_leader }))
+            }
+            Ok(None) => Err(Status::unavailable("raft stopped during the step-down")),
+            Err(_) => Err(Status::unavailable(format!(
+                "no other voter took over within {} ms (is a quorum of the other voters up?); this member still leads",
+                timeout.as_millis()
+            ))),
         }
     }
 

@@ -3,6 +3,7 @@
 //! plus the three steps every handler uses (check leadership, propose, make a
 //! read linearizable) with their errors already mapped to gRPC.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
@@ -33,12 +34,24 @@ pub struct NodeContext {
     pub metrics: Arc<NodeMetrics>,
     /// Deadlines and sizes.
     pub config: NodeConfig,
+    /// Set while this member hands its leadership off (`StepDown`): it
+    /// refuses leader work so that no replication keeps followers from
+    /// electing another leader.
+    pub stepping_down: AtomicBool,
 }
 
 impl NodeContext {
-    /// Fails fast unless this member is the leader (see [`require_leader`]).
+    /// Fails fast unless this member is the leader (see [`require_leader`])
+    /// and is not handing its leadership off.
     pub fn require_leader(&self) -> Result<(), Status> {
-        require_leader(&self.raft, &self.metrics)
+        require_leader(&self.raft, &self.metrics)?;
+        if self.stepping_down.load(Ordering::SeqCst) {
+            self.metrics.record_rejection(Rejection::Unavailable);
+            return Err(Status::unavailable(
+                "this member is handing its leadership off; retry shortly",
+            ));
+        }
+        Ok(())
     }
 
     /// Proposes `command` through group commit and returns its outcome.

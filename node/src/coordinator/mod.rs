@@ -25,6 +25,7 @@ pub mod raft_service;
 mod tasks;
 
 use std::future::Future;
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -108,6 +109,7 @@ where
         clock,
         metrics,
         config,
+        stepping_down: AtomicBool::new(false),
     });
 
     let (health_reporter, health_service) = tonic_health::server::health_reporter();

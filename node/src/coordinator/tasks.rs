@@ -1,6 +1,7 @@
 //! Background tasks of a member: health reporting and idle clock ticks.
 //! Both end when the stop signal turns true.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -60,7 +61,8 @@ pub async fn tick_clock(node: Arc<NodeContext>, mut stop: watch::Receiver<bool>)
             _ = interval.tick() => {}
             _ = stop.wait_for(|stopped| *stopped) => break,
         }
-        if LeaderView::of(&node.raft) == LeaderView::Me {
+        let stepping_down = node.stepping_down.load(Ordering::SeqCst);
+        if LeaderView::of(&node.raft) == LeaderView::Me && !stepping_down {
             if let Err(error) = node.batcher.submit(Command::Tick).await {
                 tracing::debug!(%error, "clock tick not committed");
             }

@@ -148,6 +148,58 @@ async fn a_new_leader_grants_after_the_leader_stops_mid_load() -> Result<()> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_steps_down_under_load_and_loses_nothing() -> Result<()> {
+    let mut cluster = Cluster::start_initialised(3, |_| {}).await?;
+    let client = cluster.client()?;
+    const LIMIT: u64 = 1_000_000;
+    client
+        .admin()
+        .set_policy(counter_policy("sd/", LIMIT, LONG_WINDOW_MS))
+        .await?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let acked: Acked = Arc::default();
+    let load = spawn_load(&client, "sd/k", 8, stop.clone(), acked.clone());
+    while acked_total(&acked).await < 50 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    let old_leader = cluster.leader().await?;
+    let new_leader = client.admin().step_down(Some(old_leader)).await?;
+    ensure!(
+        new_leader != old_leader,
+        "leadership stayed on {old_leader}"
+    );
+    ensure!(cluster.leader().await? == new_leader);
+    // A retry of the same hand-off (a lost reply) moves nothing.
+    ensure!(client.admin().step_down(Some(old_leader)).await? == new_leader);
+    ensure!(cluster.leader().await? == new_leader);
+
+    let at_hand_off = acked_total(&acked).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while acked_total(&acked).await < at_hand_off + 50 {
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "no grants after the hand-off"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    for task in load {
+        task.await?;
+    }
+    let window = client.get_window("sd/k").await?;
+    let acked = acked.lock().unwrap().clone();
+    let acked_in_window = acked.get(&window.window_start_ms).copied().unwrap_or(0);
+    ensure!(
+        window.granted >= acked_in_window,
+        "acknowledged grants lost across the hand-off"
+    );
+    // The old leader is an ordinary follower again: it can lead once more.
+    ensure!(client.admin().step_down(Some(new_leader)).await? != new_leader);
+    cluster.stop_all().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_acknowledged_grant_survives_a_full_restart() -> Result<()> {
     let mut cluster = Cluster::start_initialised(3, |_| {}).await?;
     let client = cluster.client()?;

@@ -1,0 +1,178 @@
+//! Membership changes and leader hand-offs under load: an operator host
+//! that carries out the driver's operator faults through the real admin API
+//! (add learners, change voters, step down), one at a time, while the
+//! clients keep leasing.
+
+use std::collections::{BTreeSet, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use leasehold_client::coordinator::{AdminClient, CoordinatorClient};
+use leasehold_client::transport::Dialer;
+
+use super::{member_addr, sim_now_ms, sim_retry_options, SimDialer};
+use crate::history::Recorder;
+
+/// One membership change for the operator host to carry out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MembershipAction {
+    /// Every spare member joins as a learner, then becomes a voter.
+    JoinSpares,
+    /// Voter `id` (0: the current leader) is removed from the cluster.
+    RemoveVoter(u64),
+    /// The current leader steps down (admin `StepDown`) and another voter
+    /// is elected.
+    StepDown,
+}
+
+/// The driver's side: actions are queued here at their fault times.
+pub type ActionQueue = Arc<Mutex<VecDeque<MembershipAction>>>;
+
+/// Host name of the operator host.
+pub const OPERATOR_HOST: &str = "operator";
+
+/// Adds the operator host: it polls `queue` and applies each action with
+/// retries until it succeeds or the load is over.
+#[allow(clippy::too_many_arguments)]
+pub fn spawn_operator(
+    sim: &mut turmoil::Sim<'_>,
+    voters: u64,
+    spares: u64,
+    seed: u64,
+    queue: &ActionQueue,
+    recorder: &Recorder,
+    leader: &Arc<AtomicU64>,
+    stop_at_ms: u64,
+) {
+    let (queue, recorder, leader) = (queue.clone(), recorder.clone(), leader.clone());
+    sim.client(OPERATOR_HOST, async move {
+        let endpoints: Vec<String> = (1..=voters + spares).map(member_addr).collect();
+        let dialer: Arc<dyn Dialer> = Arc::new(SimDialer);
+        let client = CoordinatorClient::with_seed(
+            endpoints,
+            dialer,
+            sim_retry_options(),
+            seed.wrapping_add(0x6f70),
+        )?;
+        let admin = client.admin();
+        let mut current: BTreeSet<u64> = (1..=voters).collect();
+        while sim_now_ms() < stop_at_ms {
+            let action = queue
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .pop_front();
+            let Some(action) = action else {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            };
+            let done = match action {
+                MembershipAction::JoinSpares => {
+                    let spares: Vec<u64> = (voters + 1..=voters + spares).collect();
+                    join(&admin, &mut current, &spares, stop_at_ms).await
+                }
+                MembershipAction::RemoveVoter(pick) => {
+                    let id = pick_voter(pick, &leader, &current);
+                    let mut next = current.clone();
+                    next.remove(&id);
+                    let ok = change(&admin, &next, false, stop_at_ms).await;
+                    if ok {
+                        current = next;
+                    }
+                    ok
+                }
+                MembershipAction::StepDown => step_down(&admin, &leader, stop_at_ms).await,
+            };
+            let now_ms = sim_now_ms();
+            let voters_now: Vec<String> = current.iter().map(|id| format!("n{id}")).collect();
+            let voters_now = voters_now.join(",");
+            if done {
+                recorder.fault(format!("{now_ms}: {action:?} done; voters {voters_now}"));
+                recorder.healed(now_ms);
+            } else {
+                recorder.unfinished(format!("{action:?} (voters {voters_now})"));
+            }
+        }
+        for action in queue
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .drain(..)
+        {
+            recorder.unfinished(format!("{action:?} (never started)"));
+        }
+        Ok(())
+    });
+}
+
+fn pick_voter(pick: u64, leader: &AtomicU64, current: &BTreeSet<u64>) -> u64 {
+    if pick != 0 {
+        return pick;
+    }
+    let id = leader.load(Ordering::SeqCst);
+    if current.contains(&id) {
+        id
+    } else {
+        current.iter().next().copied().unwrap_or(1)
+    }
+}
+
+/// Retries `change_membership` until it succeeds or time runs out.
+async fn change(
+    admin: &AdminClient,
+    voters: &BTreeSet<u64>,
+    retain: bool,
+    stop_at_ms: u64,
+) -> bool {
+    let ids: Vec<u64> = voters.iter().copied().collect();
+    while sim_now_ms() < stop_at_ms {
+        if admin.change_membership(&ids, retain).await.is_ok() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
+}
+
+async fn join(
+    admin: &AdminClient,
+    current: &mut BTreeSet<u64>,
+    joining: &[u64],
+    stop_at_ms: u64,
+) -> bool {
+    for id in joining {
+        let addr = member_addr(*id);
+        loop {
+            if sim_now_ms() >= stop_at_ms {
+                return false;
+            }
+            if admin.add_learner(*id, &addr).await.is_ok() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    let mut next = current.clone();
+    next.extend(joining.iter().copied());
+    let ok = change(admin, &next, false, stop_at_ms).await;
+    if ok {
+        *current = next;
+    }
+    ok
+}
+
+/// Asks the leader to step down, naming it (so a retried call cannot move
+/// leadership twice); the leader is read fresh from a member's status.
+async fn step_down(admin: &AdminClient, leader: &AtomicU64, stop_at_ms: u64) -> bool {
+    while sim_now_ms() < stop_at_ms {
+        let known = match admin.status().await {
+            Ok(status) => status.current_leader,
+            Err(_) => None,
+        }
+        .or_else(|| Some(leader.load(Ordering::SeqCst)).filter(|id| *id != 0));
+        if admin.step_down(known).await.is_ok() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
+}
