@@ -149,6 +149,7 @@ fn one_seed_replays_the_same_history() {
         ("leader_isolation", 11),
         ("full_power_loss", 3),
         ("clock_drift", 5),
+        ("membership_change", 2),
     ] {
         let scenario = scenario::by_name(name).expect("known scenario");
         let runs: Vec<_> = (0..2)

@@ -23,7 +23,7 @@ use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result};
-use leasehold_client::coordinator::CoordinatorClient;
+use leasehold_client::coordinator::{AdminClient, CoordinatorClient};
 use leasehold_client::transport::{Dialer, TcpDialer};
 use leasehold_proto::v1 as pb;
 use std::sync::Arc;
@@ -62,6 +62,8 @@ pub enum ProcessFault {
     KillEscrow(usize),
     /// Start every killed escrow node again.
     RestartEscrows,
+    /// The leader hands its leadership off (`leasehold cluster step-down`).
+    StepDown,
 }
 
 /// A named schedule of faults against real processes.
@@ -111,6 +113,10 @@ pub fn scenarios() -> Vec<ProcessScenario> {
                 (secs(8.0), Kill(3)),
                 (secs(9.0), Restart),
             ],
+        ),
+        plain(
+            "leader_step_down",
+            vec![(secs(3.0), StepDown), (secs(7.0), StepDown)],
         ),
         ProcessScenario {
             name: "escrow_kill9",
@@ -255,6 +261,7 @@ pub async fn run(
     let recorder = Recorder::new(options.limit, options.window_ms);
     let load_start_ms = wall_now_ms() + 500;
     let load_end_ms = load_start_ms + u64::try_from(options.load.as_millis()).unwrap_or(0);
+    let admin = client.admin();
     let tasks = load::spawn(
         options,
         &fleet.member_addrs(),
@@ -266,7 +273,7 @@ pub async fn run(
         load_end_ms,
     )?;
 
-    let faulted = inflict(&mut fleet, scenario, &recorder, load_start_ms).await;
+    let faulted = inflict(&mut fleet, &admin, scenario, &recorder, load_start_ms).await;
     let joined = load::join(tasks).await;
     let alive = fleet.check_alive();
     drop(fleet);
@@ -311,6 +318,7 @@ async fn resolve(fleet: &Fleet, pick: u64) -> Option<u64> {
 /// Applies the scenario's faults at their times.
 async fn inflict(
     fleet: &mut Fleet,
+    admin: &AdminClient,
     scenario: &ProcessScenario,
     recorder: &Recorder,
     load_start_ms: u64,
@@ -354,6 +362,18 @@ async fn inflict(
                 fleet.restart_escrows()?;
                 recorder.fault(format!("{now}: restart escrow nodes"));
                 recorder.healed(now);
+            }
+            ProcessFault::StepDown => {
+                let old = resolve(fleet, 0).await.context("no leader to step down")?;
+                let new = admin
+                    .step_down(Some(old))
+                    .await
+                    .with_context(|| format!("member {old} stepping down"))?;
+                let done = wall_now_ms();
+                recorder.fault(format!(
+                    "{now}: member {old} steps down; {new} leads from {done}"
+                ));
+                recorder.healed(done);
             }
         }
     }
