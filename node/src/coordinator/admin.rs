@@ -174,6 +174,22 @@ impl Admin for AdminApi {
                 new_leader: self.node.id,
             }));
         }
+        let me = self.node.id;
+        let other_voters = self
+            .node
+            .raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .voter_ids()
+            .filter(|id| *id != me)
+            .count();
+        if other_voters == 0 {
+            return Err(Status::failed_precondition(
+                "no other voter to hand leadership to; add one first",
+            ));
+        }
         if self
             .node
             .stepping_down
@@ -186,7 +202,6 @@ impl Admin for AdminApi {
         runtime.heartbeat(false);
         runtime.elect(false);
         let timeout = self.node.config.admin_timeout();
-        let me = self.node.id;
         let mut metrics = self.node.raft.metrics();
         let successor = tokio::time::timeout(timeout, async move {
             loop {

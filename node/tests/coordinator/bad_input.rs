@@ -262,6 +262,10 @@ async fn followers_answer_with_a_leader_hint() -> Result<()> {
             })
             .await
             .unwrap_err(),
+        admin
+            .step_down(pb::StepDownRequest { leader_id: 0 })
+            .await
+            .unwrap_err(),
     ] {
         ensure!(status.code() == Code::FailedPrecondition, "{status:?}");
         ensure!(

@@ -137,6 +137,18 @@ async fn the_binary_drives_a_cluster() -> Result<()> {
         .output()?;
     ensure!(!failed.status.success());
     ensure!(String::from_utf8_lossy(&failed.stderr).contains("no policy"));
+
+    // A lone member has no one to hand leadership to: refused at once.
+    let lone = Command::new(env!("CARGO_BIN_EXE_leasehold"))
+        .args(["cluster", "step-down", "-e", e, "--leader", "1"])
+        .output()?;
+    ensure!(!lone.status.success());
+    ensure!(
+        String::from_utf8_lossy(&lone.stderr).contains("no other voter"),
+        "{}",
+        String::from_utf8_lossy(&lone.stderr)
+    );
+    ensure!(cluster.leader().await? == 1);
     cluster.stop_all().await
 }
 
