@@ -47,6 +47,11 @@ struct Args {
     /// Seconds of load per run with `--processes`.
     #[arg(long, default_value_t = 12, requires = "processes")]
     load_secs: u64,
+    /// Coordinator members with `--processes` (3 to 9; odd sizes tolerate
+    /// the most failures).
+    #[arg(long, default_value_t = 3, requires = "processes",
+          value_parser = clap::value_parser!(u64).range(3..=9))]
+    members: u64,
 }
 
 fn parse_weakening(s: &str) -> Result<Weakening, String> {
@@ -191,6 +196,7 @@ fn run_processes(args: &Args) -> ExitCode {
     }
     let mut options = ProcessOptions::new(binary);
     options.load = Duration::from_secs(args.load_secs.max(1));
+    options.members = args.members;
     options.weakening = args.weaken;
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
