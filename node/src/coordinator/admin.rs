@@ -28,6 +28,36 @@ use super::context::{forward_status, NodeContext};
 use super::convert;
 use super::leader::{command_error_status, LeaderView};
 
+/// Stops heartbeats and this member's election timer until another member
+/// leads or `timeout` passes, then restores both and clears
+/// `stepping_down`. Returns the new leader (`Ok(None)`: Raft stopped).
+async fn hand_off(
+    node: Arc<NodeContext>,
+    timeout: std::time::Duration,
+) -> Result<Option<NodeId>, tokio::time::error::Elapsed> {
+    let runtime = node.raft.runtime_config();
+    runtime.heartbeat(false);
+    runtime.elect(false);
+    let me = node.id;
+    let mut metrics = node.raft.metrics();
+    let successor = tokio::time::timeout(timeout, async move {
+        loop {
+            let leader = metrics.borrow_and_update().current_leader;
+            if let Some(id) = leader.filter(|id| *id != me) {
+                return Some(id);
+            }
+            if metrics.changed().await.is_err() {
+                return None;
+            }
+        }
+    })
+    .await;
+    runtime.heartbeat(true);
+    runtime.elect(true);
+    node.stepping_down.store(false, Ordering::SeqCst);
+    successor
+}
+
 /// Serves `leasehold.v1.Admin` for one member.
 #[derive(Clone)]
 pub struct AdminApi {
@@ -198,26 +228,12 @@ impl Admin for AdminApi {
         {
             return Err(Status::unavailable("a step-down is already in progress"));
         }
-        let runtime = self.node.raft.runtime_config();
-        runtime.heartbeat(false);
-        runtime.elect(false);
+        // Run to the end even if the caller goes away: the member must not
+        // be left without heartbeats or refusing leader work.
         let timeout = self.node.config.admin_timeout();
-        let mut metrics = self.node.raft.metrics();
-        let successor = tokio::time::timeout(timeout, async move {
-            loop {
-                let leader = metrics.borrow_and_update().current_leader;
-                if let Some(id) = leader.filter(|id| *id != me) {
-                    return Some(id);
-                }
-                if metrics.changed().await.is_err() {
-                    return None;
-                }
-            }
-        })
-        .await;
-        runtime.heartbeat(true);
-        runtime.elect(true);
-        self.node.stepping_down.store(false, Ordering::SeqCst);
+        let successor = tokio::spawn(hand_off(self.node.clone(), timeout))
+            .await
+            .map_err(|e| Status::internal(format!("step-down task failed: {e}")))?;
         match successor {
             Ok(Some(new_leader)) => {
                 tracing::info!(new_leader, "stepped down");
