@@ -113,6 +113,24 @@ fn every_scenario_has_a_test() {
     }
 }
 
+/// Bug found by the 100-seed run: a step-down abandoned by its caller (the
+/// client's 1 s attempt deadline is shorter than the election) left the old
+/// leader with heartbeats and its election timer off, and the next
+/// step-down never completed. Node test:
+/// `safety::a_step_down_abandoned_by_its_caller_still_completes`.
+#[test]
+fn regression_abandoned_step_down_wedged_the_member_seed_1071() {
+    let scenario = scenario::by_name("leader_step_down").expect("known scenario");
+    let report = run_seeds(&scenario, 1, 1071, Weakening::None);
+    assert!(
+        report.violations.is_empty() && report.errors.is_empty(),
+        "{:?} {:?}",
+        report.violations,
+        report.errors
+    );
+    assert!(report.admissions > 0);
+}
+
 #[test]
 fn credits_outliving_their_window_are_caught() {
     let scenario = scenario::by_name("light_load").expect("known scenario");

@@ -199,6 +199,49 @@ async fn a_leader_steps_down_under_load_and_loses_nothing() -> Result<()> {
     cluster.stop_all().await
 }
 
+/// Found by the chaos suite (`leader_step_down`, seed 1071): a step-down
+/// whose caller gave up (client deadline shorter than the election) used to
+/// be dropped half-way, leaving the member with heartbeats and its election
+/// timer off for good. With two voters, the second hand-off needs the first
+/// member to campaign again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_down_abandoned_by_its_caller_still_completes() -> Result<()> {
+    let mut cluster = Cluster::start_initialised(2, |_| {}).await?;
+    let first = cluster.leader().await?;
+    let channel =
+        tonic::transport::Endpoint::from_shared(format!("http://{}", cluster.addr(first)))?
+            .connect()
+            .await?;
+    let mut admin = leasehold_proto::v1::admin_client::AdminClient::new(channel);
+    let mut request =
+        tonic::Request::new(leasehold_proto::v1::StepDownRequest { leader_id: first });
+    request.set_timeout(Duration::from_millis(20));
+    ensure!(
+        admin.step_down(request).await.is_err(),
+        "the hand-off cannot finish within 20 ms"
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let second = loop {
+        let leader = cluster.leader().await?;
+        if leader != first {
+            break leader;
+        }
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "leadership never moved"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let client = cluster.client()?;
+    ensure!(client.admin().step_down(Some(second)).await? == first);
+    client
+        .admin()
+        .set_policy(counter_policy("ab/", 10, LONG_WINDOW_MS))
+        .await?;
+    ensure!(client.lease("ab/k", "eu", 4).await?.granted == 4);
+    cluster.stop_all().await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_acknowledged_grant_survives_a_full_restart() -> Result<()> {
     let mut cluster = Cluster::start_initialised(3, |_| {}).await?;
