@@ -13,6 +13,17 @@ use leasehold_chaos::scenario::{self, replay_command, ScenarioReport};
 use leasehold_chaos::sim::Weakening;
 
 /// Run Leasehold chaos scenarios and check its invariants.
+/// `println!` that ends the process quietly (status 1: nothing verified
+/// was reported) when stdout is gone, e.g. piped into `head`.
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        if writeln!(std::io::stdout(), $($arg)*).is_err() {
+            std::process::exit(1);
+        }
+    }};
+}
+
 #[derive(Debug, Parser)]
 #[command(version)]
 struct Args {
@@ -66,7 +77,7 @@ fn parse_weakening(s: &str) -> Result<Weakening, String> {
 }
 
 fn print_table(reports: &[ScenarioReport]) {
-    println!(
+    out!(
         "{:<30} {:>6} {:>8} {:>11} {:>11} {:>8} {:>11} {:>12}",
         "scenario",
         "seeds",
@@ -78,7 +89,7 @@ fn print_table(reports: &[ScenarioReport]) {
         "utilisation"
     );
     for r in reports {
-        println!(
+        out!(
             "{:<30} {:>6} {:>8} {:>11} {:>11} {:>8.3} {:>11} {:>11.1}%",
             r.name,
             r.seeds,
@@ -115,7 +126,7 @@ fn main() -> ExitCode {
     };
     if args.list {
         for s in &scenarios {
-            println!("{}", s.name);
+            out!("{}", s.name);
         }
         return ExitCode::SUCCESS;
     }
@@ -124,12 +135,12 @@ fn main() -> ExitCode {
         if args.verbose {
             for seed in args.from_seed..args.from_seed + args.seeds {
                 let outcome = leasehold_chaos::sim::run(s, seed, args.weaken);
-                println!("{} seed {seed}:", s.name);
+                out!("{} seed {seed}:", s.name);
                 for fault in &outcome.history.faults {
-                    println!("  fault {fault}");
+                    out!("  fault {fault}");
                 }
                 for (start, admitted) in outcome.history.admitted_per_window() {
-                    println!(
+                    out!(
                         "  window {start}: {admitted} admitted of {}",
                         outcome.history.limit
                     );
@@ -180,7 +191,7 @@ fn run_processes(args: &Args) -> ExitCode {
     };
     if args.list {
         for s in &scenarios {
-            println!("{}", s.name);
+            out!("{}", s.name);
         }
         return ExitCode::SUCCESS;
     }
@@ -213,12 +224,12 @@ fn run_processes(args: &Args) -> ExitCode {
                 Ok(outcome) => {
                     let history = &outcome.history;
                     if args.verbose {
-                        println!("{} run {seed}:", s.name);
+                        out!("{} run {seed}:", s.name);
                         for fault in &history.faults {
-                            println!("  fault {fault}");
+                            out!("  fault {fault}");
                         }
                         for (start, admitted) in history.admitted_per_window() {
-                            println!("  window {start}: {admitted} admitted of {}", history.limit);
+                            out!("  window {start}: {admitted} admitted of {}", history.limit);
                         }
                     }
                     let first_fault = s.faults.first().map_or(history.load_end_ms, |(at, _)| {
