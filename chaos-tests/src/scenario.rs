@@ -180,6 +180,31 @@ pub fn all() -> Vec<Scenario> {
                 vec![(secs(3), Fault::PowerLoss(0)), (secs(5), Fault::RestartAll)],
             )
         },
+        // A `fair` key: two regions' escrow nodes share L through the
+        // region fair pool while the leader loses power.
+        Scenario {
+            shape: FleetShape {
+                escrow_nodes: 2,
+                fair: true,
+                ..FleetShape::default()
+            },
+            ..base(
+                "fair_pool_leader_power_loss",
+                vec![(secs(3), Fault::PowerLoss(0)), (secs(5), Fault::RestartAll)],
+            )
+        },
+        // A `fair` key; region 0 is cut off from the cluster and heals.
+        Scenario {
+            shape: FleetShape {
+                escrow_nodes: 2,
+                fair: true,
+                ..FleetShape::default()
+            },
+            ..base(
+                "fair_pool_region_cut",
+                vec![(secs(3), Fault::CutRegion(0)), (secs(6), Fault::HealAll)],
+            )
+        },
         // Demand below L: clients hold credits across every boundary.
         Scenario {
             shape: FleetShape {

@@ -82,6 +82,8 @@ scenario_tests!(
     five_member_double_power_loss,
     membership_change,
     leader_step_down,
+    fair_pool_leader_power_loss,
+    fair_pool_region_cut,
 );
 
 #[test]
@@ -107,6 +109,8 @@ fn every_scenario_has_a_test() {
         "five_member_double_power_loss",
         "membership_change",
         "leader_step_down",
+        "fair_pool_leader_power_loss",
+        "fair_pool_region_cut",
     ];
     for s in scenario::all() {
         assert!(tested.contains(&s.name), "scenario {} has no test", s.name);

@@ -159,7 +159,11 @@ pub fn spawn_clients(
                 prefix: "chaos/".into(),
                 limit: shape.limit,
                 window_ms: shape.window_ms,
-                kind: pb::PolicyKind::Counter as i32,
+                kind: if shape.fair {
+                    pb::PolicyKind::Fair
+                } else {
+                    pb::PolicyKind::Counter
+                } as i32,
                 outage: pb::OutageMode::FailClosed as i32,
                 fallback_tokens_per_region: 0,
             };

@@ -63,6 +63,10 @@ pub struct FleetShape {
     /// Regional escrow nodes between clients and the cluster (0: clients
     /// lease from the coordinator directly). Client `c` uses node `c % n`.
     pub escrow_nodes: usize,
+    /// The key's policy is `fair`: escrow nodes draw their region's share
+    /// of L from the coordinator's region fair pool (weighted max-min)
+    /// instead of leasing batches (needs escrow nodes).
+    pub fair: bool,
 }
 
 impl Default for FleetShape {
@@ -75,6 +79,7 @@ impl Default for FleetShape {
             window_ms: 1_000,
             load: Duration::from_secs(12),
             escrow_nodes: 0,
+            fair: false,
         }
     }
 }
