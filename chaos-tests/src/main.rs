@@ -103,26 +103,35 @@ fn print_table(reports: &[ScenarioReport]) {
     }
 }
 
+/// The scenarios `wanted` names (`all`: every one), or exit status 2 after
+/// naming the known ones.
+fn select<S>(
+    wanted: &str,
+    all: Vec<S>,
+    name: fn(&S) -> &'static str,
+    kind: &str,
+) -> Result<Vec<S>, ExitCode> {
+    if wanted == "all" {
+        return Ok(all);
+    }
+    let names: Vec<&str> = all.iter().map(name).collect();
+    match all.into_iter().find(|s| name(s) == wanted) {
+        Some(s) => Ok(vec![s]),
+        None => {
+            eprintln!("unknown {kind} {wanted:?}; known: {}", names.join(", "));
+            Err(ExitCode::from(2))
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let args = Args::parse();
     if args.processes {
         return run_processes(&args);
     }
-    let scenarios = if args.scenario == "all" {
-        scenario::all()
-    } else {
-        match scenario::by_name(&args.scenario) {
-            Some(s) => vec![s],
-            None => {
-                let names: Vec<_> = scenario::all().iter().map(|s| s.name).collect();
-                eprintln!(
-                    "unknown scenario {:?}; known: {}",
-                    args.scenario,
-                    names.join(", ")
-                );
-                return ExitCode::from(2);
-            }
-        }
+    let scenarios = match select(&args.scenario, scenario::all(), |s| s.name, "scenario") {
+        Ok(scenarios) => scenarios,
+        Err(code) => return code,
     };
     if args.list {
         for s in &scenarios {
@@ -173,21 +182,14 @@ fn main() -> ExitCode {
 }
 
 fn run_processes(args: &Args) -> ExitCode {
-    let scenarios = if args.scenario == "all" {
-        processes::scenarios()
-    } else {
-        match processes::scenario_by_name(&args.scenario) {
-            Some(s) => vec![s],
-            None => {
-                let names: Vec<_> = processes::scenarios().iter().map(|s| s.name).collect();
-                eprintln!(
-                    "unknown process scenario {:?}; known: {}",
-                    args.scenario,
-                    names.join(", ")
-                );
-                return ExitCode::from(2);
-            }
-        }
+    let scenarios = match select(
+        &args.scenario,
+        processes::scenarios(),
+        |s| s.name,
+        "process scenario",
+    ) {
+        Ok(scenarios) => scenarios,
+        Err(code) => return code,
     };
     if args.list {
         for s in &scenarios {

@@ -18,8 +18,8 @@ use rand::{Rng, SeedableRng};
 use tokio::task::JoinHandle;
 
 use super::{fleet::runner_retry_options, wall_now_ms, ProcessOptions, KEY};
-use crate::history::{Admission, Recorder, WindowObservation};
-use crate::sim::load::RecordingSource;
+use crate::history::{Admission, Recorder};
+use crate::sim::load::{observe_window, RecordingSource};
 
 /// The load's tasks.
 pub struct LoadTasks {
@@ -52,14 +52,7 @@ pub fn spawn(
         let recorder = recorder.clone();
         handles.push(tokio::spawn(async move {
             while wall_now_ms() < load_end_ms + 500 {
-                let read_at_ms = wall_now_ms();
-                if let Ok(window) = observer_client.get_window(KEY).await {
-                    recorder.observe(WindowObservation {
-                        window_start_ms: window.window_start_ms,
-                        read_at_ms,
-                        granted: window.granted,
-                    });
-                }
+                observe_window(&observer_client, &recorder, wall_now_ms).await;
                 tokio::time::sleep(Duration::from_millis(150)).await;
             }
             Ok(())

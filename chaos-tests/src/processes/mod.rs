@@ -42,8 +42,8 @@ pub fn wall_now_ms() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
-/// The key every client spends from.
-pub const KEY: &str = "chaos/budget";
+/// The key every client spends from (the simulation's).
+pub use crate::sim::KEY;
 
 /// One fault inflicted on the processes. Member `0` means "the current leader".
 #[derive(Debug, Clone, PartialEq, Eq)]

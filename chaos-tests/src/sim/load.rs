@@ -111,6 +111,23 @@ impl<S: CreditSource> CreditSource for RecordingSource<S> {
     }
 }
 
+/// One linearizable read of [`KEY`]'s window, recorded with the time it was
+/// sent (`now_ms`: the run's real time); a failed read records nothing.
+pub(crate) async fn observe_window(
+    client: &CoordinatorClient,
+    recorder: &Recorder,
+    now_ms: fn() -> u64,
+) {
+    let read_at_ms = now_ms();
+    if let Ok(window) = client.get_window(KEY).await {
+        recorder.observe(WindowObservation {
+            window_start_ms: window.window_start_ms,
+            read_at_ms,
+            granted: window.granted,
+        });
+    }
+}
+
 /// Adds the control host and the client hosts to `sim`.
 #[allow(clippy::too_many_arguments)]
 pub fn spawn_clients(
@@ -177,14 +194,7 @@ pub fn spawn_clients(
                         leader.store(id, Ordering::SeqCst);
                     }
                 }
-                let read_at_ms = sim_now_ms();
-                if let Ok(window) = client.get_window(KEY).await {
-                    recorder.observe(WindowObservation {
-                        window_start_ms: window.window_start_ms,
-                        read_at_ms,
-                        granted: window.granted,
-                    });
-                }
+                observe_window(&client, &recorder, sim_now_ms).await;
                 tokio::time::sleep(Duration::from_millis(150)).await;
             }
             recorder.load_ended(load_end_ms);

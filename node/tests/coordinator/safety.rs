@@ -48,6 +48,21 @@ async fn acked_total(acked: &Acked) -> u64 {
     acked.lock().unwrap().values().sum()
 }
 
+/// Waits (up to 30 s) until 50 more grants than now are acknowledged:
+/// liveness, not timing — the load's own clients find the leader.
+async fn grants_resume(acked: &Acked, after: &str) -> Result<()> {
+    let target = acked_total(acked).await + 50;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while acked_total(acked).await < target {
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "no grants after {after}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_callers_never_get_more_than_the_limit() -> Result<()> {
     let mut cluster = Cluster::start_initialised(3, |_| {}).await?;
@@ -118,17 +133,7 @@ async fn a_new_leader_grants_after_the_leader_stops_mid_load() -> Result<()> {
     }
     let old_leader = cluster.leader().await?;
     cluster.stop(old_leader).await?;
-    let at_stop = acked_total(&acked).await;
-
-    // Liveness, not timing: the load's own clients find the new leader.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while acked_total(&acked).await < at_stop + 50 {
-        ensure!(
-            tokio::time::Instant::now() < deadline,
-            "no grants after the leader stopped"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    grants_resume(&acked, "the leader stopped").await?;
     let new_leader = cluster.leader().await?;
     ensure!(new_leader != old_leader);
     stop.store(true, Ordering::Relaxed);
@@ -174,15 +179,7 @@ async fn a_leader_steps_down_under_load_and_loses_nothing() -> Result<()> {
     ensure!(client.admin().step_down(Some(old_leader)).await? == new_leader);
     ensure!(cluster.leader().await? == new_leader);
 
-    let at_hand_off = acked_total(&acked).await;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while acked_total(&acked).await < at_hand_off + 50 {
-        ensure!(
-            tokio::time::Instant::now() < deadline,
-            "no grants after the hand-off"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    grants_resume(&acked, "the hand-off").await?;
     stop.store(true, Ordering::Relaxed);
     for task in load {
         task.await?;
