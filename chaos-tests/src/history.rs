@@ -1,16 +1,24 @@
 //! What a simulation records: every admission of every client with its
-//! window label, every acknowledged grant, the coordinator's final view of
-//! each window, and the faults injected. The invariant checkers read only
-//! this, so they can be unit-tested on synthetic histories.
+//! key and window label, every acknowledged grant, the coordinator's final
+//! view of each window, what hostile clients tried and were answered, and
+//! the faults injected. The invariant checkers read only this, so they can
+//! be unit-tested on synthetic histories.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, PoisonError};
+
+/// The key every honest client spends from (utilisation, liveness and the
+/// coordinator reads are about it).
+pub use crate::sim::KEY as SHARED_KEY;
 
 /// One allowed decision of one client.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Admission {
-    /// Which client (index).
+    /// Which client (index; hostile clients count on from
+    /// [`HOSTILE_CLIENT_BASE`]).
     pub client: usize,
+    /// The key whose budget was spent.
+    pub key: &'static str,
     /// Tokens spent.
     pub cost: u64,
     /// The window the spent credits were granted in.
@@ -52,6 +60,72 @@ pub struct RecordedReply {
     pub reply: String,
 }
 
+/// Client indices of hostile clients start here (honest ones below it).
+pub const HOSTILE_CLIENT_BASE: usize = 1_000;
+
+/// What a hostile client may be answered, by what it sent before under the
+/// same request id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Expected {
+    /// The id was never answered before: any answer is allowed.
+    Fresh,
+    /// The id was answered before for exactly this request: the same answer
+    /// (rendered here), or a refusal as expired.
+    ReplayOf(String),
+    /// The id was answered before for another request (other key, region or
+    /// amount): only a refusal (`REQUEST_ID_REUSED`, or `SESSION_EXPIRED`).
+    Refusal,
+}
+
+/// How the coordinator answered one hostile request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProbeAnswer {
+    /// Executed (or replayed): the effect, rendered (`granted@window`).
+    Answered(String),
+    /// Refused with this gRPC code and `leasehold-reason` (empty if none).
+    Refused {
+        /// The gRPC code, by name.
+        code: String,
+        /// The machine-readable reason.
+        reason: String,
+    },
+    /// No answer (network, no leader): says nothing either way.
+    NoAnswer,
+}
+
+/// One request of a hostile client and how it was answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostileProbe {
+    /// Which hostile client.
+    pub client: usize,
+    /// Which trick (`changed_payload`, `restart`, `flood`, …).
+    pub trick: &'static str,
+    /// The request id, rendered (`client/seq`).
+    pub request_id: String,
+    /// The request, rendered (key, region, tokens).
+    pub request: String,
+    /// What the answer may be.
+    pub expected: Expected,
+    /// What it was.
+    pub answer: ProbeAnswer,
+}
+
+/// One over-return to an escrow node: a hostile client gives back more than
+/// it holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OverReturn {
+    /// Which hostile client.
+    pub client: usize,
+    /// The window the tokens were claimed to belong to.
+    pub window_start_ms: u64,
+    /// Tokens the client held unspent for that window (as that holder).
+    pub held: u64,
+    /// Tokens it offered back.
+    pub offered: u64,
+    /// Tokens the escrow node accepted.
+    pub accepted: u64,
+}
+
 /// A recorded run of one scenario for one key.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct History {
@@ -59,12 +133,20 @@ pub struct History {
     pub limit: u64,
     /// Window length of the key.
     pub window_ms: u64,
+    /// Keys governed by a shadow-mode policy at any time of the run: their
+    /// decisions are counted, never enforced, so the Δ oracle leaves them
+    /// out (explicitly: see `invariants::delta`).
+    pub shadow_keys: BTreeSet<&'static str>,
     /// Every admission.
     pub admissions: Vec<Admission>,
     /// Every acknowledged grant.
     pub acked_grants: Vec<AckedGrant>,
     /// Replies to requests sent more than once.
     pub replies: Vec<RecordedReply>,
+    /// Hostile clients' requests and their answers.
+    pub hostile_probes: Vec<HostileProbe>,
+    /// Hostile clients' returns of more than they held.
+    pub over_returns: Vec<OverReturn>,
     /// Coordinator reads of windows while they were live.
     pub observations: Vec<WindowObservation>,
     /// Simulated time at which the last fault healed, epoch ms.
@@ -83,11 +165,28 @@ pub struct History {
 }
 
 impl History {
-    /// Σ admitted tokens per window start.
+    /// Σ admitted tokens of [`SHARED_KEY`] per window start.
     pub fn admitted_per_window(&self) -> BTreeMap<u64, u64> {
         let mut sums = BTreeMap::new();
-        for a in &self.admissions {
+        for a in self.admissions.iter().filter(|a| a.key == SHARED_KEY) {
             *sums.entry(a.window_start_ms).or_insert(0) += a.cost;
+        }
+        sums
+    }
+
+    /// Σ admitted tokens per (key, window start) of every key not in
+    /// [`shadow_keys`](Self::shadow_keys): the (key, window)s Δ = 0 is about.
+    pub fn enforced_per_key_window(&self) -> BTreeMap<(&'static str, u64), u64> {
+        let mut sums = self.admitted_per_key_window();
+        sums.retain(|(key, _), _| !self.shadow_keys.contains(key));
+        sums
+    }
+
+    /// Σ admitted tokens per (key, window start), every key.
+    pub fn admitted_per_key_window(&self) -> BTreeMap<(&'static str, u64), u64> {
+        let mut sums = BTreeMap::new();
+        for a in &self.admissions {
+            *sums.entry((a.key, a.window_start_ms)).or_insert(0) += a.cost;
         }
         sums
     }
@@ -121,6 +220,14 @@ impl Recorder {
         self.with(|h| h.admissions.push(admission));
     }
 
+    /// Records that `key` is governed by a shadow-mode policy (its
+    /// admissions are left out of the Δ check).
+    pub fn shadow_key(&self, key: &'static str) {
+        self.with(|h| {
+            h.shadow_keys.insert(key);
+        });
+    }
+
     /// Records an acknowledged grant.
     pub fn acked(&self, grant: AckedGrant) {
         self.with(|h| h.acked_grants.push(grant));
@@ -129,6 +236,16 @@ impl Recorder {
     /// Records a reply to a request id.
     pub fn reply(&self, reply: RecordedReply) {
         self.with(|h| h.replies.push(reply));
+    }
+
+    /// Records a hostile client's request and its answer.
+    pub fn hostile_probe(&self, probe: HostileProbe) {
+        self.with(|h| h.hostile_probes.push(probe));
+    }
+
+    /// Records a hostile client's over-return to an escrow node.
+    pub fn over_return(&self, over_return: OverReturn) {
+        self.with(|h| h.over_returns.push(over_return));
     }
 
     /// Records a read of a window on the coordinator.

@@ -2,13 +2,16 @@
 //! that it keeps its promises whatever fails.
 //!
 //! # Layout
-//! - [`history`]: what a run records (admissions with their window label,
-//!   acknowledged grants, linearizable window reads, faults).
+//! - [`history`]: what a run records (admissions with their key and window
+//!   label, acknowledged grants, linearizable window reads, hostile
+//!   clients' requests and answers, faults).
 //! - [`invariants`]: one file per promise (Δ = 0, no forgotten grant,
-//!   credits die with their window, liveness, utilisation), each
-//!   unit-tested on synthetic histories that break it.
+//!   credits die with their window, exactly-once, hostile callers get
+//!   refusals, liveness, utilisation), each unit-tested on synthetic
+//!   histories that break it.
 //! - [`sim`]: the turmoil fleet: real coordinator members on power-loss
-//!   disks, real leased client limiters, simulated network and clocks.
+//!   disks, real leased client limiters, hostile clients speaking the wire
+//!   protocol directly, simulated network and clocks.
 //! - [`scenario`]: named fault schedules, seeded runs, reports.
 //! - [`processes`]: the same checks against real `leasehold` processes on
 //!   loopback (`kill -9`, `SIGSTOP` / `SIGCONT`, restarts, concurrent load).

@@ -76,6 +76,33 @@ fn parse_weakening(s: &str) -> Result<Weakening, String> {
     }
 }
 
+/// What the hostile clients tried, for the scenarios that have them.
+fn print_hostile_table(reports: &[ScenarioReport]) {
+    let hostile: Vec<&ScenarioReport> = reports
+        .iter()
+        .filter(|r| r.hostile_probes_checked + r.sessions_flooded + r.over_returns > 0)
+        .collect();
+    if hostile.is_empty() {
+        return;
+    }
+    out!(
+        "{:<30} {:>15} {:>16} {:>12}",
+        "hostile clients",
+        "reused checked",
+        "sessions flooded",
+        "over-returns"
+    );
+    for r in hostile {
+        out!(
+            "{:<30} {:>15} {:>16} {:>12}",
+            r.name,
+            r.hostile_probes_checked,
+            r.sessions_flooded,
+            r.over_returns
+        );
+    }
+}
+
 fn print_table(reports: &[ScenarioReport]) {
     out!(
         "{:<30} {:>6} {:>8} {:>11} {:>11} {:>8} {:>11} {:>12}",
@@ -171,6 +198,7 @@ fn main() -> ExitCode {
         reports.push(report);
     }
     print_table(&reports);
+    print_hostile_table(&reports);
     let failed = reports
         .iter()
         .any(|r| !r.violations.is_empty() || !r.errors.is_empty());

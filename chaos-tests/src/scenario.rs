@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use crate::history::History;
-use crate::invariants::{check_all, max_ratio, utilisation, Violation};
+use crate::invariants::{check_all, hostile_probes_checked, max_ratio, utilisation, Violation};
 use crate::sim::{self, FleetShape, MembershipAction, Weakening, SIM_EPOCH_MS};
 
 /// One injected fault. Member `0` means "the current leader".
@@ -180,6 +180,19 @@ pub fn all() -> Vec<Scenario> {
                 vec![(secs(3), Fault::PowerLoss(0)), (secs(5), Fault::RestartAll)],
             )
         },
+        // Escrow nodes front the key with a fair throttle (FAIR) while the
+        // leader loses power: FAIR only removes admissions, Δ = 0 holds.
+        Scenario {
+            shape: FleetShape {
+                escrow_nodes: 2,
+                fair_throttle: true,
+                ..FleetShape::default()
+            },
+            ..base(
+                "escrow_fair_throttle",
+                vec![(secs(3), Fault::PowerLoss(0)), (secs(5), Fault::RestartAll)],
+            )
+        },
         // A `fair` key: two regions' escrow nodes share L through the
         // region fair pool while the leader loses power.
         Scenario {
@@ -273,6 +286,33 @@ pub fn all() -> Vec<Scenario> {
                 (secs(7), Fault::Membership(MembershipAction::StepDown)),
             ],
         ),
+        // Two hostile clients beside the honest ones, leasing from the
+        // coordinator: ids reused with changed payloads and across
+        // restarts, a session flood; the leader loses power mid-load.
+        Scenario {
+            shape: FleetShape {
+                hostile_clients: 2,
+                ..FleetShape::default()
+            },
+            ..base(
+                "hostile_clients",
+                vec![(secs(3), Fault::PowerLoss(0)), (secs(5), Fault::RestartAll)],
+            )
+        },
+        // The same behind two regional escrow nodes, where the hostile
+        // clients also give back far more than they hold (1 000 000 or
+        // u64::MAX tokens) and keep acquiring; the leader loses power.
+        Scenario {
+            shape: FleetShape {
+                escrow_nodes: 2,
+                hostile_clients: 2,
+                ..FleetShape::default()
+            },
+            ..base(
+                "hostile_escrow_clients",
+                vec![(secs(3), Fault::PowerLoss(0)), (secs(5), Fault::RestartAll)],
+            )
+        },
         // Every member loses power and restarts inside one long window.
         Scenario {
             shape: FleetShape {
@@ -300,12 +340,20 @@ pub struct ScenarioReport {
     pub name: String,
     /// Seeds run.
     pub seeds: u64,
-    /// Windows with at least one admission, summed over seeds.
+    /// (Key, window)s with at least one admission, summed over seeds.
     pub windows_checked: u64,
     /// Admissions, summed over seeds.
     pub admissions: u64,
     /// Requests sent twice whose replies were compared (exactly-once).
     pub duplicates_checked: u64,
+    /// Hostile requests (retries and reused ids) whose answers were
+    /// checked against their id's first request.
+    pub hostile_probes_checked: u64,
+    /// Sessions hostile clients opened in their floods (flood requests
+    /// answered: each names a fresh client id).
+    pub sessions_flooded: u64,
+    /// Hostile over-returns sent to escrow nodes.
+    pub over_returns: u64,
     /// Largest Σ admitted / L over every window of every seed.
     pub max_ratio: f64,
     /// Mean utilisation of the healthy stretch before the first fault.
@@ -346,10 +394,20 @@ impl ScenarioReport {
         violations: Vec<Violation>,
         healthy: (u64, u64),
     ) {
-        self.windows_checked += history.admitted_per_window().len() as u64;
+        self.windows_checked += history.enforced_per_key_window().len() as u64;
         self.admissions += history.admissions.iter().map(|a| a.cost).sum::<u64>();
         self.max_ratio = self.max_ratio.max(max_ratio(history));
         self.duplicates_checked += history.replies.len() as u64 / 2;
+        self.hostile_probes_checked += hostile_probes_checked(history);
+        self.sessions_flooded += history
+            .hostile_probes
+            .iter()
+            .filter(|p| {
+                p.trick == crate::sim::hostile::FLOOD
+                    && matches!(p.answer, crate::history::ProbeAnswer::Answered(_))
+            })
+            .count() as u64;
+        self.over_returns += history.over_returns.len() as u64;
         self.utilisation += utilisation(history, healthy.0, healthy.1);
         self.violations
             .extend(violations.into_iter().map(|violation| (seed, violation)));

@@ -14,6 +14,10 @@
 //! - `requests`: how many checks of cost 1 to make (default 20).
 //! - `mode`: `leased` (default), `strict` or `cached-deny`.
 //!
+//! With `LEASEHOLD_CA`, `LEASEHOLD_CERT` and `LEASEHOLD_KEY` set (a service
+//! certificate of the escrow node's region; `leasehold dev` prints them) it
+//! connects over mutual TLS, otherwise in plaintext (`--insecure` nodes).
+//!
 //! It prints every decision, then the limiter's counters: in leased mode
 //! most checks are answered in-process, with one `Acquire` per batch.
 
@@ -21,7 +25,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use leasehold_client::transport::TcpDialer;
+use leasehold_client::tls::{ClientTlsFiles, TlsDialer};
+use leasehold_client::transport::{Dialer, TcpDialer};
 use leasehold_client::{
     EscrowSource, EscrowSourceOptions, LeaseOptions, LeaseSizing, Limiter, LimiterConfig, Mode,
 };
@@ -50,11 +55,18 @@ async fn main() -> anyhow::Result<()> {
         other => bail!("unknown mode {other:?}: use leased, strict or cached-deny"),
     };
 
-    let source = EscrowSource::new(
-        addr,
-        Arc::new(TcpDialer::default()),
-        EscrowSourceOptions::default(),
-    )?;
+    let env = |name: &str| std::env::var_os(name).map(std::path::PathBuf::from);
+    let dialer: Arc<dyn Dialer> = match (
+        env("LEASEHOLD_CA"),
+        env("LEASEHOLD_CERT"),
+        env("LEASEHOLD_KEY"),
+    ) {
+        (Some(ca), Some(cert), Some(key)) => {
+            Arc::new(TlsDialer::new(ClientTlsFiles { ca, cert, key }))
+        }
+        _ => Arc::new(TcpDialer::default()),
+    };
+    let source = EscrowSource::new(addr, dialer, EscrowSourceOptions::default())?;
     let client_id = ClientId::new(format!("quickstart-{}", std::process::id()))?;
     let limiter = Limiter::new(source, LimiterConfig::new(mode, client_id))?;
 

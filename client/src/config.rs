@@ -56,8 +56,17 @@ impl Default for LeaseOptions {
 pub struct LimiterConfig {
     /// The decision mode.
     pub mode: Mode,
-    /// This limiter's session id for exactly-once retries (unique per process).
+    /// This limiter's client name for exactly-once retries. With
+    /// `fresh_incarnation` (the default) the limiter appends a random
+    /// suffix when it starts ([`incarnation_id`]), so a restarted process
+    /// never collides with the answers nodes stored for its previous
+    /// incarnation, and another process cannot guess the id its credits are
+    /// held under.
     pub client_id: ClientId,
+    /// Append a fresh random suffix to `client_id` per limiter (default
+    /// true). Turn off only where `client_id` is already unique per process
+    /// start (a seeded simulation).
+    pub fresh_incarnation: bool,
     /// The tenant this limiter acts for (`None`: the key's default tenant).
     pub tenant: Option<TenantId>,
     /// The tenant's weight, ≥ 1 (only `fair` keys use it).
@@ -76,6 +85,7 @@ impl LimiterConfig {
         LimiterConfig {
             mode,
             client_id,
+            fresh_incarnation: true,
             tenant: None,
             weight: 1,
             call_timeout: Duration::from_secs(2),
@@ -104,5 +114,41 @@ impl LimiterConfig {
             }
         }
         Ok(())
+    }
+}
+
+/// Random hex digits appended by [`incarnation_id`].
+pub const INCARNATION_SUFFIX_HEX: usize = 16;
+
+/// `name` plus `-` and 16 random hex digits: a client id no earlier or
+/// concurrent process start draws. `name` is shortened (on a character
+/// boundary) so the result fits a client id's 128 bytes.
+pub fn incarnation_id(name: &ClientId) -> ClientId {
+    let room = leasehold_core::ids::MAX_CLIENT_ID_BYTES - 1 - INCARNATION_SUFFIX_HEX;
+    let mut end = name.as_str().len().min(room);
+    while !name.as_str().is_char_boundary(end) {
+        end -= 1;
+    }
+    let suffix: u64 = rand::random();
+    let id = format!("{}-{suffix:016x}", &name.as_str()[..end]);
+    // Non-empty and at most 128 bytes by construction.
+    ClientId::new(id).unwrap_or_else(|_| name.clone())
+}
+
+#[cfg(test)]
+mod incarnation_tests {
+    use super::*;
+
+    #[test]
+    fn incarnations_are_distinct_and_fit_a_client_id_whatever_the_name() {
+        let short = ClientId::new("svc").expect("valid");
+        let (a, b) = (incarnation_id(&short), incarnation_id(&short));
+        assert_ne!(a, b);
+        assert!(a.as_str().starts_with("svc-"));
+        assert_eq!(a.as_str().len(), "svc-".len() + INCARNATION_SUFFIX_HEX);
+        let long = ClientId::new("é".repeat(64)).expect("valid: 128 bytes");
+        let id = incarnation_id(&long);
+        assert!(id.as_str().len() <= leasehold_core::ids::MAX_CLIENT_ID_BYTES);
+        assert!(id.as_str().starts_with('é'));
     }
 }

@@ -226,6 +226,7 @@ impl CoordinatorClient {
     }
 
     /// [`lease`](Self::lease) with an explicit request id.
+    #[tracing::instrument(name = "leasehold.coordinator.lease", level = "debug", skip_all, fields(otel.kind = "client", key, region, tokens))]
     pub async fn lease_with_id(
         &self,
         key: &str,
@@ -247,6 +248,7 @@ impl CoordinatorClient {
     }
 
     /// Returns `leftover` unused credits of the window starting at `window_start_ms`.
+    #[tracing::instrument(name = "leasehold.coordinator.reconcile", level = "debug", skip_all, fields(otel.kind = "client", key, region, leftover))]
     pub async fn reconcile(
         &self,
         key: &str,
@@ -270,6 +272,7 @@ impl CoordinatorClient {
     }
 
     /// Raises `region`'s fair-pool grant of `key` towards `want_total`.
+    #[tracing::instrument(name = "leasehold.coordinator.pool_grant", level = "debug", skip_all, fields(otel.kind = "client", key, region, want_total))]
     pub async fn pool_grant(
         &self,
         key: &str,
@@ -293,6 +296,7 @@ impl CoordinatorClient {
     }
 
     /// A linearizable view of `key`'s current window.
+    #[tracing::instrument(name = "leasehold.coordinator.get_window", level = "debug", skip_all, fields(otel.kind = "client", key))]
     pub async fn get_window(&self, key: &str) -> Result<GetWindowResponse, CoordinatorError> {
         let request = GetWindowRequest {
             key: key.to_string(),
@@ -353,6 +357,14 @@ impl CoordinatorClient {
         routing.next = (routing.next + 1) % routing.endpoints.len();
     }
 
+    fn endpoint_count(&self) -> usize {
+        self.routing().endpoints.len()
+    }
+
+    fn is_configured_endpoint(&self, addr: &str) -> bool {
+        self.routing().endpoints.iter().any(|e| e == addr)
+    }
+
     fn follow_hint(&self, leader_addr: &str) {
         if let Ok(addr) = normalize_addr(leader_addr) {
             self.routing().leader = Some(addr);
@@ -388,6 +400,10 @@ impl CoordinatorClient {
         let deadline = started + options.total_timeout;
         let mut attempt = 0u32;
         let mut redirects_in_a_row = 0u32;
+        // Leader hints whose host name does not resolve from here (a
+        // container-internal name, say): never followed again by this call.
+        let mut unresolvable_hints: Vec<String> = Vec::new();
+        let mut useless_hints_in_a_row = 0usize;
         loop {
             attempt += 1;
             let addr = self.pick(target, attempt);
@@ -396,7 +412,9 @@ impl CoordinatorClient {
                 .call_timeout
                 .min(deadline.saturating_duration_since(now));
             let error = match self.channel(&addr).await {
-                Err(e @ DialError::InvalidAddress { .. }) => return Err(e.into()),
+                Err(e @ (DialError::InvalidAddress { .. } | DialError::Credentials { .. })) => {
+                    return Err(e.into())
+                }
                 Err(e) => CoordinatorError::Transport {
                     addr: addr.clone(),
                     message: e.to_string(),
@@ -420,6 +438,26 @@ impl CoordinatorClient {
                 CoordinatorError::NotLeader {
                     leader_addr: Some(leader),
                     ..
+                } if target == Target::Leader
+                    && unresolvable_hints
+                        .iter()
+                        .any(|hint| normalize_addr(leader).is_ok_and(|l| &l == hint)) =>
+                {
+                    // Every configured endpoint points at a leader this
+                    // machine cannot resolve: no retry can help.
+                    useless_hints_in_a_row += 1;
+                    self.give_up_on(&addr);
+                    if useless_hints_in_a_row >= self.endpoint_count() {
+                        return Err(CoordinatorError::LeaderUnresolvable {
+                            leader_addr: leader.clone(),
+                            via: addr,
+                        });
+                    }
+                    pause = false;
+                }
+                CoordinatorError::NotLeader {
+                    leader_addr: Some(leader),
+                    ..
                 } if target == Target::Leader => {
                     self.follow_hint(leader);
                     redirects_in_a_row += 1;
@@ -427,6 +465,9 @@ impl CoordinatorClient {
                     pause = redirects_in_a_row > 2;
                 }
                 e if e.is_retryable() => {
+                    if e.is_name_resolution_failure() && !self.is_configured_endpoint(&addr) {
+                        unresolvable_hints.push(addr.clone());
+                    }
                     redirects_in_a_row = 0;
                     self.give_up_on(&addr);
                 }
@@ -449,9 +490,7 @@ impl CoordinatorClient {
 }
 
 fn with_timeout<T>(message: T, timeout: Duration) -> tonic::Request<T> {
-    let mut request = tonic::Request::new(message);
-    request.set_timeout(timeout);
-    request
+    crate::trace_context::outgoing(message, timeout)
 }
 
 #[cfg(test)]

@@ -165,7 +165,8 @@ fn client_error(key: &str, e: CoordinatorError) -> ClientError {
         )),
         CoordinatorError::NotLeader { .. }
         | CoordinatorError::Unavailable { .. }
-        | CoordinatorError::Transport { .. } => ClientError::Unavailable(e.to_string()),
+        | CoordinatorError::Transport { .. }
+        | CoordinatorError::LeaderUnresolvable { .. } => ClientError::Unavailable(e.to_string()),
         CoordinatorError::DeadlineExceeded { after, .. } => ClientError::DeadlineExceeded(after),
         CoordinatorError::AlreadyExists(_) | CoordinatorError::Rpc { .. } => {
             ClientError::Protocol(e.to_string())

@@ -2,10 +2,12 @@
 //! (`leasehold.v1.Escrow`: `Acquire`, `Check`, `Return`).
 //!
 //! Every attempt carries a deadline (gRPC `grpc-timeout` and a local
-//! timer). `Acquire` is retried on transient failures with jittered
-//! exponential backoff and the *same* request id, so the node applies it at
-//! most once. `Check` and `Return` are not retried: a repeated `Check` could
-//! spend twice and a lost `Return` only forfeits credits (safe). After a
+//! timer). `Acquire` and `Return` carry the request's id and are retried on
+//! transient failures with jittered exponential backoff and the *same* id,
+//! so the node applies each at most once (it answers a retry with its first
+//! answer); the node only takes back credits acquired under the same client
+//! id. `Check` is not retried: it has no id and a repeat could spend twice.
+//! After a
 //! transient failure the channel is dropped and re-dialled on the next call,
 //! because an HTTP/2 connection can stay wedged after a partition.
 
@@ -16,6 +18,7 @@ use futures::future::{BoxFuture, FutureExt};
 use leasehold_proto::v1 as wire;
 use leasehold_proto::v1::escrow_client::EscrowClient;
 use tonic::transport::Channel;
+use tracing::Instrument;
 
 use crate::error::ClientError;
 use crate::source::{AcquireRequest, CheckReply, CheckRequest, CreditSource, Grant, ReturnRequest};
@@ -153,34 +156,89 @@ impl EscrowSource {
         Duration::from_millis(half + jitter)
     }
 
+    /// Runs `call` until it succeeds, fails for good, or the attempts run
+    /// out; every attempt sends the same message (and so the same id).
+    async fn with_retries<M, T, F, Fut>(
+        &self,
+        message: M,
+        salt: u64,
+        call: F,
+    ) -> Result<T, ClientError>
+    where
+        M: Clone,
+        F: Fn(EscrowClient<Channel>, tonic::Request<M>) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let mut attempt = 0;
+        loop {
+            let message = message.clone();
+            let result = self
+                .attempt(|client, timeout| call(client, with_deadline(message, timeout)))
+                .await;
+            match result {
+                Ok(response) => return Ok(response),
+                Err(e) if e.is_transient() && attempt + 1 < self.options.max_attempts => {
+                    tokio::time::sleep(self.backoff(attempt, salt)).await;
+                    attempt += 1;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    #[tracing::instrument(
+        name = "leasehold.escrow.acquire",
+        level = "debug",
+        skip_all,
+        fields(otel.kind = "client", key = %request.key.as_str(), tokens = request.tokens)
+    )]
     async fn acquire_with_retries(&self, request: AcquireRequest) -> Result<Grant, ClientError> {
         let message = wire::AcquireRequest {
             key: request.key.as_str().to_string(),
             tenant: tenant_name(request.tenant.as_ref()),
             weight: request.weight,
             tokens: request.tokens,
-            request_id: Some(wire::RequestId {
-                client_id: request.request_id.client.as_str().to_string(),
-                seq: request.request_id.seq,
-            }),
+            request_id: Some(request_id_to_wire(&request.request_id)),
         };
-        let mut attempt = 0;
-        loop {
-            let message = message.clone();
-            let result = self
-                .attempt(|mut client, timeout| async move {
-                    client.acquire(with_deadline(message, timeout)).await
-                })
-                .await;
-            match result {
-                Ok(response) => return Ok(grant_from_wire(&response)),
-                Err(e) if e.is_transient() && attempt + 1 < self.options.max_attempts => {
-                    tokio::time::sleep(self.backoff(attempt, request.request_id.seq)).await;
-                    attempt += 1;
-                }
-                Err(e) => return Err(e),
-            }
-        }
+        let response = self
+            .with_retries(
+                message,
+                request.request_id.seq,
+                |mut client, message| async move { client.acquire(message).await },
+            )
+            .await?;
+        Ok(grant_from_wire(&response))
+    }
+
+    #[tracing::instrument(
+        name = "leasehold.escrow.return",
+        level = "debug",
+        skip_all,
+        fields(otel.kind = "client", key = %request.key.as_str(), tokens = request.tokens)
+    )]
+    async fn return_with_retries(&self, request: ReturnRequest) -> Result<u64, ClientError> {
+        let message = wire::ReturnRequest {
+            key: request.key.as_str().to_string(),
+            tenant: tenant_name(request.tenant.as_ref()),
+            tokens: request.tokens,
+            window_start_ms: request.window_start_ms,
+            request_id: Some(request_id_to_wire(&request.request_id)),
+        };
+        let response = self
+            .with_retries(
+                message,
+                request.request_id.seq,
+                |mut client, message| async move { client.r#return(message).await },
+            )
+            .await?;
+        Ok(response.accepted)
+    }
+}
+
+fn request_id_to_wire(id: &leasehold_core::ids::RequestId) -> wire::RequestId {
+    wire::RequestId {
+        client_id: id.client.as_str().to_string(),
+        seq: id.seq,
     }
 }
 
@@ -196,6 +254,12 @@ impl CreditSource for EscrowSource {
             weight: request.weight,
             cost: request.cost,
         };
+        let span = tracing::debug_span!(
+            "leasehold.escrow.check",
+            otel.kind = "client",
+            key = %request.key.as_str(),
+            cost = request.cost
+        );
         async move {
             let response = self
                 .attempt(|mut client, timeout| async move {
@@ -210,25 +274,12 @@ impl CreditSource for EscrowSource {
                 window_start_ms: response.window_start_ms,
             })
         }
+        .instrument(span)
         .boxed()
     }
 
     fn give_back(&self, request: ReturnRequest) -> BoxFuture<'_, Result<u64, ClientError>> {
-        let message = wire::ReturnRequest {
-            key: request.key.as_str().to_string(),
-            tenant: tenant_name(request.tenant.as_ref()),
-            tokens: request.tokens,
-            window_start_ms: request.window_start_ms,
-        };
-        async move {
-            let response = self
-                .attempt(|mut client, timeout| async move {
-                    client.r#return(with_deadline(message, timeout)).await
-                })
-                .await?;
-            Ok(response.accepted)
-        }
-        .boxed()
+        self.return_with_retries(request).boxed()
     }
 }
 
@@ -245,9 +296,7 @@ fn tenant_name(tenant: Option<&leasehold_core::ids::TenantId>) -> String {
 }
 
 fn with_deadline<T>(message: T, timeout: Duration) -> tonic::Request<T> {
-    let mut request = tonic::Request::new(message);
-    request.set_timeout(timeout);
-    request
+    crate::trace_context::outgoing(message, timeout)
 }
 
 /// Converts an `Acquire` answer.

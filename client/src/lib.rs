@@ -66,6 +66,8 @@
 //! ```
 //!
 //! # Layout
+//! - [`admission`] — [`AdmissionGate`](admission::AdmissionGate): one
+//!   decision across concurrency, rate and cost.
 //! - [`limiter`] — the [`Limiter`] and its modes (leased, strict, cached-deny,
 //!   idle returns).
 //! - [`wallet`] — the sans-IO credit bookkeeping of one key (property-tested).
@@ -75,32 +77,44 @@
 //!   [`Admission`] (a decision plus its window label).
 //! - [`config`], [`sizing`], [`stats`], [`error`] — options, lease sizing,
 //!   counters and typed errors.
+//! - [`fair_throttle`] — [`FairThrottle`]: constant-memory fairness among
+//!   many anonymous callers in front of any limited resource.
 //! - [`static_partition`] — the uncoordinated static-split baseline.
 //! - [`transport`] — the [`Dialer`](transport::Dialer) and
 //!   [`WallClock`](transport::WallClock) seams (TCP or simulated).
 //! - [`coordinator`] — [`CoordinatorClient`](coordinator::CoordinatorClient)
 //!   with leader tracking, redirects and retries.
+//! - [`trace_context`] — W3C `traceparent` in every call's gRPC metadata
+//!   (the current span's, through OpenTelemetry's global propagator).
 #![deny(missing_docs)]
 
+pub mod admission;
 pub mod config;
 pub mod coordinator;
 pub mod coordinator_source;
 pub mod decision;
 pub mod error;
 pub mod escrow_source;
+pub mod fair_throttle;
 pub mod limiter;
 pub mod sizing;
 pub mod source;
 pub mod static_partition;
 pub mod stats;
+pub mod tls;
+pub mod trace_context;
 pub mod transport;
 pub mod wallet;
 
-pub use config::{LeaseOptions, LimiterConfig, Mode};
+pub use config::{incarnation_id, LeaseOptions, LimiterConfig, Mode};
 pub use coordinator_source::CoordinatorSource;
 pub use decision::{combine, Admission, Decision};
 pub use error::{ClientError, ConfigError};
 pub use escrow_source::{EscrowSource, EscrowSourceOptions};
+pub use fair_throttle::{
+    FairAdmission, FairGate, FairThrottle, FairThrottleOptions, FairThrottleStats,
+    ProtectedResource,
+};
 pub use limiter::Limiter;
 pub use sizing::LeaseSizing;
 pub use source::{AcquireRequest, CheckReply, CheckRequest, CreditSource, Grant, ReturnRequest};

@@ -12,6 +12,7 @@
 
 use std::sync::Arc;
 
+use leasehold_core::predictive_sizer::{PredictiveParams, PredictiveSizer, SizerKind};
 use leasehold_core::sizer::{EoqParams, EoqSizer};
 
 use crate::error::ConfigError;
@@ -27,6 +28,15 @@ pub trait LeaseSizer: Send + std::fmt::Debug {
 impl LeaseSizer for EoqSizer {
     fn size(&self) -> u64 {
         EoqSizer::size(self)
+    }
+    fn observe_window_demand(&mut self, served: u64) {
+        self.observe(served);
+    }
+}
+
+impl LeaseSizer for PredictiveSizer {
+    fn size(&self) -> u64 {
+        PredictiveSizer::size(self)
     }
     fn observe_window_demand(&mut self, served: u64) {
         self.observe(served);
@@ -78,6 +88,31 @@ impl LeaseSizing {
                 Err(_) => Box::new(FixedSizer(params.initial_size.max(1))),
             },
         )))
+    }
+
+    /// Per-key predictive sizing (see `leasehold_core::predictive_sizer`):
+    /// Hedge over "lease the EOQ of the predicted demand" (the last
+    /// window's demand stands in for a prediction) and the EOQ learner.
+    pub fn predictive(eoq: EoqParams, hedge: PredictiveParams) -> Result<Self, ConfigError> {
+        PredictiveSizer::new(eoq, hedge)
+            .map_err(|e| ConfigError(format!("predictive sizer: {e}")))?;
+        Ok(LeaseSizing::Adaptive(SizerFactory::new(move || {
+            match PredictiveSizer::new(eoq, hedge) {
+                Ok(sizer) => Box::new(sizer) as Box<dyn LeaseSizer>,
+                // Unreachable: the parameters were validated above.
+                Err(_) => Box::new(FixedSizer(eoq.initial_size.max(1))),
+            }
+        })))
+    }
+
+    /// The sizing a `--sizer fixed|eoq|predictive` option selects: `batch`
+    /// for fixed, `eoq` parameters for the learners.
+    pub fn from_kind(kind: SizerKind, batch: u64, eoq: EoqParams) -> Result<Self, ConfigError> {
+        match kind {
+            SizerKind::Fixed => Ok(LeaseSizing::Fixed(batch)),
+            SizerKind::Eoq => Self::eoq(eoq),
+            SizerKind::Predictive => Self::predictive(eoq, PredictiveParams::default()),
+        }
     }
 
     /// Checks the parameters.
@@ -157,6 +192,29 @@ mod tests {
             quiet.size()
         );
         assert_eq!(quiet.size(), 4);
+    }
+
+    #[test]
+    fn the_sizer_option_selects_fixed_eoq_or_predictive() {
+        let eoq = EoqParams {
+            initial_size: 4,
+            ..EoqParams::default()
+        };
+        let fixed = LeaseSizing::from_kind("fixed".parse().unwrap(), 9, eoq).unwrap();
+        assert_eq!(fixed, LeaseSizing::Fixed(9));
+        for text in ["eoq", "predictive"] {
+            let sizing = LeaseSizing::from_kind(text.parse().unwrap(), 9, eoq).unwrap();
+            let (mut busy, quiet) = (sizing.sizer(), sizing.sizer());
+            for _ in 0..200 {
+                busy.observe_window_demand(10_000);
+            }
+            assert!(busy.size() > quiet.size(), "{text}");
+        }
+        let bad = EoqParams {
+            strand_penalty: f64::NAN,
+            ..eoq
+        };
+        assert!(LeaseSizing::from_kind(SizerKind::Predictive, 9, bad).is_err());
     }
 
     #[test]

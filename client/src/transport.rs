@@ -42,6 +42,14 @@ pub enum DialError {
         /// What is wrong with it.
         reason: String,
     },
+    /// This process's TLS material (CA, certificate, key) is unusable.
+    #[error("TLS credentials for {addr}: {reason}")]
+    Credentials {
+        /// The address dialled.
+        addr: String,
+        /// What is wrong with the files.
+        reason: String,
+    },
     /// Connecting failed.
     #[error("cannot connect to {addr}: {reason}")]
     Connect {
@@ -130,11 +138,16 @@ impl TcpDialer {
     /// The endpoint this dialer would connect, with every option applied.
     pub fn endpoint(&self, addr: &str) -> Result<Endpoint, DialError> {
         let addr = normalize_addr(addr)?;
-        let endpoint =
-            Endpoint::from_shared(endpoint_uri(&addr)).map_err(|e| DialError::InvalidAddress {
-                addr: addr.clone(),
-                reason: e.to_string(),
-            })?;
+        self.endpoint_for_uri(&addr, endpoint_uri(&addr))
+    }
+
+    /// The endpoint of `uri` (the address `addr` with a scheme), with every
+    /// option applied.
+    pub(crate) fn endpoint_for_uri(&self, addr: &str, uri: String) -> Result<Endpoint, DialError> {
+        let endpoint = Endpoint::from_shared(uri).map_err(|e| DialError::InvalidAddress {
+            addr: addr.to_string(),
+            reason: e.to_string(),
+        })?;
         Ok(endpoint
             .connect_timeout(self.options.connect_timeout)
             .tcp_nodelay(true)

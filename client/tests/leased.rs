@@ -384,17 +384,26 @@ async fn idle_credits_are_returned() {
     assert_eq!(l1.return_idle_credits(Duration::ZERO).await, Ok(9));
 }
 
-/// Every refill carries a fresh request id of this limiter's session.
+/// Every refill carries a fresh request id of this limiter's incarnation:
+/// the configured name plus a random suffix drawn per limiter.
 #[tokio::test(start_paused = true)]
-async fn refills_carry_distinct_request_ids() {
+async fn refills_carry_distinct_request_ids_of_a_fresh_incarnation() {
     let fake = FakeCoordinator::new(100, 60_000, 0);
     let l1 = limiter(fake.clone(), leased(2, 0), "ids");
+    let restarted = limiter(fake.clone(), leased(2, 0), "ids");
+    assert_ne!(
+        l1.client_id(),
+        restarted.client_id(),
+        "a restarted process draws another incarnation"
+    );
     for _ in 0..10 {
         l1.check("k", 1).await.expect("ok");
     }
     let ids = fake.request_ids();
     assert_eq!(ids.len(), 5);
-    assert!(ids.iter().all(|(client, _)| client == "ids"));
+    assert!(ids
+        .iter()
+        .all(|(client, _)| client == l1.client_id().as_str() && client.starts_with("ids-")));
     let mut seqs: Vec<u64> = ids.iter().map(|(_, s)| *s).collect();
     seqs.dedup();
     assert_eq!(seqs.len(), 5);

@@ -25,6 +25,7 @@ struct FakeEscrow {
     script: Arc<Mutex<VecDeque<Result<u64, ()>>>>,
     seen_ids: Arc<Mutex<Vec<wire::RequestId>>>,
     returned: Arc<Mutex<u64>>,
+    return_ids: Arc<Mutex<Vec<wire::RequestId>>>,
 }
 
 #[tonic::async_trait]
@@ -54,6 +55,7 @@ impl Escrow for FakeEscrow {
                 remaining_lifetime_ms: 30_000,
                 retry_after_ms: 0,
                 coordinator_reachable: true,
+                shadow_would_deny: false,
             })),
         }
     }
@@ -73,6 +75,7 @@ impl Escrow for FakeEscrow {
                 retry_after_ms: if allowed { 0 } else { 250 },
             }),
             window_start_ms: 60_000,
+            shadow_would_deny: false,
         }))
     }
 
@@ -80,7 +83,12 @@ impl Escrow for FakeEscrow {
         &self,
         request: Request<wire::ReturnRequest>,
     ) -> Result<Response<wire::ReturnResponse>, Status> {
-        let tokens = request.into_inner().tokens;
+        let request = request.into_inner();
+        let tokens = request.tokens;
+        self.return_ids
+            .lock()
+            .expect("lock")
+            .extend(request.request_id);
         *self.returned.lock().expect("lock") += tokens;
         Ok(Response::new(wire::ReturnResponse { accepted: tokens }))
     }
@@ -220,6 +228,12 @@ async fn a_leased_limiter_runs_over_an_escrow_node() {
     assert_eq!(l1.stats().refills, 1);
     assert_eq!(l1.return_idle_credits(Duration::ZERO).await, Ok(6));
     assert_eq!(*fake.returned.lock().expect("lock"), 6);
+    // The return names the holder of the credits: the limiter's incarnation.
+    let acquired_as = fake.seen_ids.lock().expect("lock")[0].client_id.clone();
+    let returns = fake.return_ids.lock().expect("lock").clone();
+    assert_eq!(returns.len(), 1);
+    assert_eq!(returns[0].client_id, acquired_as);
+    assert_eq!(acquired_as, l1.client_id().as_str());
 }
 
 #[tokio::test]

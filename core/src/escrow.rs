@@ -27,6 +27,9 @@
 //!   served in each window when it first serves from a newer one (windows in
 //!   which nothing was served are not observed).
 //!
+//! - Fair throttle (optional, per key): [`EscrowFairGate`] runs before these
+//!   rules and can only turn an admission into a denial.
+//!
 //! Times here are the caller's monotonic milliseconds; window bounds are the
 //! coordinator's epoch milliseconds and are only compared with each other.
 //! The one exception is the outage fallback, which has no coordinator window
@@ -37,6 +40,16 @@ use crate::sizer::LeaseSizer;
 
 mod types;
 
+mod holders;
+
+mod fair_gate;
+
+pub use fair_gate::{EscrowFairGate, FairGateCounters, GateVerdict};
+
+pub use holders::{
+    AcquireTicket, Admission, Fingerprint, Holder, HolderBook, HolderCounters, HolderHeld,
+    HolderLimits, HolderRefusal, ReturnClaim, ReturnSettled,
+};
 pub use types::{CoordinatorGrant, EscrowCounters, EscrowStatus, LeaseTicket, Reconcile, Served};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,6 +58,10 @@ struct Held {
     window_end_ms: u64,
     balance: u64,
     deadline_ms: u64,
+    /// Tokens served to clients from this window's credits.
+    served: u64,
+    /// Tokens clients gave back into this window (≤ `served`).
+    taken_back: u64,
 }
 
 /// One region's escrow of one key.
@@ -157,6 +174,10 @@ impl RegionEscrow {
             return None;
         }
         h.balance -= granted;
+        // Never wraps: Σ served ≤ Σ credited + Σ taken back, and each
+        // taken-back token was served first; saturation would only lower
+        // what may come back.
+        h.served = h.served.saturating_add(granted);
         let (window_start_ms, window_end_ms, deadline_ms) =
             (h.window_start_ms, h.window_end_ms, h.deadline_ms);
         self.counters.tokens_served += granted;
@@ -269,14 +290,23 @@ impl RegionEscrow {
                 leftover: grant.granted,
             });
         }
-        self.counters.tokens_credited += grant.granted;
         match self.held.as_mut() {
             Some(h) if h.window_start_ms == grant.window_start_ms => {
-                h.balance += grant.granted;
+                let Some(balance) = h.balance.checked_add(grant.granted) else {
+                    // Cannot happen with grants ≤ L; refusing to credit is safe.
+                    self.counters.tokens_not_credited += grant.granted;
+                    return Some(Reconcile {
+                        window_start_ms: grant.window_start_ms,
+                        leftover: grant.granted,
+                    });
+                };
+                h.balance = balance;
+                self.counters.tokens_credited += grant.granted;
                 // Keep the earlier (safer) deadline.
                 h.deadline_ms = h.deadline_ms.min(deadline_ms);
             }
             _ => {
+                self.counters.tokens_credited += grant.granted;
                 if let Some(old) = self.held {
                     self.counters.tokens_expired += old.balance;
                 }
@@ -285,6 +315,8 @@ impl RegionEscrow {
                     window_end_ms: grant.window_end_ms,
                     balance: grant.granted,
                     deadline_ms,
+                    served: 0,
+                    taken_back: 0,
                 });
             }
         }
@@ -331,6 +363,24 @@ impl RegionEscrow {
         Some(served)
     }
 
+    /// Credits a shadow policy hands out where this escrow would deny
+    /// (see [`crate::shadow`]): `tokens` for the rest of the caller's
+    /// wall-clock window containing `wall_now_ms`, like fallback credits —
+    /// not from a coordinator grant, never taken back, never counted in the
+    /// escrow's balance.
+    pub fn serve_shadow_at(tokens: u64, wall_now_ms: u64, window_ms: u64) -> Served {
+        let window_ms = window_ms.max(1);
+        let start = wall_now_ms - wall_now_ms % window_ms;
+        let end = start.saturating_add(window_ms);
+        Served {
+            granted: tokens,
+            window_start_ms: start,
+            window_end_ms: end,
+            remaining_lifetime_ms: end - wall_now_ms,
+            from_fallback: true,
+        }
+    }
+
     /// [`serve_outage_at`](Self::serve_outage_at) given the local window's
     /// start instead of the time; what it serves carries the whole window as
     /// its lifetime, so prefer `serve_outage_at`.
@@ -367,17 +417,40 @@ impl RegionEscrow {
         })
     }
 
-    /// Takes back `tokens` a client returned for `window_start_ms`; accepted
-    /// only while that window's credits are still alive here.
+    /// Takes back up to `tokens` returned for `window_start_ms` and returns
+    /// how many were accepted: only while that window's credits are alive
+    /// here, and never more than this escrow served from that window minus
+    /// what already came back. So whatever any caller claims, Σ served −
+    /// Σ taken back ≥ 0 per window and the balance never exceeds what the
+    /// coordinator credited. The rest is refused and counted
+    /// (`return_tokens_refused`). Callers that serve several holders cap
+    /// each holder first ([`HolderBook`]); this is the region-wide cap.
     pub fn take_back(&mut self, tokens: u64, window_start_ms: u64, now_ms: u64) -> u64 {
         self.expire(now_ms);
-        match self.held.as_mut() {
+        let accepted = match self.held.as_mut() {
             Some(h) if h.window_start_ms == window_start_ms => {
-                h.balance += tokens;
-                tokens
+                let outstanding = h.served.saturating_sub(h.taken_back);
+                let accepted = tokens.min(outstanding);
+                match (
+                    h.balance.checked_add(accepted),
+                    h.taken_back.checked_add(accepted),
+                ) {
+                    (Some(balance), Some(taken_back)) => {
+                        h.balance = balance;
+                        h.taken_back = taken_back;
+                        accepted
+                    }
+                    _ => 0,
+                }
             }
             _ => 0,
-        }
+        };
+        self.counters.tokens_taken_back = self.counters.tokens_taken_back.saturating_add(accepted);
+        self.counters.return_tokens_refused = self
+            .counters
+            .return_tokens_refused
+            .saturating_add(tokens - accepted);
+        accepted
     }
 
     /// Hands every held credit back to the coordinator (idle return or

@@ -5,23 +5,34 @@
 //! # Layout
 //! - [`window`]: epoch-aligned window arithmetic and relative lifetimes.
 //! - [`ids`]: validated newtypes for keys, regions, tenants and request ids.
+//! - [`principal`]: who is calling (the identity of an mTLS certificate).
 //! - [`policy`]: the replicated policy table (longest-prefix match).
+//! - [`shadow`]: shadow mode: decisions computed and counted as would-deny, never enforced.
 //! - [`coordinator`]: the L3 state machine: commands, responses, `apply`.
 //! - [`fair_pool`]: the region fair pool arithmetic (weighted max-min across regions).
+//! - [`fair_throttle`]: constant-memory fair throttling of many anonymous callers (stochastic fair BLUE).
 //! - [`decision`]: the `Decision` type and its combine algebra.
+//! - [`admission`]: the axes of unified admission (GCRA, token bucket,
+//!   adaptive concurrency), the binding axis, bid-price admission.
 //! - [`escrow`]: the rules of one region's escrow for one key (L2, sans IO).
 //! - [`wfe`]: in-region weighted-fair escrow over a region's pool grant.
 //! - [`sizer`]: the online EOQ lease-size learner.
+//! - [`predictive_sizer`]: prediction-following and EOQ experts under Hedge.
 //! - [`water_fill`]: the flat weighted max-min oracle.
 //! - [`static_partition`]: the uncoordinated even split, the baseline leasing beats.
 #![deny(missing_docs)]
 
+pub mod admission;
 pub mod coordinator;
 pub mod decision;
 pub mod escrow;
 pub mod fair_pool;
+pub mod fair_throttle;
 pub mod ids;
 pub mod policy;
+pub mod predictive_sizer;
+pub mod principal;
+pub mod shadow;
 pub mod sizer;
 pub mod static_partition;
 pub mod water_fill;

@@ -1,4 +1,5 @@
-//! Policies: key prefix → limit, window length, kind and outage policy.
+//! Policies: key prefix → limit, window length, kind, outage policy and
+//! shadow mode.
 //! Replicated through the coordinator log; the longest matching prefix wins.
 
 use serde::{Deserialize, Serialize};
@@ -46,6 +47,9 @@ pub struct Policy {
     pub kind: PolicyKind,
     /// Outage behaviour of escrow nodes.
     pub outage: OutagePolicy,
+    /// Shadow mode: decisions are computed and counted as would-deny but
+    /// never enforced (see [`crate::shadow`]); Δ = 0 does not hold for it.
+    pub shadow: bool,
 }
 
 /// Why a policy was rejected.
@@ -117,6 +121,18 @@ impl PolicyTable {
         Ok(self.by_prefix.insert(policy.prefix.clone(), policy))
     }
 
+    /// A table of policies read back from storage, where each was validated
+    /// when it was set (an upgrade from an older format); a later prefix
+    /// replaces an earlier one.
+    pub(crate) fn from_stored(policies: impl IntoIterator<Item = Policy>) -> Self {
+        PolicyTable {
+            by_prefix: policies
+                .into_iter()
+                .map(|policy| (policy.prefix.clone(), policy))
+                .collect(),
+        }
+    }
+
     /// Removes the policy with exactly this prefix; returns it if it existed.
     pub fn remove(&mut self, prefix: &str) -> Option<Policy> {
         self.by_prefix.remove(prefix)
@@ -159,6 +175,7 @@ mod tests {
             window_ms: 1000,
             kind: PolicyKind::Counter,
             outage: OutagePolicy::FailClosed,
+            shadow: false,
         }
     }
 

@@ -142,6 +142,9 @@ pub enum LeaseSizer {
     Fixed(u64),
     /// The online EOQ learner.
     Eoq(EoqSizer),
+    /// Prediction-following and EOQ experts under Hedge
+    /// ([`crate::predictive_sizer`]).
+    Predictive(crate::predictive_sizer::PredictiveSizer),
 }
 
 impl LeaseSizer {
@@ -150,14 +153,17 @@ impl LeaseSizer {
         match self {
             LeaseSizer::Fixed(batch) => (*batch).max(1),
             LeaseSizer::Eoq(sizer) => sizer.size(),
+            LeaseSizer::Predictive(sizer) => sizer.size(),
         }
     }
 
     /// Learns from one closed window in which `window_demand` tokens were
     /// served (a fixed size ignores it).
     pub fn observe(&mut self, window_demand: u64) {
-        if let LeaseSizer::Eoq(sizer) = self {
-            sizer.observe(window_demand);
+        match self {
+            LeaseSizer::Fixed(_) => {}
+            LeaseSizer::Eoq(sizer) => sizer.observe(window_demand),
+            LeaseSizer::Predictive(sizer) => sizer.observe(window_demand),
         }
     }
 }

@@ -186,6 +186,14 @@ impl WeightedFairEscrow {
         self.tenants.get(tenant).map_or(0, |t| t.used)
     }
 
+    /// Tenants currently tracked, in tenant order, with their weight and
+    /// the tokens they were admitted this window.
+    pub fn tenants(&self) -> impl Iterator<Item = (&TenantId, u64, u64)> {
+        self.tenants
+            .iter()
+            .map(|(tenant, used)| (tenant, used.weight, used.used))
+    }
+
     /// Tenants currently tracked.
     pub fn tenant_count(&self) -> usize {
         self.tenants.len()

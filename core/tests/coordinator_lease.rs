@@ -268,3 +268,31 @@ fn absurd_stamps_are_clamped_and_windows_stay_well_formed() {
         other => panic!("{other:?}"),
     }
 }
+
+#[test]
+fn usage_by_policy_sums_the_live_windows_of_each_policy() {
+    let mut s = CoordinatorState::default();
+    run(&mut s, 1_000, counter("api/", 10, 1_000));
+    run(&mut s, 1_000, counter("jobs/", 100, 60_000));
+    run(&mut s, 1_100, lease("api/x", "us", 6));
+    run(&mut s, 1_100, lease("api/y", "eu", 3));
+    run(&mut s, 1_100, lease("jobs/z", "eu", 40));
+    let usage = s.usage_by_policy(1_200);
+    let rows: Vec<_> = usage
+        .iter()
+        .map(|u| {
+            (
+                u.policy.prefix.as_str(),
+                u.live_windows,
+                u.limit_in_live_windows,
+                u.granted,
+            )
+        })
+        .collect();
+    assert_eq!(rows, vec![("api/", 2, 20, 9), ("jobs/", 1, 100, 40)]);
+    // Once api/'s windows end they no longer count; jobs/'s still does.
+    let usage = s.usage_by_policy(2_000);
+    assert_eq!(usage[0].live_windows, 0);
+    assert_eq!(usage[0].granted, 0);
+    assert_eq!(usage[1].granted, 40);
+}

@@ -5,8 +5,9 @@ mod coordinator_support;
 use coordinator_support::*;
 use leasehold_core::coordinator::{
     Command, CommandError, CoordinatorState, Outcome, Proposal, MAX_RESPONSES_PER_SESSION,
-    SESSION_MIN_RETAIN_MS,
+    MAX_SESSIONS_PER_PRINCIPAL, SESSION_MIN_RETAIN_MS,
 };
+use leasehold_core::principal::Principal;
 
 fn lease_with_id(k: &str, r: &str, tokens: u64, client: &str, seq: u64) -> Command {
     Command::Lease {
@@ -14,6 +15,7 @@ fn lease_with_id(k: &str, r: &str, tokens: u64, client: &str, seq: u64) -> Comma
         region: region(r),
         tokens,
         request_id: Some(request(client, seq)),
+        caller: Principal::Anonymous,
     }
 }
 
@@ -47,6 +49,7 @@ fn retried_reconcile_does_not_credit_twice_and_rejections_replay() {
         leftover: 4,
         window_start_ms: 0,
         request_id: Some(request("c", 7)),
+        caller: Principal::Anonymous,
     };
     let first = run(&mut s, 10, rec.clone());
     assert_eq!(run(&mut s, 20, rec), first);
@@ -76,10 +79,10 @@ fn ids_older_than_the_retained_range_are_refused() {
         );
     }
     let before = s.clone();
-    assert_eq!(
+    assert!(matches!(
         run(&mut s, 0, lease_with_id("k", "us", 1, "c", 1)),
-        Outcome::Rejected(CommandError::InvalidArgument("request id too old".into()))
-    );
+        Outcome::Rejected(CommandError::SessionExpired(_))
+    ));
     assert_eq!(s, before);
     assert_eq!(
         granted(&run(&mut s, 0, lease_with_id("k", "us", 1, "c", 2))),
@@ -153,4 +156,118 @@ fn garbage_collection_bounds_windows_and_tick_reports_it() {
         commands: vec![],
     });
     assert_eq!(s.live_windows(), 0);
+}
+
+fn lease_as(caller: Principal, k: &str, tokens: u64, client: &str, seq: u64) -> Command {
+    match lease_with_id(k, "us", tokens, client, seq) {
+        Command::Lease {
+            key,
+            region,
+            tokens,
+            request_id,
+            ..
+        } => Command::Lease {
+            key,
+            region,
+            tokens,
+            request_id,
+            caller,
+        },
+        other => other,
+    }
+}
+
+#[test]
+fn a_reused_id_with_another_payload_is_refused_and_changes_nothing() {
+    let mut s = CoordinatorState::default();
+    run(&mut s, 0, counter("a", 10, 1_000));
+    run(&mut s, 0, counter("b", 10, 1_000));
+    assert_eq!(
+        granted(&run(&mut s, 0, lease_with_id("a", "us", 3, "c", 1))),
+        3
+    );
+    let before = s.clone();
+    for changed in [
+        lease_with_id("b", "us", 3, "c", 1),
+        lease_with_id("a", "us", 4, "c", 1),
+        lease_with_id("a", "eu", 3, "c", 1),
+    ] {
+        assert!(
+            matches!(
+                run(&mut s, 10, changed.clone()),
+                Outcome::Rejected(CommandError::RequestIdReused(_))
+            ),
+            "{changed:?}"
+        );
+    }
+    assert_eq!(s.window_view(&key("b"), 10).map(|v| v.granted), Ok(0));
+    assert_eq!(s.window_view(&key("a"), 10).map(|v| v.granted), Ok(3));
+    assert_eq!(s.client_sessions(), before.client_sessions());
+}
+
+#[test]
+fn one_principal_flooding_sessions_cannot_make_another_request_run_twice() {
+    let mut s = CoordinatorState::default();
+    run(&mut s, 0, counter("k", 1_000_000, 100_000));
+    let victim = Principal::Region(region("us"));
+    let flooder = Principal::Region(region("eu"));
+    let first = run(&mut s, 0, lease_as(victim.clone(), "k", 7, "victim", 1));
+    assert_eq!(granted(&first), 7);
+    let mut refused = 0;
+    for i in 0..(MAX_SESSIONS_PER_PRINCIPAL + 100) {
+        let outcome = run(
+            &mut s,
+            1,
+            lease_as(flooder.clone(), "k", 1, &format!("f{i}"), 1),
+        );
+        if matches!(
+            outcome,
+            Outcome::Rejected(CommandError::SessionsExhausted(_))
+        ) {
+            refused += 1;
+        }
+    }
+    assert_eq!(refused, 100, "the flood stops at the per-principal quota");
+    assert_eq!(
+        run(&mut s, 2, lease_as(victim.clone(), "k", 7, "victim", 1)),
+        first,
+        "the victim's retry is replayed, not executed again"
+    );
+    assert_eq!(
+        s.window_view(&key("k"), 2).map(|v| v.granted),
+        Ok(7 + MAX_SESSIONS_PER_PRINCIPAL as u64)
+    );
+}
+
+#[test]
+fn the_same_client_id_under_two_principals_is_two_sessions() {
+    let mut s = CoordinatorState::default();
+    run(&mut s, 0, counter("k", 100, 1_000));
+    let eu = Principal::Region(region("eu"));
+    let us = Principal::Region(region("us"));
+    assert_eq!(granted(&run(&mut s, 0, lease_as(eu, "k", 5, "c", 1))), 5);
+    assert_eq!(
+        granted(&run(&mut s, 0, lease_as(us, "k", 6, "c", 1))),
+        6,
+        "not a replay of another principal's outcome"
+    );
+}
+
+proptest::proptest! {
+    /// Commands that differ in kind, key, region or amount have different
+    /// fingerprints; the request id and caller do not enter it.
+    #[test]
+    fn fingerprints_separate_requests(
+        a in (0u64..3, "[a-c]{1,3}", "[a-c]{1,2}", 1u64..5, 0u64..3),
+        b in (0u64..3, "[a-c]{1,3}", "[a-c]{1,2}", 1u64..5, 0u64..3),
+        seq in 0u64..5,
+    ) {
+        let make = |(kind, k, r, n, w): &(u64, String, String, u64, u64), seq: u64| match kind {
+            0 => lease_with_id(k, r, *n, "x", seq),
+            1 => Command::Reconcile { key: key(k), region: region(r), leftover: *n, window_start_ms: *w, request_id: Some(request("x", seq)), caller: Principal::Anonymous },
+            _ => Command::PoolGrant { key: key(k), region: region(r), region_weight: *w + 1, want_total: *n, request_id: None, caller: Principal::Member(1) },
+        };
+        let same_request = a.0 == b.0 && a.1 == b.1 && a.2 == b.2 && a.3 == b.3 && (a.0 == 0 || a.4 == b.4);
+        proptest::prop_assert_eq!(make(&a, 1).fingerprint() == make(&b, seq).fingerprint(), same_request);
+    }
 }

@@ -14,6 +14,8 @@ BIN="${LEASEHOLD_BIN:-target/release/leasehold}"
 BASE_PORT="${BASE_PORT:-7301}"
 CONCURRENCY="${CONCURRENCY:-16}"
 WORK="$(mktemp -d)"
+# Plaintext on loopback: the CLI calls below need no certificates.
+export LEASEHOLD_INSECURE=true
 declare -A PIDS
 
 cleanup() {
@@ -25,7 +27,7 @@ trap cleanup EXIT
 
 addr() { echo "127.0.0.1:$((BASE_PORT + $1 - 1))"; }
 start() {
-  "$BIN" serve --id "$1" --listen "$(addr "$1")" --data-dir "$WORK/node-$1" 2>>"$WORK/node-$1.log" &
+  "$BIN" serve --insecure --id "$1" --listen "$(addr "$1")" --data-dir "$WORK/node-$1" 2>>"$WORK/node-$1.log" &
   PIDS[$1]=$!
 }
 

@@ -12,13 +12,22 @@
 //! data_dir = "/var/lib/leasehold"
 //! heartbeat_ms = 100
 //! proposal_timeout_ms = 2000
+//! tls_ca = "/etc/leasehold/ca.pem"
+//! tls_cert = "/etc/leasehold/member.pem"
+//! tls_key = "/etc/leasehold/member.key"
 //! ```
+//!
+//! [`serve`](crate::coordinator::serve) needs either the three TLS files or
+//! `insecure = true` ([`NodeConfig::security`]).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+
+use crate::coordinator::network;
+use crate::net::{self, ServerLimits};
 
 /// Why a configuration was refused.
 #[derive(Debug, thiserror::Error)]
@@ -66,7 +75,10 @@ pub struct NodeConfig {
     pub listen: String,
     /// Directory of the Raft log and state machine.
     pub data_dir: PathBuf,
-    /// Leader heartbeat interval; also openraft's per-append RPC deadline.
+    /// Leader heartbeat interval; also openraft's per-append RPC deadline,
+    /// so it must exceed the worst round trip between members plus a
+    /// follower's fsync (the default, 150 ms, leaves room for a loaded
+    /// 2-core host).
     pub heartbeat_ms: u64,
     /// Lower bound of the randomised election timeout. A follower that
     /// loses its leader starts an election after `election_timeout_max_ms`
@@ -100,6 +112,38 @@ pub struct NodeConfig {
     pub tick_interval_ms: u64,
     /// Deadline of one snapshot chunk transfer.
     pub install_snapshot_timeout_ms: u64,
+    /// Most log entries in one `AppendEntries` (openraft's
+    /// `max_payload_entries`); with `max_batch_commands` it sizes the peer
+    /// message limit (see `coordinator::network::peer_message_limit_bytes`).
+    pub raft_max_payload_entries: u64,
+    /// Bytes of one snapshot chunk (openraft's `snapshot_max_chunk_size`).
+    pub snapshot_chunk_bytes: u64,
+    /// Most connections open at once; beyond it new ones are closed at once
+    /// (counter `connections_refused_at_capacity`).
+    pub max_connections: usize,
+    /// A connection that sends no byte within this long of its accept is
+    /// closed (counter `connections_closed_idle_before_first_byte`).
+    pub first_byte_timeout_ms: u64,
+    /// HTTP/2 `SETTINGS_MAX_CONCURRENT_STREAMS` advertised per connection.
+    pub max_concurrent_streams: u32,
+    /// Longest a request may take, body included (at least every other
+    /// timeout of this file, so it only cuts requests nothing else bounds).
+    pub request_timeout_ms: u64,
+    /// Largest request message of the public services (Coordinator, Admin);
+    /// larger ones get `RESOURCE_EXHAUSTED` (counter `requests_refused_too_large`).
+    pub max_request_bytes: usize,
+    /// CA bundle (PEM) that clients' and peers' certificates must chain to.
+    pub tls_ca: Option<PathBuf>,
+    /// This member's certificate chain (PEM): a `member/<id>` SAN URI and
+    /// the DNS/IP names it is dialled by. Also presented to peers.
+    pub tls_cert: Option<PathBuf>,
+    /// This member's private key (PEM).
+    pub tls_key: Option<PathBuf>,
+    /// Run plaintext without identities instead of mutual TLS.
+    pub insecure: bool,
+    /// `host:port` of the Prometheus `/metrics` listener (plain HTTP, its own
+    /// port; none when unset). Bind it to a private interface.
+    pub metrics_listen: Option<String>,
 }
 
 impl Default for NodeConfig {
@@ -108,9 +152,9 @@ impl Default for NodeConfig {
             id: 0,
             listen: String::new(),
             data_dir: PathBuf::new(),
-            heartbeat_ms: 50,
-            election_timeout_min_ms: 200,
-            election_timeout_max_ms: 400,
+            heartbeat_ms: 150,
+            election_timeout_min_ms: 450,
+            election_timeout_max_ms: 900,
             proposal_timeout_ms: 2_000,
             read_timeout_ms: 2_000,
             admin_timeout_ms: 10_000,
@@ -121,9 +165,28 @@ impl Default for NodeConfig {
             logs_kept_after_snapshot: 1_000,
             tick_interval_ms: 5_000,
             install_snapshot_timeout_ms: 5_000,
+            raft_max_payload_entries: DEFAULT_RAFT_MAX_PAYLOAD_ENTRIES,
+            snapshot_chunk_bytes: DEFAULT_SNAPSHOT_CHUNK_BYTES,
+            max_connections: net::DEFAULT_MAX_CONNECTIONS,
+            first_byte_timeout_ms: net::DEFAULT_FIRST_BYTE_TIMEOUT_MS,
+            max_concurrent_streams: net::DEFAULT_MAX_CONCURRENT_STREAMS,
+            request_timeout_ms: net::DEFAULT_REQUEST_TIMEOUT_MS,
+            max_request_bytes: net::DEFAULT_MAX_REQUEST_BYTES,
+            tls_ca: None,
+            tls_cert: None,
+            tls_key: None,
+            insecure: false,
+            metrics_listen: None,
         }
     }
 }
+
+/// Default of [`NodeConfig::raft_max_payload_entries`]: with 1 024 commands
+/// per entry, an `AppendEntries` of at most 8 MiB.
+pub const DEFAULT_RAFT_MAX_PAYLOAD_ENTRIES: u64 = 8;
+
+/// Default of [`NodeConfig::snapshot_chunk_bytes`] (openraft's own default).
+pub const DEFAULT_SNAPSHOT_CHUNK_BYTES: u64 = 3 * 1024 * 1024;
 
 impl NodeConfig {
     /// Reads a TOML file; fields it leaves out keep their defaults.
@@ -191,7 +254,76 @@ impl NodeConfig {
             ));
         }
         positive("snapshot_every_entries", self.snapshot_every_entries)?;
+        positive("raft_max_payload_entries", self.raft_max_payload_entries)?;
+        positive("snapshot_chunk_bytes", self.snapshot_chunk_bytes)?;
+        let limit = self.peer_message_limit_bytes()?;
+        if limit > network::MAX_PEER_MESSAGE_BYTES {
+            return Err(invalid(
+                "raft_max_payload_entries",
+                format!(
+                    "× max_batch_commands × {} bytes, or snapshot_chunk_bytes, makes peer messages of {limit} bytes, above the ceiling of {} bytes",
+                    network::MAX_ENCODED_COMMAND_BYTES,
+                    network::MAX_PEER_MESSAGE_BYTES
+                ),
+            ));
+        }
+        self.server_limits()
+            .validate()
+            .map_err(|e| invalid(e.field, e.problem))?;
+        let longest_own_deadline = [
+            self.proposal_timeout_ms,
+            self.read_timeout_ms,
+            self.admin_timeout_ms,
+            self.install_snapshot_timeout_ms,
+        ]
+        .into_iter()
+        .max()
+        .unwrap_or(0);
+        if self.request_timeout_ms < longest_own_deadline {
+            return Err(invalid(
+                "request_timeout_ms",
+                format!(
+                    "({}) must be at least the longest other timeout ({longest_own_deadline})",
+                    self.request_timeout_ms
+                ),
+            ));
+        }
         Ok(())
+    }
+
+    /// The largest peer (Raft) message this member sends or accepts, derived
+    /// from `raft_max_payload_entries`, `max_batch_commands` and
+    /// `snapshot_chunk_bytes`.
+    pub fn peer_message_limit_bytes(&self) -> Result<usize, ConfigError> {
+        network::peer_message_limit_bytes(
+            self.raft_max_payload_entries,
+            self.max_batch_commands,
+            self.snapshot_chunk_bytes,
+        )
+        .ok_or_else(|| invalid("raft_max_payload_entries", "peer message size overflows"))
+    }
+
+    /// The listener and gRPC server limits of this member.
+    pub fn server_limits(&self) -> ServerLimits {
+        ServerLimits {
+            max_connections: self.max_connections,
+            first_byte_timeout_ms: self.first_byte_timeout_ms,
+            max_concurrent_streams: self.max_concurrent_streams,
+            request_timeout_ms: self.request_timeout_ms,
+            max_request_bytes: self.max_request_bytes,
+        }
+    }
+
+    /// How the member secures its connections: the three TLS files, or
+    /// `insecure`; anything else is refused with the options to set.
+    pub fn security(&self) -> Result<crate::tls::Security, ConfigError> {
+        crate::tls::Security::choose(
+            self.tls_ca.as_deref(),
+            self.tls_cert.as_deref(),
+            self.tls_key.as_deref(),
+            self.insecure,
+        )
+        .map_err(|e| invalid("tls", e.to_string()))
     }
 
     /// The openraft configuration derived from this one.
@@ -204,6 +336,8 @@ impl NodeConfig {
             install_snapshot_timeout: self.install_snapshot_timeout_ms,
             snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(self.snapshot_every_entries),
             max_in_snapshot_log_to_keep: self.logs_kept_after_snapshot,
+            max_payload_entries: self.raft_max_payload_entries,
+            snapshot_max_chunk_size: self.snapshot_chunk_bytes,
             ..Default::default()
         };
         let config = config
@@ -252,11 +386,20 @@ mod tests {
     fn defaults_plus_identity_are_valid_and_convert_to_openraft() {
         valid().validate().unwrap();
         let raft = valid().raft_config().unwrap();
-        assert_eq!(raft.heartbeat_interval, 50);
+        assert_eq!(raft.heartbeat_interval, 150);
         assert_eq!(
             raft.snapshot_policy,
             openraft::SnapshotPolicy::LogsSinceLast(10_000)
         );
+        assert_eq!(raft.max_payload_entries, DEFAULT_RAFT_MAX_PAYLOAD_ENTRIES);
+        assert_eq!(raft.snapshot_max_chunk_size, DEFAULT_SNAPSHOT_CHUNK_BYTES);
+    }
+
+    #[test]
+    fn the_default_peer_message_limit_is_nine_mib_not_sixty_four() {
+        let limit = valid().peer_message_limit_bytes().unwrap();
+        assert_eq!(limit, 9 * 1024 * 1024);
+        assert!(limit < network::MAX_PEER_MESSAGE_BYTES);
     }
 
     #[test]
@@ -326,6 +469,48 @@ mod tests {
                 },
                 "snapshot_every_entries",
             ),
+            (
+                NodeConfig {
+                    raft_max_payload_entries: 1_000,
+                    ..valid()
+                },
+                "raft_max_payload_entries",
+            ),
+            (
+                NodeConfig {
+                    max_connections: 0,
+                    ..valid()
+                },
+                "max_connections",
+            ),
+            (
+                NodeConfig {
+                    first_byte_timeout_ms: 0,
+                    ..valid()
+                },
+                "first_byte_timeout_ms",
+            ),
+            (
+                NodeConfig {
+                    max_concurrent_streams: 0,
+                    ..valid()
+                },
+                "max_concurrent_streams",
+            ),
+            (
+                NodeConfig {
+                    request_timeout_ms: 1_000,
+                    ..valid()
+                },
+                "request_timeout_ms",
+            ),
+            (
+                NodeConfig {
+                    max_request_bytes: 0,
+                    ..valid()
+                },
+                "max_request_bytes",
+            ),
         ];
         for (config, field) in cases {
             match config.validate() {
@@ -333,6 +518,42 @@ mod tests {
                 other => panic!("expected {field} to be refused, got {other:?}"),
             }
         }
+    }
+
+    #[test]
+    fn security_needs_all_three_files_or_insecure() {
+        let error = valid().security().unwrap_err().to_string();
+        assert!(
+            error.contains("tls_ca") && error.contains("--insecure"),
+            "{error}"
+        );
+        let insecure = NodeConfig {
+            insecure: true,
+            ..valid()
+        };
+        assert_eq!(insecure.security().unwrap(), crate::tls::Security::Insecure);
+        let partial = NodeConfig {
+            tls_ca: Some("/ca.pem".into()),
+            ..valid()
+        };
+        let error = partial.security().unwrap_err().to_string();
+        assert!(error.contains("tls_cert, tls_key"), "{error}");
+        let both = NodeConfig {
+            tls_ca: Some("/ca.pem".into()),
+            tls_cert: Some("/c.pem".into()),
+            tls_key: Some("/k.pem".into()),
+            insecure: true,
+            ..valid()
+        };
+        assert!(both.security().is_err());
+        let tls = NodeConfig::from_toml(
+            "tls_ca = \"/ca.pem\"\ntls_cert = \"/c.pem\"\ntls_key = \"/k.pem\"\n",
+        )
+        .unwrap();
+        assert!(matches!(
+            tls.security().unwrap(),
+            crate::tls::Security::MutualTls(_)
+        ));
     }
 
     #[test]

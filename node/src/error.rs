@@ -40,6 +40,9 @@ pub enum NodeError {
     /// An escrow node's configuration was refused.
     #[error("invalid configuration: {0}")]
     Invalid(String),
+    /// The TLS material could not be loaded.
+    #[error(transparent)]
+    Tls(#[from] crate::tls::TlsError),
     /// The gRPC server failed.
     #[error("gRPC server failed: {0}")]
     Serve(#[from] tonic::transport::Error),

@@ -3,13 +3,25 @@
 //! calls.
 //!
 //! # Layout
+//! - [`auth`]: who sent a request ([`auth::PeerInfo`], [`auth::caller`]).
 //! - [`config`]: [`NodeConfig`] (TOML file + flags) and its validation.
+//! - [`config_check`]: `leasehold config check`: member configs, escrow
+//!   configs and policy files, every problem with file, field and line.
+//! - [`policy_file`]: the policy table as a TOML file (`policy apply`).
 //! - [`coordinator`]: one coordinator member: [`run_coordinator`] with
 //!   injected stores, listener, dialer, clock and shutdown; [`serve`] on
 //!   real TCP; group commit, leader hints, the Coordinator / Admin / Raft /
 //!   health services.
 //! - [`cli`]: the `leasehold` command line, one file per command group.
 //! - [`error`]: the node's error type, [`NodeError`].
+//! - [`logging`]: `--log-format text|json`, colour only on a terminal,
+//!   repeated lines suppressed with summaries, field values cut.
+//! - [`telemetry`]: OpenTelemetry traces: OTLP export, W3C trace context
+//!   extracted from each call, denial reasons on spans.
+//! - [`net`]: connection cap, first-byte deadline and gRPC server limits
+//!   of every listener.
+//! - [`monitor`]: the read-only Monitor service (`leasehold watch`): live
+//!   streams of key windows from a member's applied state.
 //! - `scripts/failover-bench.sh`: kills the leader of a 3-process cluster
 //!   under `leasehold bench` load; results in `docs/benchmarks.md`.
 //!
@@ -28,11 +40,21 @@
 //! stopped, so the same data directory can be reopened at once.
 #![deny(missing_docs)]
 
+pub mod auth;
+pub mod certs;
 pub mod cli;
 pub mod config;
+pub mod config_check;
 pub mod coordinator;
 pub mod error;
 pub mod escrow;
+pub mod logging;
+pub mod metrics_http;
+pub mod monitor;
+pub mod net;
+pub mod policy_file;
+pub mod telemetry;
+pub mod tls;
 
 pub use config::NodeConfig;
 pub use coordinator::{run_coordinator, serve};

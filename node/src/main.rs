@@ -1,20 +1,17 @@
-//! The `leasehold` binary: parse the command line, set up logging, run the
-//! command from the library, exit non-zero with the error on failure.
+//! The `leasehold` binary: parse the command line, set up logging (and
+//! trace export), run the command from the library; on failure print what
+//! went wrong and what to do (JSON on stdout under `--output json`) and exit
+//! with the code of `cli::failure`.
 
 use std::process::ExitCode;
 
 use clap::Parser;
-use leasehold_node::cli::{run, Cli};
-use tracing_subscriber::EnvFilter;
+use leasehold_node::cli::output::OutputFormat;
+use leasehold_node::cli::{failure, run, Cli};
+use leasehold_node::logging::{self, LogOptions};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let filter = EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| EnvFilter::new("warn,leasehold_node=info"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(e) => {
@@ -22,11 +19,34 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(cli)) {
-        Ok(()) => ExitCode::SUCCESS,
+    let options = LogOptions::from_environment(&cli.log);
+    // The OTLP exporter is built inside the runtime it sends on.
+    let guard = match runtime.block_on(async { logging::init(&options) }) {
+        Ok(guard) => guard,
         Err(e) => {
             eprintln!("error: {e}");
-            ExitCode::FAILURE
+            return ExitCode::FAILURE;
+        }
+    };
+    for warning in &guard.warnings {
+        tracing::warn!("{warning}");
+    }
+    let client_args = cli.command.client_args().cloned();
+    let result = runtime.block_on(run(cli));
+    drop(guard);
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            let endpoints = client_args
+                .as_ref()
+                .map(|a| a.endpoints.clone())
+                .unwrap_or_default();
+            let failure = failure::describe(&e, &endpoints);
+            match client_args.map(|a| a.output) {
+                Some(OutputFormat::Json) => println!("{}", failure.to_json()),
+                _ => eprintln!("{}", failure.to_text()),
+            }
+            ExitCode::from(failure.exit_code)
         }
     }
 }

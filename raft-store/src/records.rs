@@ -1,11 +1,14 @@
 //! What the store persists, the keys it persists it under, and the format
-//! version of each record (see [`crate::codec`]).
+//! version of each record (see [`crate::codec`]), with the readers of older
+//! versions (format 2 of entries and snapshots, upgraded on read).
 
+use leasehold_core::coordinator::format_v2::{CoordinatorStateV2, ProposalV2};
 use leasehold_core::coordinator::CoordinatorState;
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use crate::codec::Persisted;
-use crate::types::{Entry, LogId, SnapshotMeta, StoredMembership, Vote};
+use crate::codec::{CodecError, Persisted};
+use crate::types::{Entry, EntryPayload, LogId, Membership, SnapshotMeta, StoredMembership, Vote};
 
 /// [`Keyspace::LogMeta`](crate::Keyspace::LogMeta) key of the vote.
 pub(crate) const VOTE_KEY: &[u8] = b"vote";
@@ -24,7 +27,63 @@ pub(crate) fn log_key(index: u64) -> [u8; 8] {
 
 impl Persisted for Entry {
     const KIND: &'static str = "raft log entry";
-    const FORMAT_VERSION: u32 = 1;
+    /// 2: lease, reconcile and pool-grant commands carry their caller.
+    /// 3: policies carry the shadow flag; 2 is read and upgraded.
+    const FORMAT_VERSION: u32 = 3;
+
+    fn decode_version(version: u32, body: &[u8]) -> Result<Self, CodecError> {
+        match version {
+            2 => decode_body::<EntryV2>(Self::KIND, body).map(Entry::from),
+            _ => decode_current(version, body),
+        }
+    }
+}
+
+/// A log entry of format 2 (the layout of openraft's `Entry` around a
+/// format-2 proposal); upgraded on read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct EntryV2 {
+    log_id: LogId,
+    payload: EntryPayloadV2,
+}
+
+/// openraft's `EntryPayload` variants, in order, around a format-2 proposal.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+enum EntryPayloadV2 {
+    Blank,
+    Normal(ProposalV2),
+    Membership(Membership),
+}
+
+impl From<EntryV2> for Entry {
+    fn from(old: EntryV2) -> Self {
+        let payload = match old.payload {
+            EntryPayloadV2::Blank => EntryPayload::Blank,
+            EntryPayloadV2::Normal(proposal) => EntryPayload::Normal(proposal.into()),
+            EntryPayloadV2::Membership(membership) => EntryPayload::Membership(membership),
+        };
+        Entry {
+            log_id: old.log_id,
+            payload,
+        }
+    }
+}
+
+/// Decodes `body` as `T` (any version's layout), with `kind` in errors.
+fn decode_body<T: DeserializeOwned>(kind: &'static str, body: &[u8]) -> Result<T, CodecError> {
+    postcard::from_bytes(body).map_err(|source| CodecError::Malformed { kind, source })
+}
+
+/// Decodes the current version of `T`; any other version is unknown.
+fn decode_current<T: Persisted>(version: u32, body: &[u8]) -> Result<T, CodecError> {
+    if version != T::FORMAT_VERSION {
+        return Err(CodecError::UnknownVersion {
+            kind: T::KIND,
+            found: version,
+            supported: T::FORMAT_VERSION,
+        });
+    }
+    decode_body(T::KIND, body)
 }
 
 impl Persisted for Vote {
@@ -51,7 +110,29 @@ pub struct SnapshotEnvelope {
 
 impl Persisted for SnapshotEnvelope {
     const KIND: &'static str = "state-machine snapshot";
-    const FORMAT_VERSION: u32 = 1;
+    /// 2: sessions are keyed by (caller, client id) and store fingerprints.
+    /// 3: policies carry the shadow flag, windows and the state count
+    /// would-deny decisions; 2 is read and upgraded.
+    const FORMAT_VERSION: u32 = 3;
+
+    fn decode_version(version: u32, body: &[u8]) -> Result<Self, CodecError> {
+        match version {
+            2 => decode_body::<SnapshotEnvelopeV2>(Self::KIND, body).map(|old| SnapshotEnvelope {
+                last_applied: old.last_applied,
+                membership: old.membership,
+                state: old.state.into(),
+            }),
+            _ => decode_current(version, body),
+        }
+    }
+}
+
+/// A snapshot of format 2; upgraded on read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct SnapshotEnvelopeV2 {
+    last_applied: Option<LogId>,
+    membership: StoredMembership,
+    state: CoordinatorStateV2,
 }
 
 /// The current snapshot as kept on disk: openraft's metadata plus the
@@ -65,4 +146,131 @@ pub(crate) struct StoredSnapshot {
 impl Persisted for StoredSnapshot {
     const KIND: &'static str = "stored snapshot";
     const FORMAT_VERSION: u32 = 1;
+}
+
+#[cfg(test)]
+mod decode_fuzz {
+    //! Every persisted record decodes arbitrary or corrupted bytes into a
+    //! value or a typed error, never a panic.
+
+    use std::collections::{BTreeMap, BTreeSet};
+
+    use leasehold_core::coordinator::{Command, Proposal};
+    use leasehold_core::ids::{ClientId, Key, RegionId, RequestId};
+    use leasehold_core::principal::Principal;
+    use openraft::{CommittedLeaderId, EntryPayload, Membership};
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::codec::{decode, encode};
+
+    fn log_id(index: u64) -> LogId {
+        LogId::new(CommittedLeaderId::new(3, 1), index)
+    }
+
+    fn lease_entry() -> Entry {
+        Entry {
+            log_id: log_id(7),
+            payload: EntryPayload::Normal(Proposal {
+                stamp_ms: 1_000,
+                commands: vec![
+                    Command::Lease {
+                        key: Key::new("k").unwrap(),
+                        region: RegionId::new("eu").unwrap(),
+                        tokens: 5,
+                        request_id: Some(RequestId {
+                            client: ClientId::new("c").unwrap(),
+                            seq: 1,
+                        }),
+                        caller: Principal::Region(RegionId::new("eu").unwrap()),
+                    },
+                    Command::Tick,
+                ],
+            }),
+        }
+    }
+
+    fn membership_entry() -> Entry {
+        let voters: BTreeSet<u64> = [1, 2, 3].into_iter().collect();
+        let nodes: BTreeMap<u64, openraft::BasicNode> = voters
+            .iter()
+            .map(|id| (*id, openraft::BasicNode::new(format!("n{id}:7000"))))
+            .collect();
+        Entry {
+            log_id: log_id(1),
+            payload: EntryPayload::Membership(Membership::new(vec![voters], nodes)),
+        }
+    }
+
+    /// Encodings of one valid value of every persisted type.
+    fn valid_records() -> Vec<Vec<u8>> {
+        let snapshot = SnapshotEnvelope {
+            last_applied: Some(log_id(7)),
+            membership: StoredMembership::default(),
+            state: CoordinatorState::default(),
+        };
+        vec![
+            encode(&lease_entry()).unwrap(),
+            encode(&membership_entry()).unwrap(),
+            encode(&Vote::new(3, 1)).unwrap(),
+            encode(&log_id(9)).unwrap(),
+            encode(&snapshot).unwrap(),
+        ]
+    }
+
+    /// Decodes `bytes` as every persisted type; only errors are allowed to come back.
+    fn decode_as_everything(bytes: &[u8]) {
+        let _ = decode::<Entry>(bytes);
+        let _ = decode::<Vote>(bytes);
+        let _ = decode::<LogId>(bytes);
+        let _ = decode::<SnapshotEnvelope>(bytes);
+        let _ = decode::<StoredSnapshot>(bytes);
+    }
+
+    #[test]
+    fn valid_records_round_trip() {
+        let entry = lease_entry();
+        assert_eq!(decode::<Entry>(&encode(&entry).unwrap()).unwrap(), entry);
+        let membership = membership_entry();
+        assert_eq!(
+            decode::<Entry>(&encode(&membership).unwrap()).unwrap(),
+            membership
+        );
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        /// Arbitrary bytes never panic a decoder.
+        #[test]
+        fn arbitrary_bytes_are_refused_or_decoded(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
+            decode_as_everything(&bytes);
+        }
+
+        /// Valid records with bytes flipped, cut short or extended never
+        /// panic a decoder; a cut-short record never decodes.
+        #[test]
+        fn corrupted_records_are_refused_or_decoded(
+            which in 0usize..5,
+            flips in prop::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 0..6),
+            cut in any::<prop::sample::Index>(),
+            tail in prop::collection::vec(any::<u8>(), 0..16),
+        ) {
+            let record = &valid_records()[which];
+            let mut flipped = record.clone();
+            for (at, byte) in &flips {
+                let i = at.index(flipped.len());
+                flipped[i] ^= byte;
+            }
+            decode_as_everything(&flipped);
+            let short = &record[..cut.index(record.len())];
+            decode_as_everything(short);
+            if which == 0 {
+                prop_assert!(decode::<Entry>(short).is_err(), "a truncated entry decoded");
+            }
+            let mut longer = record.clone();
+            longer.extend_from_slice(&tail);
+            decode_as_everything(&longer);
+        }
+    }
 }

@@ -80,6 +80,14 @@ impl StateReader {
         f(&read_lock(&self.applied).state)
     }
 
+    /// Runs `f` on the current coordinator state and the last log id
+    /// applied to it, both under one read lock (same rules as
+    /// [`read`](Self::read)).
+    pub fn read_applied<T>(&self, f: impl FnOnce(&CoordinatorState, Option<LogId>) -> T) -> T {
+        let applied = read_lock(&self.applied);
+        f(&applied.state, applied.last_applied)
+    }
+
     /// The last log id applied to the state `read` sees.
     pub fn last_applied(&self) -> Option<LogId> {
         read_lock(&self.applied).last_applied

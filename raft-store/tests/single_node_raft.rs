@@ -7,62 +7,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold_core::coordinator::{Command, Proposal};
-use leasehold_raft_store::{
-    open_with_engine, AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest,
-    InstallSnapshotResponse, LogStore, NodeId, PowerLossDisk, Raft, StateReader, TypeConfig,
-    VoteRequest, VoteResponse,
-};
-use openraft::error::{InstallSnapshotError, RPCError, RaftError, Unreachable};
-use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use leasehold_raft_store::{open_with_engine, LogStore, NodeId, PowerLossDisk, Raft, StateReader};
 use openraft::storage::RaftLogStorage;
 use openraft::{BasicNode, Config, SnapshotPolicy};
 
+mod support;
+use support::NoPeers;
+
 const NODE: NodeId = 1;
 const WAIT: Option<Duration> = Some(Duration::from_secs(10));
-
-/// A network with no peers: a single-member group never dials anyone.
-struct NoPeers;
-
-fn unreachable() -> Unreachable {
-    Unreachable::new(&std::io::Error::other("single-member group has no peers"))
-}
-
-impl RaftNetwork<TypeConfig> for NoPeers {
-    async fn append_entries(
-        &mut self,
-        _rpc: AppendEntriesRequest,
-        _option: RPCOption,
-    ) -> Result<AppendEntriesResponse, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
-        Err(RPCError::Unreachable(unreachable()))
-    }
-
-    async fn install_snapshot(
-        &mut self,
-        _rpc: InstallSnapshotRequest,
-        _option: RPCOption,
-    ) -> Result<
-        InstallSnapshotResponse,
-        RPCError<NodeId, BasicNode, RaftError<NodeId, InstallSnapshotError>>,
-    > {
-        Err(RPCError::Unreachable(unreachable()))
-    }
-
-    async fn vote(
-        &mut self,
-        _rpc: VoteRequest,
-        _option: RPCOption,
-    ) -> Result<VoteResponse, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
-        Err(RPCError::Unreachable(unreachable()))
-    }
-}
-
-impl RaftNetworkFactory<TypeConfig> for NoPeers {
-    type Network = NoPeers;
-
-    async fn new_client(&mut self, _target: NodeId, _node: &BasicNode) -> NoPeers {
-        NoPeers
-    }
-}
 
 async fn start(disk: &PowerLossDisk) -> anyhow::Result<(Raft, StateReader, LogStore)> {
     let config = Config {

@@ -34,7 +34,7 @@ pub fn check_credits_die_with_window(history: &History) -> Vec<Violation> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::history::Admission;
+    use crate::history::{Admission, SHARED_KEY};
 
     fn at(at_ms: u64) -> History {
         History {
@@ -42,6 +42,7 @@ mod tests {
             window_ms: 1_000,
             admissions: vec![Admission {
                 client: 0,
+                key: SHARED_KEY,
                 cost: 1,
                 window_start_ms: 1_000,
                 at_ms,

@@ -39,7 +39,7 @@ pub fn check_liveness(history: &History, bound_ms: u64) -> Vec<Violation> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::history::Admission;
+    use crate::history::{Admission, SHARED_KEY};
 
     fn history(admission_at: Option<u64>) -> History {
         History {
@@ -48,6 +48,7 @@ mod tests {
             admissions: admission_at
                 .map(|at_ms| Admission {
                     client: 0,
+                    key: SHARED_KEY,
                     cost: 1,
                     window_start_ms: at_ms - at_ms % 1_000,
                     at_ms,

@@ -5,6 +5,7 @@
 mod credits_die_with_window;
 mod delta;
 mod exactly_once;
+mod hostile;
 mod liveness;
 mod no_forgotten_grant;
 mod utilisation;
@@ -12,6 +13,7 @@ mod utilisation;
 pub use credits_die_with_window::check_credits_die_with_window;
 pub use delta::{check_delta, max_ratio};
 pub use exactly_once::check_exactly_once;
+pub use hostile::{check_hostile, hostile_probes_checked};
 pub use liveness::check_liveness;
 pub use no_forgotten_grant::check_no_forgotten_grant;
 pub use utilisation::utilisation;
@@ -33,6 +35,7 @@ pub fn check_all(history: &History, liveness_bound_ms: u64) -> Vec<Violation> {
     out.extend(check_credits_die_with_window(history));
     out.extend(check_no_forgotten_grant(history));
     out.extend(check_exactly_once(history));
+    out.extend(check_hostile(history));
     out.extend(check_liveness(history, liveness_bound_ms));
     out
 }

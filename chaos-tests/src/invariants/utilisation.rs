@@ -26,7 +26,7 @@ pub fn utilisation(history: &History, from_ms: u64, to_ms: u64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::history::Admission;
+    use crate::history::{Admission, SHARED_KEY};
 
     #[test]
     fn averages_complete_windows_only() {
@@ -36,18 +36,21 @@ mod tests {
             admissions: vec![
                 Admission {
                     client: 0,
+                    key: SHARED_KEY,
                     cost: 10,
                     window_start_ms: 1_000,
                     at_ms: 1_100,
                 },
                 Admission {
                     client: 1,
+                    key: SHARED_KEY,
                     cost: 5,
                     window_start_ms: 2_000,
                     at_ms: 2_100,
                 },
                 Admission {
                     client: 1,
+                    key: SHARED_KEY,
                     cost: 7,
                     window_start_ms: 3_000,
                     at_ms: 3_100,

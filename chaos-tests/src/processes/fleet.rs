@@ -128,6 +128,8 @@ fn member_config(id: u64, listen: String, data_dir: PathBuf) -> NodeConfig {
         proposal_timeout_ms: 2_000,
         read_timeout_ms: 2_000,
         tick_interval_ms: 500,
+        // The runner's own clients dial plaintext.
+        insecure: true,
         ..NodeConfig::default()
     }
 }
@@ -216,6 +218,7 @@ impl Fleet {
                     batch.to_string(),
                     "--probe-interval-ms".into(),
                     "300".into(),
+                    "--insecure".into(),
                 ],
                 log: self.dir.path().join(format!("escrow-{region}.log")),
                 child: None,

@@ -97,6 +97,8 @@ pub fn spawn(
         let mut config =
             LimiterConfig::new(mode, ClientId::new(format!("c{index}-{client_seed}"))?);
         config.call_timeout = Duration::from_secs(3);
+        // Seeded ids, unique per run: keep replays reproducible.
+        config.fresh_incarnation = false;
         let limiter = Limiter::with_shared_source(source, config)?;
         let recorder = recorder.clone();
         let (pause_min, pause_max) = options.client_pause_ms;
@@ -113,6 +115,7 @@ pub fn spawn(
                         {
                             recorder.admit(Admission {
                                 client: index,
+                                key: KEY,
                                 cost: 1,
                                 window_start_ms,
                                 at_ms,

@@ -230,6 +230,7 @@ async fn form_cluster(fleet: &Fleet, options: &ProcessOptions) -> Result<Coordin
         kind: pb::PolicyKind::Counter as i32,
         outage: pb::OutageMode::FailClosed as i32,
         fallback_tokens_per_region: 0,
+        shadow: false,
     };
     loop {
         match admin.set_policy(policy.clone()).await {

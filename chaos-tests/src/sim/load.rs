@@ -128,7 +128,8 @@ pub(crate) async fn observe_window(
     }
 }
 
-/// Adds the control host and the client hosts to `sim`.
+/// Adds the control host and the client hosts to `sim`; returns the flag
+/// the control host sets once the cluster is formed and the policy set.
 #[allow(clippy::too_many_arguments)]
 pub fn spawn_clients(
     sim: &mut turmoil::Sim<'_>,
@@ -139,7 +140,7 @@ pub fn spawn_clients(
     leader: &Arc<AtomicU64>,
     setup_time: Duration,
     weakening: Weakening,
-) {
+) -> Arc<AtomicBool> {
     let ready = Arc::new(AtomicBool::new(false));
     let load_end_ms =
         super::SIM_EPOCH_MS + u64::try_from((setup_time + shape.load).as_millis()).unwrap_or(0);
@@ -183,6 +184,7 @@ pub fn spawn_clients(
                 } as i32,
                 outage: pb::OutageMode::FailClosed as i32,
                 fallback_tokens_per_region: 0,
+                shadow: false,
             };
             while admin.set_policy(policy.clone()).await.is_err() {
                 tokio::time::sleep(Duration::from_millis(100)).await;
@@ -260,6 +262,8 @@ pub fn spawn_clients(
                 ClientId::new(format!("{}-{client_seed}", client_host(index)))?,
             );
             config.call_timeout = Duration::from_secs(3);
+            // Seeded ids, unique per run: keep replays reproducible.
+            config.fresh_incarnation = false;
             let limiter = Limiter::with_shared_source(source, config)?;
             while sim_now_ms() < load_end_ms {
                 match limiter.check_labelled(KEY, 1).await {
@@ -269,6 +273,7 @@ pub fn spawn_clients(
                         {
                             recorder.admit(Admission {
                                 client: index,
+                                key: KEY,
                                 cost: 1,
                                 window_start_ms,
                                 at_ms: sim_now_ms(),
@@ -285,4 +290,5 @@ pub fn spawn_clients(
             Ok(())
         });
     }
+    ready
 }

@@ -1,7 +1,8 @@
 //! The simulated fleet: coordinator members running the real node code on
-//! turmoil hosts with power-loss disks, and client hosts running the real
-//! client crate's leased [`Limiter`] against them, all recording into one
-//! [`Recorder`]. Faults are injected by the driver loop between steps.
+//! turmoil hosts with power-loss disks, client hosts running the real
+//! client crate's leased [`Limiter`] against them, and (some scenarios)
+//! [`hostile`] clients, all recording into one [`Recorder`]. Faults are
+//! injected by the driver loop between steps.
 //!
 //! Reproducibility: turmoil's network and scheduling are seeded, every
 //! client's request ids, jitter and batch sizes come from the seed, and
@@ -10,6 +11,7 @@
 //! the driving thread).
 
 mod clock;
+pub mod hostile;
 pub(crate) mod load;
 mod membership;
 mod net;
@@ -67,6 +69,15 @@ pub struct FleetShape {
     /// of L from the coordinator's region fair pool (weighted max-min)
     /// instead of leasing batches (needs escrow nodes).
     pub fair: bool,
+    /// Hostile client hosts ([`hostile`]) beside the honest ones: they
+    /// reuse request ids with changed payloads and across restarts, flood
+    /// sessions and (with escrow nodes) give back more than they hold.
+    pub hostile_clients: usize,
+    /// Escrow nodes front the key with a fair throttle (FAIR), seeded from
+    /// the run's seed: node 0 plain, the others also with idle capacity
+    /// (reserve 0). FAIR only turns admissions into denials, so Δ = 0 must
+    /// still hold (needs escrow nodes).
+    pub fair_throttle: bool,
 }
 
 impl Default for FleetShape {
@@ -80,6 +91,8 @@ impl Default for FleetShape {
             load: Duration::from_secs(12),
             escrow_nodes: 0,
             fair: false,
+            hostile_clients: 0,
+            fair_throttle: false,
         }
     }
 }
@@ -195,6 +208,7 @@ pub fn run(scenario: &Scenario, seed: u64, weakening: Weakening) -> RunOutcome {
     let members: Vec<String> = shape.member_ids().map(member_addr).collect();
     for index in 0..shape.escrow_nodes {
         let members = members.clone();
+        let fair_throttle = shape.fair_throttle;
         sim.host(escrow_host(index), move || {
             let members = members.clone();
             async move {
@@ -207,6 +221,14 @@ pub fn run(scenario: &Scenario, seed: u64, weakening: Weakening) -> RunOutcome {
                 config.probe_interval_ms = 500;
                 config.policy_refresh_ms = 500;
                 config.coordinator_timeout_ms = 1_000;
+                if fair_throttle {
+                    let mut rule = leasehold_node::escrow::FairThrottleRule::new("chaos/");
+                    // Rotate within the run, so rotation is exercised too.
+                    rule.config.rotation_interval_ms = 2_000;
+                    rule.idle_reserve = (index > 0).then_some(0);
+                    config.fair_throttle = vec![rule];
+                    config.fair_throttle_rng_seed = Some(seed.wrapping_add(index as u64));
+                }
                 let listener = incoming(ESCROW_PORT).await?;
                 leasehold_node::escrow::run_escrow(
                     config,
@@ -223,8 +245,19 @@ pub fn run(scenario: &Scenario, seed: u64, weakening: Weakening) -> RunOutcome {
             }
         });
     }
-    load::spawn_clients(
+    let ready = load::spawn_clients(
         &mut sim, &shape, &members, seed, &recorder, &leader, setup_time, weakening,
+    );
+    let load_end_ms =
+        SIM_EPOCH_MS + u64::try_from((setup_time + shape.load).as_millis()).unwrap_or(0);
+    hostile::spawn_hostile_clients(
+        &mut sim,
+        &shape,
+        &members,
+        seed,
+        &recorder,
+        &ready,
+        load_end_ms,
     );
     let actions = membership::ActionQueue::default();
     if scenario

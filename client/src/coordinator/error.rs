@@ -66,6 +66,20 @@ pub enum CoordinatorError {
         /// The transport's explanation.
         message: String,
     },
+    /// The members reached say the leader is at `leader_addr`, a host name
+    /// that does not resolve from this machine (typically a name private to
+    /// the cluster's network). Not retryable: pass every member's endpoint as
+    /// reachable from here, or make the members advertise such addresses.
+    #[error(
+        "{via} says the leader is at {leader_addr}, which does not resolve from here; \
+         pass every member's endpoint as reachable from this machine"
+    )]
+    LeaderUnresolvable {
+        /// The leader's address as the members advertise it.
+        leader_addr: String,
+        /// The member that gave the hint.
+        via: String,
+    },
     /// Any other gRPC status.
     #[error("{code:?}: {message}")]
     Rpc {
@@ -88,6 +102,21 @@ impl CoordinatorError {
         )
     }
 
+    /// Whether the error is a host name that did not resolve (DNS), as
+    /// opposed to a host that resolved but did not answer.
+    pub fn is_name_resolution_failure(&self) -> bool {
+        let message = match self {
+            CoordinatorError::Unavailable { message, .. }
+            | CoordinatorError::Transport { message, .. } => message,
+            _ => return false,
+        };
+        let lower = message.to_ascii_lowercase();
+        lower.contains("dns error")
+            || lower.contains("failed to lookup address")
+            || lower.contains("name or service not known")
+            || lower.contains("no address associated")
+    }
+
     /// The gRPC code this error corresponds to (for re-raising at another edge).
     pub fn code(&self) -> tonic::Code {
         use tonic::Code;
@@ -100,9 +129,9 @@ impl CoordinatorError {
             CoordinatorError::FailedPrecondition(_) | CoordinatorError::NotLeader { .. } => {
                 Code::FailedPrecondition
             }
-            CoordinatorError::Unavailable { .. } | CoordinatorError::Transport { .. } => {
-                Code::Unavailable
-            }
+            CoordinatorError::Unavailable { .. }
+            | CoordinatorError::Transport { .. }
+            | CoordinatorError::LeaderUnresolvable { .. } => Code::Unavailable,
             CoordinatorError::DeadlineExceeded { .. } => Code::DeadlineExceeded,
             CoordinatorError::Rpc { code, .. } => *code,
         }

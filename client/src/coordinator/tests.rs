@@ -161,6 +161,49 @@ async fn follows_leader_hint_with_the_same_request_id() {
 }
 
 #[tokio::test]
+async fn a_leader_hint_that_does_not_resolve_fails_fast_with_a_hint() {
+    let unresolvable = "leasehold-2.invalid:7100";
+    let script = || {
+        (0..20)
+            .map(|_| Script::NotLeader {
+                id: 2,
+                addr: unresolvable.to_string(),
+            })
+            .collect::<Vec<_>>()
+    };
+    let (first, _) = spawn_fake(script()).await;
+    let (second, _) = spawn_fake(script()).await;
+    let client = CoordinatorClient::with_options(
+        [first.as_str(), second.as_str()],
+        Arc::new(TcpDialer::default()),
+        RetryOptions {
+            max_attempts: 50,
+            total_timeout: Duration::from_secs(20),
+            ..fast_options()
+        },
+    )
+    .unwrap();
+    let started = std::time::Instant::now();
+    let error = client.lease("k", "eu", 1).await.unwrap_err();
+    match &error {
+        CoordinatorError::LeaderUnresolvable { leader_addr, .. } => {
+            assert_eq!(leader_addr, unresolvable)
+        }
+        other => panic!("expected LeaderUnresolvable, got {other:?}"),
+    }
+    assert!(!error.is_retryable());
+    assert!(
+        error.to_string().contains("pass every member's endpoint"),
+        "{error}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "failed after {:?}, not fast",
+        started.elapsed()
+    );
+}
+
+#[tokio::test]
 async fn retries_unavailable_and_moves_to_the_next_endpoint() {
     let (a_addr, a) = spawn_fake(vec![Script::Unavailable]).await;
     let (b_addr, b) = spawn_fake(vec![Script::Grant(5)]).await;

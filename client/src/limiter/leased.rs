@@ -21,7 +21,7 @@ use tokio::time::Instant;
 
 use super::keys::{KeyCell, KeyState, PendingRefill, RefillReport};
 use super::{lock, Inner};
-use crate::config::LeaseOptions;
+use crate::config::{LeaseOptions, Mode};
 use crate::decision::{allowed, denied, Admission};
 use crate::error::ClientError;
 use crate::source::{AcquireRequest, Grant};
@@ -31,6 +31,39 @@ use crate::wallet::{
 };
 
 impl Inner {
+    /// The whole check when `key` already holds enough live credits: no key
+    /// allocation, no timer, no await. `None` sends the check down the full
+    /// path (not leased mode, a zero cost, a key never seen, or too few live
+    /// credits), which decides it from scratch.
+    pub(super) fn spend_held_credits(self: &Arc<Self>, key: &str, cost: u64) -> Option<Admission> {
+        let Mode::Leased(options) = &self.config.mode else {
+            return None;
+        };
+        if cost == 0 {
+            return None;
+        }
+        // Only keys that passed validation are in the table.
+        let cell = lock(&self.keys).get(key)?;
+        let now = Instant::now();
+        let mut state = lock(&cell.state);
+        let SpendOutcome::Spent { remaining, window } = state.wallet.spend(now, cost) else {
+            return None;
+        };
+        state.last_use = now;
+        self.report_expired(&mut state);
+        if options.low_water > 0 && remaining <= options.low_water && state.pending.is_none() {
+            if let Ok(key) = Key::new(key) {
+                let tokens = state.sizer.size();
+                // Fire and forget: the task credits the grant itself.
+                drop(self.start_refill(&cell, &mut state, &key, tokens, now, true));
+            }
+        }
+        Some(Admission {
+            decision: allowed(window.limit, remaining, window.end_ms),
+            window_start_ms: Some(window.start_ms),
+        })
+    }
+
     pub(super) async fn check_leased(
         self: &Arc<Self>,
         key: Key,

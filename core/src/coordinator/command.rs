@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::ids::{Key, RegionId, RequestId};
 use crate::policy::Policy;
+use crate::principal::Principal;
 
 /// One Raft log entry's payload: the leader's clock stamp and a batch of
 /// commands (group commit). The state-machine clock becomes
@@ -38,6 +39,9 @@ pub enum Command {
         tokens: u64,
         /// For exactly-once retries.
         request_id: Option<RequestId>,
+        /// The authenticated caller: request ids are scoped to it, so one
+        /// caller can neither replay nor exhaust another's session state.
+        caller: Principal,
     },
     /// Return unused credits of `window_start_ms`; credited only while that
     /// window is current, capped at what this region was granted in it minus
@@ -53,6 +57,9 @@ pub enum Command {
         window_start_ms: u64,
         /// For exactly-once retries.
         request_id: Option<RequestId>,
+        /// The authenticated caller: request ids are scoped to it, so one
+        /// caller can neither replay nor exhaust another's session state.
+        caller: Principal,
     },
     /// Region fair pool: raise this region's total grant for the current
     /// window towards `want_total` (never lowers it).
@@ -67,6 +74,9 @@ pub enum Command {
         want_total: u64,
         /// For exactly-once retries.
         request_id: Option<RequestId>,
+        /// The authenticated caller: request ids are scoped to it, so one
+        /// caller can neither replay nor exhaust another's session state.
+        caller: Principal,
     },
     /// Insert or replace the policy with this prefix.
     SetPolicy(Policy),
@@ -168,4 +178,110 @@ pub enum CommandError {
     /// `counter` key (`FAILED_PRECONDITION`).
     #[error("failed precondition: {0}")]
     WrongKind(String),
+    /// The request id already names a different request (another command,
+    /// key, region or amount): nothing was executed (`ALREADY_EXISTS`).
+    #[error("request id reused: {0}")]
+    RequestIdReused(String),
+    /// The request id belongs to a session the coordinator no longer holds
+    /// (expired), or is older than what the session remembers: it may have
+    /// been executed already and is never executed again
+    /// (`FAILED_PRECONDITION`, reason `SESSION_EXPIRED`).
+    #[error("session expired: {0}")]
+    SessionExpired(String),
+    /// The caller holds as many sessions as it may; nothing was executed
+    /// (`RESOURCE_EXHAUSTED`).
+    #[error("sessions exhausted: {0}")]
+    SessionsExhausted(String),
+}
+
+impl Command {
+    /// A stable 64-bit fingerprint of what the command asks for (its kind,
+    /// key, region and amounts; not its request id or caller). A retry
+    /// must carry the same fingerprint as the request its id first named.
+    ///
+    /// FNV-1a over a length-prefixed encoding: identical on every replica
+    /// and every build, unlike `std`'s randomly seeded hasher.
+    pub fn fingerprint(&self) -> u64 {
+        let mut hash = Fnv1a::default();
+        match self {
+            Command::Lease {
+                key,
+                region,
+                tokens,
+                ..
+            } => {
+                hash.tag(1);
+                hash.text(key.as_str());
+                hash.text(region.as_str());
+                hash.number(*tokens);
+            }
+            Command::Reconcile {
+                key,
+                region,
+                leftover,
+                window_start_ms,
+                ..
+            } => {
+                hash.tag(2);
+                hash.text(key.as_str());
+                hash.text(region.as_str());
+                hash.number(*leftover);
+                hash.number(*window_start_ms);
+            }
+            Command::PoolGrant {
+                key,
+                region,
+                region_weight,
+                want_total,
+                ..
+            } => {
+                hash.tag(3);
+                hash.text(key.as_str());
+                hash.text(region.as_str());
+                hash.number(*region_weight);
+                hash.number(*want_total);
+            }
+            Command::SetPolicy(policy) => {
+                hash.tag(4);
+                hash.text(&policy.prefix);
+            }
+            Command::DeletePolicy { prefix } => {
+                hash.tag(5);
+                hash.text(prefix);
+            }
+            Command::Tick => hash.tag(6),
+        }
+        hash.finish()
+    }
+}
+
+/// 64-bit FNV-1a, fed with tagged, length-prefixed fields.
+struct Fnv1a(u64);
+
+impl Default for Fnv1a {
+    fn default() -> Self {
+        Fnv1a(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl Fnv1a {
+    fn bytes(&mut self, bytes: &[u8]) {
+        for byte in bytes {
+            self.0 ^= u64::from(*byte);
+            self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    fn tag(&mut self, tag: u8) {
+        self.bytes(&[tag]);
+    }
+    fn number(&mut self, n: u64) {
+        self.bytes(&n.to_le_bytes());
+    }
+    fn text(&mut self, s: &str) {
+        self.number(s.len() as u64);
+        self.bytes(s.as_bytes());
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
 }

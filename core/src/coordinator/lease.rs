@@ -2,6 +2,11 @@
 //!
 //! `granted = min(tokens, limit − (Σ granted − Σ credited))` (saturating), so
 //! grant conservation `Σ granted − Σ credited ≤ limit` holds by construction.
+//! Shadow mode (the policy's `shadow` flag): the whole `tokens` are
+//! granted and the part beyond `limit − (Σ granted − Σ credited)` is counted
+//! as would-deny in the window and in the policy's tally
+//! ([`crate::shadow::decide`]); conservation does not hold for such a window.
+//!
 //! Refused without any state change: `tokens == 0` (`InvalidArgument`), no
 //! governing policy (`NoPolicy`), a `fair` key (`WrongKind`: use `PoolGrant`),
 //! a new region beyond [`MAX_REGIONS_PER_WINDOW`] (`InvalidArgument`).
@@ -10,6 +15,7 @@ use super::command::{CommandError, LeaseGrant, Outcome};
 use super::state::CoordinatorState;
 use crate::ids::{Key, RegionId};
 use crate::policy::PolicyKind;
+use crate::shadow;
 
 /// Most distinct regions one window tracks; more are refused so one key's
 /// record stays bounded.
@@ -37,15 +43,21 @@ impl CoordinatorState {
                 "window already tracks {MAX_REGIONS_PER_WINDOW} regions"
             )));
         }
-        let granted = tokens.min(record.remaining());
-        record.granted += granted;
-        record.regions.entry(region.clone()).or_default().granted += granted;
-        Outcome::Lease(LeaseGrant {
+        let verdict = shadow::decide(tokens, record.remaining(), policy.shadow);
+        let granted = verdict.granted;
+        record.granted = record.granted.saturating_add(granted);
+        let used = record.regions.entry(region.clone()).or_default();
+        used.granted = used.granted.saturating_add(granted);
+        record.shadow.record(verdict.would_deny);
+        let grant = LeaseGrant {
             granted,
             limit: record.limit,
             window_start_ms: record.bounds.start_ms,
             window_end_ms: record.bounds.end_ms,
             coordinator_now_ms: now,
-        })
+        };
+        let prefix = policy.prefix.clone();
+        self.record_shadow(&prefix, verdict.would_deny);
+        Outcome::Lease(grant)
     }
 }

@@ -11,8 +11,10 @@
 //! - `lease`, `reconcile`, `pool`, `policy_admin`: one file per command.
 //! - `sessions`: exactly-once client sessions, bounded.
 //! - `gc`: collection of dead windows and sessions.
+//! - [`format_v2`]: the types as storage format 2 wrote them, and their upgrade.
 
 mod command;
+pub mod format_v2;
 mod gc;
 mod lease;
 mod policy_admin;
@@ -24,5 +26,8 @@ mod windows;
 
 pub use command::*;
 pub use lease::MAX_REGIONS_PER_WINDOW;
-pub use sessions::{MAX_RESPONSES_PER_SESSION, MAX_SESSIONS, SESSION_MIN_RETAIN_MS};
+pub use sessions::{
+    MAX_RESPONSES_PER_SESSION, MAX_SESSIONS, MAX_SESSIONS_PER_PRINCIPAL, SESSION_MIN_RETAIN_MS,
+    SESSION_OPENING_SEQS,
+};
 pub use state::*;

@@ -17,6 +17,14 @@
 //! aligned window of the new `window_ms` containing the clock, started no
 //! earlier than the old window's end (see [`super::windows`]).
 //!
+//! # Shadow mode
+//! A policy's `shadow` flag is read by every decision as it is applied:
+//! turning it on lets the very next lease or pool grant exceed the limit
+//! (counted as would-deny), turning it off enforces the window's effective
+//! limit again at once — a window already past it grants nothing more until
+//! it ends. The policy's would-deny tally is kept across such changes and
+//! dropped when the policy is deleted.
+//!
 //! # Delete
 //! Later leases and pool grants of keys that no policy governs any more are
 //! refused with `NoPolicy`; their live windows are kept until they end, so
@@ -28,19 +36,40 @@ use crate::policy::Policy;
 
 impl CoordinatorState {
     pub(super) fn set_policy(&mut self, policy: &Policy) -> Outcome {
+        let before = self.governing_window_ms(&policy.prefix);
         if let Err(error) = self.policies.set(policy.clone()) {
             return Outcome::Rejected(CommandError::InvalidArgument(error.to_string()));
         }
-        self.windows.note_window_ms(policy.window_ms);
+        self.windows.on_window_length_change(
+            &policy.prefix,
+            before,
+            Some(policy.window_ms),
+            self.now_ms,
+        );
         self.windows.on_policies_changed(&self.policies);
         Outcome::PolicySet
     }
 
     pub(super) fn delete_policy(&mut self, prefix: &str) -> Outcome {
-        let existed = self.policies.remove(prefix).is_some();
-        if existed {
+        let removed = self.policies.remove(prefix);
+        let existed = removed.is_some();
+        self.shadow_tallies.remove(prefix);
+        if let Some(removed) = removed {
+            let after = self.governing_window_ms(prefix);
+            self.windows.on_window_length_change(
+                prefix,
+                Some(removed.window_ms),
+                after,
+                self.now_ms,
+            );
             self.windows.on_policies_changed(&self.policies);
         }
         Outcome::PolicyDeleted { existed }
+    }
+
+    /// The window length that governs keys under `prefix` that no longer
+    /// prefix governs (the policy of the longest prefix of `prefix`).
+    fn governing_window_ms(&self, prefix: &str) -> Option<u64> {
+        self.policies.lookup(prefix).map(|policy| policy.window_ms)
     }
 }

@@ -9,6 +9,10 @@
 //! nothing more. Since every grant satisfies `granted_r ≤ L − Σ_{j≠r}
 //! granted_j`, `Σ granted ≤ L` holds for the window.
 //!
+//! Shadow mode: the region's total becomes `max(want_total, fair total)`
+//! and the part beyond the fair total is counted as would-deny in the
+//! window and in the policy's tally ([`crate::shadow::decide`]).
+//!
 //! Refused without any state change: `region_weight == 0` (`InvalidArgument`),
 //! no governing policy (`NoPolicy`), a `counter` key (`WrongKind`), a new
 //! region beyond [`super::MAX_REGIONS_PER_WINDOW`] (`InvalidArgument`).
@@ -19,6 +23,7 @@ use super::state::CoordinatorState;
 use crate::fair_pool::{next_grant, PoolMember};
 use crate::ids::{Key, RegionId};
 use crate::policy::PolicyKind;
+use crate::shadow;
 
 impl CoordinatorState {
     pub(super) fn pool_grant(
@@ -61,17 +66,26 @@ impl CoordinatorState {
                 weight: used.pool_weight,
                 granted: used.granted,
             });
-        let granted_total = next_grant(record.limit, asker, want_total, others);
+        // The fair total never lowers the region's grant (>= current).
+        let fair_total = next_grant(record.limit, asker, want_total, others);
+        let verdict = shadow::decide(want_total.max(fair_total), fair_total, policy.shadow);
+        let granted_total = verdict.granted;
         let used = record.regions.entry(region.clone()).or_default();
         used.pool_weight = region_weight;
         used.granted = granted_total;
-        record.granted += granted_total - current;
-        Outcome::PoolGrant(PoolGrantOutcome {
+        record.granted = record
+            .granted
+            .saturating_add(granted_total.saturating_sub(current));
+        record.shadow.record(verdict.would_deny);
+        let grant = PoolGrantOutcome {
             granted_total,
             limit: record.limit,
             window_start_ms: record.bounds.start_ms,
             window_end_ms: record.bounds.end_ms,
             coordinator_now_ms: now,
-        })
+        };
+        let prefix = policy.prefix.clone();
+        self.record_shadow(&prefix, verdict.would_deny);
+        Outcome::PoolGrant(grant)
     }
 }

@@ -1,24 +1,39 @@
 //! Client sessions for exactly-once effects.
 //!
-//! A command carrying a [`RequestId`] `(client, seq)` is executed once; its
-//! outcome is stored in the client's session and a retry with the same id
-//! returns that outcome without touching anything else. Refusals are stored
-//! too, so a retry sees the same answer even if the cause went away.
+//! A command carrying a [`RequestId`] `(client, seq)` from an authenticated
+//! caller is executed once; its outcome is stored, with the command's
+//! fingerprint, in the session `(caller, client)`, and a retry with the same
+//! id returns that outcome without touching anything else. Refusals are
+//! stored too, so a retry sees the same answer even if the cause went away.
 //!
-//! # Bounds
-//! - A session keeps the outcomes of its last [`MAX_RESPONSES_PER_SESSION`]
-//!   sequence numbers. When an older one is dropped, the session remembers
-//!   `floor_seq` (one past the highest dropped seq); a request below it is
-//!   refused as too old instead of being executed again.
-//! - Each stored outcome keeps its session alive until the coordinator clock
-//!   reaches `retain_until_ms = max(window end of the outcome,
-//!   applied_at + SESSION_MIN_RETAIN_MS)`. A session whose every outcome is
-//!   past that point is dropped. A retry arriving after that is executed as a
-//!   new request: harmless for Δ, because whatever the first execution granted
-//!   belongs to a window that has ended (its credits are dead and a reconcile
-//!   of it is forfeit).
-//! - At most [`MAX_SESSIONS`] sessions are held; opening one more evicts the
-//!   session closest to expiry (smallest `retain_until_ms`, then client id).
+//! # Rules (DESIGN §7a)
+//! - **Scoped to the caller.** Sessions are keyed by `(principal, client
+//!   id)`: two callers never share a session, whatever client ids they pick.
+//! - **One id, one request.** A retry whose fingerprint (command kind, key,
+//!   region, amounts) differs from the first request's is refused
+//!   ([`SessionLookup::Reused`]) and nothing is executed.
+//! - **Never twice.** A session keeps the outcomes of its last
+//!   [`MAX_RESPONSES_PER_SESSION`] sequence numbers and remembers
+//!   `floor_seq` (one past the highest it dropped); an id below the floor is
+//!   refused as expired ([`SessionLookup::Expired`]). A session is opened
+//!   only by a request with `seq <= SESSION_OPENING_SEQS`; a higher seq for
+//!   a session the coordinator does not hold (it expired) is refused as
+//!   expired too, never executed as new.
+//! - **No eviction.** A full table refuses to *open* sessions
+//!   ([`SessionLookup::Exhausted`]) instead of evicting one: an
+//!   authenticated principal may hold at most [`MAX_SESSIONS_PER_PRINCIPAL`]
+//!   sessions, the whole table [`MAX_SESSIONS`]. So no caller can make the
+//!   coordinator forget another caller's outcomes.
+//! - **Retention.** Each stored outcome keeps its session until the
+//!   coordinator clock reaches `retain_until_ms = max(window end of the
+//!   outcome, applied_at + SESSION_MIN_RETAIN_MS)`; then the session expires.
+//!   A request id may therefore be retried for at least
+//!   [`SESSION_MIN_RETAIN_MS`] after its first execution. A retry later than
+//!   that is refused as expired, except an opening seq
+//!   (`<= SESSION_OPENING_SEQS`) of a session that expired whole, which is
+//!   indistinguishable from a new client's first request: clients must not
+//!   retry past the retention (the client crate gives up after seconds).
+//!   Harmless for Δ either way: a grant is counted however often it is asked.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -26,81 +41,128 @@ use serde::{Deserialize, Serialize};
 
 use super::command::Outcome;
 use crate::ids::{ClientId, RequestId};
+use crate::principal::Principal;
 
 /// Outcomes kept per client session.
 pub const MAX_RESPONSES_PER_SESSION: usize = 64;
-/// Client sessions kept at most.
+/// Client sessions kept at most, over all callers.
 pub const MAX_SESSIONS: usize = 16_384;
+/// Client sessions one authenticated principal may hold. On a plaintext
+/// (`--insecure`) listener every caller is `Anonymous` and only
+/// [`MAX_SESSIONS`] applies.
+pub const MAX_SESSIONS_PER_PRINCIPAL: usize = 1_024;
 /// Minimum coordinator time an outcome keeps its session alive, in ms.
 pub const SESSION_MIN_RETAIN_MS: u64 = 60_000;
+/// A session the coordinator does not hold may be opened by a request whose
+/// seq is at most this (concurrent first requests of one client may arrive
+/// out of order); a higher seq is refused as expired.
+pub const SESSION_OPENING_SEQS: u64 = MAX_RESPONSES_PER_SESSION as u64;
 
 /// What a request id means for the session table.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum SessionLookup {
     /// A retry: return this outcome, change nothing.
     Replay(Outcome),
-    /// Older than anything the session still remembers: refuse.
-    TooOld,
+    /// The id first named a request with another fingerprint: refuse.
+    Reused,
+    /// Older than anything the session still remembers, or of a session
+    /// that expired: refuse, never execute.
+    Expired,
+    /// The caller may not open another session: refuse.
+    Exhausted,
     /// Not seen: execute and record.
     New,
 }
 
+/// `(caller, client id)`: the name of one session.
+type SessionName = (Principal, ClientId);
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 struct Session {
-    /// seq → outcome, the most recent [`MAX_RESPONSES_PER_SESSION`].
-    responses: BTreeMap<u64, Outcome>,
-    /// Requests with `seq < floor_seq` are too old.
+    /// seq → (fingerprint, outcome), the most recent
+    /// [`MAX_RESPONSES_PER_SESSION`].
+    responses: BTreeMap<u64, (u64, Outcome)>,
+    /// Requests with `seq < floor_seq` are expired.
     floor_seq: u64,
     /// The session lives while the clock is below this.
     retain_until_ms: u64,
 }
 
-/// All client sessions, with an expiry index.
+/// All client sessions, with an expiry index and per-caller counts.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(super) struct Sessions {
-    by_client: BTreeMap<ClientId, Session>,
-    /// `(retain_until_ms, client)` for every session.
-    expiry: BTreeSet<(u64, ClientId)>,
+    by_name: BTreeMap<SessionName, Session>,
+    /// `(retain_until_ms, session)` for every session.
+    expiry: BTreeSet<(u64, SessionName)>,
+    /// Sessions held per principal.
+    per_principal: BTreeMap<Principal, u64>,
 }
 
 impl Sessions {
-    /// Classifies a request id.
-    pub fn lookup(&self, id: &RequestId) -> SessionLookup {
-        let Some(session) = self.by_client.get(&id.client) else {
+    /// Classifies a request id of `caller` for a command with `fingerprint`.
+    pub fn lookup(&self, caller: &Principal, id: &RequestId, fingerprint: u64) -> SessionLookup {
+        let name = (caller.clone(), id.client.clone());
+        let Some(session) = self.by_name.get(&name) else {
+            if id.seq > SESSION_OPENING_SEQS {
+                return SessionLookup::Expired;
+            }
+            if !self.may_open(caller) {
+                return SessionLookup::Exhausted;
+            }
             return SessionLookup::New;
         };
-        if let Some(outcome) = session.responses.get(&id.seq) {
-            return SessionLookup::Replay(outcome.clone());
+        if let Some((stored, outcome)) = session.responses.get(&id.seq) {
+            return if *stored == fingerprint {
+                SessionLookup::Replay(outcome.clone())
+            } else {
+                SessionLookup::Reused
+            };
         }
         if id.seq < session.floor_seq {
-            return SessionLookup::TooOld;
+            return SessionLookup::Expired;
         }
         SessionLookup::New
     }
 
-    /// Stores the outcome of a newly executed request.
-    pub fn record(&mut self, id: &RequestId, outcome: &Outcome, retain_until_ms: u64) {
-        if !self.by_client.contains_key(&id.client) && self.by_client.len() >= MAX_SESSIONS {
-            if let Some((_, client)) = self.expiry.pop_first() {
-                self.by_client.remove(&client);
-            }
+    fn may_open(&self, caller: &Principal) -> bool {
+        if self.by_name.len() >= MAX_SESSIONS {
+            return false;
         }
-        let session = self.by_client.entry(id.client.clone()).or_insert(Session {
+        *caller == Principal::Anonymous
+            || self.per_principal.get(caller).copied().unwrap_or(0)
+                < MAX_SESSIONS_PER_PRINCIPAL as u64
+    }
+
+    /// Stores the outcome of a newly executed request (one that
+    /// [`lookup`](Self::lookup) classified as [`SessionLookup::New`]).
+    pub fn record(
+        &mut self,
+        caller: &Principal,
+        id: &RequestId,
+        fingerprint: u64,
+        outcome: &Outcome,
+        retain_until_ms: u64,
+    ) {
+        let name = (caller.clone(), id.client.clone());
+        if !self.by_name.contains_key(&name) {
+            *self.per_principal.entry(caller.clone()).or_insert(0) += 1;
+        }
+        let session = self.by_name.entry(name.clone()).or_insert(Session {
             responses: BTreeMap::new(),
             floor_seq: 0,
             retain_until_ms: 0,
         });
-        self.expiry
-            .remove(&(session.retain_until_ms, id.client.clone()));
-        session.responses.insert(id.seq, outcome.clone());
+        self.expiry.remove(&(session.retain_until_ms, name.clone()));
+        session
+            .responses
+            .insert(id.seq, (fingerprint, outcome.clone()));
         while session.responses.len() > MAX_RESPONSES_PER_SESSION {
             if let Some((dropped_seq, _)) = session.responses.pop_first() {
                 session.floor_seq = session.floor_seq.max(dropped_seq.saturating_add(1));
             }
         }
         session.retain_until_ms = session.retain_until_ms.max(retain_until_ms);
-        self.expiry
-            .insert((session.retain_until_ms, id.client.clone()));
+        self.expiry.insert((session.retain_until_ms, name));
     }
 
     /// Drops every session whose `retain_until_ms <= now_ms`; returns how many.
@@ -110,8 +172,14 @@ impl Sessions {
             if *until > now_ms {
                 break;
             }
-            if let Some((_, client)) = self.expiry.pop_first() {
-                self.by_client.remove(&client);
+            if let Some((_, name)) = self.expiry.pop_first() {
+                self.by_name.remove(&name);
+                if let Some(count) = self.per_principal.get_mut(&name.0) {
+                    *count = count.saturating_sub(1);
+                    if *count == 0 {
+                        self.per_principal.remove(&name.0);
+                    }
+                }
                 collected += 1;
             }
         }
@@ -120,7 +188,7 @@ impl Sessions {
 
     /// Number of sessions held.
     pub fn len(&self) -> u64 {
-        self.by_client.len() as u64
+        self.by_name.len() as u64
     }
 }
 
@@ -128,6 +196,8 @@ impl Sessions {
 mod tests {
     use super::*;
     use crate::coordinator::command::CommandError;
+    use crate::ids::RegionId;
+    use proptest::prelude::*;
 
     fn id(client: &str, seq: u64) -> RequestId {
         RequestId {
@@ -142,77 +212,227 @@ mod tests {
         }
     }
 
+    fn region(name: &str) -> Principal {
+        Principal::Region(RegionId::new(name).unwrap())
+    }
+
+    const ANON: Principal = Principal::Anonymous;
+
     #[test]
-    fn replay_returns_the_first_outcome() {
+    fn replay_returns_the_first_outcome_only_for_the_same_request() {
         let mut sessions = Sessions::default();
-        assert_eq!(sessions.lookup(&id("c", 1)), SessionLookup::New);
-        sessions.record(&id("c", 1), &outcome(7), 100);
+        assert_eq!(sessions.lookup(&ANON, &id("c", 1), 9), SessionLookup::New);
+        sessions.record(&ANON, &id("c", 1), 9, &outcome(7), 100);
         assert_eq!(
-            sessions.lookup(&id("c", 1)),
+            sessions.lookup(&ANON, &id("c", 1), 9),
             SessionLookup::Replay(outcome(7))
         );
         assert_eq!(
-            sessions.lookup(&id("c", 0)),
+            sessions.lookup(&ANON, &id("c", 1), 10),
+            SessionLookup::Reused,
+            "same id, another request"
+        );
+        assert_eq!(
+            sessions.lookup(&ANON, &id("c", 0), 9),
             SessionLookup::New,
             "out-of-order seq not yet seen is new"
         );
-        assert_eq!(sessions.lookup(&id("d", 1)), SessionLookup::New);
+        assert_eq!(sessions.lookup(&ANON, &id("d", 1), 9), SessionLookup::New);
     }
 
     #[test]
-    fn dropped_seqs_are_too_old() {
+    fn sessions_of_different_callers_never_meet() {
+        let mut sessions = Sessions::default();
+        sessions.record(&region("eu"), &id("c", 1), 9, &outcome(7), 100);
+        assert_eq!(
+            sessions.lookup(&region("us"), &id("c", 1), 9),
+            SessionLookup::New,
+            "another principal with the same client id has its own session"
+        );
+        assert_eq!(sessions.lookup(&ANON, &id("c", 1), 9), SessionLookup::New);
+    }
+
+    #[test]
+    fn dropped_seqs_are_expired() {
         let mut sessions = Sessions::default();
         let n = MAX_RESPONSES_PER_SESSION as u64 + 3;
         for seq in 0..n {
-            sessions.record(&id("c", seq), &outcome(seq), 100);
+            sessions.record(&ANON, &id("c", seq), seq, &outcome(seq), 100);
         }
         for seq in 0..3 {
-            assert_eq!(sessions.lookup(&id("c", seq)), SessionLookup::TooOld);
+            assert_eq!(
+                sessions.lookup(&ANON, &id("c", seq), seq),
+                SessionLookup::Expired
+            );
         }
         assert_eq!(
-            sessions.lookup(&id("c", 3)),
+            sessions.lookup(&ANON, &id("c", 3), 3),
             SessionLookup::Replay(outcome(3))
         );
-        assert_eq!(sessions.lookup(&id("c", n)), SessionLookup::New);
+        assert_eq!(sessions.lookup(&ANON, &id("c", n), n), SessionLookup::New);
+    }
+
+    #[test]
+    fn an_expired_session_refuses_later_seqs_instead_of_executing_them() {
+        let mut sessions = Sessions::default();
+        sessions.record(&ANON, &id("c", 200), 1, &outcome(1), 100);
+        assert_eq!(sessions.collect(100), 1);
+        assert_eq!(
+            sessions.lookup(&ANON, &id("c", 200), 1),
+            SessionLookup::Expired
+        );
+        assert_eq!(
+            sessions.lookup(&ANON, &id("c", SESSION_OPENING_SEQS + 1), 1),
+            SessionLookup::Expired
+        );
+        assert_eq!(
+            sessions.lookup(&ANON, &id("c", SESSION_OPENING_SEQS), 1),
+            SessionLookup::New
+        );
     }
 
     #[test]
     fn sessions_expire_when_every_outcome_is_past_retention() {
         let mut sessions = Sessions::default();
-        sessions.record(&id("a", 1), &outcome(1), 100);
-        sessions.record(&id("a", 2), &outcome(2), 300);
+        sessions.record(&ANON, &id("a", 1), 1, &outcome(1), 100);
+        sessions.record(&ANON, &id("a", 2), 2, &outcome(2), 300);
         sessions.record(
+            &ANON,
             &id("b", 1),
+            1,
             &Outcome::Rejected(CommandError::NoPolicy("k".into())),
             200,
         );
         assert_eq!(sessions.collect(199), 0);
         assert_eq!(sessions.collect(200), 1);
-        assert_eq!(sessions.lookup(&id("b", 1)), SessionLookup::New);
+        assert_eq!(sessions.lookup(&ANON, &id("b", 1), 1), SessionLookup::New);
         assert_eq!(
-            sessions.lookup(&id("a", 1)),
+            sessions.lookup(&ANON, &id("a", 1), 1),
             SessionLookup::Replay(outcome(1))
         );
         assert_eq!(sessions.collect(300), 1);
         assert_eq!(sessions.len(), 0);
+        assert!(sessions.per_principal.is_empty());
     }
 
     #[test]
-    fn session_count_is_bounded_by_evicting_closest_to_expiry() {
+    fn a_full_principal_cannot_open_more_and_evicts_nobody() {
+        let mut sessions = Sessions::default();
+        let victim = region("us");
+        sessions.record(&victim, &id("victim", 1), 1, &outcome(1), 1_000);
+        let flooder = region("eu");
+        for i in 0..MAX_SESSIONS_PER_PRINCIPAL as u64 {
+            let client = id(&format!("c{i}"), 1);
+            assert_eq!(sessions.lookup(&flooder, &client, 1), SessionLookup::New);
+            sessions.record(&flooder, &client, 1, &outcome(0), 5);
+        }
+        assert_eq!(
+            sessions.lookup(&flooder, &id("one-more", 1), 1),
+            SessionLookup::Exhausted
+        );
+        assert_eq!(
+            sessions.lookup(&flooder, &id("c0", 2), 1),
+            SessionLookup::New,
+            "a held session keeps working"
+        );
+        assert_eq!(
+            sessions.lookup(&victim, &id("victim", 1), 1),
+            SessionLookup::Replay(outcome(1))
+        );
+        assert_eq!(
+            sessions.lookup(&victim, &id("v2", 1), 1),
+            SessionLookup::New
+        );
+    }
+
+    #[test]
+    fn the_whole_table_is_bounded_without_eviction() {
         let mut sessions = Sessions::default();
         for i in 0..MAX_SESSIONS as u64 {
-            sessions.record(&id(&format!("c{i}"), 0), &outcome(0), 1_000 + i);
+            sessions.record(&ANON, &id(&format!("c{i}"), 0), 0, &outcome(0), 1_000 + i);
         }
-        sessions.record(&id("late", 0), &outcome(0), 5);
-        assert_eq!(sessions.len(), MAX_SESSIONS as u64);
         assert_eq!(
-            sessions.lookup(&id("c0", 0)),
-            SessionLookup::New,
-            "closest to expiry was evicted"
+            sessions.lookup(&ANON, &id("late", 0), 0),
+            SessionLookup::Exhausted
         );
         assert_eq!(
-            sessions.lookup(&id("late", 0)),
-            SessionLookup::Replay(outcome(0))
+            sessions.lookup(&ANON, &id("c0", 0), 0),
+            SessionLookup::Replay(outcome(0)),
+            "nothing was evicted"
         );
+        assert_eq!(sessions.collect(1_000), 1);
+        assert_eq!(
+            sessions.lookup(&ANON, &id("late", 0), 0),
+            SessionLookup::New
+        );
+    }
+
+    #[derive(Debug, Clone)]
+    enum Step {
+        Request {
+            caller: u8,
+            client: u8,
+            seq: u64,
+            fingerprint: u8,
+        },
+        Advance(u64),
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            8 => (0u8..3, 0u8..4, 0u64..80, 0u8..2).prop_map(|(caller, client, seq, fingerprint)| {
+                Step::Request { caller, client, seq, fingerprint }
+            }),
+            1 => (0u64..40_000).prop_map(Step::Advance),
+        ]
+    }
+
+    proptest! {
+        /// Against a model that remembers every executed id forever: an id
+        /// is executed at most once while its session lives, a replay always
+        /// returns the first outcome, and a changed fingerprint never replays.
+        #[test]
+        fn an_id_is_executed_at_most_once_within_retention(steps in prop::collection::vec(step(), 1..200)) {
+            let callers = [Principal::Anonymous, region("eu"), region("us")];
+            let mut sessions = Sessions::default();
+            let mut now = 0u64;
+            let mut executed: BTreeMap<(Principal, String, u64), (u64, u64, u64)> = BTreeMap::new();
+            let mut counter = 0u64;
+            for step in steps {
+                match step {
+                    Step::Advance(ms) => {
+                        now += ms;
+                        sessions.collect(now);
+                    }
+                    Step::Request { caller, client, seq, fingerprint } => {
+                        let caller = callers[caller as usize].clone();
+                        let client = format!("c{client}");
+                        let key = (caller.clone(), client.clone(), seq);
+                        let fingerprint = u64::from(fingerprint);
+                        match sessions.lookup(&caller, &id(&client, seq), fingerprint) {
+                            SessionLookup::New => {
+                                if let Some((_, _, at)) = executed.get(&key) {
+                                    prop_assert!(now >= at + SESSION_MIN_RETAIN_MS,
+                                        "re-executed {:?} within retention", key);
+                                }
+                                counter += 1;
+                                sessions.record(&caller, &id(&client, seq), fingerprint, &outcome(counter), now + SESSION_MIN_RETAIN_MS);
+                                executed.insert(key, (fingerprint, counter, now));
+                            }
+                            SessionLookup::Replay(o) => {
+                                let (f, n, _) = executed.get(&key).copied().expect("replayed an id never executed");
+                                prop_assert_eq!(f, fingerprint);
+                                prop_assert_eq!(o, outcome(n));
+                            }
+                            SessionLookup::Reused => {
+                                let (f, _, _) = executed.get(&key).copied().expect("reused an id never executed");
+                                prop_assert_ne!(f, fingerprint);
+                            }
+                            SessionLookup::Expired | SessionLookup::Exhausted => {}
+                        }
+                    }
+                }
+            }
+        }
     }
 }

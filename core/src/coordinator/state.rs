@@ -10,24 +10,47 @@
 //!    after a proposal depends only on the state before and the proposal.
 //!    Every `Tick` of the proposal reports the number of windows this pass
 //!    collected.
-//! 3. Each command, in order: if it carries a request id, the session table is
-//!    consulted first (a retry returns the first outcome and changes nothing);
-//!    otherwise, or for a new id, it is executed.
+//! 3. Each command, in order: if it carries a request id, the session of
+//!    `(caller, client id)` is consulted first (a retry of the same request
+//!    returns the first outcome and changes nothing; a reused, expired or
+//!    unopenable id is refused); otherwise, or for a new id, it is executed.
 //!
 //! Everything is integer arithmetic over `BTreeMap`s, so two replicas applying
 //! the same proposals reach equal states and produce equal outcomes.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use super::command::*;
-use super::sessions::{SessionLookup, Sessions, SESSION_MIN_RETAIN_MS};
+use super::sessions::{
+    SessionLookup, Sessions, MAX_SESSIONS, MAX_SESSIONS_PER_PRINCIPAL, SESSION_MIN_RETAIN_MS,
+};
 use super::windows::WindowTable;
 use crate::ids::{Key, RequestId};
 use crate::policy::{Policy, PolicyTable};
+use crate::principal::Principal;
+use crate::shadow::ShadowTally;
 
 /// Largest clock value the state machine uses: larger stamps count as this, so
 /// every window end (`start + window_ms`) stays representable and is > now.
 pub const MAX_CLOCK_MS: u64 = 1 << 62;
+
+/// What the live windows of one policy's keys hold (see
+/// [`CoordinatorState::usage_by_policy`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PolicyUsage {
+    /// The policy.
+    pub policy: Policy,
+    /// Keys of the policy with a live window.
+    pub live_windows: u64,
+    /// Σ of those windows' limits.
+    pub limit_in_live_windows: u64,
+    /// Σ granted in those windows.
+    pub granted: u64,
+    /// Σ credited back in those windows.
+    pub returned: u64,
+}
 
 /// A read-only view of one key's current window (for `GetWindow`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -46,6 +69,9 @@ pub struct WindowView {
     pub returned: u64,
     /// Per region: (region, granted, returned, pool weight), sorted by region.
     pub regions: Vec<RegionView>,
+    /// What a shadow policy handed out beyond its limit in this window
+    /// (empty unless the key's policy is or was in shadow mode).
+    pub shadow: ShadowTally,
     /// The time the view was taken at: the later of the caller's clock and
     /// the state-machine clock (the window shown is the one current then).
     pub coordinator_now_ms: u64,
@@ -71,6 +97,9 @@ pub struct CoordinatorState {
     pub(super) policies: PolicyTable,
     pub(super) windows: WindowTable,
     pub(super) sessions: Sessions,
+    /// Would-deny counts of shadow decisions per policy prefix, since the
+    /// policy was set (dropped with it); only prefixes that counted any.
+    pub(super) shadow_tallies: BTreeMap<String, ShadowTally>,
 }
 
 impl CoordinatorState {
@@ -96,7 +125,8 @@ impl CoordinatorState {
                 region,
                 tokens,
                 request_id,
-            } => self.exactly_once(request_id.as_ref(), |state| {
+                caller,
+            } => self.exactly_once(command, caller, request_id.as_ref(), |state| {
                 state.lease(key, region, *tokens)
             }),
             Command::Reconcile {
@@ -105,7 +135,8 @@ impl CoordinatorState {
                 leftover,
                 window_start_ms,
                 request_id,
-            } => self.exactly_once(request_id.as_ref(), |state| {
+                caller,
+            } => self.exactly_once(command, caller, request_id.as_ref(), |state| {
                 state.reconcile(key, region, *leftover, *window_start_ms)
             }),
             Command::PoolGrant {
@@ -114,26 +145,42 @@ impl CoordinatorState {
                 region_weight,
                 want_total,
                 request_id,
-            } => self.exactly_once(request_id.as_ref(), |state| {
+                caller,
+            } => self.exactly_once(command, caller, request_id.as_ref(), |state| {
                 state.pool_grant(key, region, *region_weight, *want_total)
             }),
         }
     }
 
-    /// Runs `execute` once per request id: a retry gets the stored outcome.
+    /// Runs `execute` once per `(caller, request id)`: a retry of the same
+    /// request gets the stored outcome; a reused, expired or unopenable id
+    /// is refused without executing anything (see `sessions`).
     fn exactly_once(
         &mut self,
+        command: &Command,
+        caller: &Principal,
         request_id: Option<&RequestId>,
         execute: impl FnOnce(&mut Self) -> Outcome,
     ) -> Outcome {
         let Some(id) = request_id else {
             return execute(self);
         };
-        match self.sessions.lookup(id) {
+        let fingerprint = command.fingerprint();
+        match self.sessions.lookup(caller, id, fingerprint) {
             SessionLookup::Replay(outcome) => outcome,
-            SessionLookup::TooOld => Outcome::Rejected(CommandError::InvalidArgument(
-                "request id too old".to_string(),
-            )),
+            SessionLookup::Reused => Outcome::Rejected(CommandError::RequestIdReused(format!(
+                "request id ({}, {}) already names a different request; use a new seq",
+                id.client, id.seq
+            ))),
+            SessionLookup::Expired => Outcome::Rejected(CommandError::SessionExpired(format!(
+                "request id ({}, {}) is older than its session remembers (or the session expired): \
+                 it is not executed again; send new requests under a new seq or client id",
+                id.client, id.seq
+            ))),
+            SessionLookup::Exhausted => Outcome::Rejected(CommandError::SessionsExhausted(format!(
+                "{caller} holds as many client sessions as it may (at most {MAX_SESSIONS_PER_PRINCIPAL} \
+                 per principal, {MAX_SESSIONS} in all); sessions expire {SESSION_MIN_RETAIN_MS} ms after their last use"
+            ))),
             SessionLookup::New => {
                 let outcome = execute(self);
                 let window_end = match &outcome {
@@ -143,7 +190,8 @@ impl CoordinatorState {
                 };
                 let retain_until =
                     window_end.max(self.now_ms.saturating_add(SESSION_MIN_RETAIN_MS));
-                self.sessions.record(id, &outcome, retain_until);
+                self.sessions
+                    .record(caller, id, fingerprint, &outcome, retain_until);
                 outcome
             }
         }
@@ -191,6 +239,7 @@ impl CoordinatorState {
                         pool_weight: used.pool_weight,
                     })
                     .collect(),
+                shadow: record.shadow,
                 coordinator_now_ms: now,
             },
             None => {
@@ -203,6 +252,7 @@ impl CoordinatorState {
                     granted: 0,
                     returned: 0,
                     regions: Vec::new(),
+                    shadow: ShadowTally::default(),
                     coordinator_now_ms: now,
                 }
             }
@@ -224,5 +274,85 @@ impl CoordinatorState {
     /// Number of client sessions held (bounded by [`super::MAX_SESSIONS`]).
     pub fn client_sessions(&self) -> u64 {
         self.sessions.len()
+    }
+
+    /// Keys under `prefix` with a live window as of `max(now_ms, state
+    /// clock)`, in key order, at most `max`; and how many there are,
+    /// counted up to `count_up_to` (bounding the scan).
+    pub fn live_keys_with_prefix(
+        &self,
+        prefix: &str,
+        now_ms: u64,
+        max: usize,
+        count_up_to: usize,
+    ) -> (Vec<Key>, usize) {
+        let now = now_ms.min(MAX_CLOCK_MS).max(self.now_ms);
+        self.windows
+            .live_keys_with_prefix(prefix, now, max, count_up_to)
+    }
+
+    /// Per policy, what its keys' windows live at `max(now_ms, state clock)`
+    /// hold, sorted by prefix (every policy appears, with zeros when none of
+    /// its keys has a live window). O(live windows): for metrics scrapes,
+    /// not for the request path.
+    pub fn usage_by_policy(&self, now_ms: u64) -> Vec<PolicyUsage> {
+        let now = now_ms.min(MAX_CLOCK_MS).max(self.now_ms);
+        let mut usage: BTreeMap<String, PolicyUsage> = self
+            .policies
+            .iter()
+            .map(|policy| {
+                let row = PolicyUsage {
+                    policy: policy.clone(),
+                    live_windows: 0,
+                    limit_in_live_windows: 0,
+                    granted: 0,
+                    returned: 0,
+                };
+                (policy.prefix.clone(), row)
+            })
+            .collect();
+        for (key, record) in self.windows.live_records(now) {
+            let Some(policy) = self.policies.lookup(key.as_str()) else {
+                continue;
+            };
+            if let Some(row) = usage.get_mut(&policy.prefix) {
+                row.live_windows += 1;
+                row.limit_in_live_windows = row.limit_in_live_windows.saturating_add(record.limit);
+                row.granted = row.granted.saturating_add(record.granted);
+                row.returned = row.returned.saturating_add(record.returned);
+            }
+        }
+        usage.into_values().collect()
+    }
+
+    /// Would-deny counts of shadow decisions per policy prefix (only
+    /// prefixes that counted any), sorted by prefix. Replicated: every
+    /// member reports the same counts as of its applied index. A prefix's
+    /// count starts when its policy is set and is dropped when the policy is
+    /// deleted (a metrics exporter sees that as a counter reset).
+    pub fn shadow_tallies(&self) -> impl Iterator<Item = (&str, ShadowTally)> {
+        self.shadow_tallies
+            .iter()
+            .map(|(prefix, tally)| (prefix.as_str(), *tally))
+    }
+
+    /// The sum of [`shadow_tallies`](Self::shadow_tallies) over every policy.
+    pub fn shadow_total(&self) -> ShadowTally {
+        let mut total = ShadowTally::default();
+        for tally in self.shadow_tallies.values() {
+            total.add(*tally);
+        }
+        total
+    }
+
+    /// Counts a shadow decision of the policy with `prefix` in its tally
+    /// (nothing when `would_deny` is 0, so no empty entry is made).
+    pub(super) fn record_shadow(&mut self, prefix: &str, would_deny: u64) {
+        if would_deny > 0 {
+            self.shadow_tallies
+                .entry(prefix.to_string())
+                .or_default()
+                .record(would_deny);
+        }
     }
 }

@@ -13,14 +13,30 @@
 //! admissions, or let a late reconcile of the old one credit the new one).
 //!
 //! To keep that law after a record is collected, the key keeps a tombstone
-//! (`last_end_ms`) until `now ≥ last_end_ms + max_window_ms_seen`, where
-//! `max_window_ms_seen` is the largest `window_ms` of any policy set so far:
-//! until the window length grows, every aligned window containing `now` then
-//! starts after `last_end_ms` anyway. Because it may grow later, a dropped
-//! tombstone raises one table-wide floor, `forgotten_end_ms`, and every new
-//! window starts no earlier than it. With unchanged window lengths the floor
-//! never bites (aligned starts are already past it); after a window length
-//! grows, the first windows of keys may start at the floor instead of their
+//! (`last_end_ms`) for its own *retention*: the window length of its last
+//! window, raised by every policy change that gives the key a longer window
+//! while the entry exists. Once `now ≥ last_end_ms + retention`, every
+//! aligned window of a length `≤ retention` that contains `now` starts after
+//! `last_end_ms` anyway, so the tombstone is dropped: a key's tombstone lives
+//! as long as its own window, not the longest window of any policy (a daily
+//! policy elsewhere does not keep a minute key's tombstone for a day).
+//!
+//! A window *longer* than the dropped tombstone's retention can only come
+//! from a later policy change that lengthened the key's window. Each such
+//! change (a `SetPolicy` or `DeletePolicy` after which the window governing
+//! a prefix is longer than before) files a **growth floor** for that prefix:
+//! `floor = forgotten_end_ms` (the largest `last_end_ms` of any tombstone
+//! dropped so far, so at least the end of every dropped window of a key under
+//! the prefix) valid until `change time + new window length`. A key with no
+//! entry starts its new window no earlier than the growth floors of its
+//! prefixes. Proof sketch: a key dropped at `D ≥ E + retention` (E its last
+//! end) that later opens a window of length `w' > retention` at `t < E + w'`
+//! (otherwise alignment alone puts the start after E) had its governing
+//! window cross from below `w'` to at least `w'` after `D`; the last such
+//! crossing at `T ≥ D` filed a floor `≥ E` for a prefix of the key, valid
+//! until at least `T + w' > E + w' > t`. With unchanged window lengths no
+//! floor is filed and nothing bites; after a window length grows, the first
+//! windows of keys under that prefix may start at the floor instead of their
 //! aligned start (shortened, never overlapping an earlier window).
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -29,6 +45,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::ids::{Key, RegionId};
 use crate::policy::{Policy, PolicyKind, PolicyTable};
+use crate::shadow::ShadowTally;
 use crate::window::WindowBounds;
 
 /// One region's use of one window.
@@ -60,6 +77,8 @@ pub(super) struct WindowRecord {
     pub returned: u64,
     /// Per-region use, sorted by region.
     pub regions: BTreeMap<RegionId, RegionUse>,
+    /// What a shadow policy handed out beyond what it admits, in this window.
+    pub shadow: ShadowTally,
 }
 
 impl WindowRecord {
@@ -71,6 +90,7 @@ impl WindowRecord {
             granted: 0,
             returned: 0,
             regions: BTreeMap::new(),
+            shadow: ShadowTally::default(),
         }
     }
 
@@ -92,8 +112,28 @@ struct KeyWindows {
     live: Option<WindowRecord>,
     /// End of the last window created for this key.
     last_end_ms: u64,
+    /// How long the tombstone outlives `last_end_ms`: the length of the last
+    /// window, raised by later policy changes that lengthen the key's window.
+    retention_ms: u64,
     /// The deadline under which this key is filed in the index.
     deadline_ms: u64,
+}
+
+impl KeyWindows {
+    /// When the tombstone may be dropped.
+    fn tombstone_expiry_ms(&self) -> u64 {
+        self.last_end_ms.saturating_add(self.retention_ms)
+    }
+}
+
+/// A lower bound on new window starts of keys under a prefix whose window
+/// length grew (see the module doc).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+struct GrowthFloor {
+    /// No new window of a key without an entry starts before this.
+    floor_ms: u64,
+    /// The floor is dropped once the clock reaches this.
+    until_ms: u64,
 }
 
 /// All keys' windows.
@@ -102,16 +142,51 @@ pub(super) struct WindowTable {
     keys: BTreeMap<Key, KeyWindows>,
     /// `(deadline_ms, key)`: a live window's end, or a tombstone's expiry.
     deadlines: BTreeSet<(u64, Key)>,
-    /// Largest `window_ms` of any policy ever set (monotonic).
-    max_window_ms_seen: u64,
-    /// Largest `last_end_ms` of any dropped tombstone: no window starts before it.
+    /// Largest `last_end_ms` of any dropped tombstone (monotonic).
     forgotten_end_ms: u64,
+    /// Growth floors by policy prefix; one per prefix (merged by maximum).
+    growth_floors: BTreeMap<String, GrowthFloor>,
 }
 
 impl WindowTable {
-    /// Records that a policy with this window length exists (or existed).
-    pub fn note_window_ms(&mut self, window_ms: u64) {
-        self.max_window_ms_seen = self.max_window_ms_seen.max(window_ms);
+    /// Records that, at `now_ms`, a policy change moved the window length
+    /// governing keys under `prefix` from `before` to `after` (`None`: no
+    /// policy). A longer window files a growth floor for the prefix.
+    pub fn on_window_length_change(
+        &mut self,
+        prefix: &str,
+        before: Option<u64>,
+        after: Option<u64>,
+        now_ms: u64,
+    ) {
+        let Some(after) = after else {
+            return;
+        };
+        if after <= before.unwrap_or(0) || self.forgotten_end_ms == 0 {
+            return;
+        }
+        let until_ms = now_ms.saturating_add(after);
+        let floor = self
+            .growth_floors
+            .entry(prefix.to_string())
+            .or_insert(GrowthFloor {
+                floor_ms: 0,
+                until_ms: 0,
+            });
+        floor.floor_ms = floor.floor_ms.max(self.forgotten_end_ms);
+        floor.until_ms = floor.until_ms.max(until_ms);
+    }
+
+    /// The largest growth floor of a prefix of `key` still valid at `now_ms`.
+    fn growth_floor(&self, key: &Key, now_ms: u64) -> u64 {
+        let key = key.as_str();
+        (0..=key.len())
+            .filter(|&end| key.is_char_boundary(end))
+            .filter_map(|end| self.growth_floors.get(&key[..end]))
+            .filter(|floor| floor.until_ms > now_ms)
+            .map(|floor| floor.floor_ms)
+            .max()
+            .unwrap_or(0)
     }
 
     /// The key's live window at `now_ms`, if one exists.
@@ -137,10 +212,15 @@ impl WindowTable {
     /// `window_ms` gets (the creation rule of the module doc).
     pub fn next_bounds(&self, key: &Key, window_ms: u64, now_ms: u64) -> WindowBounds {
         let aligned = WindowBounds::containing(now_ms, window_ms);
-        let key_floor = self.keys.get(key).map_or(0, |entry| entry.last_end_ms);
-        // Both floors are ends of windows that are over, so they are <= now_ms
+        // A key with an entry knows its own last end; one without falls back
+        // on the growth floors of its prefixes.
+        let floor = match self.keys.get(key) {
+            Some(entry) => entry.last_end_ms,
+            None => self.growth_floor(key, now_ms),
+        };
+        // Floors are ends of windows that are over, so they are <= now_ms
         // (the `min` only guards that), and the window still contains now_ms.
-        let floor = key_floor.max(self.forgotten_end_ms).min(now_ms);
+        let floor = floor.min(now_ms);
         WindowBounds {
             start_ms: aligned.start_ms.max(floor),
             end_ms: aligned.end_ms,
@@ -156,6 +236,7 @@ impl WindowTable {
         let entry = self.keys.entry(key.clone()).or_insert(KeyWindows {
             live: None,
             last_end_ms: 0,
+            retention_ms: 0,
             deadline_ms: 0,
         });
         if let Some(bounds) = new_bounds {
@@ -163,6 +244,7 @@ impl WindowTable {
             self.deadlines.insert((bounds.end_ms, key.clone()));
             entry.deadline_ms = bounds.end_ms;
             entry.last_end_ms = bounds.end_ms;
+            entry.retention_ms = policy.window_ms;
             entry.live = Some(WindowRecord::new(bounds, policy));
         }
         // `live` is Some here: either it was live already or it was just set.
@@ -176,12 +258,24 @@ impl WindowTable {
     /// live window of a key that still has a governing policy gets
     /// `limit = min(limit, governing limit)` and the governing kind. Keys
     /// left without a policy keep their window unchanged until it ends.
+    /// Every entry's tombstone retention grows to the governing window
+    /// length if that is longer (see the module doc).
     pub fn on_policies_changed(&mut self, policies: &PolicyTable) {
         for (key, entry) in self.keys.iter_mut() {
-            let Some(record) = entry.live.as_mut() else {
+            let Some(policy) = policies.lookup(key.as_str()) else {
                 continue;
             };
-            if let Some(policy) = policies.lookup(key.as_str()) {
+            if policy.window_ms > entry.retention_ms {
+                entry.retention_ms = policy.window_ms;
+                if entry.live.is_none() {
+                    // A tombstone is filed under its expiry: re-file it.
+                    let expiry = entry.tombstone_expiry_ms();
+                    self.deadlines.remove(&(entry.deadline_ms, key.clone()));
+                    self.deadlines.insert((expiry, key.clone()));
+                    entry.deadline_ms = expiry;
+                }
+            }
+            if let Some(record) = entry.live.as_mut() {
                 record.limit = record.limit.min(policy.limit);
                 record.kind = policy.kind;
             }
@@ -203,7 +297,7 @@ impl WindowTable {
             if entry.live.take().is_some() {
                 collected += 1;
             }
-            let tombstone_expiry = entry.last_end_ms.saturating_add(self.max_window_ms_seen);
+            let tombstone_expiry = entry.tombstone_expiry_ms();
             if tombstone_expiry <= now_ms {
                 self.forgotten_end_ms = self.forgotten_end_ms.max(entry.last_end_ms);
                 self.keys.remove(&key);
@@ -212,6 +306,8 @@ impl WindowTable {
                 self.deadlines.insert((tombstone_expiry, key));
             }
         }
+        self.growth_floors
+            .retain(|_, floor| floor.until_ms > now_ms);
         collected
     }
 
@@ -223,5 +319,116 @@ impl WindowTable {
     /// Number of keys with any entry (live window or tombstone).
     pub fn key_count(&self) -> u64 {
         self.keys.len() as u64
+    }
+
+    /// Every key with a window live at `now_ms`, with that window, in key order.
+    pub fn live_records(&self, now_ms: u64) -> impl Iterator<Item = (&Key, &WindowRecord)> {
+        self.keys.iter().filter_map(move |(key, entry)| {
+            entry
+                .live
+                .as_ref()
+                .filter(|record| record.bounds.end_ms > now_ms)
+                .map(|record| (key, record))
+        })
+    }
+
+    /// Keys starting with `prefix` that have a live window at `now_ms`, in
+    /// key order, at most `max`; and how many such keys there are, counted
+    /// up to `count_up_to` (so a huge prefix costs a bounded scan).
+    pub fn live_keys_with_prefix(
+        &self,
+        prefix: &str,
+        now_ms: u64,
+        max: usize,
+        count_up_to: usize,
+    ) -> (Vec<Key>, usize) {
+        use std::ops::Bound;
+        let start = match Key::new(prefix) {
+            Ok(first) => Bound::Included(first),
+            Err(_) if prefix.is_empty() => Bound::Unbounded,
+            // Longer than any key: no key starts with it.
+            Err(_) => return (Vec::new(), 0),
+        };
+        let live = self
+            .keys
+            .range((start, Bound::Unbounded))
+            .take_while(|(key, _)| key.as_str().starts_with(prefix))
+            .filter(|(_, entry)| {
+                entry
+                    .live
+                    .as_ref()
+                    .is_some_and(|record| record.bounds.end_ms > now_ms)
+            })
+            .map(|(key, _)| key);
+        let mut keys = Vec::new();
+        let mut count = 0;
+        for key in live.take(count_up_to.max(max)) {
+            if keys.len() < max {
+                keys.push(key.clone());
+            }
+            count += 1;
+        }
+        (keys, count)
+    }
+}
+
+/// The window table as format 2 stored it, before windows counted shadow
+/// decisions: read from old snapshots and upgraded (an empty tally).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(super) struct WindowTableV2 {
+    keys: BTreeMap<Key, KeyWindowsV2>,
+    deadlines: BTreeSet<(u64, Key)>,
+    forgotten_end_ms: u64,
+    growth_floors: BTreeMap<String, GrowthFloor>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct KeyWindowsV2 {
+    live: Option<WindowRecordV2>,
+    last_end_ms: u64,
+    retention_ms: u64,
+    deadline_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct WindowRecordV2 {
+    bounds: WindowBounds,
+    limit: u64,
+    kind: PolicyKind,
+    granted: u64,
+    returned: u64,
+    regions: BTreeMap<RegionId, RegionUse>,
+}
+
+impl From<WindowTableV2> for WindowTable {
+    fn from(old: WindowTableV2) -> Self {
+        let keys = old
+            .keys
+            .into_iter()
+            .map(|(key, entry)| {
+                let live = entry.live.map(|record| WindowRecord {
+                    bounds: record.bounds,
+                    limit: record.limit,
+                    kind: record.kind,
+                    granted: record.granted,
+                    returned: record.returned,
+                    regions: record.regions,
+                    shadow: ShadowTally::default(),
+                });
+                let entry = KeyWindows {
+                    live,
+                    last_end_ms: entry.last_end_ms,
+                    retention_ms: entry.retention_ms,
+                    deadline_ms: entry.deadline_ms,
+                };
+                (key, entry)
+            })
+            .collect();
+        WindowTable {
+            keys,
+            deadlines: old.deadlines,
+            forgotten_end_ms: old.forgotten_end_ms,
+            growth_floors: old.growth_floors,
+        }
     }
 }

@@ -109,3 +109,21 @@ fn fallback_admits_at_most_its_share_per_window() {
     assert_eq!(second, 5);
     assert_eq!(e.counters().fallback_tokens, 10);
 }
+
+#[test]
+fn shadow_credits_last_the_rest_of_the_local_window_and_are_not_returnable() {
+    let served = RegionEscrow::serve_shadow_at(7, 12_345, 1_000);
+    assert_eq!(served.granted, 7);
+    assert_eq!(served.window_start_ms, 12_000);
+    assert_eq!(served.window_end_ms, 13_000);
+    assert_eq!(served.remaining_lifetime_ms, 655);
+    assert!(
+        served.from_fallback,
+        "not from a grant: no holder may return it"
+    );
+    // A zero window length is treated as 1 ms, never a division by zero.
+    assert_eq!(
+        RegionEscrow::serve_shadow_at(1, 5, 0).remaining_lifetime_ms,
+        1
+    );
+}

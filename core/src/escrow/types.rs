@@ -72,6 +72,12 @@ pub struct EscrowCounters {
     pub unexpected_grants: u64,
     /// Tokens handed back to the coordinator early (idle return, eviction).
     pub tokens_returned: u64,
+    /// Tokens clients gave back that were accepted into the balance.
+    pub tokens_taken_back: u64,
+    /// Tokens clients tried to give back beyond what this escrow served
+    /// from that window minus what already came back, or for a window it no
+    /// longer holds: refused.
+    pub return_tokens_refused: u64,
 }
 
 /// A snapshot of one escrow for status pages and tests.

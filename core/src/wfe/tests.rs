@@ -280,3 +280,21 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn tenants_lists_each_tenants_weight_and_use() {
+    let mut escrow = WeightedFairEscrow::new(100, 10);
+    let set = tenants(&[1, 3]);
+    backlog(&mut escrow, &set, 1, &mut WholeBudget(100));
+    let listed: Vec<(String, u64, u64)> = escrow
+        .tenants()
+        .map(|(t, weight, used)| (t.to_string(), weight, used))
+        .collect();
+    assert_eq!(listed.len(), 2);
+    assert_eq!((listed[0].1, listed[1].1), (1, 3));
+    assert_eq!(
+        listed.iter().map(|(_, _, used)| used).sum::<u64>(),
+        escrow.total_used()
+    );
+    assert_eq!(listed[0].2, escrow.used_by(&tenant("t0")));
+}

@@ -78,6 +78,7 @@ impl Model {
                 region: region(REGIONS[*r]),
                 tokens: *tokens,
                 request_id: self.fresh_id(*client),
+                caller: leasehold_core::principal::Principal::Anonymous,
             },
             Gen::Reconcile {
                 key: k,
@@ -98,6 +99,7 @@ impl Model {
                     leftover: *leftover,
                     window_start_ms,
                     request_id: self.fresh_id(*client),
+                    caller: leasehold_core::principal::Principal::Anonymous,
                 }
             }
             Gen::Pool {
@@ -112,6 +114,7 @@ impl Model {
                 region_weight: *weight,
                 want_total: *want,
                 request_id: self.fresh_id(*client),
+                caller: leasehold_core::principal::Principal::Anonymous,
             },
             Gen::SetPolicy {
                 prefix,
@@ -367,6 +370,9 @@ impl Model {
             CommandError::InvalidArgument(_) => "invalid",
             CommandError::NoPolicy(_) => "no policy",
             CommandError::WrongKind(_) => "wrong kind",
+            CommandError::RequestIdReused(_)
+            | CommandError::SessionExpired(_)
+            | CommandError::SessionsExhausted(_) => "session refused",
         };
         prop_assert_eq!(got, expected, "{:?}", command);
         Ok(())

@@ -30,6 +30,7 @@ pub fn policy(prefix: &str, limit: u64, window_ms: u64, kind: PolicyKind) -> Pol
         window_ms,
         kind,
         outage: OutagePolicy::FailClosed,
+        shadow: false,
     }
 }
 
@@ -47,6 +48,7 @@ pub fn lease(k: &str, r: &str, tokens: u64) -> Command {
         region: region(r),
         tokens,
         request_id: None,
+        caller: leasehold_core::principal::Principal::Anonymous,
     }
 }
 
@@ -57,6 +59,7 @@ pub fn reconcile(k: &str, r: &str, leftover: u64, window_start_ms: u64) -> Comma
         leftover,
         window_start_ms,
         request_id: None,
+        caller: leasehold_core::principal::Principal::Anonymous,
     }
 }
 
@@ -67,6 +70,7 @@ pub fn pool(k: &str, r: &str, region_weight: u64, want_total: u64) -> Command {
         region_weight,
         want_total,
         request_id: None,
+        caller: leasehold_core::principal::Principal::Anonymous,
     }
 }
 

@@ -96,6 +96,7 @@ impl Coordinator {
             window_ms,
             kind,
             outage: OutagePolicy::FailClosed,
+            shadow: false,
         };
         let result = state.apply(&Proposal {
             stamp_ms,
@@ -123,6 +124,7 @@ impl Coordinator {
             region: region(region_index),
             tokens,
             request_id: None,
+            caller: leasehold_core::principal::Principal::Anonymous,
         };
         match self.apply(stamp_ms, command) {
             Outcome::Lease(grant) => grant,
@@ -142,6 +144,7 @@ impl Coordinator {
             leftover: back.leftover,
             window_start_ms: back.window_start_ms,
             request_id: None,
+            caller: leasehold_core::principal::Principal::Anonymous,
         };
         match self.apply(stamp_ms, command) {
             Outcome::Reconcile(outcome) => outcome,
@@ -162,6 +165,7 @@ impl Coordinator {
             region_weight: region_weight.max(1),
             want_total,
             request_id: None,
+            caller: leasehold_core::principal::Principal::Anonymous,
         };
         match self.apply(stamp_ms, command) {
             Outcome::PoolGrant(outcome) => outcome,

@@ -172,6 +172,7 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
             kind: pb::PolicyKind::Counter as i32,
             outage: pb::OutageMode::FailClosed as i32,
             fallback_tokens_per_region: 0,
+            shadow: false,
         };
         clients[0].admin().set_policy(policy).await?;
     }

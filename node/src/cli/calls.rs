@@ -166,6 +166,12 @@ pub async fn window(args: WindowArgs) -> Result<(), CliError> {
             window.window_end_ms,
             window.coordinator_now_ms
         );
+        if window.policy.as_ref().is_some_and(|p| p.shadow) || window.would_deny_requests > 0 {
+            text.push_str(&format!(
+                "\n  shadow: would deny {} tokens in {} requests",
+                window.would_deny_tokens, window.would_deny_requests
+            ));
+        }
         for region in &window.regions {
             text.push_str(&format!(
                 "\n  {:<12} granted {:>8} returned {:>8} weight {}",

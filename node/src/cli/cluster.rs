@@ -131,6 +131,7 @@ pub fn parse_policy(raw: &str) -> Result<pb::Policy, String> {
         kind: pb::PolicyKind::Counter as i32,
         outage: pb::OutageMode::FailClosed as i32,
         fallback_tokens_per_region: 0,
+        shadow: false,
     })
 }
 
@@ -181,6 +182,40 @@ pub async fn run(args: ClusterArgs) -> Result<(), CliError> {
     }
 }
 
+/// After `init` found the cluster initialised: succeeds (idempotent) only if
+/// it was initialised with exactly `wanted` as its members.
+async fn check_same_members(
+    admin: &leasehold_client::coordinator::AdminClient,
+    wanted: &[(u64, String)],
+) -> Result<(), CliError> {
+    let status = admin.status().await?;
+    let mut current: Vec<(u64, String)> = status
+        .voters
+        .iter()
+        .chain(status.learners.iter())
+        .map(|m| (m.id, m.addr.clone()))
+        .collect();
+    current.sort();
+    let mut wanted = wanted.to_vec();
+    wanted.sort();
+    if current == wanted {
+        return Ok(());
+    }
+    let list = |members: &[(u64, String)]| {
+        members
+            .iter()
+            .map(|(id, addr)| format!("{id}={addr}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    Err(CliError::Conflict(format!(
+        "the cluster is already initialised with members [{}], not [{}]; nothing changed \
+         (change members with `leasehold cluster add-learner` and `cluster change-membership`)",
+        list(&current),
+        list(&wanted)
+    )))
+}
+
 async fn init(args: InitArgs) -> Result<(), CliError> {
     let mut client_args = args.client.clone();
     client_args.timeout_ms = client_args
@@ -199,6 +234,9 @@ async fn init(args: InitArgs) -> Result<(), CliError> {
             Err(e) => return Err(e.into()),
         }
     };
+    if !fresh {
+        check_same_members(&admin, &args.members).await?;
+    }
     if fresh {
         for policy in &args.policies {
             admin.set_policy(policy.clone()).await?;

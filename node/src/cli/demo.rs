@@ -3,14 +3,17 @@
 //! per-window report: admitted vs L, utilisation, what a static partition
 //! would have admitted, each tenant's share beside the flat weighted
 //! max-min ideal, and coordinator operations per 1 000 admissions.
+//!
+//! Everything runs with mutual TLS on a throwaway CA (see
+//! [`super::dev`]): escrow nodes present their region's certificate,
+//! clients a service certificate of their region.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::Args;
-use leasehold_client::transport::TcpDialer;
 use leasehold_client::{
     EscrowSource, EscrowSourceOptions, LeaseOptions, LeaseSizing, Limiter, LimiterConfig, Mode,
 };
@@ -20,7 +23,7 @@ use leasehold_proto::v1 as pb;
 use leasehold_proto::v1::escrow_client::EscrowClient;
 use tokio::sync::watch;
 
-use super::dev::{prepare, DevArgs, DevCluster};
+use super::dev::{dev_operator, dev_security, dev_service, prepare, DevArgs, DevCluster};
 use super::CliError;
 use crate::escrow::{serve_escrow, EscrowConfig};
 
@@ -68,6 +71,8 @@ fn tally(t: &Tally, window: u64, label: &str, admitted: bool) {
 /// One client: `check` every `every` on `key` through the escrow at `addr`.
 #[allow(clippy::too_many_arguments)]
 fn spawn_client(
+    certs: &Path,
+    region: &str,
     addr: &str,
     key: &'static str,
     label: String,
@@ -80,7 +85,7 @@ fn spawn_client(
     let failed = |e: &dyn std::fmt::Display| CliError::Failed(e.to_string());
     let source = EscrowSource::new(
         addr,
-        Arc::new(TcpDialer::default()),
+        dev_security(certs, &dev_service(region)?).dialer(),
         EscrowSourceOptions::default(),
     )
     .map_err(|e| failed(&e))?;
@@ -114,10 +119,12 @@ fn spawn_client(
     }))
 }
 
-async fn coordinator_calls(addrs: &[String]) -> u64 {
+async fn coordinator_calls(certs: &Path, addrs: &[String]) -> u64 {
+    let dialer = dev_security(certs, &dev_operator()).dialer();
     let mut total = 0;
     for addr in addrs {
-        if let Ok(mut rpc) = EscrowClient::connect(format!("http://{addr}")).await {
+        if let Ok(channel) = dialer.dial(addr).await {
+            let mut rpc = EscrowClient::new(channel);
             if let Ok(status) = rpc.status(pb::EscrowStatusRequest {}).await {
                 total += status.into_inner().coordinator_calls;
             }
@@ -134,6 +141,7 @@ fn measured_windows(start_ms: u64, window_ms: u64, windows: u64) -> Vec<u64> {
 }
 
 async fn counter_phase(
+    certs: &Path,
     args: &DemoArgs,
     escrow: &[String],
     key: &'static str,
@@ -143,7 +151,7 @@ async fn counter_phase(
     let start = wall_ms();
     let windows = measured_windows(start, args.window_ms, args.windows);
     let until = windows.last().copied().unwrap_or(start) + args.window_ms;
-    let calls_before = coordinator_calls(escrow).await;
+    let calls_before = coordinator_calls(certs, escrow).await;
     // Skewed demand: eu is hot, us and ap nearly idle.
     let plan: [(usize, usize, u64); 3] = [(0, 4, 8), (1, 1, 33), (2, 1, 100)];
     let mut tasks = Vec::new();
@@ -151,6 +159,8 @@ async fn counter_phase(
         for w in 0..workers {
             let label = REGIONS[region].to_string();
             tasks.push(spawn_client(
+                certs,
+                REGIONS[region],
                 &escrow[region],
                 key,
                 label,
@@ -165,7 +175,7 @@ async fn counter_phase(
     for task in tasks {
         let _ = task.await;
     }
-    let calls = coordinator_calls(escrow).await - calls_before;
+    let calls = coordinator_calls(certs, escrow).await - calls_before;
     let map = t.lock().unwrap_or_else(PoisonError::into_inner).clone();
     println!(
         "\n== {title}: key {key}, L = {} per {} ms, 3 regions, skewed demand ==",
@@ -223,7 +233,7 @@ async fn counter_phase(
     Ok(())
 }
 
-async fn fair_phase(args: &DemoArgs, escrow: &[String]) -> Result<(), CliError> {
+async fn fair_phase(certs: &Path, args: &DemoArgs, escrow: &[String]) -> Result<(), CliError> {
     let t: Tally = Arc::default();
     let start = wall_ms();
     let windows = measured_windows(start, args.window_ms, args.windows);
@@ -242,6 +252,8 @@ async fn fair_phase(args: &DemoArgs, escrow: &[String]) -> Result<(), CliError> 
         for _ in 0..3 {
             let label = tenant.to_string();
             tasks.push(spawn_client(
+                certs,
+                REGIONS[region],
                 &escrow[region],
                 "demo-fair/chat",
                 label,
@@ -298,6 +310,7 @@ async fn fair_phase(args: &DemoArgs, escrow: &[String]) -> Result<(), CliError> 
 }
 
 fn start_escrow(
+    certs: &Path,
     args: &DemoArgs,
     members: &[(u64, String)],
     eoq: bool,
@@ -314,8 +327,14 @@ fn start_escrow(
             .saturating_add(u16::try_from(i).unwrap_or(0));
         let listen = format!("127.0.0.1:{port}");
         let region = RegionId::new(*region).map_err(|e| CliError::Usage(e.to_string()))?;
-        let mut config = EscrowConfig::new(region, listen.clone(), coordinators.clone());
-        config.eoq = eoq;
+        let mut config = EscrowConfig::new(region.clone(), listen.clone(), coordinators.clone());
+        if eoq {
+            config.sizer = leasehold_core::predictive_sizer::SizerKind::Eoq;
+        }
+        config.security = Some(dev_security(
+            certs,
+            &leasehold_core::principal::Principal::Region(region),
+        ));
         let mut stopped = stopped.clone();
         tasks.push(tokio::spawn(async move {
             let shutdown = async move {
@@ -363,18 +382,19 @@ pub async fn run(args: DemoArgs) -> Result<(), CliError> {
                     kind: kind as i32,
                     outage: pb::OutageMode::FailClosed as i32,
                     fallback_tokens_per_region: 0,
+                    shadow: false,
                 })
                 .await?;
         }
         println!("Leasehold demo: 3 coordinator members on ports {}-{}, escrow nodes eu/us/ap; data in {}", args.base_port, args.base_port + 2, data_dir.display());
         let (stop, stopped) = watch::channel(false);
-        let (fixed, mut tasks) = start_escrow(&args, &cluster.members, false, 0, &stopped)?;
-        let (eoq, more) = start_escrow(&args, &cluster.members, true, 3, &stopped)?;
+        let (fixed, mut tasks) = start_escrow(&cluster.certs, &args, &cluster.members, false, 0, &stopped)?;
+        let (eoq, more) = start_escrow(&cluster.certs, &args, &cluster.members, true, 3, &stopped)?;
         tasks.extend(more);
         tokio::time::sleep(Duration::from_millis(300)).await;
-        counter_phase(&args, &fixed, "demo-counter/api", "counter key, escrow batch 16").await?;
-        counter_phase(&args, &eoq, "demo-counter/eoq", "counter key, escrow EOQ sizer").await?;
-        fair_phase(&args, &fixed).await?;
+        counter_phase(&cluster.certs, &args, &fixed, "demo-counter/api", "counter key, escrow batch 16").await?;
+        counter_phase(&cluster.certs, &args, &eoq, "demo-counter/eoq", "counter key, escrow EOQ sizer").await?;
+        fair_phase(&cluster.certs, &args, &fixed).await?;
         let _ = stop.send(true);
         for task in tasks {
             let _ = task.await;

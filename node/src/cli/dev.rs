@@ -2,21 +2,30 @@
 //! Members listen on consecutive ports from `--base-port` and keep their data
 //! under `--data-dir`, so a second run reuses the cluster. The first run
 //! initialises it; every run makes sure the demo policy exists.
+//!
+//! Everything runs with mutual TLS: each start mints a throwaway CA and
+//! certificates (members, regions, an operator, a service per region) into
+//! `<data-dir>/certs`, and the banner shows CLI calls passing them.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
-use leasehold_client::coordinator::AdminClient;
+use leasehold_client::coordinator::{AdminClient, CoordinatorClient, RetryOptions};
+use leasehold_client::transport::Dialer;
+use leasehold_core::ids::RegionId;
+use leasehold_core::principal::Principal;
 use leasehold_proto::v1 as pb;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use super::cluster::wait_for_leader;
-use super::{shutdown_signal, CliError, ClientArgs};
-use crate::cli::output::OutputFormat;
+use super::{shutdown_signal, CliError};
+use crate::certs::{files_for, mint, CertificateAuthority, MintPlan};
 use crate::config::NodeConfig;
 use crate::error::NodeError;
+use crate::tls::Security;
 
 /// Prefix of the demo policy `dev` sets.
 pub const DEMO_PREFIX: &str = "demo/";
@@ -49,6 +58,52 @@ pub struct DevArgs {
 
 /// Regions of the escrow nodes `dev` starts.
 pub const DEV_REGIONS: [&str; 2] = ["eu", "us"];
+/// Regions a dev cluster's CA issues region and service certificates for.
+pub const CERT_REGIONS: [&str; 3] = ["eu", "us", "ap"];
+/// The operator a dev cluster's CA issues a certificate for.
+pub const DEV_OPERATOR: &str = "admin";
+/// The service name of the per-region service certificates.
+pub const DEV_SERVICE: &str = "app";
+
+/// Mints a fresh CA and every dev identity into `dir`.
+pub fn mint_dev_certificates(dir: &Path, members: u64) -> Result<(), CliError> {
+    let failed = |e: crate::certs::CertError| CliError::Failed(format!("dev certificates: {e}"));
+    let regions = CERT_REGIONS
+        .iter()
+        .map(|r| RegionId::new(*r).map_err(|e| CliError::Usage(e.to_string())))
+        .collect::<Result<Vec<_>, _>>()?;
+    let plan = MintPlan {
+        members: (1..=members).collect(),
+        services: regions
+            .iter()
+            .map(|r| (DEV_SERVICE.to_string(), r.clone()))
+            .collect(),
+        regions,
+        operators: vec![DEV_OPERATOR.to_string()],
+        server_names: vec!["127.0.0.1".into(), "localhost".into()],
+    };
+    let ca = CertificateAuthority::generate("Leasehold dev CA", 30).map_err(failed)?;
+    mint(&ca, dir, &plan).map_err(failed)?;
+    Ok(())
+}
+
+/// The security of `principal` with the certificates in `certs`.
+pub fn dev_security(certs: &Path, principal: &Principal) -> Security {
+    Security::MutualTls(files_for(certs, principal))
+}
+
+/// The operator principal of a dev cluster.
+pub fn dev_operator() -> Principal {
+    Principal::Operator(DEV_OPERATOR.to_string())
+}
+
+/// The service principal of `region` in a dev cluster.
+pub fn dev_service(region: &str) -> Result<Principal, CliError> {
+    Ok(Principal::Service {
+        name: DEV_SERVICE.to_string(),
+        region: RegionId::new(region).map_err(|e| CliError::Usage(e.to_string()))?,
+    })
+}
 
 /// The escrow nodes `dev` runs next to the cluster.
 struct DevEscrowNodes {
@@ -62,6 +117,7 @@ struct DevEscrowNodes {
 fn start_escrow_nodes(
     args: &DevArgs,
     members: &[(u64, String)],
+    certs: &Path,
 ) -> Result<DevEscrowNodes, CliError> {
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let mut nodes = Vec::new();
@@ -77,8 +133,12 @@ fn start_escrow_nodes(
         let listen = format!("127.0.0.1:{port}");
         let region_id = leasehold_core::ids::RegionId::new(*region)
             .map_err(|e| CliError::Usage(e.to_string()))?;
-        let config =
-            crate::escrow::EscrowConfig::new(region_id, listen.clone(), coordinators.clone());
+        let mut config = crate::escrow::EscrowConfig::new(
+            region_id.clone(),
+            listen.clone(),
+            coordinators.clone(),
+        );
+        config.security = Some(dev_security(certs, &Principal::Region(region_id)));
         let mut stopped = stopped.clone();
         tasks.push(tokio::spawn(async move {
             let shutdown = async move {
@@ -97,6 +157,8 @@ fn start_escrow_nodes(
 pub struct DevCluster {
     /// `(id, host:port)` of each member.
     pub members: Vec<(u64, String)>,
+    /// Where the cluster's CA and certificates are (see [`crate::certs`]).
+    pub certs: PathBuf,
     stop: watch::Sender<bool>,
     tasks: JoinSet<(u64, Result<(), NodeError>)>,
 }
@@ -108,6 +170,8 @@ impl DevCluster {
             Some(path) => NodeConfig::from_file(path)?,
             None => NodeConfig::default(),
         };
+        let certs = args.data_dir.join("certs");
+        mint_dev_certificates(&certs, args.nodes)?;
         let (stop, stopped) = watch::channel(false);
         let mut tasks = JoinSet::new();
         let mut members = Vec::new();
@@ -119,6 +183,10 @@ impl DevCluster {
                 id,
                 listen: format!("127.0.0.1:{port}"),
                 data_dir: args.data_dir.join(format!("node-{id}")),
+                tls_ca: Some(files_for(&certs, &Principal::Member(id)).ca),
+                tls_cert: Some(files_for(&certs, &Principal::Member(id)).cert),
+                tls_key: Some(files_for(&certs, &Principal::Member(id)).key),
+                insecure: false,
                 ..base.clone()
             };
             config.validate()?;
@@ -133,19 +201,33 @@ impl DevCluster {
         }
         Ok(Self {
             members,
+            certs,
             stop,
             tasks,
         })
     }
 
-    /// An admin client for every member.
+    /// A dialer presenting `principal`'s certificate.
+    pub fn dialer_for(&self, principal: &Principal) -> Arc<dyn Dialer> {
+        dev_security(&self.certs, principal).dialer()
+    }
+
+    /// A client of every member, as `principal`.
+    pub fn client_as(&self, principal: &Principal) -> Result<CoordinatorClient, CliError> {
+        let endpoints: Vec<String> = self.members.iter().map(|(_, addr)| addr.clone()).collect();
+        Ok(CoordinatorClient::with_options(
+            &endpoints,
+            self.dialer_for(principal),
+            RetryOptions {
+                total_timeout: Duration::from_secs(10),
+                ..RetryOptions::default()
+            },
+        )?)
+    }
+
+    /// An admin client for every member, as the dev operator.
     pub fn admin(&self) -> Result<AdminClient, CliError> {
-        let args = ClientArgs {
-            endpoints: self.members.iter().map(|(_, addr)| addr.clone()).collect(),
-            timeout_ms: 10_000,
-            output: OutputFormat::Text,
-        };
-        Ok(args.client()?.admin())
+        Ok(self.client_as(&dev_operator())?.admin())
     }
 
     /// Initialises the cluster unless its members already are, waits for a
@@ -204,6 +286,7 @@ pub async fn prepare(
                 kind: pb::PolicyKind::Counter as i32,
                 outage: pb::OutageMode::FailClosed as i32,
                 fallback_tokens_per_region: 0,
+                shadow: false,
             })
             .await?;
     }
@@ -226,10 +309,11 @@ pub async fn run(args: DevArgs) -> Result<(), CliError> {
             return Err(e);
         }
     };
-    let escrow = start_escrow_nodes(&args, &cluster.members)?;
+    let escrow = start_escrow_nodes(&args, &cluster.members, &cluster.certs)?;
     print_banner(
         &args,
         &cluster.members,
+        &cluster.certs,
         status.current_leader,
         &escrow.nodes,
     );
@@ -246,6 +330,7 @@ pub async fn run(args: DevArgs) -> Result<(), CliError> {
 fn print_banner(
     args: &DevArgs,
     members: &[(u64, String)],
+    certs: &Path,
     leader: Option<u64>,
     escrow_nodes: &[(String, String)],
 ) {
@@ -274,16 +359,42 @@ fn print_banner(
     println!(
         "Demo policy: prefix {DEMO_PREFIX:?}, {DEMO_LIMIT} tokens per {DEMO_WINDOW_MS} ms window."
     );
+    let operator = files_for(certs, &dev_operator());
+    let ca = operator.ca.display();
+    let tls = |principal: &Principal| {
+        let files = files_for(certs, principal);
+        format!(
+            "--ca {ca} --cert {} --cert-key {}",
+            files.cert.display(),
+            files.key.display()
+        )
+    };
+    let as_operator = tls(&dev_operator());
+    let eu = RegionId::new("eu").map(Principal::Region);
+    let as_eu = eu.as_ref().map(tls).unwrap_or_default();
+    println!(
+        "Everything speaks mutual TLS; certificates (throwaway CA) in {}",
+        certs.display()
+    );
     println!();
-    println!("Try:");
-    println!("  leasehold lease --endpoint {first} --key demo/api --region eu --tokens 10");
-    println!("  leasehold window --endpoint {first} --key demo/api");
-    println!("  leasehold cluster status --endpoint {first}");
-    println!("  leasehold policy list --endpoint {first}");
-    println!("  leasehold bench --endpoint {all} --concurrency 16 --duration-secs 10");
-    if let Some((_, addr)) = escrow_nodes.first() {
+    println!("Try (as operator {DEV_OPERATOR}, or as the escrow nodes of region eu for lease):");
+    println!("  leasehold window --endpoint {first} --key demo/api {as_operator}");
+    println!("  leasehold cluster status --endpoint {first} {as_operator}");
+    println!("  leasehold policy list --endpoint {first} {as_operator}");
+    println!("  leasehold lease --endpoint {first} --key demo/api --region eu --tokens 10 {as_eu}");
+    println!("  leasehold bench --endpoint {all} --region eu --key demo/api --no-setup --concurrency 16 --duration-secs 10 {as_eu}");
+    if let (Some((region, addr)), Ok(service)) = (
+        escrow_nodes.first(),
+        escrow_nodes
+            .first()
+            .map_or_else(|| dev_service("eu"), |(r, _)| dev_service(r)),
+    ) {
+        let files = files_for(certs, &service);
         println!(
-            "  cargo run -p leasehold-client --example quickstart -- {addr} demo/api 50 leased"
+            "  LEASEHOLD_CA={ca} LEASEHOLD_CERT={} LEASEHOLD_KEY={} \\\n    \
+             cargo run -p leasehold-client --example quickstart -- {addr} demo/api 50 leased   # service {DEV_SERVICE}@{region}",
+            files.cert.display(),
+            files.key.display()
         );
     }
     println!();

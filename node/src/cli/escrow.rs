@@ -1,28 +1,56 @@
-//! `leasehold escrow`: run a regional escrow node (L2).
+//! `leasehold escrow`: run a regional escrow node (L2), configured by
+//! flags or by a TOML file (`--config`, [`EscrowFile`]).
 
 use clap::Args;
+use leasehold_core::fair_throttle::FairThrottleConfig;
 use leasehold_core::ids::RegionId;
 
-use super::{shutdown_signal, CliError};
-use crate::escrow::{serve_escrow, EscrowConfig};
+use super::{shutdown_signal, CliError, ServerTlsArgs};
+use crate::escrow::config_file::EscrowFile;
+use crate::escrow::fair_throttle::DEFAULT_FAIR_RETRY_AFTER_MS;
+use crate::escrow::{serve_escrow, EscrowConfig, FairThrottleRule};
+use crate::tls::Security;
+use leasehold_core::predictive_sizer::SizerKind;
 
 /// Arguments of `leasehold escrow`.
 #[derive(Debug, Clone, Args)]
 pub struct EscrowArgs {
+    /// TOML config file holding every setting below (see
+    /// deploy/config/escrow.example.toml); only the TLS flags (or their
+    /// LEASEHOLD_TLS_* variables) may be given with it, and replace its TLS
+    /// settings.
+    #[arg(long, value_name = "FILE", conflicts_with_all = [
+        "region", "listen", "coordinators", "batch", "sizer", "eoq", "max_keys",
+        "probe_interval_ms", "idle_evict_ms", "max_holders_per_key", "fair_throttle",
+    ])]
+    pub config: Option<std::path::PathBuf>,
     /// The region this node serves (1..=64 bytes).
-    #[arg(long)]
-    pub region: String,
+    #[arg(long, required_unless_present = "config")]
+    pub region: Option<String>,
     /// HOST:PORT to listen on.
     #[arg(long, default_value = "127.0.0.1:7201")]
     pub listen: String,
+    /// HOST:PORT of the Prometheus `/metrics` listener (plain HTTP; bind a
+    /// private interface). Off when unset; may be given with --config.
+    #[arg(long, env = "LEASEHOLD_METRICS_LISTEN")]
+    pub metrics_listen: Option<String>,
     /// Coordinator member(s) as HOST:PORT; repeat or comma-separate.
-    #[arg(long = "coordinator", value_delimiter = ',', required = true)]
+    #[arg(
+        long = "coordinator",
+        value_delimiter = ',',
+        required_unless_present = "config"
+    )]
     pub coordinators: Vec<String>,
-    /// Tokens per coordinator lease (the starting size with --eoq).
+    /// Tokens per coordinator lease (the starting size of the learning sizers).
     #[arg(long, default_value_t = 16)]
     pub batch: u64,
-    /// Learn each key's lease size online (EOQ) instead of a fixed batch.
-    #[arg(long)]
+    /// How each key's lease size is chosen: `fixed` (--batch), `eoq` (learned
+    /// online from the demand per window) or `predictive` (Hedge over
+    /// following the predicted demand and the EOQ learner).
+    #[arg(long, default_value_t = SizerKind::Fixed)]
+    pub sizer: SizerKind,
+    /// Shorthand for `--sizer eoq`.
+    #[arg(long, conflicts_with = "sizer")]
     pub eoq: bool,
     /// Most keys tracked at once.
     #[arg(long, default_value_t = 100_000)]
@@ -33,19 +61,112 @@ pub struct EscrowArgs {
     /// Release a key's credits after it has been idle this long (ms).
     #[arg(long, default_value_t = 30_000)]
     pub idle_evict_ms: u64,
+    /// Most credit holders (caller, client id) per key; a new holder beyond
+    /// it is refused until holders' windows end.
+    #[arg(long, default_value_t = 4_096)]
+    pub max_holders_per_key: usize,
+    /// Mutual TLS material (the region's certificate), or --insecure.
+    #[command(flatten)]
+    pub tls: ServerTlsArgs,
+    /// Front keys under this prefix with a fair throttle (FAIR): callers
+    /// that keep finding the key's budget gone are throttled before it is
+    /// gone (denied with reason FAIR_THROTTLED). Repeat for more prefixes;
+    /// the --fair-* parameters apply to all of them.
+    #[arg(long = "fair-throttle", value_name = "PREFIX")]
+    pub fair_throttle: Vec<String>,
+    /// Fair throttle: levels (cells per caller), 1..=32.
+    #[arg(long, default_value_t = FairThrottleConfig::default().levels, requires = "fair_throttle")]
+    pub fair_levels: u32,
+    /// Fair throttle: buckets per level, 1..=2^24 (levels × buckets ≤ 2^24).
+    #[arg(long, default_value_t = FairThrottleConfig::default().buckets, requires = "fair_throttle")]
+    pub fair_buckets: u32,
+    /// Fair throttle: what an exhaustion adds to each cell (Pi), in (0, 1].
+    #[arg(long, default_value_t = FairThrottleConfig::default().increment, requires = "fair_throttle")]
+    pub fair_increment: f64,
+    /// Fair throttle: what a success takes off each cell (Pd), in (0, 1].
+    #[arg(long, default_value_t = FairThrottleConfig::default().decrement, requires = "fair_throttle")]
+    pub fair_decrement: f64,
+    /// Fair throttle: exponential decay rate of the cells, per second, ≥ 0.
+    #[arg(long, default_value_t = FairThrottleConfig::default().decay_per_sec, requires = "fair_throttle")]
+    pub fair_decay_per_sec: f64,
+    /// Fair throttle: live/shadow rotation interval (ms), ≥ 1.
+    #[arg(long, default_value_t = FairThrottleConfig::default().rotation_interval_ms, requires = "fair_throttle")]
+    pub fair_rotation_ms: u64,
+    /// Fair throttle: retry hint of a throttled request (ms), ≥ 1.
+    #[arg(long, default_value_t = DEFAULT_FAIR_RETRY_AFTER_MS, requires = "fair_throttle")]
+    pub fair_retry_after_ms: u64,
+    /// Fair throttle idle capacity: a request the throttle refuses still
+    /// reaches the escrow while the key holds more than this many unleased
+    /// credits. Unset: throttled requests are always denied.
+    #[arg(long, requires = "fair_throttle")]
+    pub fair_idle_reserve: Option<u64>,
 }
 
 impl EscrowArgs {
     /// The node configuration these arguments describe.
     pub fn config(&self) -> Result<EscrowConfig, CliError> {
-        let region =
-            RegionId::new(self.region.clone()).map_err(|e| CliError::Usage(e.to_string()))?;
+        if let Some(path) = &self.config {
+            let file = EscrowFile::load(path)?;
+            let tls = &self.tls;
+            let flags_name_tls = tls.tls_ca.is_some()
+                || tls.tls_cert.is_some()
+                || tls.tls_key.is_some()
+                || tls.insecure;
+            let security = flags_name_tls
+                .then(|| {
+                    Security::choose(
+                        tls.tls_ca.as_deref(),
+                        tls.tls_cert.as_deref(),
+                        tls.tls_key.as_deref(),
+                        tls.insecure,
+                    )
+                })
+                .transpose()
+                .map_err(|e| CliError::Usage(e.to_string()))?;
+            let mut config = file.to_config(security)?;
+            if let Some(addr) = &self.metrics_listen {
+                config.metrics_listen = Some(addr.clone());
+            }
+            return Ok(config);
+        }
+        let region = RegionId::new(self.region.clone().unwrap_or_default())
+            .map_err(|e| CliError::Usage(e.to_string()))?;
         let mut config = EscrowConfig::new(region, self.listen.clone(), self.coordinators.clone());
         config.batch = self.batch;
-        config.eoq = self.eoq;
+        config.sizer = if self.eoq { SizerKind::Eoq } else { self.sizer };
         config.max_keys = self.max_keys;
         config.probe_interval_ms = self.probe_interval_ms;
         config.idle_evict_ms = self.idle_evict_ms;
+        config.holder_limits.max_holders = self.max_holders_per_key;
+        config.metrics_listen = self.metrics_listen.clone();
+        config.security = Some(
+            Security::choose(
+                self.tls.tls_ca.as_deref(),
+                self.tls.tls_cert.as_deref(),
+                self.tls.tls_key.as_deref(),
+                self.tls.insecure,
+            )
+            .map_err(|e| CliError::Usage(e.to_string()))?,
+        );
+        let fair = FairThrottleConfig {
+            levels: self.fair_levels,
+            buckets: self.fair_buckets,
+            increment: self.fair_increment,
+            decrement: self.fair_decrement,
+            decay_per_sec: self.fair_decay_per_sec,
+            rotation_interval_ms: self.fair_rotation_ms,
+            ..FairThrottleConfig::default()
+        };
+        config.fair_throttle = self
+            .fair_throttle
+            .iter()
+            .map(|prefix| FairThrottleRule {
+                prefix: prefix.clone(),
+                config: fair,
+                idle_reserve: self.fair_idle_reserve,
+                retry_after_ms: self.fair_retry_after_ms,
+            })
+            .collect();
         config.validate()?;
         Ok(config)
     }

@@ -6,30 +6,48 @@
 //! - [`cluster`]: `cluster init | status | add-learner | change-membership`.
 //! - [`policy`]: `policy set | list | delete`.
 //! - [`calls`]: `lease`, `reconcile`, `pool-grant`, `window`.
+//! - [`watch`]: `watch --key K | --prefix P`, a live table of windows.
 //! - [`escrow`](mod@escrow): run a regional escrow node.
 //! - [`demo`]: a skewed multi-region, multi-tenant load with a per-window report.
 //! - [`bench`](mod@bench): concurrent lease load with latency percentiles.
+//! - [`fair_eval`]: the fair throttle's seeded fairness/utilisation evaluation.
+//! - [`certs`]: `certs mint`, certificates for every identity.
+//! - [`health`]: one gRPC health check of a member or escrow node (probes).
+//! - [`config`](mod@config): `config check FILE...`, every problem of member
+//!   configs, escrow configs and policy files.
 //! - [`output`]: `--output text|json` rendering.
+//! - [`failure`]: what a failed command prints, and its exit code.
 //!
 //! Client commands share `--endpoint HOST:PORT` (repeatable or
-//! comma-separated; `http://` accepted) and `--output`.
+//! comma-separated; `http://` accepted), `--output`, and how to connect:
+//! `--ca/--cert/--cert-key` (or `LEASEHOLD_CA/LEASEHOLD_CERT/LEASEHOLD_KEY`) for
+//! mutual TLS, or `--insecure` (`LEASEHOLD_INSECURE=true`) for a plaintext
+//! cluster.
 
 pub mod bench;
 pub mod calls;
+pub mod certs;
 pub mod cluster;
+pub mod config;
 pub mod demo;
 pub mod dev;
 pub mod escrow;
+pub mod failure;
+pub mod fair_eval;
+pub mod health;
 pub mod output;
 pub mod policy;
 pub mod serve;
+pub mod watch;
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use leasehold_client::coordinator::{CoordinatorClient, CoordinatorError, RetryOptions};
-use leasehold_client::transport::TcpDialer;
+use leasehold_client::tls::{ClientTlsFiles, TlsDialer};
+use leasehold_client::transport::{Dialer, TcpDialer};
 
 use crate::config::ConfigError;
 use crate::error::NodeError;
@@ -42,6 +60,9 @@ pub struct Cli {
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
+    /// Log format and trace export (global: valid before or after the command).
+    #[command(flatten)]
+    pub log: crate::logging::LogArgs,
 }
 
 /// The subcommands.
@@ -63,12 +84,22 @@ pub enum Command {
     PoolGrant(calls::PoolGrantArgs),
     /// Show a key's current window (linearizable).
     Window(calls::WindowArgs),
+    /// Follow a key's (or a prefix's) windows live: a table redrawn on every change and window.
+    Watch(watch::WatchArgs),
     /// Measure lease throughput and latency under concurrency.
     Bench(bench::BenchArgs),
     /// Run a regional escrow node (L2) serving one region's clients.
     Escrow(escrow::EscrowArgs),
     /// Run a local cluster with escrow nodes under a skewed load and report per window.
     Demo(demo::DemoArgs),
+    /// Simulate the fair throttle against first-come admission and print fairness and utilisation.
+    FairEval(fair_eval::FairEvalArgs),
+    /// Make certificates for members, regions, operators and services.
+    Certs(certs::CertsArgs),
+    /// Check a member's or escrow node's gRPC health (exit 0 only on SERVING).
+    Health(health::HealthArgs),
+    /// Check config and policy files without starting anything.
+    Config(config::ConfigArgs),
 }
 
 /// Why a command failed.
@@ -89,6 +120,14 @@ pub enum CliError {
     /// Any other failure, explained.
     #[error("{0}")]
     Failed(String),
+    /// The cluster's state conflicts with what the command asked for (e.g.
+    /// `cluster init` with another member list than the one initialised).
+    #[error("{0}")]
+    Conflict(String),
+    /// The thing the command acts on does not exist (e.g. `policy delete`
+    /// of a prefix with no policy, without `--if-exists`).
+    #[error("{0}")]
+    NotFound(String),
 }
 
 /// Where a client command connects, and how it prints.
@@ -109,10 +148,95 @@ pub struct ClientArgs {
     /// Output format.
     #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
     pub output: OutputFormat,
+    /// How to connect (mutual TLS or plaintext).
+    #[command(flatten)]
+    pub transport: TransportArgs,
+}
+
+/// How a client command connects: mutual TLS with a CA bundle, a
+/// certificate and its key, or plaintext with `--insecure`.
+#[derive(Debug, Clone, Default, Args)]
+pub struct TransportArgs {
+    /// CA bundle (PEM) the cluster's certificates chain to.
+    #[arg(long, visible_alias = "tls-ca", env = "LEASEHOLD_CA")]
+    pub ca: Option<PathBuf>,
+    /// Your certificate (PEM), e.g. an operator's.
+    #[arg(long, visible_alias = "tls-cert", env = "LEASEHOLD_CERT")]
+    pub cert: Option<PathBuf>,
+    /// Your certificate's private key (PEM). (`--key` names the limited key.)
+    #[arg(long = "cert-key", visible_alias = "tls-key", env = "LEASEHOLD_KEY")]
+    pub cert_key: Option<PathBuf>,
+    /// Connect in plaintext, without a certificate (clusters run with --insecure).
+    #[arg(long, env = "LEASEHOLD_INSECURE")]
+    pub insecure: bool,
+}
+
+impl TransportArgs {
+    /// Plaintext, for clusters running with `--insecure`.
+    pub fn insecure() -> Self {
+        Self {
+            insecure: true,
+            ..Self::default()
+        }
+    }
+
+    /// Mutual TLS with these files.
+    pub fn tls(files: &crate::tls::TlsFiles) -> Self {
+        Self {
+            ca: Some(files.ca.clone()),
+            cert: Some(files.cert.clone()),
+            cert_key: Some(files.key.clone()),
+            insecure: false,
+        }
+    }
+
+    /// The dialer these options describe.
+    pub fn dialer(&self) -> Result<Arc<dyn Dialer>, CliError> {
+        match (&self.ca, &self.cert, &self.cert_key, self.insecure) {
+            (None, None, None, true) => Ok(Arc::new(TcpDialer::default())),
+            (Some(ca), Some(cert), Some(key), false) => {
+                Ok(Arc::new(TlsDialer::new(ClientTlsFiles {
+                    ca: ca.clone(),
+                    cert: cert.clone(),
+                    key: key.clone(),
+                })))
+            }
+            (None, None, None, false) => Err(CliError::Usage(
+                "no TLS credentials: pass --ca, --cert and --cert-key (or set LEASEHOLD_CA, \
+                 LEASEHOLD_CERT, LEASEHOLD_KEY), or --insecure for a cluster running plaintext"
+                    .into(),
+            )),
+            (_, _, _, true) => Err(CliError::Usage(
+                "--insecure and --ca/--cert/--cert-key were both given: choose one".into(),
+            )),
+            _ => Err(CliError::Usage(
+                "--ca, --cert and --cert-key must be given together".into(),
+            )),
+        }
+    }
+}
+
+/// Mutual TLS of a server process (`serve`, `escrow`): its CA bundle,
+/// certificate and key, or `--insecure`.
+#[derive(Debug, Clone, Default, Args)]
+pub struct ServerTlsArgs {
+    /// CA bundle (PEM) that callers' certificates must chain to.
+    #[arg(long, env = "LEASEHOLD_TLS_CA")]
+    pub tls_ca: Option<PathBuf>,
+    /// This process's certificate (PEM), also presented to the servers it calls.
+    #[arg(long, env = "LEASEHOLD_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+    /// This process's private key (PEM).
+    #[arg(long, env = "LEASEHOLD_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
+    /// Serve and call in plaintext, without identities: no protection against
+    /// callers on the network. For tests and trusted local setups only.
+    #[arg(long)]
+    pub insecure: bool,
 }
 
 impl ClientArgs {
-    /// A coordinator client for these endpoints over TCP.
+    /// A coordinator client for these endpoints.
     pub fn client(&self) -> Result<CoordinatorClient, CliError> {
         let total = Duration::from_millis(self.timeout_ms.max(1));
         let options = RetryOptions {
@@ -122,9 +246,37 @@ impl ClientArgs {
         };
         Ok(CoordinatorClient::with_options(
             &self.endpoints,
-            Arc::new(TcpDialer::default()),
+            self.transport.dialer()?,
             options,
         )?)
+    }
+}
+
+impl Command {
+    /// The connection and output options of a command that talks to the
+    /// coordinator (`None` for the others).
+    pub fn client_args(&self) -> Option<&ClientArgs> {
+        match self {
+            Command::Cluster(args) => Some(match &args.command {
+                cluster::ClusterCommand::Init(a) => &a.client,
+                cluster::ClusterCommand::Status(a) => &a.client,
+                cluster::ClusterCommand::AddLearner(a) => &a.client,
+                cluster::ClusterCommand::ChangeMembership(a) => &a.client,
+                cluster::ClusterCommand::StepDown(a) => &a.client,
+            }),
+            Command::Policy(args) => Some(match &args.command {
+                policy::PolicyCommand::Set(a) => &a.client,
+                policy::PolicyCommand::List(a) => &a.client,
+                policy::PolicyCommand::Delete(a) => &a.client,
+                policy::PolicyCommand::Apply(a) => &a.client,
+            }),
+            Command::Lease(a) => Some(&a.client),
+            Command::Reconcile(a) => Some(&a.client),
+            Command::PoolGrant(a) => Some(&a.client),
+            Command::Window(a) => Some(&a.client),
+            Command::Bench(a) => Some(&a.client),
+            _ => None,
+        }
     }
 }
 
@@ -139,9 +291,14 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Reconcile(args) => calls::reconcile(args).await,
         Command::PoolGrant(args) => calls::pool_grant(args).await,
         Command::Window(args) => calls::window(args).await,
+        Command::Watch(args) => watch::run(args).await,
         Command::Bench(args) => bench::run(args).await,
         Command::Escrow(args) => escrow::run(args).await,
         Command::Demo(args) => demo::run(args).await,
+        Command::FairEval(args) => fair_eval::run(args),
+        Command::Certs(args) => certs::run(args),
+        Command::Health(args) => health::run(args).await,
+        Command::Config(args) => config::run(args),
     }
 }
 
@@ -180,6 +337,70 @@ mod tests {
     }
 
     #[test]
+    fn escrow_nodes_select_their_lease_sizer() {
+        use leasehold_core::predictive_sizer::SizerKind;
+        let sizer = |extra: &[&str]| {
+            let mut argv = vec![
+                "leasehold",
+                "escrow",
+                "--insecure",
+                "--region",
+                "eu",
+                "--coordinator",
+                "127.0.0.1:1",
+            ];
+            argv.extend_from_slice(extra);
+            let Command::Escrow(args) = Cli::try_parse_from(argv)
+                .map_err(|e| e.to_string())?
+                .command
+            else {
+                panic!("parsed the wrong command")
+            };
+            args.config().map(|c| c.sizer).map_err(|e| e.to_string())
+        };
+        assert_eq!(sizer(&[]), Ok(SizerKind::Fixed));
+        assert_eq!(sizer(&["--sizer", "eoq"]), Ok(SizerKind::Eoq));
+        assert_eq!(sizer(&["--eoq"]), Ok(SizerKind::Eoq));
+        assert_eq!(sizer(&["--sizer", "predictive"]), Ok(SizerKind::Predictive));
+        assert!(sizer(&["--sizer", "psychic"]).is_err());
+        assert!(sizer(&["--sizer", "fixed", "--eoq"]).is_err());
+    }
+
+    #[test]
+    fn an_escrow_node_reads_its_config_file_and_the_tls_flags_replace_its_tls() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("escrow.toml");
+        std::fs::write(
+            &file,
+            "region = \"us\"\ncoordinators = [\"n1:7100\"]\nbatch = 3\n\
+             tls_ca = \"/ca.pem\"\ntls_cert = \"/c.pem\"\ntls_key = \"/k.pem\"\n",
+        )
+        .unwrap();
+        let file = file.to_str().unwrap();
+        let parse = |extra: &[&str]| {
+            let mut argv = vec!["leasehold", "escrow", "--config", file];
+            argv.extend_from_slice(extra);
+            Cli::try_parse_from(argv).map(|cli| match cli.command {
+                Command::Escrow(args) => args,
+                _ => panic!("parsed the wrong command"),
+            })
+        };
+        let config = parse(&[]).unwrap().config().unwrap();
+        assert_eq!((config.region.as_str(), config.batch), ("us", 3));
+        assert!(matches!(
+            config.security,
+            Some(crate::tls::Security::MutualTls(_))
+        ));
+        let insecure = parse(&["--insecure"]).unwrap().config().unwrap();
+        assert_eq!(insecure.security, Some(crate::tls::Security::Insecure));
+        assert!(
+            parse(&["--region", "eu"]).is_err(),
+            "a file replaces the other flags"
+        );
+        assert!(parse(&["--batch", "4"]).is_err());
+    }
+
+    #[test]
     fn endpoints_accept_lists_and_urls() {
         let cli = Cli::try_parse_from([
             "leasehold",
@@ -190,6 +411,7 @@ mod tests {
             "http://a:1,b:2",
             "-e",
             "c:3",
+            "--insecure",
         ])
         .unwrap();
         let Command::Window(args) = cli.command else {
@@ -197,5 +419,31 @@ mod tests {
         };
         assert_eq!(args.client.endpoints, ["http://a:1", "b:2", "c:3"]);
         assert!(args.client.client().is_ok());
+    }
+
+    #[test]
+    fn client_commands_need_credentials_or_insecure() {
+        let parse = |extra: &[&str]| {
+            let mut argv = vec!["leasehold", "window", "--key", "k"];
+            argv.extend_from_slice(extra);
+            let Command::Window(args) = Cli::try_parse_from(argv).unwrap().command else {
+                panic!("parsed the wrong command")
+            };
+            args.client.transport
+        };
+        let error = parse(&[]).dialer().unwrap_err().to_string();
+        assert!(
+            error.contains("--ca") && error.contains("--insecure"),
+            "{error}"
+        );
+        assert!(parse(&["--ca", "a", "--cert", "b", "--cert-key", "c"])
+            .dialer()
+            .is_ok());
+        assert!(parse(&["--ca", "a"]).dialer().is_err());
+        assert!(
+            parse(&["--ca", "a", "--cert", "b", "--tls-key", "c", "--insecure"])
+                .dialer()
+                .is_err()
+        );
     }
 }

@@ -46,6 +46,7 @@ pub fn policy_json(policy: &pb::Policy) -> Value {
         "kind": kind_name(policy.kind),
         "outage": outage_name(policy.outage),
         "fallback_tokens_per_region": policy.fallback_tokens_per_region,
+        "shadow": policy.shadow,
     })
 }
 
@@ -64,6 +65,9 @@ pub fn policy_text(policy: &pb::Policy) -> String {
             " ({} per region)",
             policy.fallback_tokens_per_region
         ));
+    }
+    if policy.shadow {
+        line.push_str("  SHADOW (not enforced)");
     }
     line
 }
@@ -91,6 +95,8 @@ pub fn window_json(window: &pb::GetWindowResponse) -> Value {
         "granted": window.granted,
         "returned": window.returned,
         "coordinator_now_ms": window.coordinator_now_ms,
+        "would_deny_tokens": window.would_deny_tokens,
+        "would_deny_requests": window.would_deny_requests,
         "regions": window.regions.iter().map(|r| json!({
             "region": r.region, "granted": r.granted, "returned": r.returned, "pool_weight": r.pool_weight,
         })).collect::<Vec<_>>(),
@@ -126,6 +132,11 @@ pub fn status_json(status: &pb::StatusResponse) -> Value {
         "live_windows": status.live_windows,
         "policies": status.policies,
         "counters": counters,
+        "shadow": status.shadow.iter().map(|t| json!({
+            "prefix": t.prefix,
+            "would_deny_tokens": t.would_deny_tokens,
+            "would_deny_requests": t.would_deny_requests,
+        })).collect::<Vec<_>>(),
     })
 }
 
@@ -152,8 +163,18 @@ pub fn status_text(status: &pb::StatusResponse) -> String {
         .map(|(name, value)| format!("{name}={value}"))
         .collect::<Vec<_>>()
         .join(" ");
+    let shadow = status
+        .shadow
+        .iter()
+        .map(|t| {
+            format!(
+                "\n  shadow {:?}: would deny {} tokens in {} requests",
+                t.prefix, t.would_deny_tokens, t.would_deny_requests
+            )
+        })
+        .collect::<String>();
     format!(
-        "node {} is {}{}\n  term {}  leader {}\n  log index {}  applied {}  snapshot {}  purged {}\n  voters   {}\n  learners {}\n  state clock {} ms  live windows {}  policies {}\n  counters {}",
+        "node {} is {}{}\n  term {}  leader {}\n  log index {}  applied {}  snapshot {}  purged {}\n  voters   {}\n  learners {}\n  state clock {} ms  live windows {}  policies {}\n  counters {}{}",
         status.node_id,
         status.state,
         if status.initialized { "" } else { " (not initialised)" },
@@ -169,5 +190,6 @@ pub fn status_text(status: &pb::StatusResponse) -> String {
         status.live_windows,
         status.policies,
         counters,
+        shadow,
     )
 }

@@ -1,11 +1,17 @@
-//! `leasehold policy set | list | delete`: the replicated policy table.
+//! `leasehold policy set | list | delete | apply`: the replicated policy
+//! table (`apply` sets every policy of a policy file).
+
+use std::path::PathBuf;
 
 use clap::{Args, Subcommand, ValueEnum};
 use leasehold_proto::v1 as pb;
 use serde_json::json;
 
+use super::config::report_text;
 use super::output::{emit, policy_json, policy_text};
 use super::{CliError, ClientArgs};
+use crate::config_check::{check_file, CheckOptions, FileKind};
+use crate::policy_file::PolicyFile;
 
 /// Options of `leasehold policy`.
 #[derive(Debug, Clone, Args)]
@@ -24,6 +30,19 @@ pub enum PolicyCommand {
     List(ListArgs),
     /// Remove the policy with exactly this prefix.
     Delete(DeleteArgs),
+    /// Set every policy of a policy file (checked first; nothing is set if any entry is wrong).
+    Apply(ApplyArgs),
+}
+
+/// Options of `policy apply`.
+#[derive(Debug, Clone, Args)]
+pub struct ApplyArgs {
+    /// The policy file (`[[policy]]` tables; see deploy/config/policies.example.toml).
+    #[arg(value_name = "FILE")]
+    pub file: PathBuf,
+    /// Where to connect and how to print.
+    #[command(flatten)]
+    pub client: ClientArgs,
 }
 
 /// How a key's budget is shared.
@@ -65,6 +84,12 @@ pub struct SetArgs {
     /// With `--outage fallback`: tokens per region per window during an outage.
     #[arg(long, default_value_t = 0)]
     pub fallback_tokens: u64,
+    /// Shadow mode: compute and count would-deny decisions (`leasehold
+    /// window`, `cluster status`, escrow status) but never deny. The limit
+    /// is NOT enforced while set; `policy set` again without `--shadow`
+    /// enforces from the next decision on.
+    #[arg(long)]
+    pub shadow: bool,
     /// Where to connect and how to print.
     #[command(flatten)]
     pub client: ClientArgs,
@@ -84,6 +109,10 @@ pub struct DeleteArgs {
     /// The exact prefix of the policy to remove.
     #[arg(long)]
     pub prefix: String,
+    /// Succeed (exit 0) when no policy has this prefix; without it that is
+    /// an error (exit 1), so a typo in the prefix does not pass silently.
+    #[arg(long)]
+    pub if_exists: bool,
     /// Where to connect and how to print.
     #[command(flatten)]
     pub client: ClientArgs,
@@ -112,6 +141,7 @@ impl SetArgs {
             kind: kind as i32,
             outage: outage as i32,
             fallback_tokens_per_region: self.fallback_tokens,
+            shadow: self.shadow,
         })
     }
 }
@@ -150,6 +180,42 @@ pub async fn run(args: PolicyArgs) -> Result<(), CliError> {
                 },
             );
         }
+        PolicyCommand::Apply(args) => {
+            let options = CheckOptions {
+                kind: Some(FileKind::Policies),
+                skip_files: true,
+            };
+            let report = check_file(&args.file, options);
+            if report.errors() > 0 {
+                eprint!("{}", report_text(std::slice::from_ref(&report)));
+                return Err(CliError::Usage(format!(
+                    "{} has {} error(s); nothing was set",
+                    args.file.display(),
+                    report.errors()
+                )));
+            }
+            let policies = PolicyFile::load(&args.file)
+                .map_err(CliError::Usage)?
+                .to_wire()
+                .map_err(|problems| {
+                    CliError::Usage(format!("{} problem(s) in the file", problems.len()))
+                })?;
+            let admin = args.client.client()?.admin();
+            for policy in &policies {
+                admin.set_policy(policy.clone()).await?;
+            }
+            emit(
+                args.client.output,
+                json!({"set": policies.iter().map(policy_json).collect::<Vec<_>>()}),
+                || {
+                    policies
+                        .iter()
+                        .map(|p| format!("set {}", policy_text(p)))
+                        .collect::<Vec<_>>()
+                        .join("\n")
+                },
+            );
+        }
         PolicyCommand::Delete(args) => {
             let existed = args
                 .client
@@ -157,6 +223,13 @@ pub async fn run(args: PolicyArgs) -> Result<(), CliError> {
                 .admin()
                 .delete_policy(&args.prefix)
                 .await?;
+            if !existed && !args.if_exists {
+                return Err(CliError::NotFound(format!(
+                    "no policy has the prefix {:?} (nothing deleted; `leasehold policy list` \
+                     shows the prefixes, --if-exists makes this a success)",
+                    args.prefix
+                )));
+            }
             emit(
                 args.client.output,
                 json!({"prefix": args.prefix, "existed": existed}),

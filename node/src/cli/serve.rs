@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use super::{shutdown_signal, CliError};
+use super::{shutdown_signal, CliError, ServerTlsArgs};
 use crate::config::NodeConfig;
 
 /// Options of `leasehold serve`.
@@ -27,6 +27,13 @@ pub struct ServeArgs {
     /// TOML config file; flags given here override its values.
     #[arg(long)]
     pub config: Option<PathBuf>,
+    /// HOST:PORT of the Prometheus `/metrics` listener (plain HTTP; bind a
+    /// private interface). Off when unset.
+    #[arg(long, env = "LEASEHOLD_METRICS_LISTEN")]
+    pub metrics_listen: Option<String>,
+    /// Mutual TLS material, or --insecure.
+    #[command(flatten)]
+    pub tls: ServerTlsArgs,
 }
 
 impl ServeArgs {
@@ -49,10 +56,24 @@ impl ServeArgs {
         if let Some(listen) = &self.listen {
             config.listen = listen.clone();
         }
+        if let Some(addr) = &self.metrics_listen {
+            config.metrics_listen = Some(addr.clone());
+        }
         if let Some(data_dir) = &self.data_dir {
             config.data_dir = data_dir.clone();
         }
+        if let Some(path) = &self.tls.tls_ca {
+            config.tls_ca = Some(path.clone());
+        }
+        if let Some(path) = &self.tls.tls_cert {
+            config.tls_cert = Some(path.clone());
+        }
+        if let Some(path) = &self.tls.tls_key {
+            config.tls_key = Some(path.clone());
+        }
+        config.insecure |= self.tls.insecure;
         config.validate()?;
+        config.security()?;
         Ok(config)
     }
 }
@@ -93,6 +114,11 @@ mod tests {
             listen: None,
             data_dir: None,
             config: None,
+            metrics_listen: None,
+            tls: ServerTlsArgs {
+                insecure: true,
+                ..ServerTlsArgs::default()
+            },
         }
     }
 
@@ -127,6 +153,24 @@ mod tests {
         .resolve()
         .unwrap_err();
         assert!(error.to_string().contains("id"), "{error}");
+    }
+
+    #[test]
+    fn neither_tls_nor_insecure_is_refused_naming_both() {
+        let error = ServeArgs {
+            id: Some(1),
+            listen: Some("127.0.0.1:1".into()),
+            data_dir: Some("/tmp/x".into()),
+            tls: ServerTlsArgs::default(),
+            ..args()
+        }
+        .resolve()
+        .unwrap_err()
+        .to_string();
+        assert!(
+            error.contains("--tls-ca") && error.contains("--insecure"),
+            "{error}"
+        );
     }
 
     #[test]

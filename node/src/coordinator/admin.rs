@@ -274,11 +274,20 @@ impl Admin for AdminApi {
                 .unwrap_or_default(),
             LeaderView::Unknown { .. } => String::new(),
         };
-        let (now_ms, live_windows, policies) = self.node.state.read(|state| {
+        let (now_ms, live_windows, policies, shadow) = self.node.state.read(|state| {
+            let shadow = state
+                .shadow_tallies()
+                .map(|(prefix, tally)| pb::ShadowTally {
+                    prefix: prefix.to_string(),
+                    would_deny_tokens: tally.would_deny_tokens,
+                    would_deny_requests: tally.would_deny_requests,
+                })
+                .collect::<Vec<_>>();
             (
                 state.now_ms(),
                 state.live_windows(),
                 state.policies().len() as u64,
+                shadow,
             )
         });
         Ok(Response::new(pb::StatusResponse {
@@ -297,6 +306,7 @@ impl Admin for AdminApi {
             state_machine_now_ms: now_ms,
             live_windows,
             policies,
+            shadow,
             counters: self
                 .node
                 .metrics

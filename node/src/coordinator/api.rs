@@ -7,6 +7,10 @@
 //! hint, or `UNAVAILABLE`), then proposes and maps the state machine's
 //! outcome (`NOT_FOUND` without a policy, `FAILED_PRECONDITION` on a kind
 //! mismatch).
+//!
+//! Lease, Reconcile and PoolGrant act for the request's region: only that
+//! region's certificate may send them (`PERMISSION_DENIED` otherwise; see
+//! [`crate::auth`]).
 
 use std::sync::Arc;
 
@@ -19,6 +23,8 @@ use super::context::NodeContext;
 use super::convert;
 use super::leader::command_error_status;
 use super::metrics::Rejection;
+use crate::auth::{authorize_region, caller, PeerInfo};
+use crate::telemetry;
 
 /// Serves `leasehold.v1.Coordinator` for one member.
 #[derive(Clone)]
@@ -39,6 +45,14 @@ impl CoordinatorApi {
         status
     }
 
+    /// Refuses unless the caller may act for `region`.
+    fn require_region<T>(&self, request: &Request<T>, region: &str) -> Result<(), Status> {
+        authorize_region(&caller(request), region).map_err(|refusal| {
+            let peer = request.extensions().get::<PeerInfo>();
+            self.node.metrics.auth.refuse(peer, "Coordinator", refusal)
+        })
+    }
+
     async fn write(&self, command: Command) -> Result<Outcome, Status> {
         self.node.require_leader()?;
         let outcome = self.node.propose(command).await?;
@@ -53,15 +67,16 @@ fn unexpected(outcome: &Outcome) -> Status {
     Status::internal(format!("unexpected outcome {outcome:?}"))
 }
 
-#[tonic::async_trait]
-impl Coordinator for CoordinatorApi {
-    async fn lease(
+impl CoordinatorApi {
+    async fn lease_call(
         &self,
         request: Request<pb::LeaseRequest>,
     ) -> Result<Response<pb::LeaseResponse>, Status> {
+        self.require_region(&request, &request.get_ref().region)?;
+        let caller = caller(&request);
         let request = request.into_inner();
         let tokens = request.tokens;
-        let command = convert::lease_command(request).map_err(|e| self.invalid(e))?;
+        let command = convert::lease_command(request, caller).map_err(|e| self.invalid(e))?;
         self.node.require_leader()?;
         self.node.metrics.record_lease_request(tokens);
         match self.write(command).await? {
@@ -70,31 +85,35 @@ impl Coordinator for CoordinatorApi {
         }
     }
 
-    async fn reconcile(
+    async fn reconcile_call(
         &self,
         request: Request<pb::ReconcileRequest>,
     ) -> Result<Response<pb::ReconcileResponse>, Status> {
-        let command =
-            convert::reconcile_command(request.into_inner()).map_err(|e| self.invalid(e))?;
+        self.require_region(&request, &request.get_ref().region)?;
+        let caller = caller(&request);
+        let command = convert::reconcile_command(request.into_inner(), caller)
+            .map_err(|e| self.invalid(e))?;
         match self.write(command).await? {
             Outcome::Reconcile(outcome) => Ok(Response::new(convert::reconcile_response(&outcome))),
             other => Err(unexpected(&other)),
         }
     }
 
-    async fn pool_grant(
+    async fn pool_grant_call(
         &self,
         request: Request<pb::PoolGrantRequest>,
     ) -> Result<Response<pb::PoolGrantResponse>, Status> {
-        let command =
-            convert::pool_grant_command(request.into_inner()).map_err(|e| self.invalid(e))?;
+        self.require_region(&request, &request.get_ref().region)?;
+        let caller = caller(&request);
+        let command = convert::pool_grant_command(request.into_inner(), caller)
+            .map_err(|e| self.invalid(e))?;
         match self.write(command).await? {
             Outcome::PoolGrant(grant) => Ok(Response::new(convert::pool_grant_response(&grant))),
             other => Err(unexpected(&other)),
         }
     }
 
-    async fn get_window(
+    async fn get_window_call(
         &self,
         request: Request<pb::GetWindowRequest>,
     ) -> Result<Response<pb::GetWindowResponse>, Status> {
@@ -112,5 +131,61 @@ impl Coordinator for CoordinatorApi {
                 Err(command_error_status(&error))
             }
         }
+    }
+}
+
+/// Records a refusal (or a grant of nothing) on the current span.
+fn traced<T>(
+    result: Result<Response<T>, Status>,
+    granted_nothing: impl Fn(&T) -> bool,
+) -> Result<Response<T>, Status> {
+    match &result {
+        Err(status) => telemetry::record_refusal(status),
+        Ok(response) if granted_nothing(response.get_ref()) => {
+            telemetry::record_denial(telemetry::DENIED_WINDOW_EXHAUSTED)
+        }
+        Ok(_) => {}
+    }
+    result
+}
+
+#[tonic::async_trait]
+impl Coordinator for CoordinatorApi {
+    #[tracing::instrument(name = "coordinator.lease", level = "debug", skip_all, fields(
+        key = %request.get_ref().key, region = %request.get_ref().region, tokens = request.get_ref().tokens))]
+    async fn lease(
+        &self,
+        request: Request<pb::LeaseRequest>,
+    ) -> Result<Response<pb::LeaseResponse>, Status> {
+        traced(self.lease_call(request).await, |r| r.granted == 0)
+    }
+
+    #[tracing::instrument(name = "coordinator.reconcile", level = "debug", skip_all, fields(
+        key = %request.get_ref().key, region = %request.get_ref().region))]
+    async fn reconcile(
+        &self,
+        request: Request<pb::ReconcileRequest>,
+    ) -> Result<Response<pb::ReconcileResponse>, Status> {
+        traced(self.reconcile_call(request).await, |_| false)
+    }
+
+    #[tracing::instrument(name = "coordinator.pool_grant", level = "debug", skip_all, fields(
+        key = %request.get_ref().key, region = %request.get_ref().region))]
+    async fn pool_grant(
+        &self,
+        request: Request<pb::PoolGrantRequest>,
+    ) -> Result<Response<pb::PoolGrantResponse>, Status> {
+        traced(self.pool_grant_call(request).await, |r| {
+            r.granted_total == 0
+        })
+    }
+
+    #[tracing::instrument(name = "coordinator.get_window", level = "debug", skip_all, fields(
+        key = %request.get_ref().key))]
+    async fn get_window(
+        &self,
+        request: Request<pb::GetWindowRequest>,
+    ) -> Result<Response<pb::GetWindowResponse>, Status> {
+        traced(self.get_window_call(request).await, |_| false)
     }
 }

@@ -18,6 +18,7 @@ use futures::future::BoxFuture;
 use leasehold_client::transport::WallClock;
 use leasehold_core::coordinator::{Command, Outcome, Proposal, ProposalResult};
 use tokio::sync::{mpsc, oneshot, watch, Semaphore};
+use tracing::Instrument;
 
 use super::metrics::NodeMetrics;
 
@@ -66,6 +67,9 @@ pub struct BatcherOptions {
 struct Pending {
     command: Command,
     reply: oneshot::Sender<Result<Outcome, ProposeError>>,
+    /// The submitter's span: the batch's span is a child of the first
+    /// submitter's and linked to every other one.
+    span: tracing::Span,
 }
 
 /// The submitting side of the group-commit task. Cheap to clone.
@@ -104,7 +108,11 @@ impl Batcher {
     pub async fn submit(&self, command: Command) -> Result<Outcome, ProposeError> {
         let (reply, outcome) = oneshot::channel();
         self.queue
-            .try_send(Pending { command, reply })
+            .try_send(Pending {
+                command,
+                reply,
+                span: tracing::Span::current(),
+            })
             .map_err(|e| match e {
                 mpsc::error::TrySendError::Full(_) => ProposeError::Overloaded,
                 mpsc::error::TrySendError::Closed(_) => {
@@ -146,6 +154,7 @@ async fn run(
                 Err(_) => break,
             }
         }
+        let span = batch_span(&batch);
         let (commands, replies): (Vec<_>, Vec<_>) =
             batch.into_iter().map(|p| (p.command, p.reply)).unzip();
         let proposal = Proposal {
@@ -154,13 +163,16 @@ async fn run(
         };
         let proposer = proposer.clone();
         let metrics = metrics.clone();
-        tokio::spawn(async move {
-            let count = proposal.commands.len();
-            let result = proposer.propose(proposal).await;
-            metrics.record_proposal(count, result.is_ok());
-            deliver(result, replies, &metrics);
-            drop(slot);
-        });
+        tokio::spawn(
+            async move {
+                let count = proposal.commands.len();
+                let result = proposer.propose(proposal).await;
+                metrics.record_proposal(count, result.is_ok());
+                deliver(result, replies, &metrics);
+                drop(slot);
+            }
+            .instrument(span),
+        );
     }
     receiver.close();
     while let Ok(pending) = receiver.try_recv() {
@@ -170,6 +182,23 @@ async fn run(
     }
     // Wait for the proposals still replicating.
     let _ = slots.acquire_many(max_inflight as u32).await;
+}
+
+/// The span of one proposal: from handing the batch to Raft until it is
+/// applied on the leader; child of its first command's submitter and
+/// linked (`follows_from`) to the others.
+fn batch_span(batch: &[Pending]) -> tracing::Span {
+    let parent = batch.first().and_then(|p| p.span.id());
+    let span = tracing::debug_span!(
+        parent: parent,
+        "raft.client_write",
+        commands = batch.len(),
+        raft.log_index = tracing::field::Empty
+    );
+    for pending in batch.iter().skip(1) {
+        span.follows_from(&pending.span);
+    }
+    span
 }
 
 fn deliver(
@@ -254,6 +283,7 @@ mod tests {
             region: RegionId::new("eu").unwrap(),
             tokens: n,
             request_id: None,
+            caller: leasehold_core::principal::Principal::Anonymous,
         }
     }
 
@@ -277,6 +307,7 @@ mod tests {
             window_ms: 60_000,
             kind: PolicyKind::Counter,
             outage: OutagePolicy::FailClosed,
+            shadow: false,
         };
         raft.state.lock().unwrap().apply(&Proposal {
             stamp_ms: 0,

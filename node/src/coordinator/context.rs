@@ -55,6 +55,7 @@ impl NodeContext {
     }
 
     /// Proposes `command` through group commit and returns its outcome.
+    #[tracing::instrument(name = "coordinator.propose", level = "debug", skip_all)]
     pub async fn propose(&self, command: Command) -> Result<Outcome, Status> {
         self.batcher
             .submit(command)
@@ -125,7 +126,10 @@ impl Proposer for RaftProposer {
         let timeout = self.timeout;
         Box::pin(async move {
             match tokio::time::timeout(timeout, raft.client_write(proposal)).await {
-                Ok(Ok(response)) => Ok(response.data),
+                Ok(Ok(response)) => {
+                    tracing::Span::current().record("raft.log_index", response.log_id.index);
+                    Ok(response.data)
+                }
                 Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(forward)))) => {
                     Err(ProposeError::NotLeader {
                         leader: forward

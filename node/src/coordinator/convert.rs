@@ -7,6 +7,7 @@ use leasehold_core::coordinator::{
 };
 use leasehold_core::ids::{ClientId, Key, RegionId, RequestId};
 use leasehold_core::policy::{OutagePolicy, Policy, PolicyKind};
+use leasehold_core::principal::Principal;
 use leasehold_proto::v1 as pb;
 use tonic::Status;
 
@@ -29,8 +30,8 @@ pub fn request_id(raw: Option<pb::RequestId>) -> Result<Option<RequestId>, Statu
     }))
 }
 
-/// A lease request as a command: key and region valid, `tokens > 0`.
-pub fn lease_command(request: pb::LeaseRequest) -> Result<Command, Status> {
+/// A lease request of `caller` as a command: key and region valid, `tokens > 0`.
+pub fn lease_command(request: pb::LeaseRequest, caller: Principal) -> Result<Command, Status> {
     if request.tokens == 0 {
         return Err(Status::invalid_argument("tokens must be greater than 0"));
     }
@@ -39,22 +40,31 @@ pub fn lease_command(request: pb::LeaseRequest) -> Result<Command, Status> {
         region: region(&request.region)?,
         tokens: request.tokens,
         request_id: request_id(request.request_id)?,
+        caller,
     })
 }
 
-/// A reconcile request as a command (a zero leftover is a valid no-op).
-pub fn reconcile_command(request: pb::ReconcileRequest) -> Result<Command, Status> {
+/// A reconcile request of `caller` as a command (a zero leftover is a valid no-op).
+pub fn reconcile_command(
+    request: pb::ReconcileRequest,
+    caller: Principal,
+) -> Result<Command, Status> {
     Ok(Command::Reconcile {
         key: key(&request.key)?,
         region: region(&request.region)?,
         leftover: request.leftover,
         window_start_ms: request.window_start_ms,
         request_id: request_id(request.request_id)?,
+        caller,
     })
 }
 
-/// A pool grant request as a command: `region_weight ≥ 1`, `want_total ≥ 1`.
-pub fn pool_grant_command(request: pb::PoolGrantRequest) -> Result<Command, Status> {
+/// A pool grant request of `caller` as a command: `region_weight ≥ 1`,
+/// `want_total ≥ 1`.
+pub fn pool_grant_command(
+    request: pb::PoolGrantRequest,
+    caller: Principal,
+) -> Result<Command, Status> {
     if request.region_weight == 0 {
         return Err(Status::invalid_argument("region_weight must be at least 1"));
     }
@@ -69,6 +79,7 @@ pub fn pool_grant_command(request: pb::PoolGrantRequest) -> Result<Command, Stat
         region_weight: request.region_weight,
         want_total: request.want_total,
         request_id: request_id(request.request_id)?,
+        caller,
     })
 }
 
@@ -115,6 +126,7 @@ pub fn policy_from_wire(raw: Option<pb::Policy>) -> Result<Policy, Status> {
         window_ms: raw.window_ms,
         kind,
         outage,
+        shadow: raw.shadow,
     };
     policy
         .validate()
@@ -141,6 +153,7 @@ pub fn policy_to_wire(policy: &Policy) -> pb::Policy {
         kind: kind as i32,
         outage: outage as i32,
         fallback_tokens_per_region: fallback,
+        shadow: policy.shadow,
     }
 }
 
@@ -202,6 +215,8 @@ pub fn window_response(key: &Key, view: &WindowView) -> pb::GetWindowResponse {
             })
             .collect(),
         coordinator_now_ms: view.coordinator_now_ms,
+        would_deny_tokens: view.shadow.would_deny_tokens,
+        would_deny_requests: view.shadow.would_deny_requests,
     }
 }
 
@@ -232,7 +247,9 @@ mod tests {
             lease("k", "eu", 0),
         ] {
             assert_eq!(
-                lease_command(request).unwrap_err().code(),
+                lease_command(request, Principal::Anonymous)
+                    .unwrap_err()
+                    .code(),
                 Code::InvalidArgument
             );
         }
@@ -244,10 +261,12 @@ mod tests {
             ..lease("k", "eu", 1)
         };
         assert_eq!(
-            lease_command(bad_id).unwrap_err().code(),
+            lease_command(bad_id, Principal::Anonymous)
+                .unwrap_err()
+                .code(),
             Code::InvalidArgument
         );
-        assert!(lease_command(lease("k", "eu", 1)).is_ok());
+        assert!(lease_command(lease("k", "eu", 1), Principal::Anonymous).is_ok());
     }
 
     #[test]
@@ -260,14 +279,18 @@ mod tests {
             request_id: None,
         };
         assert_eq!(
-            pool_grant_command(pool(0, 1)).unwrap_err().code(),
+            pool_grant_command(pool(0, 1), Principal::Anonymous)
+                .unwrap_err()
+                .code(),
             Code::InvalidArgument
         );
         assert_eq!(
-            pool_grant_command(pool(1, 0)).unwrap_err().code(),
+            pool_grant_command(pool(1, 0), Principal::Anonymous)
+                .unwrap_err()
+                .code(),
             Code::InvalidArgument
         );
-        assert!(pool_grant_command(pool(1, 1)).is_ok());
+        assert!(pool_grant_command(pool(1, 1), Principal::Anonymous).is_ok());
         let policy = |limit, window_ms, kind| pb::Policy {
             prefix: "p".into(),
             limit,
@@ -300,10 +323,10 @@ mod tests {
     proptest! {
         /// Every valid core policy survives the trip over the wire.
         #[test]
-        fn policy_round_trips(prefix in "[a-z/]{0,12}", limit in 1u64..1_000_000, window_ms in 1u64..86_400_000, fair: bool, share in proptest::option::of(0u64..1_000_000)) {
+        fn policy_round_trips(prefix in "[a-z/]{0,12}", limit in 1u64..1_000_000, window_ms in 1u64..86_400_000, fair: bool, share in proptest::option::of(0u64..1_000_000), shadow: bool) {
             let outage = match share { Some(s) => OutagePolicy::Fallback { tokens_per_region: s.min(limit) }, None => OutagePolicy::FailClosed };
             let kind = if fair { PolicyKind::Fair } else { PolicyKind::Counter };
-            let policy = Policy { prefix, limit, window_ms, kind, outage };
+            let policy = Policy { prefix, limit, window_ms, kind, outage, shadow };
             prop_assert_eq!(policy_from_wire(Some(policy_to_wire(&policy))).unwrap(), policy);
         }
     }

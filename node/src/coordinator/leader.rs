@@ -6,7 +6,10 @@
 //! With no leader known it answers `UNAVAILABLE` at once.
 
 use leasehold_core::coordinator::CommandError;
-use leasehold_proto::{LEADER_ADDR_METADATA, LEADER_ID_METADATA};
+use leasehold_proto::{
+    LEADER_ADDR_METADATA, LEADER_ID_METADATA, REASON_METADATA, REASON_REQUEST_ID_REUSED,
+    REASON_SESSIONS_EXHAUSTED, REASON_SESSION_EXPIRED,
+};
 use leasehold_raft_store::{NodeId, Raft, RaftMetrics};
 use openraft::ServerState;
 use tonic::metadata::MetadataValue;
@@ -134,7 +137,27 @@ pub fn command_error_status(error: &CommandError) -> Status {
             "no policy matches key {key:?}; set one with `leasehold policy set`"
         )),
         CommandError::WrongKind(why) => Status::failed_precondition(why.clone()),
+        CommandError::RequestIdReused(why) => with_reason(
+            Status::already_exists(why.clone()),
+            REASON_REQUEST_ID_REUSED,
+        ),
+        CommandError::SessionExpired(why) => with_reason(
+            Status::failed_precondition(why.clone()),
+            REASON_SESSION_EXPIRED,
+        ),
+        CommandError::SessionsExhausted(why) => with_reason(
+            Status::resource_exhausted(why.clone()),
+            REASON_SESSIONS_EXHAUSTED,
+        ),
     }
+}
+
+/// `status` with its machine-readable reason in the `leasehold-reason` metadata.
+fn with_reason(mut status: Status, reason: &'static str) -> Status {
+    status
+        .metadata_mut()
+        .insert(REASON_METADATA, MetadataValue::from_static(reason));
+    status
 }
 
 #[cfg(test)]

@@ -3,8 +3,12 @@
 //! hot path, read as a sorted list of `(name, value)` pairs by `Status`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use leasehold_core::coordinator::{CommandError, Outcome};
+
+use crate::auth::AuthRefusals;
+use crate::net::ConnectionCounters;
 
 /// Counters of one member since it started.
 #[derive(Debug, Default)]
@@ -23,11 +27,16 @@ pub struct NodeMetrics {
     rejected_not_leader: AtomicU64,
     rejected_unavailable: AtomicU64,
     rejected_overloaded: AtomicU64,
+    rejected_session: AtomicU64,
     proposals: AtomicU64,
     proposals_failed: AtomicU64,
     proposed_commands: AtomicU64,
     largest_batch: AtomicU64,
     linearizable_reads: AtomicU64,
+    /// The listener's counters (connections, refused requests).
+    connections: Arc<ConnectionCounters>,
+    /// Calls refused by identity (shared with the listener's auth layer).
+    pub auth: Arc<AuthRefusals>,
 }
 
 /// Why a request was refused before or by the state machine.
@@ -45,6 +54,9 @@ pub enum Rejection {
     Unavailable,
     /// The batch queue was full.
     Overloaded,
+    /// The request id was reused for another request, or its session
+    /// expired, or the caller may not open another session.
+    Session,
 }
 
 impl NodeMetrics {
@@ -75,6 +87,9 @@ impl NodeMetrics {
                 CommandError::InvalidArgument(_) => Rejection::InvalidArgument,
                 CommandError::NoPolicy(_) => Rejection::NoPolicy,
                 CommandError::WrongKind(_) => Rejection::WrongKind,
+                CommandError::RequestIdReused(_)
+                | CommandError::SessionExpired(_)
+                | CommandError::SessionsExhausted(_) => Rejection::Session,
             }),
         }
     }
@@ -94,6 +109,7 @@ impl NodeMetrics {
             Rejection::NotLeader => &self.rejected_not_leader,
             Rejection::Unavailable => &self.rejected_unavailable,
             Rejection::Overloaded => &self.rejected_overloaded,
+            Rejection::Session => &self.rejected_session,
         };
         counter.fetch_add(1, Ordering::Relaxed);
     }
@@ -113,6 +129,11 @@ impl NodeMetrics {
     /// Counts one linearizable read.
     pub fn record_linearizable_read(&self) {
         self.linearizable_reads.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The listener counters, shared with the listener and the server layer.
+    pub fn connections(&self) -> Arc<ConnectionCounters> {
+        self.connections.clone()
     }
 
     /// Every counter as `(name, value)`, sorted by name.
@@ -136,12 +157,16 @@ impl NodeMetrics {
             ("rejected_not_leader", read(&self.rejected_not_leader)),
             ("rejected_unavailable", read(&self.rejected_unavailable)),
             ("rejected_overloaded", read(&self.rejected_overloaded)),
+            ("rejected_session", read(&self.rejected_session)),
             ("proposals", read(&self.proposals)),
             ("proposals_failed", read(&self.proposals_failed)),
             ("proposed_commands", read(&self.proposed_commands)),
             ("largest_batch", read(&self.largest_batch)),
             ("linearizable_reads", read(&self.linearizable_reads)),
+            ("refused_unauthenticated", self.auth.unauthenticated()),
+            ("refused_permission_denied", self.auth.permission_denied()),
         ];
+        all.extend(self.connections.snapshot());
         all.sort_by_key(|(name, _)| *name);
         all
     }

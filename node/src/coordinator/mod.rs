@@ -1,5 +1,6 @@
 //! The coordinator member (L3): one Raft member on its stores, serving the
-//! Coordinator, Admin, Raft and health gRPC services on an injected listener.
+//! Coordinator, Admin, Monitor, Raft and health gRPC services on an
+//! injected listener.
 //!
 //! [`run_coordinator`] takes everything that touches the outside world as
 //! arguments — the stores, the stream of accepted connections, the dialer
@@ -11,7 +12,8 @@
 //! public services), [`batcher`] (group commit), [`leader`] (leader view and
 //! hints), [`convert`] (wire ↔ core with validation), [`network`] and
 //! [`raft_service`] (the peer transport), [`metrics`] (counters), `tasks`
-//! (health and clock ticks).
+//! (health and clock ticks), [`status_log`] and [`peer_links`] (one log
+//! line per change of leader, membership or peer link).
 
 pub mod admin;
 pub mod api;
@@ -21,7 +23,10 @@ pub mod convert;
 pub mod leader;
 pub mod metrics;
 pub mod network;
+pub mod peer_links;
+pub mod prometheus;
 pub mod raft_service;
+pub mod status_log;
 mod tasks;
 
 use std::future::Future;
@@ -30,9 +35,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::Stream;
-use leasehold_client::transport::{Dialer, SystemClock, TcpDialer, WallClock};
+use leasehold_client::transport::{Dialer, SystemClock, WallClock};
 use leasehold_proto::v1::admin_server::AdminServer;
 use leasehold_proto::v1::coordinator_server::CoordinatorServer;
+use leasehold_proto::v1::monitor_server::MonitorServer;
 use leasehold_raft_store::{LogStore, Raft, StateMachineStore};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::watch;
@@ -45,8 +51,17 @@ use self::context::{NodeContext, RaftProposer};
 use self::metrics::NodeMetrics;
 use self::network::PeerNetwork;
 use self::raft_service::RaftService;
+use crate::auth::{AuthLayer, Scope};
 use crate::config::NodeConfig;
 use crate::error::NodeError;
+use crate::monitor::member::MemberSampler;
+use crate::monitor::watch::MonitorApi;
+use crate::monitor::WatchSlots;
+use crate::net::{bounded_incoming, refusal_layer, MAX_RESPONSE_BYTES};
+use crate::tls::{
+    ReloadingServerConfig, Security, TlsIncoming, DEFAULT_HANDSHAKE_TIMEOUT,
+    DEFAULT_RELOAD_INTERVAL,
+};
 
 /// HTTP/2 keep-alive of the server side: a peer that stops acknowledging
 /// PINGs is dropped instead of holding a wedged connection.
@@ -61,7 +76,9 @@ pub type CoordinatorStores = (LogStore, StateMachineStore);
 /// once every task has ended and the stores are released.
 ///
 /// - `incoming`: accepted connections (a `TcpListenerStream`, or simulated
-///   sockets implementing tonic's `Connected`).
+///   sockets implementing tonic's `Connected`). They are bounded here by
+///   the connection cap and first-byte deadline of `config`
+///   ([`crate::net::bounded_incoming`]).
 /// - `dialer`: how to reach peers (`host:port` from the membership).
 /// - `clock`: wall clock the leader stamps proposals with.
 pub async fn run_coordinator<I, IO, IE>(
@@ -79,14 +96,18 @@ where
 {
     config.validate()?;
     let raft_config = config.raft_config()?;
+    let peer_message_limit = config.peer_message_limit_bytes()?;
+    let limits = config.server_limits();
     let (log_store, state_machine) = stores;
     let state = state_machine.reader();
-    let network = PeerNetwork::new(config.id, dialer);
+    let network = PeerNetwork::new(config.id, dialer).with_max_message_bytes(peer_message_limit);
     let raft = Raft::new(config.id, raft_config, network, log_store, state_machine)
         .await
         .map_err(|e| NodeError::Raft(e.to_string()))?;
 
     let metrics = Arc::new(NodeMetrics::default());
+    let connection_counters = metrics.connections();
+    let incoming = bounded_incoming(incoming, &limits, connection_counters.clone());
     let (stop, stopped) = watch::channel(false);
     let options = BatcherOptions {
         max_batch: config.max_batch_commands,
@@ -119,18 +140,62 @@ where
             health_reporter,
             stopped.clone(),
         )),
-        tokio::spawn(tasks::tick_clock(node.clone(), stopped)),
+        tokio::spawn(tasks::tick_clock(node.clone(), stopped.clone())),
+        tokio::spawn(status_log::log_status_changes(raft.clone(), stopped)),
     ];
     background.push(batcher_task);
+    if let Some(addr) = node.config.metrics_listen.clone() {
+        let render_node = Arc::clone(&node);
+        let render: crate::metrics_http::Render =
+            Arc::new(move || prometheus::render(&render_node));
+        background.push(
+            crate::metrics_http::spawn_metrics_listener(&addr, render, stop.subscribe()).await?,
+        );
+    }
+
+    // Watch streams end when shutdown begins, so none holds it open.
+    let (closing_tx, closing) = watch::channel(false);
+    let shutdown = async move {
+        shutdown.await;
+        let _ = closing_tx.send(true);
+    };
+    let monitor = MonitorApi::new(
+        Arc::new(MemberSampler::new(node.clone())),
+        node.clock.clone(),
+        Arc::new(WatchSlots::default()),
+        closing,
+    );
 
     tracing::info!(id = node.id, listen = %node.config.listen, "coordinator member serving");
-    let served = tonic::transport::Server::builder()
+    let public_request_limit = limits.max_request_bytes;
+    let auth = AuthLayer::new(Scope::Coordinator, node.metrics.auth.clone());
+    let served = limits
+        .server_builder()
         .http2_keepalive_interval(Some(SERVER_KEEP_ALIVE))
         .http2_keepalive_timeout(Some(SERVER_KEEP_ALIVE))
+        .layer(refusal_layer(connection_counters))
+        .layer(auth)
         .add_service(health_service)
-        .add_service(CoordinatorServer::new(CoordinatorApi::new(node.clone())))
-        .add_service(AdminServer::new(AdminApi::new(node.clone())))
-        .add_service(RaftService::server(raft.clone()))
+        .add_service(
+            CoordinatorServer::new(CoordinatorApi::new(node.clone()))
+                .max_decoding_message_size(public_request_limit)
+                .max_encoding_message_size(MAX_RESPONSE_BYTES),
+        )
+        .add_service(
+            AdminServer::new(AdminApi::new(node.clone()))
+                .max_decoding_message_size(public_request_limit)
+                .max_encoding_message_size(MAX_RESPONSE_BYTES),
+        )
+        .add_service(
+            MonitorServer::new(monitor)
+                .max_decoding_message_size(public_request_limit)
+                .max_encoding_message_size(MAX_RESPONSE_BYTES),
+        )
+        .add_service(
+            RaftService::server(raft.clone(), node.metrics.auth.clone())
+                .max_decoding_message_size(peer_message_limit)
+                .max_encoding_message_size(peer_message_limit),
+        )
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await;
 
@@ -147,25 +212,49 @@ where
 }
 
 /// Runs a member on real TCP: opens the sled stores under
-/// `config.data_dir`, binds `config.listen`, dials peers over TCP and stamps
-/// with the system clock.
+/// `config.data_dir`, binds `config.listen` and stamps with the system
+/// clock. With TLS material (see [`NodeConfig::security`]) every connection
+/// is mutual TLS, in and out, and the files are reloaded when they change;
+/// with `insecure` everything is plaintext. Neither refuses to start.
 pub async fn serve(
     config: NodeConfig,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), NodeError> {
     config.validate()?;
+    let security = config.security()?;
+    let dialer = security.dialer();
     let stores = open_stores(&config)?;
     let listener = bind(&config.listen).await?;
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-    run_coordinator(
-        config,
-        stores,
-        incoming,
-        Arc::new(TcpDialer::default()),
-        Arc::new(SystemClock),
-        shutdown,
-    )
-    .await
+    match security {
+        Security::Insecure => {
+            tracing::warn!("serving plaintext (--insecure): callers are not authenticated");
+            run_coordinator(
+                config,
+                stores,
+                incoming,
+                dialer,
+                Arc::new(SystemClock),
+                shutdown,
+            )
+            .await
+        }
+        Security::MutualTls(files) => {
+            let tls = ReloadingServerConfig::load(files)?;
+            let (_stop_reloading, stop) = watch::channel(false);
+            tokio::spawn(tls.clone().watch(DEFAULT_RELOAD_INTERVAL, stop));
+            let incoming = TlsIncoming::new(incoming, tls, DEFAULT_HANDSHAKE_TIMEOUT);
+            run_coordinator(
+                config,
+                stores,
+                incoming,
+                dialer,
+                Arc::new(SystemClock),
+                shutdown,
+            )
+            .await
+        }
+    }
 }
 
 /// Opens the sled stores of `config.data_dir` (created if missing).

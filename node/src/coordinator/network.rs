@@ -25,8 +25,40 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tonic::transport::Channel;
 
-/// Largest gRPC message between peers (snapshot chunks, batches of entries).
+use super::peer_links::{LinkChange, PeerLinks, LOST_AFTER_FAILURES};
+
+/// Ceiling of the peer message limit: no configuration may let a peer
+/// message exceed this. The limit actually in force is derived from the
+/// Raft configuration by [`peer_message_limit_bytes`] (9 MiB by default).
 pub const MAX_PEER_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
+
+/// Upper bound of one encoded state-machine command (the largest, a
+/// `Lease` with a 256-byte key, a 64-byte region, a 128-byte client id and
+/// the longest caller identity, encodes to about 600 bytes, under three
+/// quarters of it; a unit test keeps it so).
+pub const MAX_ENCODED_COMMAND_BYTES: usize = 1024;
+
+/// Room above the computed payload for the envelope of a peer message
+/// (log ids, vote, membership entries, postcard and gRPC framing).
+pub const PEER_MESSAGE_HEADROOM_BYTES: usize = 1024 * 1024;
+
+/// The largest peer message a member sends or accepts: the larger of an
+/// `AppendEntries` of `max_payload_entries` entries of `max_batch_commands`
+/// commands each and one snapshot chunk of `snapshot_chunk_bytes`, plus
+/// [`PEER_MESSAGE_HEADROOM_BYTES`]. `None` when that overflows.
+pub fn peer_message_limit_bytes(
+    max_payload_entries: u64,
+    max_batch_commands: usize,
+    snapshot_chunk_bytes: u64,
+) -> Option<usize> {
+    let entries = usize::try_from(max_payload_entries).ok()?;
+    let entry_bytes = max_batch_commands.checked_mul(MAX_ENCODED_COMMAND_BYTES)?;
+    let append_bytes = entries.checked_mul(entry_bytes)?;
+    let chunk_bytes = usize::try_from(snapshot_chunk_bytes).ok()?;
+    append_bytes
+        .max(chunk_bytes)
+        .checked_add(PEER_MESSAGE_HEADROOM_BYTES)
+}
 
 type RpcResult<T, E = openraft::error::Infallible> =
     Result<T, RPCError<NodeId, Node, RaftError<NodeId, E>>>;
@@ -37,16 +69,31 @@ pub struct PeerNetwork {
     my_id: NodeId,
     dialer: Arc<dyn Dialer>,
     channels: Arc<Mutex<HashMap<String, Channel>>>,
+    max_message_bytes: usize,
+    links: Arc<Mutex<PeerLinks>>,
+    started: tokio::time::Instant,
 }
 
 impl PeerNetwork {
     /// A network for member `my_id` dialling peers with `dialer`.
+    /// Messages are limited to [`MAX_PEER_MESSAGE_BYTES`] until
+    /// [`with_max_message_bytes`](Self::with_max_message_bytes) lowers it.
     pub fn new(my_id: NodeId, dialer: Arc<dyn Dialer>) -> Self {
         Self {
             my_id,
             dialer,
             channels: Arc::default(),
+            max_message_bytes: MAX_PEER_MESSAGE_BYTES,
+            links: Arc::default(),
+            started: tokio::time::Instant::now(),
         }
+    }
+
+    /// The same network, sending and accepting peer messages of at most
+    /// `bytes` (capped at [`MAX_PEER_MESSAGE_BYTES`]).
+    pub fn with_max_message_bytes(mut self, bytes: usize) -> Self {
+        self.max_message_bytes = bytes.min(MAX_PEER_MESSAGE_BYTES);
+        self
     }
 }
 
@@ -75,6 +122,19 @@ enum CallError {
     Status(tonic::Status),
     Timeout(Duration),
     Codec(postcard::Error),
+}
+
+impl std::fmt::Display for CallError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CallError::Dial(e) => write!(f, "{e}"),
+            CallError::Status(status) => {
+                write!(f, "{:?}: {}", status.code(), status.message())
+            }
+            CallError::Timeout(after) => write!(f, "no answer within {} ms", after.as_millis()),
+            CallError::Codec(e) => write!(f, "bad message: {e}"),
+        }
+    }
 }
 
 impl PeerConnection {
@@ -111,8 +171,8 @@ impl PeerConnection {
         let data = postcard::to_allocvec(request).map_err(CallError::Codec)?;
         let channel = self.channel().await.map_err(CallError::Dial)?;
         let mut client = RaftClient::new(channel)
-            .max_decoding_message_size(MAX_PEER_MESSAGE_BYTES)
-            .max_encoding_message_size(MAX_PEER_MESSAGE_BYTES);
+            .max_decoding_message_size(self.network.max_message_bytes)
+            .max_encoding_message_size(self.network.max_message_bytes);
         let mut grpc_request = tonic::Request::new(RaftPayload { data });
         grpc_request.set_timeout(ttl);
         let call = async {
@@ -132,7 +192,50 @@ impl PeerConnection {
         if result.is_err() {
             self.forget_channel();
         }
+        self.note_link(action, &result);
         result
+    }
+
+    /// Logs a lost or restored link to the peer (once per change).
+    fn note_link<T>(&self, action: RPCTypes, result: &Result<T, CallError>) {
+        let now = u64::try_from(self.network.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let change = {
+            let mut links = self
+                .network
+                .links
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            match result {
+                Ok(_) => links.on_success(self.target, now),
+                Err(error) => links.on_failure(self.target, now, || error.to_string()),
+            }
+        };
+        let what = match action {
+            RPCTypes::Vote => "vote requests",
+            RPCTypes::AppendEntries | RPCTypes::InstallSnapshot => "replication",
+        };
+        match change {
+            Some(LinkChange::Lost { peer, error }) => tracing::warn!(
+                member = self.network.my_id,
+                peer,
+                addr = %self.addr,
+                error = %error,
+                "{what} to member {peer} lost ({LOST_AFTER_FAILURES} failed calls in a row); retrying quietly"
+            ),
+            Some(LinkChange::Restored {
+                peer,
+                down_ms,
+                failed_calls,
+            }) => tracing::info!(
+                member = self.network.my_id,
+                peer,
+                addr = %self.addr,
+                down_ms,
+                failed_calls,
+                "{what} to member {peer} restored after {down_ms} ms"
+            ),
+            None => {}
+        }
     }
 
     fn map_error<E: std::error::Error>(
@@ -203,5 +306,82 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
 
     fn backoff(&self) -> openraft::network::Backoff {
         openraft::network::Backoff::new(std::iter::repeat(Duration::from_millis(200)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use leasehold_core::coordinator::Command;
+    use leasehold_core::ids::{ClientId, Key, RegionId, RequestId};
+    use leasehold_core::policy::{Policy, PolicyKind};
+
+    #[test]
+    fn the_largest_commands_encode_within_the_per_command_bound() {
+        let key = Key::new("k".repeat(leasehold_core::ids::MAX_KEY_BYTES)).unwrap();
+        let region = RegionId::new("r".repeat(leasehold_core::ids::MAX_REGION_BYTES)).unwrap();
+        let request_id = Some(RequestId {
+            client: ClientId::new("c".repeat(leasehold_core::ids::MAX_CLIENT_ID_BYTES)).unwrap(),
+            seq: u64::MAX,
+        });
+        let name = "s".repeat(leasehold_core::principal::MAX_PRINCIPAL_NAME_BYTES);
+        let caller = leasehold_core::principal::Principal::Service {
+            name,
+            region: RegionId::new("r".repeat(leasehold_core::ids::MAX_REGION_BYTES)).unwrap(),
+        };
+        let commands = [
+            Command::Lease {
+                key: key.clone(),
+                region: region.clone(),
+                tokens: u64::MAX,
+                request_id: request_id.clone(),
+                caller: caller.clone(),
+            },
+            Command::Reconcile {
+                key: key.clone(),
+                region: region.clone(),
+                leftover: u64::MAX,
+                window_start_ms: u64::MAX,
+                request_id: request_id.clone(),
+                caller: caller.clone(),
+            },
+            Command::PoolGrant {
+                key: key.clone(),
+                region,
+                region_weight: u64::MAX,
+                want_total: u64::MAX,
+                request_id,
+                caller,
+            },
+            Command::SetPolicy(Policy {
+                prefix: "p".repeat(leasehold_core::ids::MAX_KEY_BYTES),
+                limit: u64::MAX,
+                window_ms: u64::MAX,
+                kind: PolicyKind::Fair,
+                outage: leasehold_core::policy::OutagePolicy::Fallback {
+                    tokens_per_region: u64::MAX,
+                },
+                shadow: true,
+            }),
+        ];
+        for command in commands {
+            let bytes = postcard::to_allocvec(&command).unwrap().len();
+            assert!(
+                bytes <= MAX_ENCODED_COMMAND_BYTES * 3 / 4,
+                "{command:?} encodes to {bytes} bytes"
+            );
+        }
+    }
+
+    #[test]
+    fn the_peer_limit_derives_from_entries_batch_and_chunk_and_refuses_overflow() {
+        let limit = peer_message_limit_bytes(8, 1_024, 3 * 1024 * 1024).unwrap();
+        assert_eq!(
+            limit,
+            8 * 1_024 * MAX_ENCODED_COMMAND_BYTES + PEER_MESSAGE_HEADROOM_BYTES
+        );
+        let chunk_bound = peer_message_limit_bytes(1, 1, 5 * 1024 * 1024).unwrap();
+        assert_eq!(chunk_bound, 5 * 1024 * 1024 + PEER_MESSAGE_HEADROOM_BYTES);
+        assert_eq!(peer_message_limit_bytes(u64::MAX, usize::MAX, 0), None);
     }
 }

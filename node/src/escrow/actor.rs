@@ -3,18 +3,28 @@
 //! key are handled one at a time, so at most one lease is ever in flight and
 //! waiters simply see the credited balance when their turn comes.
 
+use leasehold_core::fair_throttle::CallerId;
+use leasehold_core::principal::Principal;
+use leasehold_proto::{
+    REASON_HOLDERS_EXHAUSTED, REASON_METADATA, REASON_REQUEST_ID_REUSED, REASON_SESSION_EXPIRED,
+};
 use std::sync::Arc;
 use std::time::Duration;
 
-use leasehold_core::escrow::{CoordinatorGrant, EscrowCounters, RegionEscrow, Served};
+use leasehold_core::escrow::{
+    Admission, CoordinatorGrant, EscrowCounters, FairGateCounters, GateVerdict, Holder, HolderBook,
+    HolderCounters, HolderHeld, HolderRefusal, RegionEscrow, ReturnClaim, ReturnSettled, Served,
+};
 use leasehold_core::ids::TenantId;
-use leasehold_core::policy::{Policy, PolicyKind};
-use leasehold_core::sizer::{EoqParams, EoqSizer, LeaseSizer};
+use leasehold_core::policy::{OutagePolicy, Policy, PolicyKind};
+use leasehold_core::sizer::{EoqParams, LeaseSizer};
 use leasehold_core::wfe::{RecordedAsk, WeightedFairEscrow};
 use leasehold_core::window::WindowBounds;
 use tokio::sync::{mpsc, oneshot};
 use tonic::{Code, Status};
+use tracing::Instrument;
 
+use super::fair_throttle::{caller_id, rule_for, KeyFairThrottle};
 use super::service::EscrowShared;
 
 /// Largest lease the EOQ sizer may ask for: past this, one region's lease
@@ -33,6 +43,10 @@ pub enum Acquired {
         served: Served,
         /// The key's limit.
         limit: u64,
+        /// A shadow policy's admission of a request the escrow would have
+        /// denied ([`leasehold_core::shadow`]): the credits are not from a
+        /// coordinator grant and are never returnable.
+        shadow_would_deny: bool,
     },
     /// Nothing now; try again after this long.
     Denied {
@@ -42,7 +56,19 @@ pub enum Acquired {
         limit: u64,
         /// End of the window the denial is about, if known (coordinator ms).
         window_end_ms: u64,
+        /// Refused by the key's fair throttle, not for want of budget
+        /// (the answer carries `leasehold-reason: FAIR_THROTTLED`).
+        fair_throttled: bool,
     },
+}
+
+/// Who asks, for exactly-once effects: the holder and the request's seq.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HolderRequest {
+    /// The holder (caller, client id).
+    pub holder: Holder,
+    /// The request id's seq.
+    pub seq: u64,
 }
 
 /// A request to a key actor.
@@ -56,18 +82,55 @@ pub enum KeyRequest {
         tenant: Option<TenantId>,
         /// The tenant's weight (≥ 1).
         weight: u64,
+        /// The holder and seq, when the request carries a request id: the
+        /// credits are then recorded under the holder and the answer is
+        /// given once per seq. `None`: executed as it comes, not returnable.
+        from: Option<HolderRequest>,
+        /// Who called (the fair throttle's caller, with the holder or tenant).
+        principal: Principal,
+        /// Serve `tokens` whole or nothing (thin clients' `Check`): a
+        /// partial serve goes straight back into the escrow, capped like
+        /// any return, and the answer is a denial.
+        whole_or_nothing: bool,
         /// Where the answer goes.
         reply: oneshot::Sender<Result<Acquired, Status>>,
+        /// The request's span: the actor works (and calls the coordinator)
+        /// inside it, so the trace continues.
+        span: tracing::Span,
     },
-    /// Give back `tokens` of `window_start_ms`.
+    /// Give back credits a holder acquired.
     Return {
-        /// How many.
-        tokens: u64,
-        /// Their window.
-        window_start_ms: u64,
-        /// Tokens accepted.
-        reply: oneshot::Sender<u64>,
+        /// The holder and seq.
+        from: HolderRequest,
+        /// What it gives back.
+        claim: ReturnClaim,
+        /// What was taken back.
+        reply: oneshot::Sender<Result<ReturnSettled, Status>>,
     },
+}
+
+/// The gRPC status of a refusal, with its reason in the metadata.
+///
+/// Reasons are the `leasehold_proto::REASON_*` values.
+pub fn refusal_status(refusal: &HolderRefusal) -> Status {
+    let (mut status, reason) = match refusal {
+        HolderRefusal::Reused { .. } => (
+            Status::already_exists(refusal.to_string()),
+            REASON_REQUEST_ID_REUSED,
+        ),
+        HolderRefusal::Expired { .. } => (
+            Status::failed_precondition(refusal.to_string()),
+            REASON_SESSION_EXPIRED,
+        ),
+        HolderRefusal::HoldersExhausted { .. } => (
+            Status::resource_exhausted(refusal.to_string()),
+            REASON_HOLDERS_EXHAUSTED,
+        ),
+    };
+    if let Ok(value) = reason.parse() {
+        status.metadata_mut().insert(REASON_METADATA, value);
+    }
+    status
 }
 
 /// The actor is gone (evicted or stopped); the caller makes a new one.
@@ -75,26 +138,67 @@ pub enum KeyRequest {
 #[error("the key's actor has stopped")]
 pub struct ActorDropped;
 
+/// Most tenants of one key a [`KeyView`] lists (the first in byte order).
+pub const MAX_VIEWED_TENANTS: usize = 32;
+
+/// What a key's actor last published for watchers (`Monitor.Watch` on an
+/// escrow node): read without sending the actor anything, so a watch
+/// neither delays requests nor keeps an idle key alive. Refreshed after
+/// every request the actor handles.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KeyView {
+    /// The window of the credits held (coordinator epoch ms), if any.
+    pub window: Option<WindowBounds>,
+    /// The key's limit.
+    pub limit: u64,
+    /// What the coordinator granted this region in that window (a `fair`
+    /// key: its pool grant).
+    pub granted: u64,
+    /// Credits held unspent now (counter keys).
+    pub held: u64,
+    /// The region's pool weight (`fair` keys; else 0).
+    pub region_weight: u64,
+    /// Tenants tracked (`fair` keys).
+    pub tenant_count: u64,
+    /// At most [`MAX_VIEWED_TENANTS`] of them: (tenant, weight, admitted).
+    pub tenants: Vec<(String, u64, u64)>,
+}
+
 /// The handle of one key's actor.
 #[derive(Debug, Clone)]
 pub struct KeyHandle {
     sender: mpsc::Sender<KeyRequest>,
+    view: Arc<std::sync::Mutex<KeyView>>,
 }
 
 impl KeyHandle {
     /// Starts the actor of `key`.
     pub fn spawn(key: String, shared: Arc<EscrowShared>) -> Self {
         let (sender, mailbox) = mpsc::channel(KEY_MAILBOX_CAPACITY);
-        let sizer = match EoqSizer::new(EoqParams {
+        let view = Arc::new(std::sync::Mutex::new(KeyView::default()));
+        let eoq = EoqParams {
             initial_size: shared.config.batch,
             max_size: shared.config.batch.max(EOQ_MAX_LEASE),
             ..EoqParams::default()
-        }) {
-            Ok(eoq) if shared.config.eoq => LeaseSizer::Eoq(eoq),
-            _ => LeaseSizer::Fixed(shared.config.batch),
         };
+        let sizer = shared
+            .config
+            .sizer
+            .build(shared.config.batch, eoq)
+            .unwrap_or(LeaseSizer::Fixed(shared.config.batch));
         let escrow =
             RegionEscrow::with_sizer(sizer, shared.config.probe_interval_ms, Default::default());
+        let book = HolderBook::new(shared.config.holder_limits);
+        let fair_throttle = rule_for(&shared.config.fair_throttle, &key).and_then(|rule| {
+            KeyFairThrottle::new(
+                rule,
+                &key,
+                shared.config.fair_throttle_rng_seed,
+                shared.mono_ms(),
+            )
+            .map_err(|e| tracing::warn!(key = %key, error = %e, "fair throttle off for this key"))
+            .ok()
+        });
         tokio::spawn(
             KeyActor {
                 key,
@@ -102,12 +206,26 @@ impl KeyHandle {
                 shared,
                 mailbox,
                 last_window_end_ms: 0,
+                window_credit: (0, 0),
+                view: view.clone(),
                 reported: EscrowCounters::default(),
+                book,
+                reported_holders: HolderCounters::default(),
                 fair: None,
+                fair_throttle,
+                reported_fair: FairGateCounters::default(),
             }
             .run(),
         );
-        KeyHandle { sender }
+        KeyHandle { sender, view }
+    }
+
+    /// What the actor last published for watchers.
+    pub fn view(&self) -> KeyView {
+        self.view
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     /// Sends a request; fails if the actor has stopped.
@@ -122,8 +240,18 @@ struct KeyActor {
     shared: Arc<EscrowShared>,
     mailbox: mpsc::Receiver<KeyRequest>,
     last_window_end_ms: u64,
+    /// (window start, tokens credited from grants of that window).
+    window_credit: (u64, u64),
+    /// What watchers read (see [`KeyView`]).
+    view: Arc<std::sync::Mutex<KeyView>>,
     reported: EscrowCounters,
+    /// Who holds which credits; the answers given per request id.
+    book: HolderBook<Acquired>,
+    reported_holders: HolderCounters,
     fair: Option<FairState>,
+    /// The key's fair throttle, when a `fair_throttle` rule fronts it.
+    fair_throttle: Option<KeyFairThrottle>,
+    reported_fair: FairGateCounters,
 }
 
 /// The weighted-fair escrow of a `fair` key and the pool grant it runs on.
@@ -158,8 +286,7 @@ impl KeyActor {
         if let Some(back) = self.escrow.return_all(self.shared.mono_ms()) {
             self.shared.reconcile(&self.key, back).await;
         }
-        self.shared
-            .record(&mut self.reported, self.escrow.counters());
+        self.report();
     }
 
     async fn handle(&mut self, request: KeyRequest) {
@@ -168,23 +295,242 @@ impl KeyActor {
                 tokens,
                 tenant,
                 weight,
+                from,
+                principal,
+                whole_or_nothing,
                 reply,
+                span,
             } => {
-                let answer = self.acquire(tokens, tenant, weight).await;
-                self.shared
-                    .record(&mut self.reported, self.escrow.counters());
+                let answer = self
+                    .acquire_once(tokens, tenant, weight, from, &principal, whole_or_nothing)
+                    .instrument(span)
+                    .await;
+                self.report();
                 let _ = reply.send(answer);
             }
-            KeyRequest::Return {
-                tokens,
-                window_start_ms,
-                reply,
-            } => {
-                let accepted =
-                    self.escrow
-                        .take_back(tokens, window_start_ms, self.shared.mono_ms());
-                let _ = reply.send(accepted);
+            KeyRequest::Return { from, claim, reply } => {
+                let now = self.shared.mono_ms();
+                let escrow = &mut self.escrow;
+                // `fair` keys hold nothing in `escrow`, so they take nothing back.
+                let settled = self
+                    .book
+                    .settle_return(&from.holder, from.seq, &claim, now, |offered| {
+                        escrow.take_back(offered, claim.window_start_ms, now)
+                    })
+                    .map_err(|refusal| refusal_status(&refusal));
+                self.report();
+                let _ = reply.send(settled);
             }
+        }
+    }
+
+    /// Publishes the key's [`KeyView`] for watchers.
+    fn publish_view(&mut self) {
+        let limit = self.shared.policy_for(&self.key).map_or(0, |p| p.limit);
+        let view = match &self.fair {
+            Some(fair) => KeyView {
+                window: Some(fair.window),
+                limit,
+                granted: fair.escrow.budget(),
+                held: 0,
+                region_weight: fair.escrow.region_weight(),
+                tenant_count: fair.escrow.tenant_count() as u64,
+                tenants: fair
+                    .escrow
+                    .tenants()
+                    .take(MAX_VIEWED_TENANTS)
+                    .map(|(tenant, weight, used)| (tenant.to_string(), weight, used))
+                    .collect(),
+            },
+            None => {
+                let status = self.escrow.status(self.shared.mono_ms());
+                let (start, credited) = self.window_credit;
+                KeyView {
+                    window: (self.last_window_end_ms > 0).then_some(WindowBounds {
+                        start_ms: start,
+                        end_ms: self.last_window_end_ms,
+                    }),
+                    limit,
+                    granted: credited,
+                    held: status.balance,
+                    ..KeyView::default()
+                }
+            }
+        };
+        *self
+            .view
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = view;
+    }
+
+    /// Counts a grant's credited tokens towards its window's total.
+    fn note_credited(&mut self, window_start_ms: u64, credited: u64) {
+        if self.window_credit.0 != window_start_ms {
+            self.window_credit = (window_start_ms, 0);
+        }
+        self.window_credit.1 = self.window_credit.1.saturating_add(credited);
+    }
+
+    fn report(&mut self) {
+        self.publish_view();
+        self.shared
+            .record(&mut self.reported, self.escrow.counters());
+        self.shared
+            .record_holders(&mut self.reported_holders, self.book.counters());
+        if let Some(fair) = &self.fair_throttle {
+            self.shared
+                .record_fair(&mut self.reported_fair, fair.gate.counters());
+        }
+    }
+
+    /// An acquisition, once per (holder, seq) when it names a holder.
+    async fn acquire_once(
+        &mut self,
+        tokens: u64,
+        tenant: Option<TenantId>,
+        weight: u64,
+        from: Option<HolderRequest>,
+        principal: &Principal,
+        whole_or_nothing: bool,
+    ) -> Result<Acquired, Status> {
+        let caller = self
+            .fair_throttle
+            .as_ref()
+            .map(|_| caller_id(principal, from.as_ref().map(|f| &f.holder), tenant.as_ref()));
+        let ticket = match from {
+            None => None,
+            Some(from) => match self.book.admit_acquire(
+                &from.holder,
+                from.seq,
+                tenant.as_ref(),
+                tokens,
+                self.shared.mono_ms(),
+            ) {
+                Ok(Admission::Replay(answer)) => return Ok(answer),
+                Ok(Admission::New(ticket)) => Some(ticket),
+                Err(refusal) => return Err(refusal_status(&refusal)),
+            },
+        };
+        let verdict = match &caller {
+            Some(id) => self.fair_gate(id).await?,
+            None => Ok(GateVerdict::Pass),
+        };
+        let answer = match verdict {
+            Err(throttled) => throttled,
+            Ok(verdict) => {
+                let mut answer = self.acquire(tokens, tenant.clone(), weight).await;
+                if whole_or_nothing {
+                    answer = answer.map(|a| self.whole_or_nothing(tokens, a));
+                }
+                if let (GateVerdict::Pass, Some(id), Ok(answer)) = (verdict, &caller, &answer) {
+                    self.fair_record(id, answer);
+                }
+                answer?
+            }
+        };
+        let answer = self.shadow(tokens, answer);
+        if let Some(ticket) = ticket {
+            let now = self.shared.mono_ms();
+            let held = match answer {
+                Acquired::Credits { served, .. } if !served.from_fallback => Some(HolderHeld {
+                    tenant,
+                    window_start_ms: served.window_start_ms,
+                    tokens: served.granted,
+                    deadline_ms: now.saturating_add(served.remaining_lifetime_ms),
+                }),
+                _ => None,
+            };
+            self.book.record_acquire(ticket, answer, held, now);
+        }
+        Ok(answer)
+    }
+
+    /// The fair throttle's verdict for `caller` (rotating first if due):
+    /// `Err` holds the denial of a throttled request, which never reaches
+    /// the escrow rules.
+    async fn fair_gate(&mut self, caller: &[u8]) -> Result<Result<GateVerdict, Acquired>, Status> {
+        let Ok(id) = CallerId::new(caller) else {
+            return Ok(Ok(GateVerdict::Pass));
+        };
+        let now = self.shared.mono_ms();
+        let unleased = self.escrow.balance(now);
+        let Some(fair) = self.fair_throttle.as_mut() else {
+            return Ok(Ok(GateVerdict::Pass));
+        };
+        let (seed, draw) = fair.draw();
+        match fair.gate.gate(id, now, seed, draw, unleased) {
+            GateVerdict::Throttled { .. } => {
+                let retry_after_ms = fair.retry_after_ms;
+                let limit = self.policy().await?.limit;
+                Ok(Err(Acquired::Denied {
+                    retry_after_ms,
+                    limit,
+                    window_end_ms: self.last_window_end_ms,
+                    fair_throttled: true,
+                }))
+            }
+            verdict => Ok(Ok(verdict)),
+        }
+    }
+
+    /// Feeds the fair throttle what the escrow rules answered a passed
+    /// request: served, or denied for want of budget. A denial during a
+    /// coordinator outage says nothing about the caller and is not fed.
+    fn fair_record(&mut self, caller: &[u8], answer: &Acquired) {
+        let served = match answer {
+            Acquired::Credits { served, .. } => served.granted > 0,
+            Acquired::Denied { .. }
+                if self.escrow.coordinator_unreachable() || !self.shared.is_reachable() =>
+            {
+                return
+            }
+            Acquired::Denied { .. } => false,
+        };
+        if let (Some(fair), Ok(id)) = (self.fair_throttle.as_mut(), CallerId::new(caller)) {
+            fair.gate.record(id, served, self.shared.mono_ms());
+        }
+    }
+
+    /// Turns a partial serve into a denial, putting the partial back into
+    /// the escrow through the same capped path as any return.
+    fn whole_or_nothing(&mut self, tokens: u64, answer: Acquired) -> Acquired {
+        match answer {
+            Acquired::Credits { served, limit, .. } if served.granted < tokens => {
+                if !served.from_fallback {
+                    self.escrow.take_back(
+                        served.granted,
+                        served.window_start_ms,
+                        self.shared.mono_ms(),
+                    );
+                }
+                Acquired::Denied {
+                    retry_after_ms: served.remaining_lifetime_ms.max(1),
+                    limit,
+                    window_end_ms: served.window_end_ms,
+                    fair_throttled: false,
+                }
+            }
+            other => other,
+        }
+    }
+
+    /// Shadow mode: a denial of a key whose policy is in shadow mode becomes
+    /// an admission of the `tokens` asked, counted as would-deny (the fair
+    /// throttle has already learnt from the enforced decision). Anything
+    /// else passes unchanged.
+    fn shadow(&mut self, tokens: u64, answer: Acquired) -> Acquired {
+        let Acquired::Denied { limit, .. } = answer else {
+            return answer;
+        };
+        let Some(policy) = self.shared.policy_for(&self.key).filter(|p| p.shadow) else {
+            return answer;
+        };
+        self.shared.record_shadow_would_deny(tokens);
+        let served = RegionEscrow::serve_shadow_at(tokens, self.shared.wall_ms(), policy.window_ms);
+        Acquired::Credits {
+            served,
+            limit,
+            shadow_would_deny: true,
         }
     }
 
@@ -222,7 +568,11 @@ impl KeyActor {
         let limit = policy.limit;
         let now = self.shared.mono_ms();
         if let Some(served) = self.escrow.serve(tokens, now) {
-            return Ok(Acquired::Credits { served, limit });
+            return Ok(Acquired::Credits {
+                served,
+                limit,
+                shadow_would_deny: false,
+            });
         }
         let mut retry_after_ms = None;
         if let Some(lease_tokens) = self.escrow.lease_to_send(tokens, now) {
@@ -234,7 +584,8 @@ impl KeyActor {
             let arrived = self.shared.mono_ms();
             match result {
                 Ok(grant) => {
-                    self.shared.set_reachable(true);
+                    self.shared
+                        .set_reachable(true, &self.key, policy.outage, None);
                     self.last_window_end_ms = grant.window_end_ms;
                     if grant.granted == 0 {
                         retry_after_ms = Some(grant.remaining_lifetime_ms.max(1));
@@ -245,7 +596,11 @@ impl KeyActor {
                         window_end_ms: grant.window_end_ms,
                         remaining_lifetime_ms: grant.remaining_lifetime_ms,
                     };
-                    if let Some(back) = self.escrow.on_grant(grant, arrived) {
+                    let credited_before = self.escrow.counters().tokens_credited;
+                    let back = self.escrow.on_grant(grant, arrived);
+                    let credited = self.escrow.counters().tokens_credited - credited_before;
+                    self.note_credited(grant.window_start_ms, credited);
+                    if let Some(back) = back {
                         self.shared.reconcile(&self.key, back).await;
                     }
                 }
@@ -266,20 +621,30 @@ impl KeyActor {
                     return Err(Status::new(e.code(), e.to_string()));
                 }
                 Err(e) => {
-                    tracing::warn!(key = %self.key, error = %e, "coordinator unreachable; outage policy applies");
-                    self.shared.set_reachable(false);
+                    tracing::debug!(key = %self.key, error = %e, "lease failed; outage policy applies");
+                    let error = e.to_string();
+                    self.shared
+                        .set_reachable(false, &self.key, policy.outage, Some(&error));
                     self.escrow.on_lease_failed(arrived);
                 }
             }
             if let Some(served) = self.escrow.serve(tokens, self.shared.mono_ms()) {
-                return Ok(Acquired::Credits { served, limit });
+                return Ok(Acquired::Credits {
+                    served,
+                    limit,
+                    shadow_would_deny: false,
+                });
             }
         }
         if self.escrow.coordinator_unreachable() {
             let wall = self.shared.wall_ms();
             // Fallback credits live only for the rest of the local window.
             if let Some(served) = self.escrow.serve_outage_at(tokens, wall, policy.window_ms) {
-                return Ok(Acquired::Credits { served, limit });
+                return Ok(Acquired::Credits {
+                    served,
+                    limit,
+                    shadow_would_deny: false,
+                });
             }
         }
         let now = self.shared.mono_ms();
@@ -287,6 +652,7 @@ impl KeyActor {
             retry_after_ms: retry_after_ms.unwrap_or_else(|| self.escrow.retry_after_ms(now)),
             limit,
             window_end_ms: self.last_window_end_ms,
+            fair_throttled: false,
         })
     }
 }
@@ -312,7 +678,8 @@ impl KeyActor {
             .await
         {
             Ok(grant) => {
-                self.shared.set_reachable(true);
+                self.shared
+                    .set_reachable(true, &self.key, OutagePolicy::FailClosed, None);
                 let window = WindowBounds {
                     start_ms: grant.window_start_ms,
                     end_ms: grant.window_end_ms,
@@ -343,8 +710,10 @@ impl KeyActor {
                 Err(Status::new(e.code(), e.to_string()))
             }
             Err(e) => {
-                tracing::warn!(key = %self.key, error = %e, "coordinator unreachable; fair key denies (fail closed)");
-                self.shared.set_reachable(false);
+                tracing::debug!(key = %self.key, error = %e, "pool grant failed; the fair key denies (fail closed)");
+                let error = e.to_string();
+                self.shared
+                    .set_reachable(false, &self.key, OutagePolicy::FailClosed, Some(&error));
                 Ok(None)
             }
         }
@@ -366,6 +735,7 @@ impl KeyActor {
                 retry_after_ms: self.shared.config.probe_interval_ms.max(1),
                 limit: policy.limit,
                 window_end_ms: self.last_window_end_ms,
+                fair_throttled: false,
             });
         }
         for _ in 0..leasehold_core::wfe::MAX_POOL_ASKS_PER_CHECK {
@@ -398,6 +768,7 @@ impl KeyActor {
                 return Ok(Acquired::Credits {
                     served,
                     limit: decision.limit,
+                    shadow_would_deny: false,
                 });
             }
             let before = state.escrow.budget();
@@ -406,6 +777,7 @@ impl KeyActor {
                     retry_after_ms: decision.retry_after_ms,
                     limit: decision.limit,
                     window_end_ms: window.end_ms,
+                    fair_throttled: false,
                 });
             };
             match self.pool_grant(region_weight, want).await? {
@@ -415,6 +787,7 @@ impl KeyActor {
                         retry_after_ms: decision.retry_after_ms,
                         limit: decision.limit,
                         window_end_ms: window.end_ms,
+                        fair_throttled: false,
                     })
                 }
             }
@@ -423,6 +796,7 @@ impl KeyActor {
             retry_after_ms: 1,
             limit: policy.limit,
             window_end_ms: self.last_window_end_ms,
+            fair_throttled: false,
         })
     }
 }

@@ -6,12 +6,24 @@
 //!   it performs the lease/reconcile RPCs, at most one lease in flight.
 //! - [`service`]: the `leasehold.v1.Escrow` gRPC service (Acquire, Check,
 //!   Return, Status) and the key table (bounded; idle actors evicted).
+//! - [`outage`]: when the node enters and leaves a coordinator outage
+//!   (one log line each way, with what the outage cost).
+//!   Return, Status) and the key table (bounded; idle actors evicted). The
+//!   node also serves `leasehold.v1.Monitor` (`Watch`, see
+//!   [`crate::monitor::escrow`]).
+//! - [`fair_throttle`]: which keys a fair throttle (FAIR) fronts, its
+//!   validation, and who the caller is.
+//! - [`config_file`]: the node's TOML config file (`--config`).
 //!
 //! Credits are in memory only: they die with their window, so a restarted
 //! escrow node simply leases afresh. Policies (kind, outage mode) are read
 //! from the cluster and refreshed on a cadence, so runtime changes apply.
 
 pub mod actor;
+pub mod config_file;
+pub mod fair_throttle;
+pub mod outage;
+pub mod prometheus;
 pub mod service;
 
 use std::future::Future;
@@ -20,13 +32,26 @@ use std::time::Duration;
 
 use futures::Stream;
 use leasehold_client::coordinator::{CoordinatorClient, RetryOptions};
-use leasehold_client::transport::{Dialer, SystemClock, TcpDialer, WallClock};
+use leasehold_client::transport::{Dialer, SystemClock, WallClock};
+use leasehold_core::escrow::HolderLimits;
 use leasehold_core::ids::RegionId;
+use leasehold_core::predictive_sizer::SizerKind;
 use leasehold_proto::v1::escrow_server::EscrowServer;
+use leasehold_proto::v1::monitor_server::MonitorServer;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tonic::transport::server::Connected;
 
+use crate::auth::{AuthLayer, Scope};
 use crate::error::NodeError;
+use crate::monitor::escrow::EscrowSampler;
+use crate::monitor::watch::MonitorApi;
+use crate::monitor::WatchSlots;
+use crate::net::{bounded_incoming, refusal_layer, ServerLimits, MAX_RESPONSE_BYTES};
+use crate::tls::{
+    ReloadingServerConfig, Security, SecurityChoiceError, TlsIncoming, DEFAULT_HANDSHAKE_TIMEOUT,
+    DEFAULT_RELOAD_INTERVAL,
+};
+pub use fair_throttle::FairThrottleRule;
 use service::{EscrowApi, EscrowShared};
 
 /// Configuration of one escrow node.
@@ -39,11 +64,14 @@ pub struct EscrowConfig {
     /// Coordinator members to lease from.
     pub coordinators: Vec<String>,
     /// Tokens per coordinator lease (at least the request's size); the
-    /// starting size when `eoq` is set.
+    /// starting size of the learning sizers.
     pub batch: u64,
-    /// Learn each key's lease size online (EOQ, `leasehold_core::sizer`)
-    /// from the tokens it served per window, instead of a fixed batch.
-    pub eoq: bool,
+    /// How each key's lease size is chosen: a fixed `batch`, the online EOQ
+    /// learner (`leasehold_core::sizer`), or Hedge over a
+    /// prediction-following expert and the EOQ learner
+    /// (`leasehold_core::predictive_sizer`); the learners observe the
+    /// tokens served per window.
+    pub sizer: SizerKind,
     /// While the coordinator is unreachable, one probe per this interval.
     pub probe_interval_ms: u64,
     /// Most keys tracked at once; new keys beyond it get `RESOURCE_EXHAUSTED`.
@@ -53,10 +81,30 @@ pub struct EscrowConfig {
     pub max_tenants: usize,
     /// A key's actor returns its credits and stops after this long idle.
     pub idle_evict_ms: u64,
+    /// Bounds of each key's credit holders (caller, client id): holders per
+    /// key (a new one beyond it gets `RESOURCE_EXHAUSTED`), answers and
+    /// credit entries remembered per holder, how long an answer is kept.
+    pub holder_limits: HolderLimits,
     /// How often policies are re-read from the cluster.
     pub policy_refresh_ms: u64,
     /// Deadline of one coordinator call, retries included.
     pub coordinator_timeout_ms: u64,
+    /// Connection cap, first-byte deadline, stream and request limits of
+    /// the Escrow listener (see [`crate::net`]).
+    pub limits: ServerLimits,
+    /// Mutual TLS (the region's certificate, presented to clients and to
+    /// the coordinator) or `Insecure`; `None` refuses to start on TCP.
+    pub security: Option<Security>,
+    /// Keys fronted by a fair throttle (FAIR), by key prefix: callers that
+    /// keep finding the key's budget gone are throttled before it is gone.
+    /// Empty: no key is.
+    pub fair_throttle: Vec<FairThrottleRule>,
+    /// Seed of the fair throttles' random source (hash seeds and draws);
+    /// `None`: the OS's. Simulations set it so that a seed replays.
+    pub fair_throttle_rng_seed: Option<u64>,
+    /// `host:port` of the Prometheus `/metrics` listener (plain HTTP; none
+    /// when unset).
+    pub metrics_listen: Option<String>,
 }
 
 impl EscrowConfig {
@@ -67,13 +115,19 @@ impl EscrowConfig {
             listen,
             coordinators,
             batch: 16,
-            eoq: false,
+            sizer: SizerKind::Fixed,
             probe_interval_ms: 1_000,
             max_keys: 100_000,
             max_tenants: 10_000,
             idle_evict_ms: 30_000,
+            holder_limits: HolderLimits::default(),
             policy_refresh_ms: 2_000,
             coordinator_timeout_ms: 1_000,
+            limits: ServerLimits::default(),
+            security: None,
+            fair_throttle: Vec::new(),
+            fair_throttle_rng_seed: None,
+            metrics_listen: None,
         }
     }
 
@@ -90,9 +144,16 @@ impl EscrowConfig {
         if self.max_keys == 0 {
             return bad("max-keys", "must be at least 1");
         }
+        if self.holder_limits.max_holders == 0 {
+            return bad("max-holders-per-key", "must be at least 1");
+        }
         if self.probe_interval_ms == 0 || self.coordinator_timeout_ms == 0 {
             return bad("intervals", "must be at least 1 ms");
         }
+        fair_throttle::validate_rules(&self.fair_throttle)?;
+        self.limits
+            .validate()
+            .map_err(|e| NodeError::Invalid(format!("escrow {e}")))?;
         Ok(())
     }
 }
@@ -121,38 +182,96 @@ where
     };
     let client = CoordinatorClient::with_options(&config.coordinators, dialer, options)
         .map_err(|e| NodeError::Invalid(format!("escrow coordinator: {e}")))?;
-    let shared = EscrowShared::new(config.clone(), client, clock);
+    let shared = EscrowShared::new(config.clone(), client, clock.clone());
+    let limits = config.limits;
+    let incoming = bounded_incoming(incoming, &limits, shared.connections.clone());
     let refresher = tokio::spawn(service::refresh_policies(shared.clone()));
+    let (metrics_stop, metrics_stopped) = tokio::sync::watch::channel(false);
+    let metrics_task = match &config.metrics_listen {
+        Some(addr) => {
+            let metrics_shared = shared.clone();
+            let render: crate::metrics_http::Render =
+                Arc::new(move || prometheus::render(&service::status_of(&metrics_shared)));
+            Some(crate::metrics_http::spawn_metrics_listener(addr, render, metrics_stopped).await?)
+        }
+        None => None,
+    };
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter
         .set_serving::<EscrowServer<EscrowApi>>()
         .await;
     tracing::info!(region = %config.region, listen = %config.listen, "escrow node serving");
-    let served = tonic::transport::Server::builder()
+    let auth = AuthLayer::new(
+        Scope::Escrow {
+            region: config.region.clone(),
+        },
+        shared.auth_refusals.clone(),
+    );
+    // Watch streams end when shutdown begins, so none holds it open.
+    let (closing_tx, closing) = tokio::sync::watch::channel(false);
+    let shutdown = async move {
+        shutdown.await;
+        let _ = closing_tx.send(true);
+    };
+    let monitor = MonitorApi::new(
+        Arc::new(EscrowSampler::new(shared.clone())),
+        clock,
+        Arc::new(WatchSlots::default()),
+        closing,
+    );
+    let served = limits
+        .server_builder()
+        .layer(refusal_layer(shared.connections.clone()))
+        .layer(auth)
         .add_service(health_service)
-        .add_service(EscrowServer::new(EscrowApi::new(shared.clone())))
+        .add_service(
+            EscrowServer::new(EscrowApi::new(shared.clone()))
+                .max_decoding_message_size(limits.max_request_bytes)
+                .max_encoding_message_size(MAX_RESPONSE_BYTES),
+        )
+        .add_service(
+            MonitorServer::new(monitor)
+                .max_decoding_message_size(limits.max_request_bytes)
+                .max_encoding_message_size(MAX_RESPONSE_BYTES),
+        )
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await;
     refresher.abort();
+    let _ = metrics_stop.send(true);
+    if let Some(task) = metrics_task {
+        let _ = task.await;
+    }
     shared.return_everything().await;
     tracing::info!(region = %config.region, "escrow node stopped");
     served.map_err(NodeError::Serve)
 }
 
-/// Runs an escrow node on real TCP with the system clock.
+/// Runs an escrow node on real TCP with the system clock: mutual TLS in and
+/// out with `config.security`'s files (reloaded when they change), or
+/// plaintext when it is `Insecure`; refuses to start without a choice.
 pub async fn serve_escrow(
     config: EscrowConfig,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), NodeError> {
     config.validate()?;
+    let security = config
+        .security
+        .clone()
+        .ok_or_else(|| NodeError::Invalid(SecurityChoiceError::Missing.to_string()))?;
+    let dialer = security.dialer();
     let listener = crate::coordinator::bind(&config.listen).await?;
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-    run_escrow(
-        config,
-        incoming,
-        Arc::new(TcpDialer::default()),
-        Arc::new(SystemClock),
-        shutdown,
-    )
-    .await
+    match security {
+        Security::Insecure => {
+            tracing::warn!("serving plaintext (--insecure): callers are not authenticated");
+            run_escrow(config, incoming, dialer, Arc::new(SystemClock), shutdown).await
+        }
+        Security::MutualTls(files) => {
+            let tls = ReloadingServerConfig::load(files)?;
+            let (_stop_reloading, stop) = tokio::sync::watch::channel(false);
+            tokio::spawn(tls.clone().watch(DEFAULT_RELOAD_INTERVAL, stop));
+            let incoming = TlsIncoming::new(incoming, tls, DEFAULT_HANDSHAKE_TIMEOUT);
+            run_escrow(config, incoming, dialer, Arc::new(SystemClock), shutdown).await
+        }
+    }
 }

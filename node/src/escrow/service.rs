@@ -11,17 +11,24 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use leasehold_client::coordinator::CoordinatorClient;
 use leasehold_client::transport::WallClock;
-use leasehold_core::escrow::{EscrowCounters, Reconcile};
-use leasehold_core::ids::{Key, RequestId};
-use leasehold_core::policy::{Policy, PolicyTable};
+use leasehold_core::escrow::{
+    EscrowCounters, FairGateCounters, Holder, HolderCounters, Reconcile, ReturnClaim,
+};
+use leasehold_core::ids::{ClientId, Key, TenantId};
+use leasehold_core::policy::{OutagePolicy, Policy, PolicyTable};
+use leasehold_core::principal::Principal;
 use leasehold_proto::v1 as pb;
+use leasehold_proto::{REASON_FAIR_THROTTLED, REASON_METADATA};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tonic::{Request, Response, Status};
 
-use super::actor::{Acquired, KeyHandle, KeyRequest};
+use super::actor::{Acquired, HolderRequest, KeyHandle, KeyRequest, KeyView};
+use super::outage::{describe_outage, OutageChange, OutageCounters, OutageTracker};
 use super::EscrowConfig;
 use crate::coordinator::convert::policy_from_wire;
+use crate::net::ConnectionCounters;
+use crate::telemetry;
 
 /// State shared by the service and every key actor.
 pub struct EscrowShared {
@@ -34,10 +41,27 @@ pub struct EscrowShared {
     policies: RwLock<PolicyTable>,
     actors: Mutex<HashMap<String, KeyHandle>>,
     reachable: AtomicBool,
+    outage: Mutex<OutageTracker>,
     evicted_keys: AtomicU64,
     leases_sent: AtomicU64,
     outage_denials: AtomicU64,
     fallback_tokens: AtomicU64,
+    /// The listener's counters (connections, refused requests).
+    pub connections: Arc<ConnectionCounters>,
+    tokens_served: AtomicU64,
+    returns_capped: AtomicU64,
+    return_tokens_refused: AtomicU64,
+    acquire_replays: AtomicU64,
+    return_replays: AtomicU64,
+    refused_request_ids: AtomicU64,
+    refused_holders_exhausted: AtomicU64,
+    /// Calls refused by identity (shared with the listener's auth layer).
+    pub auth_refusals: Arc<crate::auth::AuthRefusals>,
+    fair_passes: AtomicU64,
+    fair_denials: AtomicU64,
+    fair_idle_admissions: AtomicU64,
+    shadow_would_deny_requests: AtomicU64,
+    shadow_would_deny_tokens: AtomicU64,
 }
 
 impl std::fmt::Debug for EscrowShared {
@@ -63,10 +87,25 @@ impl EscrowShared {
             policies: RwLock::new(PolicyTable::default()),
             actors: Mutex::new(HashMap::new()),
             reachable: AtomicBool::new(true),
+            outage: Mutex::new(OutageTracker::default()),
             evicted_keys: AtomicU64::new(0),
             leases_sent: AtomicU64::new(0),
             outage_denials: AtomicU64::new(0),
             fallback_tokens: AtomicU64::new(0),
+            connections: Arc::default(),
+            tokens_served: AtomicU64::new(0),
+            returns_capped: AtomicU64::new(0),
+            return_tokens_refused: AtomicU64::new(0),
+            acquire_replays: AtomicU64::new(0),
+            return_replays: AtomicU64::new(0),
+            refused_request_ids: AtomicU64::new(0),
+            refused_holders_exhausted: AtomicU64::new(0),
+            auth_refusals: Arc::default(),
+            fair_passes: AtomicU64::new(0),
+            fair_denials: AtomicU64::new(0),
+            fair_idle_admissions: AtomicU64::new(0),
+            shadow_would_deny_requests: AtomicU64::new(0),
+            shadow_would_deny_tokens: AtomicU64::new(0),
         })
     }
 
@@ -80,6 +119,24 @@ impl EscrowShared {
         self.clock.now_ms()
     }
 
+    /// Counts one request of `tokens` a shadow policy admitted where this
+    /// node would have denied it (`shadow_would_deny_*` in Status).
+    pub fn record_shadow_would_deny(&self, tokens: u64) {
+        self.shadow_would_deny_requests
+            .fetch_add(1, Ordering::Relaxed);
+        self.shadow_would_deny_tokens
+            .fetch_add(tokens, Ordering::Relaxed);
+    }
+
+    /// Shadow-mode counters since the node started: (requests, tokens) it
+    /// would have denied and admitted.
+    pub fn shadow_would_deny(&self) -> (u64, u64) {
+        (
+            self.shadow_would_deny_requests.load(Ordering::Relaxed),
+            self.shadow_would_deny_tokens.load(Ordering::Relaxed),
+        )
+    }
+
     /// The policy governing `key`, as last read from the cluster.
     pub fn policy_for(&self, key: &str) -> Option<Policy> {
         self.policies
@@ -89,9 +146,69 @@ impl EscrowShared {
             .cloned()
     }
 
-    /// Notes whether the coordinator answered the last call.
-    pub fn set_reachable(&self, reachable: bool) {
+    /// Whether the coordinator answered the last call.
+    pub fn is_reachable(&self) -> bool {
+        self.reachable.load(Ordering::Relaxed)
+    }
+
+    /// Adds what an actor's fair-throttle counters grew by since it last reported.
+    pub fn record_fair(&self, reported: &mut FairGateCounters, now: FairGateCounters) {
+        let add = |counter: &AtomicU64, now: u64, before: u64| {
+            counter.fetch_add(now.saturating_sub(before), Ordering::Relaxed);
+        };
+        add(&self.fair_passes, now.passes, reported.passes);
+        add(&self.fair_denials, now.denials, reported.denials);
+        add(
+            &self.fair_idle_admissions,
+            now.idle_admissions,
+            reported.idle_admissions,
+        );
+        *reported = now;
+    }
+
+    /// Notes whether the coordinator answered the last call (made for
+    /// `key`, whose outage policy is `outage`), and logs one line when the
+    /// node enters or leaves an outage: never one per failed call.
+    pub fn set_reachable(
+        &self,
+        reachable: bool,
+        key: &str,
+        outage: OutagePolicy,
+        error: Option<&str>,
+    ) {
+        let mut tracker = self.outage.lock().unwrap_or_else(PoisonError::into_inner);
         self.reachable.store(reachable, Ordering::Relaxed);
+        let change = tracker.observe(
+            reachable,
+            OutageCounters {
+                at_ms: self.mono_ms(),
+                outage_denials: self.outage_denials.load(Ordering::Relaxed),
+                fallback_admissions: self.fallback_tokens.load(Ordering::Relaxed),
+            },
+        );
+        drop(tracker);
+        match change {
+            Some(OutageChange::Entered) => tracing::warn!(
+                region = %self.config.region,
+                key,
+                outage_policy = %describe_outage(outage),
+                error = error.unwrap_or("unknown"),
+                "coordinator unreachable: escrow node entered an outage; each key serves the credits it holds, then follows its outage policy"
+            ),
+            Some(OutageChange::Left {
+                outage_ms,
+                outage_denials,
+                fallback_admissions,
+            }) => tracing::info!(
+                region = %self.config.region,
+                key,
+                outage_ms,
+                outage_denials,
+                fallback_admissions,
+                "coordinator reachable again: escrow node left its outage"
+            ),
+            None => {}
+        }
     }
 
     /// Adds what an actor's counters grew by since it last reported.
@@ -105,6 +222,51 @@ impl EscrowShared {
         self.fallback_tokens.fetch_add(
             now.fallback_tokens - reported.fallback_tokens,
             Ordering::Relaxed,
+        );
+        self.tokens_served.fetch_add(
+            now.tokens_served.saturating_sub(reported.tokens_served),
+            Ordering::Relaxed,
+        );
+        *reported = now;
+    }
+
+    /// Adds what an actor's holder counters grew by since it last reported.
+    pub fn record_holders(&self, reported: &mut HolderCounters, now: HolderCounters) {
+        let add = |counter: &AtomicU64, now: u64, before: u64| {
+            counter.fetch_add(now.saturating_sub(before), Ordering::Relaxed);
+        };
+        add(
+            &self.returns_capped,
+            now.returns_capped,
+            reported.returns_capped,
+        );
+        add(
+            &self.return_tokens_refused,
+            now.return_tokens_refused,
+            reported.return_tokens_refused,
+        );
+        add(
+            &self.acquire_replays,
+            now.acquire_replays,
+            reported.acquire_replays,
+        );
+        add(
+            &self.return_replays,
+            now.return_replays,
+            reported.return_replays,
+        );
+        add(
+            &self.refused_request_ids,
+            now.refused_reused_ids
+                .saturating_add(now.refused_expired_ids),
+            reported
+                .refused_reused_ids
+                .saturating_add(reported.refused_expired_ids),
+        );
+        add(
+            &self.refused_holders_exhausted,
+            now.refused_holders_exhausted,
+            reported.refused_holders_exhausted,
         );
         *reported = now;
     }
@@ -186,6 +348,41 @@ impl EscrowShared {
         drop(handles);
     }
 
+    /// The views of the keys a watch of `target` shows (see
+    /// [`KeyView`]), in key order: the key itself (its view when this node
+    /// holds it), or the first `max` held keys under a prefix; and how many
+    /// held keys match, counted up to `count_up_to`. Reads what the actors
+    /// published; sends them nothing.
+    pub fn key_views(
+        &self,
+        target: &crate::monitor::WatchTarget,
+        max: usize,
+        count_up_to: usize,
+    ) -> (Vec<(String, Option<KeyView>)>, usize) {
+        use crate::monitor::WatchTarget;
+        let actors = self.actors.lock().unwrap_or_else(PoisonError::into_inner);
+        match target {
+            WatchTarget::Key(key) => {
+                let view = actors.get(key.as_str()).map(KeyHandle::view);
+                (vec![(key.to_string(), view)], 1)
+            }
+            WatchTarget::Prefix(prefix) => {
+                let mut keys: Vec<&String> = actors
+                    .keys()
+                    .filter(|key| key.starts_with(prefix.as_str()))
+                    .collect();
+                keys.sort();
+                let matching = keys.len().min(count_up_to);
+                let views = keys
+                    .into_iter()
+                    .take(max)
+                    .map(|key| (key.clone(), actors.get(key).map(KeyHandle::view)))
+                    .collect();
+                (views, matching)
+            }
+        }
+    }
+
     fn active_keys(&self) -> u64 {
         self.actors
             .lock()
@@ -241,21 +438,18 @@ impl EscrowApi {
         EscrowApi { shared }
     }
 
+    /// One acquisition of `tokens` on `key` by `principal` (and the holder
+    /// and seq its request id names, if any).
     async fn acquire_tokens(
         &self,
         key: &str,
         tokens: u64,
         tenant: &str,
         weight: u64,
+        (principal, from): (Principal, Option<HolderRequest>),
+        whole_or_nothing: bool,
     ) -> Result<Acquired, Status> {
-        let tenant = if tenant.is_empty() {
-            None
-        } else {
-            Some(
-                leasehold_core::ids::TenantId::new(tenant)
-                    .map_err(|e| Status::invalid_argument(e.to_string()))?,
-            )
-        };
+        let tenant = tenant_from_wire(tenant)?;
         let weight = weight.max(1);
         let key = Key::new(key).map_err(|e| Status::invalid_argument(e.to_string()))?;
         if tokens == 0 {
@@ -266,61 +460,122 @@ impl EscrowApi {
                 tokens,
                 tenant: tenant.clone(),
                 weight,
+                from: from.clone(),
+                principal: principal.clone(),
+                whole_or_nothing,
                 reply,
+                span: tracing::Span::current(),
             })
             .await?
     }
 }
 
-fn validate_request_id(raw: Option<pb::RequestId>) -> Result<(), Status> {
-    if let Some(id) = raw {
-        let client = leasehold_core::ids::ClientId::new(id.client_id)
-            .map_err(|e| Status::invalid_argument(e.to_string()))?;
-        let _ = RequestId {
-            client,
-            seq: id.seq,
-        };
+fn tenant_from_wire(tenant: &str) -> Result<Option<TenantId>, Status> {
+    if tenant.is_empty() {
+        return Ok(None);
     }
-    Ok(())
+    TenantId::new(tenant)
+        .map(Some)
+        .map_err(|e| Status::invalid_argument(e.to_string()))
+}
+
+/// Tells a fair-throttle denial from a budget denial: `leasehold-reason:
+/// FAIR_THROTTLED` in the response metadata.
+fn mark_fair_throttled<T>(response: &mut Response<T>) {
+    if let Ok(value) = REASON_FAIR_THROTTLED.parse() {
+        response.metadata_mut().insert(REASON_METADATA, value);
+    }
+}
+
+/// The holder and seq a request id names for `caller`, if it carries one.
+fn holder_request(
+    caller: Principal,
+    raw: Option<pb::RequestId>,
+) -> Result<Option<HolderRequest>, Status> {
+    let Some(id) = raw else {
+        return Ok(None);
+    };
+    let client = ClientId::new(id.client_id)
+        .map_err(|e| Status::invalid_argument(format!("request_id: {e}")))?;
+    Ok(Some(HolderRequest {
+        holder: Holder {
+            principal: caller,
+            client,
+        },
+        seq: id.seq,
+    }))
+}
+
+/// Records why an escrow answer admitted nothing, on the current span.
+fn record_escrow_denial(acquired: &Acquired, coordinator_reachable: bool) {
+    if let Acquired::Denied { fair_throttled, .. } = acquired {
+        let reason = if *fair_throttled {
+            telemetry::DENIED_FAIR_THROTTLED
+        } else if !coordinator_reachable {
+            telemetry::DENIED_COORDINATOR_UNREACHABLE
+        } else {
+            telemetry::DENIED_WINDOW_EXHAUSTED
+        };
+        telemetry::record_denial(reason);
+    }
+}
+
+/// Records a refused escrow call on the current span.
+fn traced<T>(result: Result<T, Status>) -> Result<T, Status> {
+    if let Err(status) = &result {
+        telemetry::record_refusal(status);
+    }
+    result
 }
 
 #[tonic::async_trait]
 impl pb::escrow_server::Escrow for EscrowApi {
+    #[tracing::instrument(name = "escrow.acquire", level = "debug", skip_all, fields(
+        key = %request.get_ref().key, tokens = request.get_ref().tokens))]
     async fn acquire(
         &self,
         request: Request<pb::AcquireRequest>,
     ) -> Result<Response<pb::AcquireResponse>, Status> {
+        let caller = crate::auth::caller(&request);
         let request = request.into_inner();
-        validate_request_id(request.request_id)?;
-        if !request.tenant.is_empty() {
-            leasehold_core::ids::TenantId::new(request.tenant.clone())
-                .map_err(|e| Status::invalid_argument(e.to_string()))?;
-        }
+        let from = holder_request(caller.clone(), request.request_id)?;
         let reachable = self.shared.reachable.load(Ordering::Relaxed);
-        Ok(Response::new(
-            match self
-                .acquire_tokens(
-                    &request.key,
-                    request.tokens,
-                    &request.tenant,
-                    request.weight,
-                )
-                .await?
-            {
-                Acquired::Credits { served, limit } => pb::AcquireResponse {
-                    granted: served.granted,
-                    limit,
-                    window_start_ms: served.window_start_ms,
-                    window_end_ms: served.window_end_ms,
-                    remaining_lifetime_ms: served.remaining_lifetime_ms,
-                    retry_after_ms: 0,
-                    coordinator_reachable: reachable,
-                },
-                Acquired::Denied {
-                    retry_after_ms,
-                    limit,
-                    window_end_ms,
-                } => pb::AcquireResponse {
+        let mut fair_throttled = false;
+        let acquired = traced(
+            self.acquire_tokens(
+                &request.key,
+                request.tokens,
+                &request.tenant,
+                request.weight,
+                (caller, from),
+                false,
+            )
+            .await,
+        )?;
+        record_escrow_denial(&acquired, self.shared.is_reachable());
+        let mut response = Response::new(match acquired {
+            Acquired::Credits {
+                served,
+                limit,
+                shadow_would_deny,
+            } => pb::AcquireResponse {
+                granted: served.granted,
+                limit,
+                window_start_ms: served.window_start_ms,
+                window_end_ms: served.window_end_ms,
+                remaining_lifetime_ms: served.remaining_lifetime_ms,
+                retry_after_ms: 0,
+                coordinator_reachable: reachable,
+                shadow_would_deny,
+            },
+            Acquired::Denied {
+                retry_after_ms,
+                limit,
+                window_end_ms,
+                fair_throttled: throttled,
+            } => {
+                fair_throttled = throttled;
+                pb::AcquireResponse {
                     granted: 0,
                     limit,
                     window_start_ms: 0,
@@ -328,23 +583,53 @@ impl pb::escrow_server::Escrow for EscrowApi {
                     remaining_lifetime_ms: 0,
                     retry_after_ms: retry_after_ms.max(1),
                     coordinator_reachable: reachable,
-                },
-            },
-        ))
+                    shadow_would_deny: false,
+                }
+            }
+        });
+        if fair_throttled {
+            mark_fair_throttled(&mut response);
+        }
+        Ok(response)
     }
 
+    #[tracing::instrument(name = "escrow.check", level = "debug", skip_all, fields(
+        key = %request.get_ref().key, cost = request.get_ref().cost))]
     async fn check(
         &self,
         request: Request<pb::CheckRequest>,
     ) -> Result<Response<pb::CheckResponse>, Status> {
+        let caller = crate::auth::caller(&request);
         let request = request.into_inner();
         let cost = request.cost.max(1);
         let key = request.key.clone();
-        let acquired = self
-            .acquire_tokens(&key, cost, &request.tenant, request.weight)
-            .await?;
+        // Whole or nothing: a partial serve is put back inside the key's
+        // actor, through the escrow's capped take-back.
+        let acquired = traced(
+            self.acquire_tokens(
+                &key,
+                cost,
+                &request.tenant,
+                request.weight,
+                (caller, None),
+                true,
+            )
+            .await,
+        )?;
+        record_escrow_denial(&acquired, self.shared.is_reachable());
+        let fair_throttled = matches!(
+            acquired,
+            Acquired::Denied {
+                fair_throttled: true,
+                ..
+            }
+        );
         let response = match acquired {
-            Acquired::Credits { served, limit } if served.granted == cost => pb::CheckResponse {
+            Acquired::Credits {
+                served,
+                limit,
+                shadow_would_deny,
+            } => pb::CheckResponse {
                 decision: Some(pb::Decision {
                     allowed: true,
                     limit,
@@ -353,36 +638,13 @@ impl pb::escrow_server::Escrow for EscrowApi {
                     retry_after_ms: 0,
                 }),
                 window_start_ms: served.window_start_ms,
+                shadow_would_deny,
             },
-            Acquired::Credits { served, limit } => {
-                // Not enough for the whole cost: put the partial back, deny.
-                let window_start_ms = served.window_start_ms;
-                let tokens = served.granted;
-                if !served.from_fallback {
-                    let _ = self
-                        .shared
-                        .ask(&key, |reply| KeyRequest::Return {
-                            tokens,
-                            window_start_ms,
-                            reply,
-                        })
-                        .await;
-                }
-                pb::CheckResponse {
-                    decision: Some(pb::Decision {
-                        allowed: false,
-                        limit,
-                        remaining: tokens,
-                        reset_at_ms: served.window_end_ms,
-                        retry_after_ms: served.remaining_lifetime_ms.max(1),
-                    }),
-                    window_start_ms: 0,
-                }
-            }
             Acquired::Denied {
                 retry_after_ms,
                 limit,
                 window_end_ms,
+                ..
             } => pb::CheckResponse {
                 decision: Some(pb::Decision {
                     allowed: false,
@@ -392,45 +654,87 @@ impl pb::escrow_server::Escrow for EscrowApi {
                     retry_after_ms: retry_after_ms.max(1),
                 }),
                 window_start_ms: 0,
+                shadow_would_deny: false,
             },
         };
-        Ok(Response::new(response))
+        let mut response = Response::new(response);
+        if fair_throttled {
+            mark_fair_throttled(&mut response);
+        }
+        Ok(response)
     }
 
     async fn r#return(
         &self,
         request: Request<pb::ReturnRequest>,
     ) -> Result<Response<pb::ReturnResponse>, Status> {
+        let caller = crate::auth::caller(&request);
         let request = request.into_inner();
         let key = Key::new(request.key).map_err(|e| Status::invalid_argument(e.to_string()))?;
-        let (tokens, window_start_ms) = (request.tokens, request.window_start_ms);
-        if tokens == 0 {
+        let from = holder_request(caller, request.request_id)?.ok_or_else(|| {
+            Status::invalid_argument(
+                "Return needs a request_id: it names the holder whose credits come back",
+            )
+        })?;
+        let claim = ReturnClaim {
+            tenant: tenant_from_wire(&request.tenant)?,
+            window_start_ms: request.window_start_ms,
+            tokens: request.tokens,
+        };
+        if claim.tokens == 0 {
             return Ok(Response::new(pb::ReturnResponse { accepted: 0 }));
         }
-        let accepted = self
+        let settled = self
             .shared
             .ask(key.as_str(), |reply| KeyRequest::Return {
-                tokens,
-                window_start_ms,
+                from: from.clone(),
+                claim: claim.clone(),
                 reply,
             })
-            .await?;
-        Ok(Response::new(pb::ReturnResponse { accepted }))
+            .await??;
+        Ok(Response::new(pb::ReturnResponse {
+            accepted: settled.accepted,
+        }))
     }
 
     async fn status(
         &self,
         _: Request<pb::EscrowStatusRequest>,
     ) -> Result<Response<pb::EscrowStatusResponse>, Status> {
-        let s = &self.shared;
-        Ok(Response::new(pb::EscrowStatusResponse {
-            region: s.config.region.to_string(),
-            coordinator_reachable: s.reachable.load(Ordering::Relaxed),
-            active_keys: s.active_keys(),
-            evicted_keys: s.evicted_keys.load(Ordering::Relaxed),
-            outage_denials: s.outage_denials.load(Ordering::Relaxed),
-            fallback_admissions: s.fallback_tokens.load(Ordering::Relaxed),
-            coordinator_calls: s.leases_sent.load(Ordering::Relaxed),
-        }))
+        Ok(Response::new(status_of(&self.shared)))
+    }
+}
+
+/// This node's counters and state, as `Escrow.Status` answers them (and as
+/// `/metrics` exports them).
+pub(crate) fn status_of(s: &EscrowShared) -> pb::EscrowStatusResponse {
+    pb::EscrowStatusResponse {
+        region: s.config.region.to_string(),
+        coordinator_reachable: s.reachable.load(Ordering::Relaxed),
+        active_keys: s.active_keys(),
+        evicted_keys: s.evicted_keys.load(Ordering::Relaxed),
+        outage_denials: s.outage_denials.load(Ordering::Relaxed),
+        fallback_admissions: s.fallback_tokens.load(Ordering::Relaxed),
+        coordinator_calls: s.leases_sent.load(Ordering::Relaxed),
+        counters: s
+            .connections
+            .snapshot()
+            .into_iter()
+            .map(|(name, value)| (name.to_string(), value))
+            .collect(),
+        returns_capped: s.returns_capped.load(Ordering::Relaxed),
+        return_tokens_refused: s.return_tokens_refused.load(Ordering::Relaxed),
+        acquire_replays: s.acquire_replays.load(Ordering::Relaxed),
+        return_replays: s.return_replays.load(Ordering::Relaxed),
+        refused_request_ids: s.refused_request_ids.load(Ordering::Relaxed),
+        refused_holders_exhausted: s.refused_holders_exhausted.load(Ordering::Relaxed),
+        tokens_served: s.tokens_served.load(Ordering::Relaxed),
+        refused_unauthenticated: s.auth_refusals.unauthenticated(),
+        refused_permission_denied: s.auth_refusals.permission_denied(),
+        fair_throttle_passes: s.fair_passes.load(Ordering::Relaxed),
+        fair_throttle_denials: s.fair_denials.load(Ordering::Relaxed),
+        fair_throttle_idle_admissions: s.fair_idle_admissions.load(Ordering::Relaxed),
+        shadow_would_deny_requests: s.shadow_would_deny_requests.load(Ordering::Relaxed),
+        shadow_would_deny_tokens: s.shadow_would_deny_tokens.load(Ordering::Relaxed),
     }
 }

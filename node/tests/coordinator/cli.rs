@@ -38,7 +38,9 @@ async fn dev_cluster_initialises_once_and_is_reused() -> Result<()> {
     let first = DevCluster::start(&args)?;
     let status = prepare(&first.admin()?, &first.members).await?;
     ensure!(status.initialized && status.current_leader.is_some());
-    let grant = first.admin()?.client().lease("demo/api", "eu", 10).await?;
+    let eu =
+        leasehold_core::principal::Principal::Region(leasehold_core::ids::RegionId::new("eu")?);
+    let grant = first.client_as(&eu)?.lease("demo/api", "eu", 10).await?;
     ensure!(grant.granted == 10);
     first.stop().await;
 
@@ -63,6 +65,7 @@ async fn dev_cluster_initialises_once_and_is_reused() -> Result<()> {
 
 fn leasehold(args: &[&str]) -> Result<String> {
     let output = Command::new(env!("CARGO_BIN_EXE_leasehold"))
+        .env("LEASEHOLD_INSECURE", "true")
         .args(args)
         .output()
         .context("run leasehold")?;
@@ -131,6 +134,7 @@ async fn the_binary_drives_a_cluster() -> Result<()> {
     );
 
     let failed = Command::new(env!("CARGO_BIN_EXE_leasehold"))
+        .env("LEASEHOLD_INSECURE", "true")
         .args([
             "lease", "-e", e, "--key", "none/k", "--region", "eu", "--tokens", "1",
         ])
@@ -140,6 +144,7 @@ async fn the_binary_drives_a_cluster() -> Result<()> {
 
     // A lone member has no one to hand leadership to: refused at once.
     let lone = Command::new(env!("CARGO_BIN_EXE_leasehold"))
+        .env("LEASEHOLD_INSECURE", "true")
         .args(["cluster", "step-down", "-e", e, "--leader", "1"])
         .output()?;
     ensure!(!lone.status.success());
@@ -158,6 +163,7 @@ fn demo_reports_utilisation_static_partition_and_fairness() -> Result<()> {
     // Two sets of three escrow nodes (fixed batch and EOQ).
     let escrow = free_port_range(6)?;
     let output = Command::new(env!("CARGO_BIN_EXE_leasehold"))
+        .env("LEASEHOLD_INSECURE", "true")
         .args([
             "demo",
             "--windows",
@@ -205,5 +211,135 @@ fn demo_reports_utilisation_static_partition_and_fairness() -> Result<()> {
             }
         }
     }
+    Ok(())
+}
+
+/// Runs the binary and returns (exit code, stdout, stderr).
+fn leasehold_status(args: Vec<String>) -> Result<(i32, String, String)> {
+    let output = Command::new(env!("CARGO_BIN_EXE_leasehold"))
+        .env("LEASEHOLD_INSECURE", "true")
+        .args(&args)
+        .output()
+        .context("run leasehold")?;
+    Ok((
+        output.status.code().unwrap_or(-1),
+        String::from_utf8(output.stdout)?,
+        String::from_utf8(output.stderr)?,
+    ))
+}
+
+fn argv(args: &[&str]) -> Vec<String> {
+    args.iter().map(|a| a.to_string()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_that_change_nothing_fail_and_say_why_in_text_and_json() -> Result<()> {
+    let mut cluster = Cluster::start_initialised(1, |_| {}).await?;
+    let e = cluster.addr(1);
+    let runs = tokio::task::spawn_blocking({
+        let e = e.clone();
+        move || -> Result<Vec<(i32, String, String)>> {
+            let e = e.as_str();
+            let same_member = format!("1={e}");
+            [
+                argv(&["policy", "delete", "-e", e, "--prefix", "missing/"]),
+                argv(&[
+                    "policy",
+                    "delete",
+                    "-e",
+                    e,
+                    "--prefix",
+                    "missing/",
+                    "--if-exists",
+                ]),
+                argv(&[
+                    "policy", "delete", "-e", e, "--prefix", "missing/", "--output", "json",
+                ]),
+                argv(&["cluster", "init", "-e", e, "--member", &same_member]),
+                argv(&[
+                    "cluster",
+                    "init",
+                    "-e",
+                    e,
+                    "--member",
+                    &same_member,
+                    "--member",
+                    "2=127.0.0.1:1",
+                ]),
+                argv(&[
+                    "cluster",
+                    "init",
+                    "-e",
+                    e,
+                    "--member",
+                    &same_member,
+                    "--member",
+                    "2=127.0.0.1:1",
+                    "--output",
+                    "json",
+                ]),
+            ]
+            .into_iter()
+            .map(leasehold_status)
+            .collect()
+        }
+    })
+    .await??;
+
+    let (code, _, stderr) = &runs[0];
+    ensure!(
+        *code == 1,
+        "delete of a missing prefix exits 1, got {code}: {stderr}"
+    );
+    ensure!(stderr.contains("no policy has the prefix"), "{stderr}");
+    let (code, _, stderr) = &runs[1];
+    ensure!(*code == 0, "--if-exists makes it a success: {stderr}");
+    let (code, stdout, _) = &runs[2];
+    let json: serde_json::Value = serde_json::from_str(stdout.trim())
+        .with_context(|| format!("JSON error on stdout: {stdout:?}"))?;
+    ensure!(*code == 1 && json["error"]["code"] == "not_found", "{json}");
+    let (code, stdout, stderr) = &runs[3];
+    ensure!(
+        *code == 0,
+        "init with the same members is idempotent: {stdout}{stderr}"
+    );
+    let (code, _, stderr) = &runs[4];
+    ensure!(
+        *code == 1,
+        "init with other members exits 1, got {code}: {stderr}"
+    );
+    ensure!(
+        stderr.contains("already initialised with members"),
+        "{stderr}"
+    );
+    let (code, stdout, _) = &runs[5];
+    let json: serde_json::Value = serde_json::from_str(stdout.trim())?;
+    ensure!(*code == 1 && json["error"]["code"] == "conflict", "{json}");
+    cluster.stop_all().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_coordinator_command_sent_to_another_service_says_so() -> Result<()> {
+    // A gRPC server that serves only health, as an escrow node's port would
+    // answer a Coordinator call.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?.to_string();
+    let (_reporter, health) = tonic_health::server::health_reporter();
+    let server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(health)
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    let (code, stdout, stderr) = tokio::task::spawn_blocking(move || {
+        leasehold_status(argv(&["window", "-e", &addr, "--key", "k"]))
+    })
+    .await??;
+    server.abort();
+    ensure!(
+        code == 2,
+        "wrong service is a usage error, got {code}: {stdout}{stderr}"
+    );
+    ensure!(stderr.contains("not a coordinator member"), "{stderr}");
+    ensure!(stderr.contains("hint:"), "{stderr}");
     Ok(())
 }

@@ -1,5 +1,6 @@
 //! Regional escrow nodes against a real 3-member cluster on loopback.
 
+use leasehold_core::predictive_sizer::SizerKind;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,14 +18,15 @@ use tonic::Code;
 
 use crate::harness::{counter_policy, Cluster, LONG_WINDOW_MS};
 
-struct EscrowNode {
-    addr: String,
+pub(crate) struct EscrowNode {
+    /// `host:port` it listens on.
+    pub(crate) addr: String,
     stop: Option<oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl EscrowNode {
-    async fn start(
+    pub(crate) async fn start(
         cluster: &Cluster,
         region: &str,
         tweak: impl Fn(&mut EscrowConfig),
@@ -55,11 +57,11 @@ impl EscrowNode {
         })
     }
 
-    async fn rpc(&self) -> Result<EscrowClient<tonic::transport::Channel>> {
+    pub(crate) async fn rpc(&self) -> Result<EscrowClient<tonic::transport::Channel>> {
         Ok(EscrowClient::connect(format!("http://{}", self.addr)).await?)
     }
 
-    async fn stop(mut self) {
+    pub(crate) async fn stop(mut self) {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
@@ -79,6 +81,21 @@ fn acquire(key: &str, tokens: u64) -> pb::AcquireRequest {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_escrow_nodes_never_admit_more_than_the_limit() -> Result<()> {
+    two_regions_admit_at_most_the_limit(SizerKind::Fixed, SizerKind::Fixed).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn escrow_nodes_with_learning_sizers_never_admit_more_than_the_limit() -> Result<()> {
+    two_regions_admit_at_most_the_limit(SizerKind::Predictive, SizerKind::Eoq).await
+}
+
+/// Eight leased limiters, half behind each of two escrow nodes (region eu
+/// sizing its leases with `eu_sizer`, us with `us_sizer`), 100 checks each
+/// against L = 300: Σ admitted ≤ L, and at least half of L is admitted.
+async fn two_regions_admit_at_most_the_limit(
+    eu_sizer: SizerKind,
+    us_sizer: SizerKind,
+) -> Result<()> {
     const LIMIT: u64 = 300;
     let cluster = Cluster::start_initialised(3, |_| {}).await?;
     cluster
@@ -86,8 +103,16 @@ async fn two_escrow_nodes_never_admit_more_than_the_limit() -> Result<()> {
         .admin()
         .set_policy(counter_policy("esc/", LIMIT, LONG_WINDOW_MS))
         .await?;
-    let eu = EscrowNode::start(&cluster, "eu", |c| c.batch = 16).await?;
-    let us = EscrowNode::start(&cluster, "us", |c| c.batch = 16).await?;
+    let eu = EscrowNode::start(&cluster, "eu", |c| {
+        c.batch = 16;
+        c.sizer = eu_sizer;
+    })
+    .await?;
+    let us = EscrowNode::start(&cluster, "us", |c| {
+        c.batch = 16;
+        c.sizer = us_sizer;
+    })
+    .await?;
 
     let mut tasks = Vec::new();
     for i in 0..8 {
@@ -337,5 +362,326 @@ async fn fair_keys_share_the_limit_by_weight_across_regions() -> Result<()> {
     ensure!(window.granted <= LIMIT);
     us.stop().await;
     eu.stop().await;
+    Ok(())
+}
+
+// ---- Δ never depends on client honesty: returns and request ids ----
+
+fn acquire_as(key: &str, tokens: u64, client: &str, seq: u64) -> pb::AcquireRequest {
+    pb::AcquireRequest {
+        request_id: Some(pb::RequestId {
+            client_id: client.into(),
+            seq,
+        }),
+        ..acquire(key, tokens)
+    }
+}
+
+fn give_back_as(
+    key: &str,
+    tokens: u64,
+    window_start_ms: u64,
+    client: &str,
+    seq: u64,
+) -> pb::ReturnRequest {
+    pb::ReturnRequest {
+        key: key.into(),
+        tenant: String::new(),
+        tokens,
+        window_start_ms,
+        request_id: Some(pb::RequestId {
+            client_id: client.into(),
+            seq,
+        }),
+    }
+}
+
+/// Acquires one token at a time from every node in turn until none grants
+/// any more; returns the tokens granted.
+async fn drain(
+    rpcs: &mut [EscrowClient<tonic::transport::Channel>],
+    key: &str,
+    client: &str,
+) -> Result<u64> {
+    let mut total = 0;
+    let mut seq = 1_000;
+    loop {
+        let mut round = 0;
+        for rpc in rpcs.iter_mut() {
+            seq += 1;
+            round += rpc
+                .acquire(acquire_as(key, 1, client, seq))
+                .await?
+                .into_inner()
+                .granted;
+        }
+        total += round;
+        if round == 0 {
+            return Ok(total);
+        }
+        ensure!(total <= 1_000, "draining never ends: {total} granted");
+    }
+}
+
+async fn escrow_status(
+    rpc: &mut EscrowClient<tonic::transport::Channel>,
+) -> Result<pb::EscrowStatusResponse> {
+    Ok(rpc.status(pb::EscrowStatusRequest {}).await?.into_inner())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn returning_a_million_after_acquiring_one_takes_back_one_and_two_regions_admit_at_most_the_limit(
+) -> Result<()> {
+    const LIMIT: u64 = 100;
+    let cluster = Cluster::start_initialised(3, |_| {}).await?;
+    cluster
+        .client()?
+        .admin()
+        .set_policy(counter_policy("inflate/", LIMIT, LONG_WINDOW_MS))
+        .await?;
+    let eu = EscrowNode::start(&cluster, "eu", |c| c.batch = 16).await?;
+    let us = EscrowNode::start(&cluster, "us", |c| c.batch = 16).await?;
+    let mut rpcs = [eu.rpc().await?, us.rpc().await?];
+
+    let first = rpcs[0]
+        .acquire(acquire_as("inflate/k", 1, "attacker", 1))
+        .await?
+        .into_inner();
+    ensure!(first.granted == 1, "{first:?}");
+    let back = rpcs[0]
+        .r#return(give_back_as(
+            "inflate/k",
+            1_000_000,
+            first.window_start_ms,
+            "attacker",
+            2,
+        ))
+        .await?
+        .into_inner();
+    ensure!(
+        back.accepted <= 1,
+        "accepted {} of a return of 1 000 000",
+        back.accepted
+    );
+
+    let drained = drain(&mut rpcs, "inflate/k", "attacker").await?;
+    let admitted = first.granted + drained - back.accepted;
+    ensure!(
+        admitted <= LIMIT,
+        "two regions admitted {admitted} in one window of L = {LIMIT}"
+    );
+    let eu_status = escrow_status(&mut rpcs[0]).await?;
+    ensure!(eu_status.returns_capped == 1, "{eu_status:?}");
+    ensure!(
+        eu_status.return_tokens_refused == 1_000_000 - back.accepted,
+        "{eu_status:?}"
+    );
+    ensure!(cluster.client()?.get_window("inflate/k").await?.granted <= LIMIT);
+    eu.stop().await;
+    us.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn returning_u64_max_never_wraps_and_takes_back_at_most_what_was_acquired() -> Result<()> {
+    const LIMIT: u64 = 100;
+    let cluster = Cluster::start_initialised(3, |_| {}).await?;
+    cluster
+        .client()?
+        .admin()
+        .set_policy(counter_policy("wrap/", LIMIT, LONG_WINDOW_MS))
+        .await?;
+    let node = EscrowNode::start(&cluster, "eu", |c| c.batch = 16).await?;
+    let mut rpcs = [node.rpc().await?];
+    let first = rpcs[0]
+        .acquire(acquire_as("wrap/k", 5, "attacker", 1))
+        .await?
+        .into_inner();
+    ensure!(first.granted == 5, "{first:?}");
+    let back = rpcs[0]
+        .r#return(give_back_as(
+            "wrap/k",
+            u64::MAX,
+            first.window_start_ms,
+            "attacker",
+            2,
+        ))
+        .await?
+        .into_inner();
+    ensure!(back.accepted <= 5, "accepted {} of u64::MAX", back.accepted);
+    let drained = drain(&mut rpcs, "wrap/k", "attacker").await?;
+    let admitted = first.granted + drained - back.accepted;
+    ensure!(admitted <= LIMIT, "admitted {admitted} > L = {LIMIT}");
+    let status = escrow_status(&mut rpcs[0]).await?;
+    ensure!(
+        status.return_tokens_refused == u64::MAX - back.accepted,
+        "{status:?}"
+    );
+    node.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_holder_cannot_return_the_first_holders_credits() -> Result<()> {
+    let cluster = Cluster::start_initialised(3, |_| {}).await?;
+    cluster
+        .client()?
+        .admin()
+        .set_policy(counter_policy("steal/", 1_000, LONG_WINDOW_MS))
+        .await?;
+    let node = EscrowNode::start(&cluster, "eu", |c| c.batch = 16).await?;
+    let mut rpc = node.rpc().await?;
+    let owner = rpc
+        .acquire(acquire_as("steal/k", 10, "owner", 1))
+        .await?
+        .into_inner();
+    ensure!(owner.granted == 10, "{owner:?}");
+    let stolen = rpc
+        .r#return(give_back_as(
+            "steal/k",
+            10,
+            owner.window_start_ms,
+            "thief",
+            1,
+        ))
+        .await?
+        .into_inner();
+    ensure!(
+        stolen.accepted == 0,
+        "a stranger got back {}",
+        stolen.accepted
+    );
+    // Credits acquired without a request id belong to nobody.
+    let anonymous = rpc.acquire(acquire("steal/k", 3)).await?.into_inner();
+    ensure!(anonymous.granted == 3);
+    let unowned = rpc
+        .r#return(give_back_as(
+            "steal/k",
+            13,
+            owner.window_start_ms,
+            "owner",
+            2,
+        ))
+        .await?
+        .into_inner();
+    ensure!(
+        unowned.accepted == 10,
+        "the owner gets back its 10 and not the 3 acquired without an id: {}",
+        unowned.accepted
+    );
+    let missing_id = rpc
+        .r#return(pb::ReturnRequest {
+            request_id: None,
+            ..give_back_as("steal/k", 1, owner.window_start_ms, "owner", 3)
+        })
+        .await
+        .expect_err("a Return without request id is refused");
+    ensure!(missing_id.code() == Code::InvalidArgument, "{missing_id:?}");
+    node.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_acquire_gets_the_first_answer_and_is_served_once() -> Result<()> {
+    let cluster = Cluster::start_initialised(3, |_| {}).await?;
+    cluster
+        .client()?
+        .admin()
+        .set_policy(counter_policy("retry/", 1_000, LONG_WINDOW_MS))
+        .await?;
+    let node = EscrowNode::start(&cluster, "eu", |c| c.batch = 3).await?;
+    let mut rpc = node.rpc().await?;
+    let first = rpc
+        .acquire(acquire_as("retry/k", 3, "svc", 7))
+        .await?
+        .into_inner();
+    ensure!(first.granted == 3, "{first:?}");
+    let retry = rpc
+        .acquire(acquire_as("retry/k", 3, "svc", 7))
+        .await?
+        .into_inner();
+    ensure!(
+        retry == first,
+        "the retry got {retry:?}, the first {first:?}"
+    );
+    let status = escrow_status(&mut rpc).await?;
+    ensure!(status.tokens_served == 3, "{status:?}");
+    ensure!(status.acquire_replays == 1, "{status:?}");
+    ensure!(
+        cluster.client()?.get_window("retry/k").await?.granted == 3,
+        "one lease of 3, not two"
+    );
+
+    let changed = rpc
+        .acquire(acquire_as("retry/k", 4, "svc", 7))
+        .await
+        .expect_err("the same id with another payload is refused");
+    ensure!(changed.code() == Code::AlreadyExists, "{changed:?}");
+    ensure!(
+        changed
+            .metadata()
+            .get("leasehold-reason")
+            .is_some_and(|r| r == "REQUEST_ID_REUSED"),
+        "{changed:?}"
+    );
+    // A retried return is answered once too.
+    let back = give_back_as("retry/k", 2, first.window_start_ms, "svc", 8);
+    let returned = rpc.r#return(back.clone()).await?.into_inner();
+    let returned_again = rpc.r#return(back).await?.into_inner();
+    ensure!(returned.accepted == 2 && returned_again.accepted == 2);
+    let status = escrow_status(&mut rpc).await?;
+    ensure!(status.return_replays == 1, "{status:?}");
+    ensure!(status.refused_request_ids == 1, "{status:?}");
+    let left = rpc
+        .r#return(give_back_as("retry/k", 5, first.window_start_ms, "svc", 9))
+        .await?
+        .into_inner();
+    ensure!(
+        left.accepted == 1,
+        "3 acquired, 2 returned once: 1 left, got {}",
+        left.accepted
+    );
+    node.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fair_key_takes_no_returns_and_holders_are_bounded() -> Result<()> {
+    const LIMIT: u64 = 40;
+    let cluster = Cluster::start_initialised(3, |_| {}).await?;
+    let mut policy = counter_policy("fairret/", LIMIT, LONG_WINDOW_MS);
+    policy.kind = pb::PolicyKind::Fair as i32;
+    cluster.client()?.admin().set_policy(policy).await?;
+    let node = EscrowNode::start(&cluster, "eu", |c| c.holder_limits.max_holders = 2).await?;
+    let mut rpcs = [node.rpc().await?];
+    let first = rpcs[0]
+        .acquire(acquire_as("fairret/k", 1, "a", 1))
+        .await?
+        .into_inner();
+    ensure!(first.granted == 1, "{first:?}");
+    let back = rpcs[0]
+        .r#return(give_back_as(
+            "fairret/k",
+            1_000_000,
+            first.window_start_ms,
+            "a",
+            2,
+        ))
+        .await?
+        .into_inner();
+    ensure!(back.accepted == 0, "a fair key took back {}", back.accepted);
+    let drained = drain(&mut rpcs, "fairret/k", "b").await?;
+    ensure!(
+        first.granted + drained <= LIMIT,
+        "admitted {} > L = {LIMIT}",
+        first.granted + drained
+    );
+    let refused = rpcs[0]
+        .acquire(acquire_as("fairret/k", 1, "c", 1))
+        .await
+        .expect_err("a third holder is beyond the bound");
+    ensure!(refused.code() == Code::ResourceExhausted, "{refused:?}");
+    ensure!(escrow_status(&mut rpcs[0]).await?.refused_holders_exhausted == 1);
+    node.stop().await;
     Ok(())
 }

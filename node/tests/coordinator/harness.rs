@@ -223,6 +223,7 @@ pub fn counter_policy(prefix: &str, limit: u64, window_ms: u64) -> pb::Policy {
         kind: pb::PolicyKind::Counter as i32,
         outage: pb::OutageMode::FailClosed as i32,
         fallback_tokens_per_region: 0,
+        shadow: false,
     }
 }
 

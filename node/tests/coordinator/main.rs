@@ -6,12 +6,48 @@
 //!   acknowledged grant; a member that missed compacted log entries rejoins
 //!   through install-snapshot.
 //! - `bad_input`: every error code, with no state change.
+//! - `hostile_bytes`: arbitrary bytes and field values on every method.
+//! - `exactly_once`: request ids reused for other requests, session floods.
 //! - `cli`: `leasehold dev` and the binary's client commands.
+//! - `health`: `leasehold health` before and after `cluster init`.
+//! - `config_check`: `leasehold config check` over good and broken files,
+//!   `leasehold policy apply`.
+//! - `admission`: admission gates whose cost axis is the global budget
+//!   through escrow nodes: Σ cost ≤ L, rate and concurrency bind locally.
 //! - `escrow`: regional escrow nodes: Σ admitted ≤ L across regions, outage
 //!   policies, bounded key table, idle eviction.
+//! - `escrow_fair`: a key fronted by a fair throttle: light callers get
+//!   through while a heavy one is throttled; bad settings are refused.
+//! - `shadow`: shadow-mode policies admit beyond L, count exactly the
+//!   excess as would-deny (coordinator and escrow), enforce when turned off.
+//! - `limits`: resource attacks are refused: idle connections, the
+//!   connection cap, oversized messages, the advertised stream cap.
+//! - `metrics`: `/metrics` of a member and an escrow node, scraped over HTTP.
+//! - `logs`: the binary's log lines: JSON objects with `--log-format
+//!   json`, no ANSI escape off a terminal, the "waiting for cluster init" line.
+//! - `traces`: one trace from the client crate through an escrow node to
+//!   the coordinator's Raft proposal; denial reasons on spans.
+//! - `watch`: the Monitor service's streams (grants appear, prefixes,
+//!   one update per window, stream limits, shutdown) and `leasehold watch`.
+//! - `tls`: mutual TLS and authorization: unauthenticated and foreign-CA
+//!   clients, per-identity permissions, forged Raft messages, certificate
+//!   rotation.
 
+mod admission;
 mod bad_input;
 mod cli;
+mod config_check;
 mod escrow;
+mod escrow_fair;
+mod exactly_once;
 mod harness;
+mod health;
+mod hostile_bytes;
+mod limits;
+mod logs;
+mod metrics;
 mod safety;
+mod shadow;
+mod tls;
+mod traces;
+mod watch;

@@ -1,22 +1,37 @@
 //! [`StorageEngine`] on sled 0.34 — the only place sled is used.
 //!
-//! All keyspaces live in sled's default tree, each behind a one-byte key
-//! prefix, so one sled batch covers several keyspaces atomically. Background
-//! flushing is off (`flush_every_ms(None)`): data is durable exactly when
-//! [`StorageEngine::flush`] (sled's blocking `flush`) returns.
+//! Each keyspace is its own sled tree. The split matters for disk use: sled
+//! rewrites a whole page when it consolidates it, and a page that held the
+//! snapshot beside the log metadata (rewritten on every commit) was written
+//! again, snapshot and all, every few commits — the data directory grew by
+//! hundreds of MB per minute (`tests/disk_bounded.rs` pins the bound). A
+//! batch that touches one keyspace is one tree batch; a batch that spans
+//! keyspaces (a purge: the last purged id with the removed entries) is one
+//! multi-tree transaction, so it stays atomic.
+//!
+//! Background flushing is off (`flush_every_ms(None)`): data is durable
+//! exactly when [`StorageEngine::flush`] (sled's blocking `flush`) returns.
+//!
+//! Data written by earlier builds, with every keyspace in sled's default
+//! tree behind a one-byte key prefix, is moved into the trees when opened.
 
-use std::ops::Bound;
 use std::path::Path;
 use std::time::{Duration, Instant};
+
+use sled::transaction::{ConflictableTransactionError, TransactionError};
+use sled::Transactional;
 
 use super::{
     is_empty_range, EngineError, KeyRange, KeyValue, Keyspace, StorageEngine, WriteBatch, WriteOp,
 };
 
-/// A sled database opened on a directory.
+/// A sled database opened on a directory, one tree per keyspace.
 #[derive(Debug, Clone)]
 pub struct SledEngine {
     db: sled::Db,
+    log: sled::Tree,
+    log_meta: sled::Tree,
+    state_machine: sled::Tree,
 }
 
 /// How long [`SledEngine::open`] waits for sled's directory lock.
@@ -33,7 +48,17 @@ fn backend(error: sled::Error) -> EngineError {
     EngineError::Backend(Box::new(error))
 }
 
-fn prefix_of(keyspace: Keyspace) -> u8 {
+fn tree_name(keyspace: Keyspace) -> &'static [u8] {
+    match keyspace {
+        Keyspace::Log => b"raft-log",
+        Keyspace::LogMeta => b"raft-log-meta",
+        Keyspace::StateMachine => b"state-machine",
+    }
+}
+
+/// The one-byte key prefix of each keyspace in the earlier single-tree
+/// layout (read only to move old data).
+fn legacy_prefix_of(keyspace: Keyspace) -> u8 {
     match keyspace {
         Keyspace::Log => 1,
         Keyspace::LogMeta => 2,
@@ -41,16 +66,8 @@ fn prefix_of(keyspace: Keyspace) -> u8 {
     }
 }
 
-fn prefixed(keyspace: Keyspace, key: &[u8]) -> Vec<u8> {
-    let mut full = Vec::with_capacity(key.len() + 1);
-    full.push(prefix_of(keyspace));
-    full.extend_from_slice(key);
-    full
-}
-
-fn unprefixed(entry: (sled::IVec, sled::IVec)) -> KeyValue {
-    let (key, value) = entry;
-    (key.get(1..).unwrap_or_default().to_vec(), value.to_vec())
+fn owned((key, value): (sled::IVec, sled::IVec)) -> KeyValue {
+    (key.to_vec(), value.to_vec())
 }
 
 impl SledEngine {
@@ -62,15 +79,27 @@ impl SledEngine {
     pub fn open(path: impl AsRef<Path>) -> Result<Self, EngineError> {
         let config = sled::Config::new().path(path).flush_every_ms(None);
         let deadline = Instant::now() + LOCK_WAIT;
-        loop {
+        let db = loop {
             match config.open() {
-                Ok(db) => return Ok(Self { db }),
+                Ok(db) => break db,
                 Err(error) if is_lock_conflict(&error) && Instant::now() < deadline => {
                     std::thread::sleep(LOCK_RETRY_PAUSE);
                 }
                 Err(error) => return Err(backend(error)),
             }
-        }
+        };
+        let engine = Self {
+            log: db.open_tree(tree_name(Keyspace::Log)).map_err(backend)?,
+            log_meta: db
+                .open_tree(tree_name(Keyspace::LogMeta))
+                .map_err(backend)?,
+            state_machine: db
+                .open_tree(tree_name(Keyspace::StateMachine))
+                .map_err(backend)?,
+            db,
+        };
+        engine.move_single_tree_layout()?;
+        Ok(engine)
     }
 
     /// Bytes sled reports using on disk (for measurements).
@@ -78,18 +107,43 @@ impl SledEngine {
         self.db.size_on_disk().map_err(backend)
     }
 
-    fn whole_keyspace(keyspace: Keyspace) -> (Bound<Vec<u8>>, Bound<Vec<u8>>) {
-        let prefix = prefix_of(keyspace);
-        (
-            Bound::Included(vec![prefix]),
-            Bound::Excluded(vec![prefix + 1]),
-        )
+    fn tree(&self, keyspace: Keyspace) -> &sled::Tree {
+        match keyspace {
+            Keyspace::Log => &self.log,
+            Keyspace::LogMeta => &self.log_meta,
+            Keyspace::StateMachine => &self.state_machine,
+        }
+    }
+
+    /// Moves data of the earlier layout (every keyspace in the default tree
+    /// behind a one-byte prefix) into the keyspace trees. Copy, flush, then
+    /// clear, flush: a crash at any point leaves the data readable and the
+    /// move is simply done again at the next open.
+    fn move_single_tree_layout(&self) -> Result<(), EngineError> {
+        let default_tree: &sled::Tree = &self.db;
+        if default_tree.is_empty() {
+            return Ok(());
+        }
+        for keyspace in Keyspace::ALL {
+            let prefix = legacy_prefix_of(keyspace);
+            let mut batch = sled::Batch::default();
+            for entry in default_tree.scan_prefix([prefix]) {
+                let (key, value) = entry.map_err(backend)?;
+                batch.insert(&key[1..], value);
+            }
+            self.tree(keyspace).apply_batch(batch).map_err(backend)?;
+        }
+        self.db.flush().map_err(backend)?;
+        default_tree.clear().map_err(backend)?;
+        self.db.flush().map_err(backend)?;
+        tracing::info!("moved the Raft store from the single-tree layout to one tree per keyspace");
+        Ok(())
     }
 }
 
 impl StorageEngine for SledEngine {
     fn get(&self, keyspace: Keyspace, key: &[u8]) -> Result<Option<Vec<u8>>, EngineError> {
-        let value = self.db.get(prefixed(keyspace, key)).map_err(backend)?;
+        let value = self.tree(keyspace).get(key).map_err(backend)?;
         Ok(value.map(|v| v.to_vec()))
     }
 
@@ -97,57 +151,149 @@ impl StorageEngine for SledEngine {
         if is_empty_range(&range) {
             return Ok(Vec::new());
         }
-        let (whole_start, whole_end) = Self::whole_keyspace(keyspace);
-        let start = match range.0 {
-            Bound::Included(key) => Bound::Included(prefixed(keyspace, key)),
-            Bound::Excluded(key) => Bound::Excluded(prefixed(keyspace, key)),
-            Bound::Unbounded => whole_start,
-        };
-        let end = match range.1 {
-            Bound::Included(key) => Bound::Included(prefixed(keyspace, key)),
-            Bound::Excluded(key) => Bound::Excluded(prefixed(keyspace, key)),
-            Bound::Unbounded => whole_end,
-        };
-        self.db
-            .range::<Vec<u8>, _>((start, end))
-            .map(|entry| entry.map(unprefixed).map_err(backend))
+        self.tree(keyspace)
+            .range::<&[u8], _>(range)
+            .map(|entry| entry.map(owned).map_err(backend))
             .collect()
     }
 
     fn first(&self, keyspace: Keyspace) -> Result<Option<KeyValue>, EngineError> {
-        let mut entries = self.db.range::<Vec<u8>, _>(Self::whole_keyspace(keyspace));
-        entries
-            .next()
-            .transpose()
-            .map(|e| e.map(unprefixed))
+        self.tree(keyspace)
+            .first()
+            .map(|e| e.map(owned))
             .map_err(backend)
     }
 
     fn last(&self, keyspace: Keyspace) -> Result<Option<KeyValue>, EngineError> {
-        let mut entries = self.db.range::<Vec<u8>, _>(Self::whole_keyspace(keyspace));
-        entries
-            .next_back()
-            .transpose()
-            .map(|e| e.map(unprefixed))
+        self.tree(keyspace)
+            .last()
+            .map(|e| e.map(owned))
             .map_err(backend)
     }
 
     fn apply_batch(&self, batch: WriteBatch) -> Result<(), EngineError> {
-        let mut sled_batch = sled::Batch::default();
+        let mut per_keyspace: [sled::Batch; 3] = Default::default();
+        let mut touched = [false; 3];
         for op in batch.ops() {
+            let slot = match op {
+                WriteOp::Insert { keyspace, .. } | WriteOp::Remove { keyspace, .. } => {
+                    keyspace_slot(*keyspace)
+                }
+            };
+            touched[slot] = true;
             match op {
-                WriteOp::Insert {
-                    keyspace,
-                    key,
-                    value,
-                } => sled_batch.insert(prefixed(*keyspace, key), value.as_slice()),
-                WriteOp::Remove { keyspace, key } => sled_batch.remove(prefixed(*keyspace, key)),
+                WriteOp::Insert { key, value, .. } => {
+                    per_keyspace[slot].insert(key.as_slice(), value.as_slice())
+                }
+                WriteOp::Remove { key, .. } => per_keyspace[slot].remove(key.as_slice()),
             }
         }
-        self.db.apply_batch(sled_batch).map_err(backend)
+        match touched.iter().filter(|t| **t).count() {
+            0 => Ok(()),
+            1 => {
+                let slot = touched.iter().position(|t| *t).unwrap_or(0);
+                let batch = std::mem::take(&mut per_keyspace[slot]);
+                self.tree(Keyspace::ALL[slot])
+                    .apply_batch(batch)
+                    .map_err(backend)
+            }
+            _ => {
+                let [log, meta, state] = &per_keyspace;
+                (&self.log, &self.log_meta, &self.state_machine)
+                    .transaction(|(log_tree, meta_tree, state_tree)| {
+                        log_tree.apply_batch(log)?;
+                        meta_tree.apply_batch(meta)?;
+                        state_tree.apply_batch(state)?;
+                        Ok::<(), ConflictableTransactionError<sled::Error>>(())
+                    })
+                    .map_err(|error| match error {
+                        TransactionError::Abort(error) | TransactionError::Storage(error) => {
+                            backend(error)
+                        }
+                    })
+            }
+        }
     }
 
     fn flush(&self) -> Result<(), EngineError> {
         self.db.flush().map(|_bytes| ()).map_err(backend)
+    }
+}
+
+/// Index of `keyspace` in [`Keyspace::ALL`].
+fn keyspace_slot(keyspace: Keyspace) -> usize {
+    match keyspace {
+        Keyspace::Log => 0,
+        Keyspace::LogMeta => 1,
+        Keyspace::StateMachine => 2,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ops::Bound;
+
+    use super::*;
+
+    #[test]
+    fn data_of_the_single_tree_layout_is_moved_into_the_keyspace_trees() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        {
+            let db = sled::open(dir.path()).expect("sled opens");
+            db.insert([1, 0, 0, 0, 0, 0, 0, 0, 7], b"entry 7".as_slice())
+                .expect("insert");
+            db.insert(b"\x02vote", b"vote".as_slice()).expect("insert");
+            db.insert(b"\x03snapshot", b"snapshot".as_slice())
+                .expect("insert");
+            db.flush().expect("flush");
+        }
+        let read_back = |engine: &SledEngine| {
+            (
+                engine.range(Keyspace::Log, (Bound::Unbounded, Bound::Unbounded)),
+                engine.get(Keyspace::LogMeta, b"vote"),
+                engine.get(Keyspace::StateMachine, b"snapshot"),
+            )
+        };
+        let engine = SledEngine::open(dir.path()).expect("old layout opens");
+        let (log, vote, snapshot) = read_back(&engine);
+        assert_eq!(
+            log.expect("log readable"),
+            vec![(vec![0, 0, 0, 0, 0, 0, 0, 7], b"entry 7".to_vec())]
+        );
+        assert_eq!(vote.expect("meta readable"), Some(b"vote".to_vec()));
+        assert_eq!(
+            snapshot.expect("snapshot readable"),
+            Some(b"snapshot".to_vec())
+        );
+        drop(engine);
+        // Opening again finds nothing left to move and the same data.
+        let engine = SledEngine::open(dir.path()).expect("reopens");
+        let (log, _, snapshot) = read_back(&engine);
+        assert_eq!(log.expect("log readable").len(), 1);
+        assert_eq!(
+            snapshot.expect("snapshot readable"),
+            Some(b"snapshot".to_vec())
+        );
+    }
+
+    #[test]
+    fn a_batch_across_keyspaces_is_applied_whole() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let engine = SledEngine::open(dir.path()).expect("opens");
+        let mut batch = WriteBatch::new();
+        batch.insert(Keyspace::Log, b"a".as_slice(), b"1".to_vec());
+        batch.insert(Keyspace::LogMeta, b"b".as_slice(), b"2".to_vec());
+        batch.remove(Keyspace::Log, b"a".as_slice());
+        batch.insert(Keyspace::StateMachine, b"c".as_slice(), b"3".to_vec());
+        engine.apply_batch(batch).expect("applies");
+        assert_eq!(engine.get(Keyspace::Log, b"a").expect("reads"), None);
+        assert_eq!(
+            engine.get(Keyspace::LogMeta, b"b").expect("reads"),
+            Some(b"2".to_vec())
+        );
+        assert_eq!(
+            engine.get(Keyspace::StateMachine, b"c").expect("reads"),
+            Some(b"3".to_vec())
+        );
     }
 }

@@ -4,8 +4,14 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use leasehold_core::coordinator::{Command, Proposal};
+use leasehold_raft_store::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    NodeId, TypeConfig, VoteRequest, VoteResponse,
+};
 use leasehold_raft_store::{Entry, EntryPayload, LogId, Membership};
-use openraft::CommittedLeaderId;
+use openraft::error::{InstallSnapshotError, RPCError, RaftError, Unreachable};
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::{BasicNode, CommittedLeaderId};
 
 /// Log id `index` written by leader `1` in `term`.
 pub fn log_id(term: u64, index: u64) -> LogId {
@@ -48,3 +54,48 @@ pub fn entries(first: u64, last: u64) -> Vec<Entry> {
         })
         .collect()
 }
+
+/// A network with no peers: a single-member group never dials anyone.
+pub struct NoPeers;
+
+fn unreachable() -> Unreachable {
+    Unreachable::new(&std::io::Error::other("single-member group has no peers"))
+}
+
+impl RaftNetwork<TypeConfig> for NoPeers {
+    async fn append_entries(
+        &mut self,
+        _rpc: AppendEntriesRequest,
+        _option: RPCOption,
+    ) -> Result<AppendEntriesResponse, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
+        Err(RPCError::Unreachable(unreachable()))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        _rpc: InstallSnapshotRequest,
+        _option: RPCOption,
+    ) -> Result<
+        InstallSnapshotResponse,
+        RPCError<NodeId, BasicNode, RaftError<NodeId, InstallSnapshotError>>,
+    > {
+        Err(RPCError::Unreachable(unreachable()))
+    }
+
+    async fn vote(
+        &mut self,
+        _rpc: VoteRequest,
+        _option: RPCOption,
+    ) -> Result<VoteResponse, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
+        Err(RPCError::Unreachable(unreachable()))
+    }
+}
+
+impl RaftNetworkFactory<TypeConfig> for NoPeers {
+    type Network = NoPeers;
+
+    async fn new_client(&mut self, _target: NodeId, _node: &BasicNode) -> NoPeers {
+        NoPeers
+    }
+}
+pub mod format_v2;

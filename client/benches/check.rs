@@ -1,0 +1,162 @@
+//! `Limiter::check` in leased mode with credits already held (no network),
+//! next to governor's keyed GCRA check on the same keys, in one run.
+//!
+//! `cargo bench -p leasehold-client --bench check`
+//!
+//! Cases: one hot key and 1 000 keys, from 1 and 2 threads. The limiter's
+//! source grants 2^40 tokens for an hour per refill, so after one warm-up
+//! check per key every measured check is a local spend. governor is given a
+//! quota it never exhausts, so both sides measure the allowed path.
+
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use futures::future::BoxFuture;
+use futures::FutureExt;
+use leasehold_client::{
+    AcquireRequest, CheckReply, CheckRequest, ClientError, CreditSource, Grant, LeaseOptions,
+    LeaseSizing, Limiter, LimiterConfig, Mode, ReturnRequest,
+};
+use leasehold_core::ids::ClientId;
+
+/// A source that always grants what is asked, for an hour.
+struct Plenty;
+
+impl CreditSource for Plenty {
+    fn acquire(&self, request: AcquireRequest) -> BoxFuture<'_, Result<Grant, ClientError>> {
+        async move {
+            Ok(Grant {
+                granted: request.tokens,
+                limit: 1 << 48,
+                window_start_ms: 0,
+                window_end_ms: 3_600_000,
+                remaining_lifetime_ms: 3_600_000,
+                retry_after_ms: 0,
+            })
+        }
+        .boxed()
+    }
+
+    fn check(&self, _request: CheckRequest) -> BoxFuture<'_, Result<CheckReply, ClientError>> {
+        async { Err(ClientError::Protocol("leased mode only".into())) }.boxed()
+    }
+
+    fn give_back(&self, request: ReturnRequest) -> BoxFuture<'_, Result<u64, ClientError>> {
+        async move { Ok(request.tokens) }.boxed()
+    }
+}
+
+fn keys(count: usize) -> Vec<String> {
+    (0..count).map(|i| format!("tenant-{i}/api")).collect()
+}
+
+fn leased_limiter(runtime: &tokio::runtime::Runtime, keys: &[String]) -> Limiter {
+    let options = LeaseOptions {
+        sizing: LeaseSizing::Fixed(1 << 40),
+        ..LeaseOptions::default()
+    };
+    let config = LimiterConfig::new(
+        Mode::Leased(options),
+        ClientId::new("bench").expect("valid client id"),
+    );
+    let limiter = Limiter::new(Plenty, config).expect("valid config");
+    runtime.block_on(async {
+        for key in keys {
+            let decision = limiter.check(key, 1).await.expect("warm-up check");
+            assert!(decision.allowed, "warm-up check admitted");
+        }
+    });
+    limiter
+}
+
+type Governor = governor::DefaultKeyedRateLimiter<String>;
+
+fn governor_limiter() -> Governor {
+    let quota = governor::Quota::per_second(NonZeroU32::MAX).allow_burst(NonZeroU32::MAX);
+    governor::RateLimiter::keyed(quota)
+}
+
+/// Runs `check` `iterations` times on each of `threads` threads (each
+/// inside `runtime`'s context, all at once), cycling through `keys`;
+/// returns the wall time, so criterion reports the time of one check on one
+/// thread while the other threads check too (contention shows as a rise).
+fn timed<F>(
+    runtime: &tokio::runtime::Handle,
+    threads: usize,
+    iterations: u64,
+    keys: &Arc<Vec<String>>,
+    check: F,
+) -> Duration
+where
+    F: Fn(&String) + Send + Sync + Clone + 'static,
+{
+    let start = Instant::now();
+    let handles: Vec<_> = (0..threads)
+        .map(|thread| {
+            let keys = Arc::clone(keys);
+            let check = check.clone();
+            let runtime = runtime.clone();
+            std::thread::spawn(move || {
+                let _entered = runtime.enter();
+                let mut index = thread * 7;
+                for _ in 0..iterations {
+                    check(&keys[index % keys.len()]);
+                    index += 1;
+                }
+            })
+        })
+        .collect();
+    for handle in handles {
+        handle.join().expect("bench thread");
+    }
+    start.elapsed()
+}
+
+fn check(c: &mut Criterion) {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let mut group = c.benchmark_group("check");
+    // Long samples, so the per-sample thread start-up is noise.
+    group.sample_size(20);
+    group.measurement_time(Duration::from_secs(3));
+    for key_count in [1_usize, 1_000] {
+        let keys = Arc::new(keys(key_count));
+        for threads in [1_usize, 2] {
+            let case = format!("{key_count}key/{threads}thread");
+            let limiter = leased_limiter(&runtime, &keys);
+            let handle = runtime.handle().clone();
+            group.bench_function(BenchmarkId::new("leasehold_leased", &case), |b| {
+                b.iter_custom(|iterations| {
+                    let limiter = limiter.clone();
+                    timed(&handle, threads, iterations, &keys, move |key| {
+                        // Credits are held: the check completes on its first poll.
+                        let decision = limiter
+                            .check(key, 1)
+                            .now_or_never()
+                            .expect("a check with credits held needs no wait")
+                            .expect("local check");
+                        assert!(decision.allowed);
+                    })
+                })
+            });
+            let governor = Arc::new(governor_limiter());
+            group.bench_function(BenchmarkId::new("governor_keyed", &case), |b| {
+                b.iter_custom(|iterations| {
+                    let governor = Arc::clone(&governor);
+                    timed(&handle, threads, iterations, &keys, move |key| {
+                        assert!(governor.check_key(key).is_ok());
+                    })
+                })
+            });
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(benches, check);
+criterion_main!(benches);

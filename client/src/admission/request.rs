@@ -1,0 +1,103 @@
+//! What one admission asks and what it answers: [`AdmitRequest`],
+//! [`AdmitOutcome`] and the per-axis denial counts [`DeniedByAxis`].
+
+use leasehold_core::admission::axis::{retry_after_secs, Axis};
+use leasehold_core::decision::Decision;
+
+use super::release::Release;
+
+/// One request to admit.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdmitRequest<'a> {
+    /// Whose rate and cost budgets it spends (a tenant, a user, an API key).
+    pub key: &'a str,
+    /// Cost units it spends (tokens, bytes, …), at least 1.
+    pub cost: u64,
+    /// What admitting it is worth, for a bid-price policy (default 1).
+    pub value: Option<f64>,
+    /// How long it is expected to hold its concurrency slot, in ms, for a
+    /// three-axis bid-price policy. Missing, negative or not finite: the
+    /// policy adds no concurrency term (fail-open).
+    pub hold_ms: Option<f64>,
+}
+
+impl<'a> AdmitRequest<'a> {
+    /// A request of `cost` units on `key`.
+    pub fn new(key: &'a str, cost: u64) -> Self {
+        AdmitRequest {
+            key,
+            cost,
+            value: None,
+            hold_ms: None,
+        }
+    }
+
+    /// With the value of admitting it.
+    pub fn with_value(self, value: f64) -> Self {
+        AdmitRequest {
+            value: Some(value),
+            ..self
+        }
+    }
+
+    /// With its expected hold time in milliseconds.
+    pub fn with_hold_ms(self, hold_ms: f64) -> Self {
+        AdmitRequest {
+            hold_ms: Some(hold_ms),
+            ..self
+        }
+    }
+}
+
+/// The answer to one admission.
+#[derive(Debug)]
+pub struct AdmitOutcome {
+    /// The combined decision of every axis reached.
+    pub decision: Decision,
+    /// Frees the concurrency slot of an allowed admission (a no-op when
+    /// denied).
+    pub release: Release,
+    /// The first denying axis in priority order (`None` when allowed, or
+    /// when only the bid-price policy denied).
+    pub binding_axis: Option<Axis>,
+    /// Whether the bid-price policy denied a request every axis reached
+    /// had room for.
+    pub policy_denied: bool,
+}
+
+impl AdmitOutcome {
+    /// The decision and the release handle.
+    pub fn into_parts(self) -> (Decision, Release) {
+        (self.decision, self.release)
+    }
+
+    /// The `Retry-After` header value in whole seconds (rounded up, at
+    /// least 1) when denied; `None` when allowed.
+    pub fn retry_after_secs(&self) -> Option<u64> {
+        retry_after_secs(&self.decision)
+    }
+}
+
+/// Denials counted per binding axis since the gate was built.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DeniedByAxis {
+    /// Denied because the in-flight ceiling was reached.
+    pub concurrency: u64,
+    /// Denied by the rate axis.
+    pub rate: u64,
+    /// Denied by the cost axis.
+    pub cost: u64,
+    /// Denied by the bid-price policy with every axis reached having room.
+    pub policy: u64,
+}
+
+impl DeniedByAxis {
+    /// The count for one axis.
+    pub fn get(&self, axis: Axis) -> u64 {
+        match axis {
+            Axis::Concurrency => self.concurrency,
+            Axis::Rate => self.rate,
+            Axis::Cost => self.cost,
+        }
+    }
+}

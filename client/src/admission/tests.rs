@@ -1,0 +1,513 @@
+//! Tests of the admission gate: order, short-circuit, give-back on a later
+//! denial, the release contract, bad input, counters and the span field.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use futures::future::{BoxFuture, FutureExt};
+use leasehold_core::admission::concurrency::ConcurrencyParams;
+use leasehold_core::ids::ClientId;
+use proptest::prelude::*;
+
+use super::*;
+use crate::transport::WallClock;
+use crate::{
+    AcquireRequest, CheckReply, CheckRequest, ClientError, CreditSource, Grant, Limiter,
+    LimiterConfig, Mode, ReturnRequest,
+};
+
+/// A clock the test moves by hand.
+#[derive(Debug, Default)]
+struct ManualClock(AtomicU64);
+
+impl ManualClock {
+    fn advance(&self, ms: u64) {
+        self.0.fetch_add(ms, Ordering::SeqCst);
+    }
+}
+
+impl WallClock for ManualClock {
+    fn now_ms(&self) -> u64 {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+fn clock() -> Arc<ManualClock> {
+    Arc::new(ManualClock(AtomicU64::new(1_000_000)))
+}
+
+fn gate(
+    clock: &Arc<ManualClock>,
+    concurrency: u64,
+    rate: u64,
+    cost_capacity: u64,
+) -> AdmissionGate {
+    AdmissionGate::builder()
+        .clock(clock.clone())
+        .concurrency(ConcurrencyParams::aimd(concurrency, concurrency))
+        .rate(InProcessLimit::gcra(rate, 60_000))
+        .cost(CostAxis::InProcess(InProcessLimit::token_bucket(
+            cost_capacity,
+            1,
+        )))
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn a_concurrency_denial_short_circuits_rate_and_cost() {
+    let c = clock();
+    let g = gate(&c, 1, 10, 1_000);
+    let held = g.admit_sync(AdmitRequest::new("k", 1)).unwrap();
+    assert!(held.decision.allowed);
+    let denied = g.admit_sync(AdmitRequest::new("k", 1)).unwrap();
+    assert!(!denied.decision.allowed);
+    assert_eq!(denied.binding_axis, Some(Axis::Concurrency));
+    let last = g.last_decisions();
+    assert!(last.concurrency.is_some() && last.rate.is_none() && last.cost.is_none());
+    assert_eq!(denied.release.release(false), ReleaseOutcome::NothingHeld);
+    // The denial spent nothing: 9 rate units and 999 cost units are left.
+    assert_eq!(held.release.release(false), ReleaseOutcome::Released);
+    let next = g.admit_sync(AdmitRequest::new("k", 1)).unwrap();
+    assert_eq!(g.last_decisions().rate.unwrap().remaining, 8);
+    assert_eq!(g.last_decisions().cost.unwrap().remaining, 998);
+    next.release.release(false);
+}
+
+#[test]
+fn a_rate_denial_gives_the_slot_back() {
+    let c = clock();
+    let g = gate(&c, 4, 1, 1_000);
+    let first = g.admit_sync(AdmitRequest::new("k", 1)).unwrap();
+    let denied = g.admit_sync(AdmitRequest::new("k", 1)).unwrap();
+    assert_eq!(denied.binding_axis, Some(Axis::Rate));
+    assert_eq!(g.concurrency(), Some((4, 1)));
+    assert_eq!(denied.retry_after_secs(), Some(60));
+    // Rate is per key: another key passes.
+    let other = g.admit_sync(AdmitRequest::new("other", 1)).unwrap();
+    assert!(other.decision.allowed);
+    first.release.release(false);
+    other.release.release(false);
+    assert_eq!(g.concurrency(), Some((4, 0)));
+}
+
+#[test]
+fn a_cost_denial_gives_back_the_slot_and_the_rate_unit() {
+    let c = clock();
+    let g = gate(&c, 4, 3, 100);
+    let big = g.admit_sync(AdmitRequest::new("k", 90)).unwrap();
+    assert!(big.decision.allowed);
+    let denied = g.admit_sync(AdmitRequest::new("k", 20)).unwrap();
+    assert_eq!(denied.binding_axis, Some(Axis::Cost));
+    // 10 tokens short at 1 token/s: the dominant wait is 10 s.
+    assert_eq!(denied.decision.retry_after_ms, 10_000);
+    assert_eq!(denied.retry_after_secs(), Some(10));
+    assert_eq!(g.concurrency(), Some((4, 1)));
+    // The rate unit came back: two more requests pass the rate of 3.
+    for _ in 0..2 {
+        let ok = g.admit_sync(AdmitRequest::new("k", 1)).unwrap();
+        assert!(ok.decision.allowed);
+        ok.release.release(false);
+    }
+    assert_eq!(
+        g.denied_by_axis(),
+        DeniedByAxis {
+            cost: 1,
+            ..DeniedByAxis::default()
+        }
+    );
+    big.release.release(false);
+}
+
+#[test]
+fn release_is_idempotent_and_a_drop_contracts_the_limit() {
+    let c = clock();
+    let g = AdmissionGate::builder()
+        .clock(c.clone())
+        .concurrency(ConcurrencyParams {
+            initial_limit: 8,
+            ..ConcurrencyParams::aimd(2, 16)
+        })
+        .build()
+        .unwrap();
+    let outcome = g.admit_sync(AdmitRequest::new("k", 1)).unwrap();
+    c.advance(40);
+    assert_eq!(outcome.release.release(true), ReleaseOutcome::Released);
+    assert_eq!(
+        outcome.release.release(true),
+        ReleaseOutcome::AlreadyReleased
+    );
+    assert_eq!(
+        outcome.release.release(false),
+        ReleaseOutcome::AlreadyReleased
+    );
+    let (limit, in_flight) = g.concurrency().unwrap();
+    assert!(limit < 8, "limit {limit}");
+    assert_eq!(in_flight, 0);
+}
+
+#[test]
+fn dropping_an_unreleased_handle_frees_its_slot() {
+    let c = clock();
+    let g = gate(&c, 1, 100, 1_000);
+    {
+        let outcome = g.admit_sync(AdmitRequest::new("k", 1)).unwrap();
+        assert!(outcome.release.is_holding());
+    }
+    assert_eq!(g.concurrency(), Some((1, 0)));
+    assert!(
+        g.admit_sync(AdmitRequest::new("k", 1))
+            .unwrap()
+            .decision
+            .allowed
+    );
+}
+
+#[test]
+fn bad_input_is_a_typed_error_and_takes_nothing() {
+    let c = clock();
+    let g = gate(&c, 1, 10, 100);
+    assert_eq!(
+        g.admit_sync(AdmitRequest::new("", 1)).unwrap_err(),
+        AdmissionError::EmptyKey
+    );
+    assert_eq!(
+        g.admit_sync(AdmitRequest::new("k", 0)).unwrap_err(),
+        AdmissionError::ZeroCost
+    );
+    assert!(matches!(
+        g.admit_sync(AdmitRequest::new("k", 1).with_value(f64::NAN)),
+        Err(AdmissionError::InvalidValue(_))
+    ));
+    assert!(matches!(
+        g.admit_sync(AdmitRequest::new("k", 1).with_value(-1.0)),
+        Err(AdmissionError::InvalidValue(_))
+    ));
+    assert_eq!(
+        g.admit_sync(AdmitRequest::new("k", 101)).unwrap_err(),
+        AdmissionError::CostExceedsCapacity {
+            axis: "cost",
+            cost: 101,
+            capacity: 100
+        }
+    );
+    assert_eq!(g.concurrency(), Some((1, 0)));
+}
+
+#[test]
+fn idle_keys_are_forgotten_when_the_table_is_full() {
+    let c = clock();
+    let limit = super::in_process::KeyedLimit::new(InProcessLimit::gcra(2, 1_000), 2).unwrap();
+    assert!(limit.try_acquire("a", c.now_ms(), 1).allowed);
+    assert!(limit.try_acquire("b", c.now_ms(), 1).allowed);
+    c.advance(1_000);
+    // Both keys are idle again, so a third key sweeps them out.
+    assert!(limit.try_acquire("c", c.now_ms(), 1).allowed);
+    assert_eq!(limit.tracked_keys(), 1);
+}
+
+#[test]
+fn bad_configuration_is_a_typed_error() {
+    assert_eq!(
+        AdmissionGate::builder().build().unwrap_err(),
+        AdmissionError::NoAxis
+    );
+    assert!(matches!(
+        AdmissionGate::builder()
+            .rate(InProcessLimit::gcra(0, 1_000))
+            .build(),
+        Err(AdmissionError::Config(_))
+    ));
+    assert!(matches!(
+        AdmissionGate::builder()
+            .cost(CostAxis::InProcess(InProcessLimit::token_bucket(10, 0)))
+            .build(),
+        Err(AdmissionError::Config(_))
+    ));
+    assert!(matches!(
+        AdmissionGate::builder()
+            .concurrency(ConcurrencyParams::aimd(8, 4))
+            .build(),
+        Err(AdmissionError::Config(_))
+    ));
+}
+
+/// A one-window budget; fails every call once `failing` is set.
+struct Budget {
+    left: AtomicU64,
+    failing: std::sync::atomic::AtomicBool,
+}
+
+impl CreditSource for Budget {
+    fn acquire(&self, r: AcquireRequest) -> BoxFuture<'_, Result<Grant, ClientError>> {
+        if self.failing.load(Ordering::SeqCst) {
+            return async { Err(ClientError::Unavailable("down".into())) }.boxed();
+        }
+        let granted = r.tokens.min(self.left.load(Ordering::SeqCst));
+        self.left.fetch_sub(granted, Ordering::SeqCst);
+        let grant = Grant {
+            granted,
+            limit: 10,
+            window_start_ms: 0,
+            window_end_ms: u64::MAX / 4,
+            remaining_lifetime_ms: 600_000,
+            retry_after_ms: if granted == 0 { 1_000 } else { 0 },
+        };
+        async move { Ok(grant) }.boxed()
+    }
+    fn check(&self, _: CheckRequest) -> BoxFuture<'_, Result<CheckReply, ClientError>> {
+        async { Err(ClientError::Unsupported("leased only".into())) }.boxed()
+    }
+    fn give_back(&self, r: ReturnRequest) -> BoxFuture<'_, Result<u64, ClientError>> {
+        self.left.fetch_add(r.tokens, Ordering::SeqCst);
+        async move { Ok(r.tokens) }.boxed()
+    }
+}
+
+fn global_gate(c: &Arc<ManualClock>, budget: Arc<Budget>) -> AdmissionGate {
+    let options = crate::LeaseOptions {
+        sizing: crate::LeaseSizing::Fixed(1),
+        ..crate::LeaseOptions::default()
+    };
+    let config = LimiterConfig::new(Mode::Leased(options), ClientId::new("gate-test").unwrap());
+    let limiter = Limiter::with_shared_source(budget, config).unwrap();
+    AdmissionGate::builder()
+        .clock(c.clone())
+        .concurrency(ConcurrencyParams::aimd(4, 4))
+        .rate(InProcessLimit::gcra(100, 60_000))
+        .cost(CostAxis::Global(limiter))
+        .build()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn the_global_budget_as_the_cost_axis() {
+    let c = clock();
+    let budget = Arc::new(Budget {
+        left: AtomicU64::new(5),
+        failing: false.into(),
+    });
+    let g = global_gate(&c, budget.clone());
+    assert_eq!(
+        g.admit_sync(AdmitRequest::new("k", 1)).unwrap_err(),
+        AdmissionError::NotInProcess
+    );
+    let mut admitted = 0;
+    for _ in 0..8 {
+        let outcome = g.admit(AdmitRequest::new("k", 1)).await.unwrap();
+        if outcome.decision.allowed {
+            admitted += 1;
+        } else {
+            assert_eq!(outcome.binding_axis, Some(Axis::Cost));
+        }
+        outcome.release.release(false);
+    }
+    assert_eq!(admitted, 5);
+    assert_eq!(g.denied_by_axis().cost, 3);
+    // A failing backend is an error that leaves nothing held.
+    budget.failing.store(true, Ordering::SeqCst);
+    budget.left.store(5, Ordering::SeqCst);
+    let err = g.admit(AdmitRequest::new("fresh", 1)).await.unwrap_err();
+    assert!(matches!(err, AdmissionError::Backend(_)), "{err}");
+    assert_eq!(g.concurrency(), Some((4, 0)));
+}
+
+#[derive(Debug, Clone)]
+enum Step {
+    Admit { key: u8, cost: u64 },
+    Release { index: usize, dropped: bool },
+    Advance(u64),
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        3 => (0u8..3, 1u64..60).prop_map(|(key, cost)| Step::Admit { key, cost }),
+        2 => (0usize..64, any::<bool>()).prop_map(|(index, dropped)| Step::Release { index, dropped }),
+        1 => (0u64..5_000).prop_map(Step::Advance),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+    /// Whatever the interleaving: in-flight never exceeds the ceiling and
+    /// equals the unreleased allowed admissions; per key, admitted cost
+    /// stays within the bucket's bound; denials hold nothing.
+    #[test]
+    fn the_gate_keeps_every_axis_bound(steps in proptest::collection::vec(step(), 1..200)) {
+        let c = clock();
+        let start = c.now_ms();
+        let g = AdmissionGate::builder()
+            .clock(c.clone())
+            .concurrency(ConcurrencyParams::gradient(2, 8))
+            .rate(InProcessLimit::gcra(20, 10_000))
+            .cost(CostAxis::InProcess(InProcessLimit::token_bucket(100, 10)))
+            .build()
+            .unwrap();
+        let mut held: Vec<Release> = Vec::new();
+        let mut cost_by_key = [0u64; 3];
+        for s in steps {
+            match s {
+                Step::Admit { key, cost } => {
+                    let outcome = g.admit_sync(AdmitRequest::new(&format!("k{key}"), cost)).unwrap();
+                    prop_assert_eq!(outcome.decision.allowed, outcome.binding_axis.is_none());
+                    if outcome.decision.allowed {
+                        cost_by_key[key as usize] += cost;
+                        held.push(outcome.release);
+                    } else {
+                        prop_assert!(!outcome.release.is_holding());
+                        prop_assert!(outcome.decision.retry_after_ms >= 1);
+                    }
+                }
+                Step::Release { index, dropped } => {
+                    if !held.is_empty() {
+                        let r = held.swap_remove(index % held.len());
+                        prop_assert_eq!(r.release(dropped), ReleaseOutcome::Released);
+                        prop_assert_eq!(r.release(dropped), ReleaseOutcome::AlreadyReleased);
+                    }
+                }
+                Step::Advance(ms) => c.advance(ms),
+            }
+            let (limit, in_flight) = g.concurrency().unwrap();
+            prop_assert_eq!(in_flight, held.len() as u64);
+            prop_assert!((2..=8).contains(&limit));
+            let elapsed = c.now_ms() - start;
+            for spent in cost_by_key {
+                prop_assert!(spent <= 100 + elapsed * 10 / 1_000);
+            }
+        }
+    }
+}
+
+mod bid_price {
+    use leasehold_core::admission::bid_price::{BidPriceFilter, Duals, RequestType, Workload};
+
+    use super::*;
+
+    fn gateway_workload() -> Workload {
+        Workload {
+            types: vec![
+                RequestType {
+                    cost: 100.0,
+                    value: 1.0,
+                    weight: 500.0,
+                    hold: 0.0,
+                },
+                RequestType {
+                    cost: 10_000.0,
+                    value: 50.0,
+                    weight: 500.0,
+                    hold: 0.0,
+                },
+            ],
+            rate_budget: Some(1_000.0),
+            cost_budget: 50_000.0,
+            concurrency_budget: None,
+        }
+    }
+
+    fn policy_gate(c: &Arc<ManualClock>, filter: BidPriceFilter) -> AdmissionGate {
+        AdmissionGate::builder()
+            .clock(c.clone())
+            .concurrency(ConcurrencyParams::aimd(2, 2))
+            .rate(InProcessLimit::gcra(1_000, 60_000))
+            .cost(CostAxis::InProcess(InProcessLimit::token_bucket(50_000, 1)))
+            .bid_price(filter)
+            .build()
+            .unwrap()
+    }
+
+    #[test]
+    fn a_policy_denial_takes_nothing_and_is_counted() {
+        let c = clock();
+        let g = policy_gate(
+            &c,
+            BidPriceFilter::from_workload(&gateway_workload()).unwrap(),
+        );
+        let large = g
+            .admit_sync(AdmitRequest::new("k", 10_000).with_value(50.0))
+            .unwrap();
+        assert!(!large.decision.allowed);
+        assert!(large.policy_denied);
+        assert_eq!(large.binding_axis, None);
+        assert_eq!(large.retry_after_secs(), Some(1));
+        assert_eq!(g.concurrency(), Some((2, 0)));
+        let small = g
+            .admit_sync(AdmitRequest::new("k", 100).with_value(1.0))
+            .unwrap();
+        assert!(small.decision.allowed && !small.policy_denied);
+        // The policy ran before the cost axis: the large request spent nothing.
+        assert_eq!(g.last_decisions().cost.unwrap().remaining, 49_900);
+        assert_eq!(g.denied_by_axis().policy, 1);
+        small.release.release(false);
+    }
+
+    #[test]
+    fn a_policy_without_a_cost_axis_is_refused() {
+        let filter = BidPriceFilter::with_duals(Duals::default()).unwrap();
+        let err = AdmissionGate::builder()
+            .rate(InProcessLimit::gcra(1, 1))
+            .bid_price(filter)
+            .build()
+            .unwrap_err();
+        assert_eq!(err, AdmissionError::PolicyNeedsCostAxis);
+    }
+
+    #[test]
+    fn a_missing_or_negative_hold_is_fail_open() {
+        let c = clock();
+        let duals = Duals {
+            concurrency: 1.0,
+            ..Duals::default()
+        };
+        let g = policy_gate(&c, BidPriceFilter::with_duals(duals).unwrap());
+        for request in [
+            AdmitRequest::new("k", 1).with_value(1.0),
+            AdmitRequest::new("k", 1).with_value(1.0).with_hold_ms(-5.0),
+            AdmitRequest::new("k", 1)
+                .with_value(1.0)
+                .with_hold_ms(f64::NAN),
+        ] {
+            let outcome = g.admit_sync(request).unwrap();
+            assert!(outcome.decision.allowed, "{request:?}");
+            outcome.release.release(false);
+        }
+        let hog = g
+            .admit_sync(AdmitRequest::new("k", 1).with_value(1.0).with_hold_ms(5.0))
+            .unwrap();
+        assert!(hog.policy_denied);
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+        /// The policy never admits what marginal-AND would deny: every
+        /// allowed admission was allowed by every axis.
+        #[test]
+        fn never_admits_what_marginal_and_denies(
+            steps in proptest::collection::vec((1u64..20_000, 0.0f64..100.0, any::<bool>(), 0u64..2_000), 1..120),
+            cost_dual in 0.0f64..0.02,
+        ) {
+            let c = clock();
+            let duals = Duals { cost: cost_dual, ..Duals::default() };
+            let g = policy_gate(&c, BidPriceFilter::with_duals(duals).unwrap());
+            let mut held = Vec::new();
+            for (cost, value, release_one, gap) in steps {
+                c.advance(gap);
+                let outcome = g.admit_sync(AdmitRequest::new("k", cost.min(50_000)).with_value(value)).unwrap();
+                if outcome.decision.allowed {
+                    let last = g.last_decisions();
+                    for axis in Axis::IN_ORDER {
+                        prop_assert!(last.get(axis).is_some_and(|d| d.allowed), "{:?}", axis);
+                    }
+                    prop_assert!(duals.admits(value, cost as f64, None));
+                    held.push(outcome.release);
+                } else {
+                    prop_assert!(!outcome.release.is_holding());
+                }
+                if release_one {
+                    if let Some(r) = held.pop() { r.release(false); }
+                }
+                prop_assert_eq!(g.concurrency().unwrap().1, held.len() as u64);
+            }
+        }
+    }
+}

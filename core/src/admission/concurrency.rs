@@ -1,0 +1,352 @@
+//! The concurrency axis: a process-wide ceiling on requests in flight whose
+//! limit adapts to what the service can take.
+//!
+//! Two update rules, both clamped to `min_limit..=max_limit`:
+//! - [`LimitRule::Aimd`]: additive increase (+1 after a success that found
+//!   the ceiling at least half used), multiplicative decrease (× `backoff`)
+//!   on a dropped request;
+//! - [`LimitRule::Gradient`]: the ratio of the long-run to the latest
+//!   latency scales the limit (× `backoff` on a drop), plus a headroom of
+//!   `√limit` so it can grow when latency is flat; smoothed.
+//!
+//! Laws (property-tested below):
+//! - **bounded**: the limit stays within `min_limit..=max_limit`, and an
+//!   acquire is allowed only while `in_flight < limit`;
+//! - **drops contract**: a release with `dropped = true` never raises the
+//!   limit, and lowers it unless it is already `min_limit`;
+//! - **conservation**: `in_flight` equals acquires allowed minus releases.
+
+use super::AdmissionConfigError;
+use crate::decision::Decision;
+
+/// How the limit adapts.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum LimitRule {
+    /// Additive increase, multiplicative decrease.
+    Aimd {
+        /// The factor applied on a drop, in `(0, 1)` (0.9 is typical).
+        backoff: f64,
+    },
+    /// Gradient on latency (long-run average over latest sample).
+    Gradient {
+        /// The factor applied on a drop, in `(0, 1)`.
+        backoff: f64,
+        /// Weight of a new sample in the smoothed limit, in `(0, 1]`.
+        smoothing: f64,
+    },
+}
+
+/// Parameters of a [`ConcurrencyLimit`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ConcurrencyParams {
+    /// The floor (≥ 1).
+    pub min_limit: u64,
+    /// The ceiling (≥ `min_limit`).
+    pub max_limit: u64,
+    /// Where the limit starts (within the bounds).
+    pub initial_limit: u64,
+    /// The update rule.
+    pub rule: LimitRule,
+}
+
+impl ConcurrencyParams {
+    /// AIMD between `min_limit` and `max_limit`, starting at `min_limit`.
+    pub fn aimd(min_limit: u64, max_limit: u64) -> Self {
+        ConcurrencyParams {
+            min_limit,
+            max_limit,
+            initial_limit: min_limit,
+            rule: LimitRule::Aimd { backoff: 0.9 },
+        }
+    }
+
+    /// Gradient between `min_limit` and `max_limit`, starting at `min_limit`.
+    pub fn gradient(min_limit: u64, max_limit: u64) -> Self {
+        ConcurrencyParams {
+            min_limit,
+            max_limit,
+            initial_limit: min_limit,
+            rule: LimitRule::Gradient {
+                backoff: 0.9,
+                smoothing: 0.2,
+            },
+        }
+    }
+
+    /// Checks the bounds and ratios.
+    pub fn validate(&self) -> Result<(), AdmissionConfigError> {
+        if self.min_limit == 0
+            || self.min_limit > self.max_limit
+            || !(self.min_limit..=self.max_limit).contains(&self.initial_limit)
+        {
+            return Err(AdmissionConfigError::LimitBounds {
+                min_limit: self.min_limit,
+                initial_limit: self.initial_limit,
+                max_limit: self.max_limit,
+            });
+        }
+        let backoff = match self.rule {
+            LimitRule::Aimd { backoff } => backoff,
+            LimitRule::Gradient { backoff, smoothing } => {
+                if !(smoothing > 0.0 && smoothing <= 1.0) {
+                    return Err(AdmissionConfigError::OutOfRange {
+                        name: "smoothing",
+                        range: "(0, 1]",
+                        value: smoothing,
+                    });
+                }
+                backoff
+            }
+        };
+        if !(backoff > 0.0 && backoff < 1.0) {
+            return Err(AdmissionConfigError::OutOfRange {
+                name: "backoff",
+                range: "(0, 1)",
+                value: backoff,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// How a request that held a slot ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Completion {
+    /// How long it held the slot, in milliseconds.
+    pub latency_ms: u64,
+    /// Whether it was dropped (timed out, overloaded, the client hung up):
+    /// an overload signal that contracts the limit.
+    pub dropped: bool,
+}
+
+/// The in-flight count and its adaptive limit.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConcurrencyLimit {
+    params: ConcurrencyParams,
+    limit: f64,
+    in_flight: u64,
+    long_latency_ms: Option<f64>,
+}
+
+impl ConcurrencyLimit {
+    /// Validates the parameters; nothing in flight.
+    pub fn new(params: ConcurrencyParams) -> Result<Self, AdmissionConfigError> {
+        params.validate()?;
+        Ok(ConcurrencyLimit {
+            params,
+            limit: params.initial_limit as f64,
+            in_flight: 0,
+            long_latency_ms: None,
+        })
+    }
+
+    /// The current ceiling (an integer within the bounds).
+    pub fn limit(&self) -> u64 {
+        (self.limit.floor() as u64).clamp(self.params.min_limit, self.params.max_limit)
+    }
+
+    /// Requests in flight now.
+    pub fn in_flight(&self) -> u64 {
+        self.in_flight
+    }
+
+    /// Takes a slot if one is free. A denial asks to retry after
+    /// `retry_after_ms` (a slot frees when some request finishes; the
+    /// caller supplies its best guess, for example the typical latency).
+    pub fn try_acquire(&mut self, retry_after_ms: u64) -> Decision {
+        let limit = self.limit();
+        if self.in_flight < limit {
+            self.in_flight += 1;
+            Decision {
+                allowed: true,
+                limit,
+                remaining: limit - self.in_flight,
+                reset_at_ms: 0,
+                retry_after_ms: 0,
+            }
+        } else {
+            Decision {
+                allowed: false,
+                limit,
+                remaining: 0,
+                reset_at_ms: 0,
+                retry_after_ms: retry_after_ms.max(1),
+            }
+        }
+    }
+
+    /// Frees a slot without feeding the limit (the request never ran, for
+    /// example because a later axis denied it). A no-op with nothing in
+    /// flight.
+    pub fn cancel(&mut self) {
+        self.in_flight = self.in_flight.saturating_sub(1);
+    }
+
+    /// Frees a slot and adapts the limit to how the request ended. A no-op
+    /// on the count with nothing in flight (the limit still learns).
+    pub fn release(&mut self, completion: Completion) {
+        let was_in_flight = self.in_flight;
+        self.in_flight = self.in_flight.saturating_sub(1);
+        let (min, max) = (self.params.min_limit as f64, self.params.max_limit as f64);
+        let next = match self.params.rule {
+            LimitRule::Aimd { backoff } => {
+                if completion.dropped {
+                    self.limit * backoff
+                } else if was_in_flight * 2 >= self.limit() {
+                    self.limit + 1.0
+                } else {
+                    self.limit
+                }
+            }
+            LimitRule::Gradient { backoff, smoothing } => {
+                let sample = completion.latency_ms.max(1) as f64;
+                let long = self.long_latency_ms.unwrap_or(sample);
+                self.long_latency_ms = Some(long * 0.95 + sample * 0.05);
+                if completion.dropped {
+                    self.limit * backoff
+                } else {
+                    let gradient = (long / sample).clamp(0.5, 1.0);
+                    let target = self.limit * gradient + self.limit.sqrt();
+                    self.limit * (1.0 - smoothing) + target * smoothing
+                }
+            }
+        };
+        let next = if completion.dropped {
+            // A drop always contracts by at least one slot (above the floor).
+            next.min(self.limit.floor() - 1.0)
+        } else {
+            next
+        };
+        self.limit = if next.is_finite() {
+            next.clamp(min, max)
+        } else {
+            min
+        };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn bad_bounds_and_ratios_are_refused() {
+        assert!(ConcurrencyLimit::new(ConcurrencyParams::aimd(0, 4)).is_err());
+        assert!(ConcurrencyLimit::new(ConcurrencyParams::aimd(5, 4)).is_err());
+        let nan_backoff = ConcurrencyParams {
+            rule: LimitRule::Aimd { backoff: f64::NAN },
+            ..ConcurrencyParams::aimd(1, 4)
+        };
+        assert!(ConcurrencyLimit::new(nan_backoff).is_err());
+        let zero_smoothing = ConcurrencyParams {
+            rule: LimitRule::Gradient {
+                backoff: 0.5,
+                smoothing: 0.0,
+            },
+            ..ConcurrencyParams::gradient(1, 4)
+        };
+        assert!(ConcurrencyLimit::new(zero_smoothing).is_err());
+    }
+
+    #[test]
+    fn aimd_grows_under_load_and_halts_at_max() {
+        let mut c = ConcurrencyLimit::new(ConcurrencyParams::aimd(4, 32)).unwrap();
+        for _ in 0..200 {
+            while c.try_acquire(10).allowed {}
+            c.release(Completion {
+                latency_ms: 10,
+                dropped: false,
+            });
+        }
+        assert_eq!(c.limit(), 32);
+        assert!(!c.try_acquire(10).allowed || c.in_flight() <= 32);
+    }
+
+    #[test]
+    fn a_full_ceiling_denies_with_a_wait() {
+        let mut c = ConcurrencyLimit::new(ConcurrencyParams::aimd(2, 2)).unwrap();
+        assert!(c.try_acquire(5).allowed);
+        assert!(c.try_acquire(5).allowed);
+        let d = c.try_acquire(5);
+        assert!(!d.allowed);
+        assert_eq!(d.retry_after_ms, 5);
+        c.cancel();
+        assert!(c.try_acquire(5).allowed);
+    }
+
+    fn params() -> impl Strategy<Value = ConcurrencyParams> {
+        (
+            1u64..20,
+            0u64..50,
+            any::<bool>(),
+            0.05f64..0.99,
+            0.05f64..1.0,
+        )
+            .prop_map(
+                |(min, span, gradient, backoff, smoothing)| ConcurrencyParams {
+                    min_limit: min,
+                    max_limit: min + span,
+                    initial_limit: min + span / 2,
+                    rule: if gradient {
+                        LimitRule::Gradient { backoff, smoothing }
+                    } else {
+                        LimitRule::Aimd { backoff }
+                    },
+                },
+            )
+    }
+
+    #[derive(Debug, Clone)]
+    enum Step {
+        Acquire,
+        Release(u64, bool),
+        Cancel,
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            Just(Step::Acquire),
+            (0u64..1_000, any::<bool>()).prop_map(|(l, d)| Step::Release(l, d)),
+            Just(Step::Cancel),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+        #[test]
+        fn limit_bounded_in_flight_conserved_drops_contract(
+            p in params(), steps in proptest::collection::vec(step(), 0..300),
+        ) {
+            let mut c = ConcurrencyLimit::new(p).unwrap();
+            let mut expected_in_flight = 0u64;
+            for s in steps {
+                match s {
+                    Step::Acquire => {
+                        let limit = c.limit();
+                        let d = c.try_acquire(1);
+                        prop_assert_eq!(d.allowed, expected_in_flight < limit);
+                        if d.allowed { expected_in_flight += 1; }
+                    }
+                    Step::Release(latency_ms, dropped) => {
+                        let before = c.limit();
+                        c.release(Completion { latency_ms, dropped });
+                        expected_in_flight = expected_in_flight.saturating_sub(1);
+                        if dropped {
+                            prop_assert!(c.limit() <= before);
+                            if before > p.min_limit {
+                                prop_assert!(c.limit() < before);
+                            }
+                        }
+                    }
+                    Step::Cancel => {
+                        c.cancel();
+                        expected_in_flight = expected_in_flight.saturating_sub(1);
+                    }
+                }
+                prop_assert!((p.min_limit..=p.max_limit).contains(&c.limit()));
+                prop_assert_eq!(c.in_flight(), expected_in_flight);
+            }
+        }
+    }
+}

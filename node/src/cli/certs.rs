@@ -1,0 +1,218 @@
+//! `leasehold certs mint`: a CA (new, or an existing one's certificate and
+//! key) and one certificate per member, region, operator and service, as
+//! PEM files for compose, Kubernetes or manual deployments.
+
+use std::path::PathBuf;
+
+use clap::{Args, Subcommand};
+use leasehold_core::ids::RegionId;
+
+use super::CliError;
+use crate::certs::{file_stem, mint, CertificateAuthority, MintPlan};
+
+/// `leasehold certs …`.
+#[derive(Debug, Clone, Args)]
+pub struct CertsArgs {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: CertsCommand,
+}
+
+/// The `certs` subcommands.
+#[derive(Debug, Clone, Subcommand)]
+pub enum CertsCommand {
+    /// Write ca.pem, and a certificate and key for every identity named.
+    Mint(MintArgs),
+}
+
+/// Options of `leasehold certs mint`.
+#[derive(Debug, Clone, Args)]
+pub struct MintArgs {
+    /// Directory to write into (created if missing; files are replaced).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Member ids (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    pub members: Vec<u64>,
+    /// Regions whose escrow nodes get a certificate.
+    #[arg(long, value_delimiter = ',')]
+    pub regions: Vec<String>,
+    /// Operator names.
+    #[arg(long, value_delimiter = ',')]
+    pub operators: Vec<String>,
+    /// Services as NAME@REGION.
+    #[arg(long, value_delimiter = ',')]
+    pub services: Vec<String>,
+    /// DNS names members and escrow nodes are dialled by.
+    #[arg(long, value_delimiter = ',')]
+    pub dns: Vec<String>,
+    /// IP addresses members and escrow nodes are dialled by.
+    #[arg(long, value_delimiter = ',')]
+    pub ip: Vec<std::net::IpAddr>,
+    /// Issue with this existing CA certificate (with --ca-key) instead of a new CA.
+    #[arg(long, requires = "ca_key")]
+    pub ca_cert: Option<PathBuf>,
+    /// The existing CA's private key.
+    #[arg(long, requires = "ca_cert")]
+    pub ca_key: Option<PathBuf>,
+    /// Days the certificates (and a new CA) are valid.
+    #[arg(long, default_value_t = 365)]
+    pub days: u32,
+    /// Do nothing when the output directory already holds a ca.pem (for
+    /// one-shot jobs that run on every start).
+    #[arg(long)]
+    pub if_absent: bool,
+}
+
+impl MintArgs {
+    /// The identities to issue.
+    pub fn plan(&self) -> Result<MintPlan, CliError> {
+        let region = |name: &str| {
+            RegionId::new(name).map_err(|e| CliError::Usage(format!("region {name:?}: {e}")))
+        };
+        let services = self
+            .services
+            .iter()
+            .map(|service| {
+                let (name, region_name) = service.split_once('@').ok_or_else(|| {
+                    CliError::Usage(format!("service {service:?} is not NAME@REGION"))
+                })?;
+                Ok((name.to_string(), region(region_name)?))
+            })
+            .collect::<Result<Vec<_>, CliError>>()?;
+        let mut server_names = self.dns.clone();
+        server_names.extend(self.ip.iter().map(ToString::to_string));
+        let plan = MintPlan {
+            members: self.members.clone(),
+            regions: self
+                .regions
+                .iter()
+                .map(|r| region(r))
+                .collect::<Result<_, _>>()?,
+            operators: self.operators.clone(),
+            services,
+            server_names,
+        };
+        for principal in plan.principals() {
+            let uri = principal.to_uri().unwrap_or_default();
+            leasehold_core::principal::Principal::parse_uri(&uri)
+                .map_err(|e| CliError::Usage(e.to_string()))?;
+        }
+        Ok(plan)
+    }
+}
+
+/// Runs `leasehold certs …`.
+pub fn run(args: CertsArgs) -> Result<(), CliError> {
+    match args.command {
+        CertsCommand::Mint(args) => mint_files(&args),
+    }
+}
+
+fn mint_files(args: &MintArgs) -> Result<(), CliError> {
+    let plan = args.plan()?;
+    if args.if_absent && args.out.join("ca.pem").exists() {
+        println!(
+            "{} exists: nothing minted",
+            args.out.join("ca.pem").display()
+        );
+        return Ok(());
+    }
+    let failed = |e: crate::certs::CertError| CliError::Failed(e.to_string());
+    let ca = match (&args.ca_cert, &args.ca_key) {
+        (Some(cert), Some(key)) => {
+            CertificateAuthority::load(cert, key, args.days).map_err(failed)?
+        }
+        _ => {
+            let ca = CertificateAuthority::generate("Leasehold CA", args.days).map_err(failed)?;
+            ca.write(&args.out, true).map_err(failed)?;
+            println!(
+                "new CA: {} (keep {} offline: it signs every identity)",
+                args.out.join("ca.pem").display(),
+                args.out.join("ca.key").display()
+            );
+            ca
+        }
+    };
+    for (principal, files) in mint(&ca, &args.out, &plan).map_err(failed)? {
+        println!(
+            "{:<28} {} {}",
+            principal.to_string(),
+            files.cert.display(),
+            files.key.display()
+        );
+        debug_assert_eq!(
+            files.cert.file_stem().and_then(|s| s.to_str()),
+            Some(file_stem(&principal).as_str())
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tls::{load_server_config, principal_of_certificate};
+    use leasehold_core::principal::Principal;
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::CertificateDer;
+
+    fn args(out: PathBuf) -> MintArgs {
+        MintArgs {
+            out,
+            members: vec![1, 2],
+            regions: vec!["eu".into()],
+            operators: vec!["admin".into()],
+            services: vec!["checkout@eu".into()],
+            dns: vec!["localhost".into()],
+            ip: vec!["127.0.0.1".parse().unwrap()],
+            ca_cert: None,
+            ca_key: None,
+            days: 30,
+            if_absent: false,
+        }
+    }
+
+    #[test]
+    fn mint_writes_a_ca_and_one_usable_certificate_per_identity() {
+        let dir = tempfile::tempdir().unwrap();
+        mint_files(&args(dir.path().to_path_buf())).unwrap();
+        for (stem, principal) in [
+            ("member-2", Principal::Member(2)),
+            ("operator-admin", Principal::Operator("admin".into())),
+            ("region-eu", Principal::Region(RegionId::new("eu").unwrap())),
+        ] {
+            let pem = std::fs::read(dir.path().join(format!("{stem}.pem"))).unwrap();
+            let der = CertificateDer::from_pem_slice(&pem).unwrap();
+            assert_eq!(principal_of_certificate(&der), Some(principal));
+        }
+        let service = crate::certs::files_for(
+            dir.path(),
+            &Principal::Service {
+                name: "checkout".into(),
+                region: RegionId::new("eu").unwrap(),
+            },
+        );
+        load_server_config(&service).unwrap();
+        assert!(dir.path().join("ca.key").exists());
+
+        let ca_before = std::fs::read(dir.path().join("ca.pem")).unwrap();
+        mint_files(&MintArgs {
+            if_absent: true,
+            ..args(dir.path().to_path_buf())
+        })
+        .unwrap();
+        assert_eq!(std::fs::read(dir.path().join("ca.pem")).unwrap(), ca_before);
+    }
+
+    #[test]
+    fn malformed_identities_are_usage_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut bad = args(dir.path().to_path_buf());
+        bad.services = vec!["checkout".into()];
+        assert!(matches!(bad.plan(), Err(CliError::Usage(_))));
+        let mut bad = args(dir.path().to_path_buf());
+        bad.operators = vec!["has/slash".into()];
+        assert!(matches!(bad.plan(), Err(CliError::Usage(_))));
+    }
+}

@@ -1,0 +1,409 @@
+//! `leasehold config check FILE...`: validates coordinator member configs,
+//! escrow node configs and policy files without starting anything or
+//! touching the network, and reports every problem with its file, field,
+//! line (where the file says it) and what to do.
+//!
+//! - [`member`]: a member's TOML (`leasehold serve --config`, [`NodeConfig`](crate::NodeConfig)).
+//! - [`escrow`](mod@escrow): an escrow node's TOML (`leasehold escrow --config`,
+//!   [`EscrowFile`](crate::escrow::config_file::EscrowFile)).
+//! - [`policies`]: a policy file (`leasehold policy apply`,
+//!   [`PolicyFile`](crate::policy_file::PolicyFile)).
+//! - [`locate`]: the line a field is written on.
+//!
+//! Which kind a file is: `--kind`, or else its content — a `[[policy]]`
+//! table makes a policy file, a `region` or `coordinators` key an escrow
+//! config, anything else a member config. A file is read once; the checks
+//! are pure functions of its text (property-tested: no input panics).
+//! Files the config names (TLS material) are looked for on this host unless
+//! `--skip-files` (checking a config meant for another host).
+
+pub mod escrow;
+pub mod locate;
+pub mod member;
+pub mod policies;
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use locate::Section;
+
+/// Which format a file is checked as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum FileKind {
+    /// A coordinator member's config (`leasehold serve --config`).
+    Member,
+    /// An escrow node's config (`leasehold escrow --config`).
+    Escrow,
+    /// A policy file (`leasehold policy apply`).
+    Policies,
+}
+
+impl fmt::Display for FileKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            FileKind::Member => "member config",
+            FileKind::Escrow => "escrow config",
+            FileKind::Policies => "policy file",
+        })
+    }
+}
+
+/// How serious a finding is: errors fail the check, notes do not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Severity {
+    /// The file cannot work as written.
+    Error,
+    /// Worth knowing (e.g. a setting the command line must then give).
+    Note,
+}
+
+/// Where a field lives: its table and key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldPath {
+    /// `None`: top level; `Some((name, None))`: `[name]`;
+    /// `Some((name, Some(i)))`: the i-th `[[name]]`.
+    pub table: Option<(String, Option<usize>)>,
+    /// The key (empty: the table itself).
+    pub key: String,
+}
+
+impl FieldPath {
+    /// A top-level key.
+    pub fn top(key: impl Into<String>) -> Self {
+        FieldPath {
+            table: None,
+            key: key.into(),
+        }
+    }
+
+    /// A key of the `[table]`.
+    pub fn in_table(table: &str, key: impl Into<String>) -> Self {
+        FieldPath {
+            table: Some((table.to_string(), None)),
+            key: key.into(),
+        }
+    }
+
+    /// A key of the `index`-th `[[table]]`.
+    pub fn in_entry(table: &str, index: usize, key: impl Into<String>) -> Self {
+        FieldPath {
+            table: Some((table.to_string(), Some(index))),
+            key: key.into(),
+        }
+    }
+
+    fn section(&self) -> Section<'_> {
+        match &self.table {
+            None => Section::Top,
+            Some((name, None)) => Section::Table(name),
+            Some((name, Some(index))) => Section::ArrayEntry(name, *index),
+        }
+    }
+
+    /// The line where the field (or its table) is written in `text`.
+    pub fn line_in(&self, text: &str) -> Option<usize> {
+        let key = (!self.key.is_empty()).then_some(self.key.as_str());
+        locate::line_of(text, self.section(), key)
+            .or_else(|| locate::line_of(text, self.section(), None))
+    }
+}
+
+impl fmt::Display for FieldPath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.table {
+            None => write!(f, "{}", self.key),
+            Some((name, index)) => {
+                write!(f, "{name}")?;
+                if let Some(index) = index {
+                    write!(f, "[{index}]")?;
+                }
+                if !self.key.is_empty() {
+                    write!(f, ".{}", self.key)?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// One problem of a file's content, before it is placed in the file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// The field it is about.
+    pub field: FieldPath,
+    /// What is wrong.
+    pub problem: String,
+    /// What to do about it.
+    pub fix: String,
+    /// Error or note.
+    pub severity: Severity,
+}
+
+impl Problem {
+    /// An error about `field`.
+    pub fn error(field: FieldPath, problem: impl Into<String>, fix: impl Into<String>) -> Self {
+        Problem {
+            field,
+            problem: problem.into(),
+            fix: fix.into(),
+            severity: Severity::Error,
+        }
+    }
+
+    /// A note about `field`.
+    pub fn note(field: FieldPath, problem: impl Into<String>, fix: impl Into<String>) -> Self {
+        Problem {
+            severity: Severity::Note,
+            ..Problem::error(field, problem, fix)
+        }
+    }
+}
+
+/// One finding of the check, placed in its file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Finding {
+    /// The file.
+    pub file: PathBuf,
+    /// The field (`""` for the file as a whole), e.g. `policy[1].limit`.
+    pub field: String,
+    /// The line, when the file says where.
+    pub line: Option<usize>,
+    /// Error or note.
+    pub severity: Severity,
+    /// What is wrong.
+    pub problem: String,
+    /// What to do.
+    pub fix: String,
+}
+
+impl fmt::Display for Finding {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.file.display())?;
+        if let Some(line) = self.line {
+            write!(f, ":{line}")?;
+        }
+        let severity = match self.severity {
+            Severity::Error => "error",
+            Severity::Note => "note",
+        };
+        write!(f, ": {severity}")?;
+        if !self.field.is_empty() {
+            write!(f, ": {}", self.field)?;
+        }
+        write!(f, ": {}\n    fix: {}", self.problem, self.fix)
+    }
+}
+
+/// What the check found in one file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FileReport {
+    /// The file.
+    pub file: PathBuf,
+    /// What it was checked as (`None` when it could not be read).
+    pub kind: Option<FileKind>,
+    /// Every finding, errors and notes.
+    pub findings: Vec<Finding>,
+}
+
+impl FileReport {
+    /// Number of errors.
+    pub fn errors(&self) -> usize {
+        self.findings
+            .iter()
+            .filter(|f| f.severity == Severity::Error)
+            .count()
+    }
+}
+
+/// Options of a check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CheckOptions {
+    /// Check every file as this kind instead of guessing from its content.
+    pub kind: Option<FileKind>,
+    /// Do not look for the files a config names (TLS material): the config
+    /// is meant for another host.
+    pub skip_files: bool,
+}
+
+/// Reads and checks one file.
+pub fn check_file(path: &Path, options: CheckOptions) -> FileReport {
+    match std::fs::read_to_string(path) {
+        Ok(text) => check_text(path, &text, options, &|file| local_file_problem(file)),
+        Err(e) => FileReport {
+            file: path.to_path_buf(),
+            kind: None,
+            findings: vec![Finding {
+                file: path.to_path_buf(),
+                field: String::new(),
+                line: None,
+                severity: Severity::Error,
+                problem: format!("cannot read the file: {e}"),
+                fix: "check the path and its permissions".into(),
+            }],
+        },
+    }
+}
+
+/// Checks the text of a file named `path`; `file_problem` says what is
+/// wrong with a file the config names (`None`: fine). Pure given it.
+pub fn check_text(
+    path: &Path,
+    text: &str,
+    options: CheckOptions,
+    file_problem: &dyn Fn(&Path) -> Option<String>,
+) -> FileReport {
+    let files = FileLookup {
+        skip: options.skip_files,
+        problem: file_problem,
+    };
+    let (kind, problems) = match toml::from_str::<toml::Table>(text) {
+        Err(e) => {
+            let kind = options.kind;
+            let line = e
+                .span()
+                .map(|span| locate::line_of_offset(text, span.start));
+            let finding = Finding {
+                file: path.to_path_buf(),
+                field: String::new(),
+                line,
+                severity: Severity::Error,
+                problem: format!("not valid TOML: {}", first_line(e.message())),
+                fix: "fix the syntax at that line (strings in double quotes, one key = value per line)"
+                    .into(),
+            };
+            return FileReport {
+                file: path.to_path_buf(),
+                kind,
+                findings: vec![finding],
+            };
+        }
+        Ok(table) => {
+            let kind = options.kind.unwrap_or_else(|| guess_kind(&table));
+            let problems = match kind {
+                FileKind::Member => member::check(&table, &files),
+                FileKind::Escrow => escrow::check(&table, &files),
+                FileKind::Policies => policies::check(&table),
+            };
+            (kind, problems)
+        }
+    };
+    let findings = problems
+        .into_iter()
+        .map(|p| Finding {
+            file: path.to_path_buf(),
+            line: p.field.line_in(text),
+            field: p.field.to_string(),
+            severity: p.severity,
+            problem: p.problem,
+            fix: p.fix,
+        })
+        .collect();
+    FileReport {
+        file: path.to_path_buf(),
+        kind: Some(kind),
+        findings,
+    }
+}
+
+/// The kind a parsed file looks like (see the module doc).
+pub fn guess_kind(table: &toml::Table) -> FileKind {
+    if table.contains_key("policy") {
+        FileKind::Policies
+    } else if table.contains_key("region") || table.contains_key("coordinators") {
+        FileKind::Escrow
+    } else {
+        FileKind::Member
+    }
+}
+
+/// How the checks look at files a config names.
+pub struct FileLookup<'a> {
+    skip: bool,
+    problem: &'a dyn Fn(&Path) -> Option<String>,
+}
+
+impl FileLookup<'_> {
+    /// An error for `field` when the file it names is unusable here.
+    pub fn check(&self, field: FieldPath, path: &Path) -> Option<Problem> {
+        if self.skip {
+            return None;
+        }
+        (self.problem)(path).map(|why| {
+            Problem::error(
+                field,
+                format!("{}: {why}", path.display()),
+                "fix the path, or make the file (`leasehold certs mint`); \
+                 --skip-files checks a config meant for another host",
+            )
+        })
+    }
+}
+
+/// What is wrong with a PEM file on this host, if anything.
+pub fn local_file_problem(path: &Path) -> Option<String> {
+    match std::fs::read(path) {
+        Err(e) => Some(format!("cannot be read ({e})")),
+        Ok(bytes) if !bytes.windows(10).any(|w| w == b"-----BEGIN") => {
+            Some("is not a PEM file (no -----BEGIN line)".into())
+        }
+        Ok(_) => None,
+    }
+}
+
+/// The keys of `table` that `T` (every field optional, unknown fields
+/// refused) does not accept on their own — unknown keys and values of the
+/// wrong type — with the deserializer's explanation.
+pub fn rejected_keys<T: DeserializeOwned>(table: &toml::Table) -> Vec<(String, String)> {
+    table
+        .iter()
+        .filter_map(|(key, value)| {
+            let mut alone = toml::Table::new();
+            alone.insert(key.clone(), value.clone());
+            toml::Value::Table(alone)
+                .try_into::<T>()
+                .err()
+                .map(|e| (key.clone(), first_line(e.message()).to_string()))
+        })
+        .collect()
+}
+
+/// An error for each key [`rejected_keys`] found, placed by `place`.
+pub fn key_problems<T: DeserializeOwned>(
+    table: &toml::Table,
+    place: impl Fn(&str) -> FieldPath,
+    example: &str,
+) -> Vec<Problem> {
+    rejected_keys::<T>(table)
+        .into_iter()
+        .map(|(key, message)| {
+            let unknown = message.starts_with("unknown field");
+            let problem = if unknown {
+                let known = message
+                    .split_once("expected")
+                    .map(|(_, rest)| format!("; known fields: {}", rest.trim()))
+                    .unwrap_or_default();
+                format!("unknown field{known}")
+            } else {
+                message
+            };
+            let fix = if unknown {
+                format!("remove it or fix its spelling (see {example})")
+            } else {
+                format!("give it a value of the right type (see {example})")
+            };
+            Problem::error(place(&key), problem, fix)
+        })
+        .collect()
+}
+
+fn first_line(message: &str) -> &str {
+    message.lines().next().unwrap_or(message).trim()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,256 @@
+//! The coordinator member's Prometheus metrics (`--metrics-listen`): its
+//! request counters, Raft progress, state-machine sizes, and per policy
+//! prefix the limit, what its live windows granted, and their utilisation.
+//! Series are per prefix (capped, see [`crate::metrics_http`]) and never per
+//! key. Names and meanings are listed in docs/operations.md ("Metrics").
+
+use leasehold_core::policy::PolicyKind;
+use openraft::ServerState;
+
+use super::context::NodeContext;
+use crate::metrics_http::{cap_prefixes, Exposition, MetricKind};
+
+/// Counters of [`super::metrics::NodeMetrics`] that are levels, not totals.
+const GAUGE_COUNTERS: &[&str] = &["largest_batch", "connections_open"];
+
+/// The metrics document of this member now.
+pub fn render(node: &NodeContext) -> String {
+    let mut doc = Exposition::new();
+    for (name, value) in node.metrics.snapshot() {
+        if GAUGE_COUNTERS.contains(&name) {
+            let metric = format!("leasehold_coordinator_{name}");
+            doc.single(&metric, MetricKind::Gauge, &describe(name), value as f64);
+        } else {
+            let metric = format!("leasehold_coordinator_{name}_total");
+            doc.single(&metric, MetricKind::Counter, &describe(name), value as f64);
+        }
+    }
+
+    let raft = node.raft.metrics().borrow().clone();
+    let index = |id: Option<u64>| id.unwrap_or(0) as f64;
+    doc.single(
+        "leasehold_raft_term",
+        MetricKind::Gauge,
+        "Current Raft term.",
+        raft.current_term as f64,
+    );
+    doc.single(
+        "leasehold_raft_leader_id",
+        MetricKind::Gauge,
+        "Node id of the leader this member knows (0: none).",
+        index(raft.current_leader),
+    );
+    doc.single(
+        "leasehold_raft_is_leader",
+        MetricKind::Gauge,
+        "1 while this member is the leader.",
+        f64::from(u8::from(raft.state == ServerState::Leader)),
+    );
+    doc.single(
+        "leasehold_raft_last_log_index",
+        MetricKind::Gauge,
+        "Index of the last entry in this member's log.",
+        index(raft.last_log_index),
+    );
+    doc.single(
+        "leasehold_raft_applied_index",
+        MetricKind::Gauge,
+        "Index of the last entry applied to the state machine.",
+        index(raft.last_applied.map(|id| id.index)),
+    );
+    doc.single(
+        "leasehold_raft_snapshot_index",
+        MetricKind::Gauge,
+        "Last log index covered by the stored snapshot.",
+        index(raft.snapshot.map(|id| id.index)),
+    );
+    doc.single(
+        "leasehold_raft_purged_index",
+        MetricKind::Gauge,
+        "Highest log index removed by compaction.",
+        index(raft.purged.map(|id| id.index)),
+    );
+    doc.single(
+        "leasehold_raft_voters",
+        MetricKind::Gauge,
+        "Voters in the membership this member knows.",
+        raft.membership_config.membership().voter_ids().count() as f64,
+    );
+
+    let wall_now = node.clock.now_ms();
+    let (live, keys, sessions, usage, shadow) = node.state.read(|state| {
+        (
+            state.live_windows(),
+            state.tracked_keys(),
+            state.client_sessions(),
+            state.usage_by_policy(wall_now),
+            state
+                .shadow_tallies()
+                .map(|(prefix, tally)| (prefix.to_string(), tally))
+                .collect::<Vec<_>>(),
+        )
+    });
+    doc.single(
+        "leasehold_coordinator_live_windows",
+        MetricKind::Gauge,
+        "Window records held by the state machine.",
+        live as f64,
+    );
+    doc.single(
+        "leasehold_coordinator_tracked_keys",
+        MetricKind::Gauge,
+        "Keys with window state (live or tombstone).",
+        keys as f64,
+    );
+    doc.single(
+        "leasehold_coordinator_sessions",
+        MetricKind::Gauge,
+        "Exactly-once client sessions held.",
+        sessions as f64,
+    );
+    doc.single(
+        "leasehold_coordinator_policies",
+        MetricKind::Gauge,
+        "Policies set.",
+        usage.len() as f64,
+    );
+
+    let rows = cap_prefixes(
+        usage
+            .iter()
+            .map(|u| {
+                (
+                    u.policy.prefix.clone(),
+                    [
+                        u.policy.limit as f64,
+                        u.live_windows as f64,
+                        u.limit_in_live_windows as f64,
+                        u.granted as f64,
+                        u.returned as f64,
+                        f64::from(u8::from(u.policy.shadow)),
+                        f64::from(u8::from(u.policy.kind == PolicyKind::Fair)),
+                    ],
+                )
+            })
+            .collect(),
+    );
+    let families: [(&str, MetricKind, &str); 7] = [
+        (
+            "leasehold_policy_limit",
+            MetricKind::Gauge,
+            "The policy's limit L per window and key.",
+        ),
+        (
+            "leasehold_policy_live_windows",
+            MetricKind::Gauge,
+            "Keys of the policy with a live window.",
+        ),
+        (
+            "leasehold_policy_window_limit_tokens",
+            MetricKind::Gauge,
+            "Σ of the limits of the policy's live windows.",
+        ),
+        (
+            "leasehold_policy_window_granted_tokens",
+            MetricKind::Gauge,
+            "Σ granted in the policy's live windows.",
+        ),
+        (
+            "leasehold_policy_window_returned_tokens",
+            MetricKind::Gauge,
+            "Σ credited back in the policy's live windows.",
+        ),
+        (
+            "leasehold_policy_shadow",
+            MetricKind::Gauge,
+            "1 while the policy is in shadow mode.",
+        ),
+        (
+            "leasehold_policy_fair",
+            MetricKind::Gauge,
+            "1 for a fair policy, 0 for a counter policy.",
+        ),
+    ];
+    for (column, (name, kind, help)) in families.iter().enumerate() {
+        doc.family(name, *kind, help);
+        for (prefix, values) in &rows {
+            doc.sample(name, &[("prefix", prefix)], values[column]);
+        }
+    }
+    doc.family(
+        "leasehold_policy_window_utilisation_ratio",
+        MetricKind::Gauge,
+        "Granted ÷ limit over the policy's live windows (0 with none live).",
+    );
+    for (prefix, values) in &rows {
+        let ratio = if values[2] > 0.0 {
+            values[3] / values[2]
+        } else {
+            0.0
+        };
+        doc.sample(
+            "leasehold_policy_window_utilisation_ratio",
+            &[("prefix", prefix)],
+            ratio,
+        );
+    }
+    let shadow_rows = cap_prefixes(
+        shadow
+            .into_iter()
+            .map(|(prefix, tally)| {
+                (
+                    prefix,
+                    [
+                        tally.would_deny_tokens as f64,
+                        tally.would_deny_requests as f64,
+                    ],
+                )
+            })
+            .collect(),
+    );
+    doc.family(
+        "leasehold_policy_shadow_would_deny_tokens_total",
+        MetricKind::Counter,
+        "Tokens a shadow policy handed out that it would have refused.",
+    );
+    for (prefix, values) in &shadow_rows {
+        doc.sample(
+            "leasehold_policy_shadow_would_deny_tokens_total",
+            &[("prefix", prefix)],
+            values[0],
+        );
+    }
+    doc.family(
+        "leasehold_policy_shadow_would_deny_requests_total",
+        MetricKind::Counter,
+        "Decisions of a shadow policy that would have refused something.",
+    );
+    for (prefix, values) in &shadow_rows {
+        doc.sample(
+            "leasehold_policy_shadow_would_deny_requests_total",
+            &[("prefix", prefix)],
+            values[1],
+        );
+    }
+    doc.finish()
+}
+
+/// One line of help for a member counter.
+fn describe(name: &str) -> String {
+    match name {
+        "leases" => "Lease commands answered.".into(),
+        "lease_tokens_requested" => "Tokens asked for by Lease.".into(),
+        "lease_tokens_granted" => "Tokens granted by Lease.".into(),
+        "lease_denials" => "Leases that granted nothing.".into(),
+        "proposals" => "Raft proposals (group-commit batches).".into(),
+        "proposed_commands" => "Commands carried by Raft proposals.".into(),
+        "largest_batch" => "Most commands in one proposal so far.".into(),
+        name if name.starts_with("rejected_") => {
+            format!(
+                "Requests refused: {}.",
+                name.trim_start_matches("rejected_").replace('_', " ")
+            )
+        }
+        name => format!("Counter {}.", name.replace('_', " ")),
+    }
+}

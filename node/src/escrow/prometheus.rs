@@ -1,0 +1,178 @@
+//! The escrow node's Prometheus metrics (`--metrics-listen`): coordinator
+//! reachability and outage state, what outages cost (denials, fallback
+//! admissions), coordinator calls against tokens served, refusals, and the
+//! fair throttle's and shadow mode's counts — the numbers `Escrow.Status`
+//! answers, under stable names. No series per key or tenant. Names and
+//! meanings are listed in docs/operations.md ("Metrics").
+
+use leasehold_proto::v1 as pb;
+
+use crate::metrics_http::{Exposition, MetricKind};
+
+/// The metrics document of a node whose status is `status`.
+pub fn render(status: &pb::EscrowStatusResponse) -> String {
+    let mut doc = Exposition::new();
+    doc.family(
+        "leasehold_escrow_info",
+        MetricKind::Gauge,
+        "Always 1; labelled with the node's region.",
+    );
+    doc.sample("leasehold_escrow_info", &[("region", &status.region)], 1.0);
+    let reachable = f64::from(u8::from(status.coordinator_reachable));
+    doc.single(
+        "leasehold_escrow_coordinator_reachable",
+        MetricKind::Gauge,
+        "1 while the coordinator answers, 0 during an outage.",
+        reachable,
+    );
+    doc.single(
+        "leasehold_escrow_outage",
+        MetricKind::Gauge,
+        "1 while the node is in a coordinator outage (each key's outage policy applies).",
+        1.0 - reachable,
+    );
+    doc.single(
+        "leasehold_escrow_active_keys",
+        MetricKind::Gauge,
+        "Keys with a live actor.",
+        status.active_keys as f64,
+    );
+    let counters: [(&str, &str, u64); 18] = [
+        (
+            "evicted_keys",
+            "Key actors stopped after being idle.",
+            status.evicted_keys,
+        ),
+        (
+            "outage_denials",
+            "Requests denied because the coordinator was unreachable.",
+            status.outage_denials,
+        ),
+        (
+            "fallback_admission_tokens",
+            "Tokens admitted under a fallback outage policy.",
+            status.fallback_admissions,
+        ),
+        (
+            "coordinator_calls",
+            "Calls to the coordinator (leases, pool grants, reconciles).",
+            status.coordinator_calls,
+        ),
+        (
+            "tokens_served",
+            "Tokens handed to callers.",
+            status.tokens_served,
+        ),
+        (
+            "returns_capped",
+            "Returns capped at what the holder acquired.",
+            status.returns_capped,
+        ),
+        (
+            "return_tokens_refused",
+            "Tokens of Returns refused by the cap.",
+            status.return_tokens_refused,
+        ),
+        (
+            "acquire_replays",
+            "Acquire retries answered from the stored answer.",
+            status.acquire_replays,
+        ),
+        (
+            "return_replays",
+            "Return retries answered from the stored answer.",
+            status.return_replays,
+        ),
+        (
+            "refused_request_ids",
+            "Requests refused for a reused or expired request id.",
+            status.refused_request_ids,
+        ),
+        (
+            "refused_holders_exhausted",
+            "Requests refused because a key had too many holders.",
+            status.refused_holders_exhausted,
+        ),
+        (
+            "refused_unauthenticated",
+            "Calls refused without a valid identity.",
+            status.refused_unauthenticated,
+        ),
+        (
+            "refused_permission_denied",
+            "Calls refused for the caller's identity.",
+            status.refused_permission_denied,
+        ),
+        (
+            "fair_throttle_passes",
+            "Requests the fair throttle let through.",
+            status.fair_throttle_passes,
+        ),
+        (
+            "fair_throttle_denials",
+            "Requests the fair throttle refused.",
+            status.fair_throttle_denials,
+        ),
+        (
+            "fair_throttle_idle_admissions",
+            "Throttled requests admitted from idle capacity.",
+            status.fair_throttle_idle_admissions,
+        ),
+        (
+            "shadow_would_deny_requests",
+            "Decisions of shadow policies that would have refused.",
+            status.shadow_would_deny_requests,
+        ),
+        (
+            "shadow_would_deny_tokens",
+            "Tokens shadow policies served that they would have refused.",
+            status.shadow_would_deny_tokens,
+        ),
+    ];
+    for (name, help, value) in counters {
+        doc.single(
+            &format!("leasehold_escrow_{name}_total"),
+            MetricKind::Counter,
+            help,
+            value as f64,
+        );
+    }
+    for (name, value) in &status.counters {
+        if crate::metrics_http::is_metric_name(name) {
+            doc.single(
+                &format!("leasehold_escrow_{name}_total"),
+                MetricKind::Counter,
+                &format!("Listener counter {}.", name.replace('_', " ")),
+                *value as f64,
+            );
+        }
+    }
+    doc.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_outage_shows_as_unreachable_and_outage() {
+        let status = pb::EscrowStatusResponse {
+            region: "eu".into(),
+            coordinator_reachable: false,
+            outage_denials: 7,
+            coordinator_calls: 3,
+            tokens_served: 1_000,
+            ..Default::default()
+        };
+        let text = render(&status);
+        assert!(
+            text.contains("leasehold_escrow_info{region=\"eu\"} 1\n"),
+            "{text}"
+        );
+        assert!(text.contains("leasehold_escrow_coordinator_reachable 0\n"));
+        assert!(text.contains("leasehold_escrow_outage 1\n"));
+        assert!(text.contains("leasehold_escrow_outage_denials_total 7\n"));
+        assert!(text.contains("leasehold_escrow_coordinator_calls_total 3\n"));
+        assert!(text.contains("leasehold_escrow_tokens_served_total 1000\n"));
+    }
+}

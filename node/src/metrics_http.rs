@@ -1,0 +1,366 @@
+//! Prometheus metrics of a long-running process (`leasehold serve`,
+//! `leasehold escrow`): the text exposition format, and a small plain-HTTP
+//! listener answering `GET /metrics` on its own port (`--metrics-listen`).
+//!
+//! The endpoint carries no secrets but is unauthenticated: bind it to a
+//! private interface (docs/security.md). The listener is bounded like the
+//! gRPC one: at most [`MAX_SCRAPES`] connections at once, a request head of at
+//! most [`MAX_REQUEST_HEAD`] bytes read within [`REQUEST_TIMEOUT`], one
+//! response per connection.
+//!
+//! Labels are bounded by construction: series exist per policy prefix, per
+//! reason or per state — never per key, tenant or caller — and the number of
+//! prefixes exported is capped at [`MAX_PREFIX_SERIES`].
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tokio::sync::{watch, Semaphore};
+
+/// Most scrapes served at once; more connections are closed at once.
+pub const MAX_SCRAPES: usize = 16;
+/// Most bytes of request line and headers read.
+pub const MAX_REQUEST_HEAD: usize = 8 * 1024;
+/// A scrape must send its request within this long.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// Most policy prefixes with series of their own; the rest are summed into
+/// `prefix="__other__"`.
+pub const MAX_PREFIX_SERIES: usize = 256;
+
+/// The kind of a metric family.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MetricKind {
+    /// Only ever increases (name ends in `_total`).
+    Counter,
+    /// Goes up and down.
+    Gauge,
+}
+
+/// A document in the Prometheus text exposition format (version 0.0.4).
+#[derive(Debug, Default)]
+pub struct Exposition {
+    text: String,
+}
+
+impl Exposition {
+    /// An empty document.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Starts a family: its `# HELP` and `# TYPE` lines. Samples of it
+    /// follow through [`Exposition::sample`].
+    pub fn family(&mut self, name: &str, kind: MetricKind, help: &str) {
+        debug_assert!(is_metric_name(name), "{name}");
+        let kind = match kind {
+            MetricKind::Counter => "counter",
+            MetricKind::Gauge => "gauge",
+        };
+        let help = help.replace('\\', "\\\\").replace('\n', "\\n");
+        let _ = writeln!(self.text, "# HELP {name} {help}");
+        let _ = writeln!(self.text, "# TYPE {name} {kind}");
+    }
+
+    /// One sample of the current family.
+    pub fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: f64) {
+        self.text.push_str(name);
+        if !labels.is_empty() {
+            self.text.push('{');
+            for (i, (label, value)) in labels.iter().enumerate() {
+                if i > 0 {
+                    self.text.push(',');
+                }
+                let _ = write!(self.text, "{label}=\"{}\"", escape_label_value(value));
+            }
+            self.text.push('}');
+        }
+        let _ = writeln!(self.text, " {}", format_value(value));
+    }
+
+    /// A family with one unlabelled sample.
+    pub fn single(&mut self, name: &str, kind: MetricKind, help: &str, value: f64) {
+        self.family(name, kind, help);
+        self.sample(name, &[], value);
+    }
+
+    /// The document.
+    pub fn finish(self) -> String {
+        self.text
+    }
+}
+
+/// Whether `name` is a valid Prometheus metric name.
+pub fn is_metric_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_' || c == ':')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+}
+
+/// A label value with `\`, `"` and newlines escaped.
+pub fn escape_label_value(value: &str) -> String {
+    let mut escaped = String::with_capacity(value.len());
+    for c in value.chars() {
+        match c {
+            '\\' => escaped.push_str("\\\\"),
+            '"' => escaped.push_str("\\\""),
+            '\n' => escaped.push_str("\\n"),
+            c => escaped.push(c),
+        }
+    }
+    escaped
+}
+
+fn format_value(value: f64) -> String {
+    if value.is_nan() {
+        "NaN".into()
+    } else if value.is_infinite() {
+        if value > 0.0 { "+Inf" } else { "-Inf" }.into()
+    } else if value.fract() == 0.0 && value.abs() < 9.007_199_254_740_992e15 {
+        format!("{}", value as i64)
+    } else {
+        format!("{value}")
+    }
+}
+
+/// Renders the current metrics of a process.
+pub type Render = Arc<dyn Fn() -> String + Send + Sync>;
+
+/// What a request head asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    /// `GET /metrics` (a query string is ignored).
+    Metrics,
+    /// Another path.
+    NotFound,
+    /// Another method.
+    MethodNotAllowed,
+    /// Not an HTTP request line.
+    BadRequest,
+}
+
+/// Routes a request by its first line.
+pub fn route(head: &[u8]) -> Route {
+    let line = head.split(|b| *b == b'\n').next().unwrap_or_default();
+    let line = String::from_utf8_lossy(line);
+    let mut parts = line.trim_end_matches('\r').split(' ');
+    let (Some(method), Some(target), Some(version)) = (parts.next(), parts.next(), parts.next())
+    else {
+        return Route::BadRequest;
+    };
+    if !version.starts_with("HTTP/1.") {
+        return Route::BadRequest;
+    }
+    if method != "GET" && method != "HEAD" {
+        return Route::MethodNotAllowed;
+    }
+    let path = target.split('?').next().unwrap_or_default();
+    if path == "/metrics" {
+        Route::Metrics
+    } else {
+        Route::NotFound
+    }
+}
+
+/// Serves `GET /metrics` on `listener` with what `render` returns, until
+/// `stop` turns true.
+pub async fn serve_metrics(listener: TcpListener, render: Render, mut stop: watch::Receiver<bool>) {
+    let permits = Arc::new(Semaphore::new(MAX_SCRAPES));
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = stop.changed() => return,
+        };
+        let Ok((stream, _)) = accepted else {
+            // Out of descriptors or similar: do not spin.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        let Ok(permit) = Arc::clone(&permits).try_acquire_owned() else {
+            drop(stream);
+            continue;
+        };
+        let render = Arc::clone(&render);
+        tokio::spawn(async move {
+            let _permit = permit;
+            let _ = tokio::time::timeout(REQUEST_TIMEOUT, answer(stream, render)).await;
+        });
+    }
+}
+
+async fn answer(mut stream: tokio::net::TcpStream, render: Render) -> std::io::Result<()> {
+    let mut head = Vec::with_capacity(512);
+    let mut buffer = [0u8; 1024];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") && !head.windows(2).any(|w| w == b"\n\n") {
+        let read = stream.read(&mut buffer).await?;
+        if read == 0 {
+            break;
+        }
+        head.extend_from_slice(&buffer[..read]);
+        if head.len() > MAX_REQUEST_HEAD {
+            return respond(&mut stream, "431 Request Header Fields Too Large", "", "").await;
+        }
+    }
+    let is_head = head.starts_with(b"HEAD ");
+    match route(&head) {
+        Route::Metrics => {
+            let body = render();
+            let body = if is_head { String::new() } else { body };
+            respond(
+                &mut stream,
+                "200 OK",
+                "text/plain; version=0.0.4; charset=utf-8",
+                &body,
+            )
+            .await
+        }
+        Route::NotFound => {
+            respond(
+                &mut stream,
+                "404 Not Found",
+                "text/plain",
+                "metrics are at /metrics\n",
+            )
+            .await
+        }
+        Route::MethodNotAllowed => respond(&mut stream, "405 Method Not Allowed", "", "").await,
+        Route::BadRequest => respond(&mut stream, "400 Bad Request", "", "").await,
+    }
+}
+
+async fn respond(
+    stream: &mut tokio::net::TcpStream,
+    status: &str,
+    content_type: &str,
+    body: &str,
+) -> std::io::Result<()> {
+    let mut response = format!(
+        "HTTP/1.1 {status}\r\nContent-Length: {}\r\nConnection: close\r\n",
+        body.len()
+    );
+    if !content_type.is_empty() {
+        let _ = write!(response, "Content-Type: {content_type}\r\n");
+    }
+    response.push_str("\r\n");
+    response.push_str(body);
+    stream.write_all(response.as_bytes()).await?;
+    stream.shutdown().await
+}
+
+/// Binds `addr` and serves metrics there in the background until `stop`.
+pub async fn spawn_metrics_listener(
+    addr: &str,
+    render: Render,
+    stop: watch::Receiver<bool>,
+) -> Result<tokio::task::JoinHandle<()>, crate::error::NodeError> {
+    let listener = crate::coordinator::bind(addr).await?;
+    tracing::info!(listen = %addr, "serving Prometheus metrics at /metrics");
+    Ok(tokio::spawn(serve_metrics(listener, render, stop)))
+}
+
+/// Groups `(prefix, value…)` rows so at most [`MAX_PREFIX_SERIES`] prefixes
+/// keep series of their own (the first ones in order); the rest are summed
+/// into one `__other__` row.
+pub fn cap_prefixes<const N: usize>(rows: Vec<(String, [f64; N])>) -> Vec<(String, [f64; N])> {
+    if rows.len() <= MAX_PREFIX_SERIES {
+        return rows;
+    }
+    let mut capped: Vec<(String, [f64; N])> = Vec::with_capacity(MAX_PREFIX_SERIES + 1);
+    let mut other = [0.0; N];
+    for (i, (prefix, values)) in rows.into_iter().enumerate() {
+        if i < MAX_PREFIX_SERIES {
+            capped.push((prefix, values));
+        } else {
+            for (sum, value) in other.iter_mut().zip(values) {
+                *sum += value;
+            }
+        }
+    }
+    capped.push(("__other__".into(), other));
+    capped
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn families_render_help_type_and_samples() {
+        let mut doc = Exposition::new();
+        doc.family("leasehold_x_total", MetricKind::Counter, "Things.");
+        doc.sample("leasehold_x_total", &[("prefix", "a/\"b\"")], 3.0);
+        doc.single("leasehold_y", MetricKind::Gauge, "A level.", 0.5);
+        let text = doc.finish();
+        assert_eq!(
+            text,
+            "# HELP leasehold_x_total Things.\n# TYPE leasehold_x_total counter\n\
+             leasehold_x_total{prefix=\"a/\\\"b\\\"\"} 3\n\
+             # HELP leasehold_y A level.\n# TYPE leasehold_y gauge\nleasehold_y 0.5\n"
+        );
+    }
+
+    #[test]
+    fn requests_are_routed_by_method_and_path() {
+        assert_eq!(
+            route(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"),
+            Route::Metrics
+        );
+        assert_eq!(route(b"GET /metrics?x=1 HTTP/1.0\r\n\r\n"), Route::Metrics);
+        assert_eq!(route(b"GET / HTTP/1.1\r\n\r\n"), Route::NotFound);
+        assert_eq!(
+            route(b"POST /metrics HTTP/1.1\r\n\r\n"),
+            Route::MethodNotAllowed
+        );
+        assert_eq!(route(b"\x16\x03\x01garbage"), Route::BadRequest);
+    }
+
+    #[test]
+    fn prefixes_beyond_the_cap_are_summed_into_other() {
+        let rows: Vec<(String, [f64; 1])> = (0..MAX_PREFIX_SERIES + 10)
+            .map(|i| (format!("p{i}/"), [1.0]))
+            .collect();
+        let capped = cap_prefixes(rows);
+        assert_eq!(capped.len(), MAX_PREFIX_SERIES + 1);
+        assert_eq!(
+            capped.last().map(|(p, v)| (p.as_str(), v[0])),
+            Some(("__other__", 10.0))
+        );
+    }
+
+    proptest! {
+        /// Whatever a label value holds, the sample stays one line whose
+        /// quoted value unescapes back to it.
+        #[test]
+        fn any_label_value_stays_on_one_line_and_round_trips(value in ".{0,40}") {
+            let mut doc = Exposition::new();
+            doc.sample("m", &[("l", &value)], 1.0);
+            let text = doc.finish();
+            prop_assert_eq!(text.matches('\n').count(), 1);
+            let quoted = text.strip_prefix("m{l=\"").and_then(|t| t.strip_suffix("\"} 1\n"));
+            let quoted = quoted.expect("sample shape");
+            let mut unescaped = String::new();
+            let mut chars = quoted.chars();
+            while let Some(c) = chars.next() {
+                if c == '\\' {
+                    match chars.next() {
+                        Some('n') => unescaped.push('\n'),
+                        Some(other) => unescaped.push(other),
+                        None => prop_assert!(false, "dangling escape"),
+                    }
+                } else {
+                    prop_assert!(c != '"', "unescaped quote");
+                    unescaped.push(c);
+                }
+            }
+            prop_assert_eq!(unescaped, value);
+        }
+
+        #[test]
+        fn no_request_bytes_panic_the_router(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
+            let _ = route(&bytes);
+        }
+    }
+}

@@ -1,0 +1,214 @@
+//! `/metrics` of a member and of an escrow node, scraped over HTTP: the
+//! numbers move with the traffic, and series are per policy prefix, so many
+//! keys add none.
+
+use std::time::Duration;
+
+use anyhow::{ensure, Context, Result};
+use leasehold_proto::v1 as pb;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::escrow::EscrowNode;
+use crate::harness::{counter_policy, Cluster, LONG_WINDOW_MS};
+
+fn free_addr() -> Result<String> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(listener.local_addr()?.to_string())
+}
+
+/// GET `path` on `addr`; (status line, body).
+async fn get(addr: &str, path: &str) -> Result<(String, String)> {
+    let mut last_error = None;
+    for _ in 0..50 {
+        match tokio::net::TcpStream::connect(addr).await {
+            Ok(mut stream) => {
+                stream
+                    .write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
+                    .await?;
+                let mut response = String::new();
+                stream.read_to_string(&mut response).await?;
+                let (head, body) = response.split_once("\r\n\r\n").context("response head")?;
+                let status = head.lines().next().unwrap_or_default().to_string();
+                return Ok((status, body.to_string()));
+            }
+            Err(e) => last_error = Some(e),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Err(last_error.context("no attempt")?.into())
+}
+
+/// The value of the sample line starting with `series ` in `text`.
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|value| value.parse().ok())
+}
+
+fn series_count(text: &str) -> usize {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_exports_grants_per_prefix_and_many_keys_add_no_series() -> Result<()> {
+    let metrics_addr = free_addr()?;
+    let listen = metrics_addr.clone();
+    let mut cluster =
+        Cluster::start_initialised(1, move |c| c.metrics_listen = Some(listen.clone())).await?;
+    let client = cluster.client()?;
+    client
+        .admin()
+        .set_policy(counter_policy("m/", 1_000_000, LONG_WINDOW_MS))
+        .await?;
+    client.lease("m/first", "eu", 3).await?;
+
+    let (status, before) = get(&metrics_addr, "/metrics").await?;
+    ensure!(status.contains("200"), "{status}");
+    ensure!(
+        sample(&before, "leasehold_coordinator_leases_total") == Some(1.0),
+        "{before}"
+    );
+    ensure!(sample(&before, "leasehold_raft_is_leader") == Some(1.0));
+    ensure!(sample(&before, "leasehold_policy_limit{prefix=\"m/\"}") == Some(1_000_000.0));
+    ensure!(
+        sample(
+            &before,
+            "leasehold_policy_window_granted_tokens{prefix=\"m/\"}"
+        ) == Some(3.0)
+    );
+
+    for i in 0..200 {
+        client.lease(&format!("m/key-{i}"), "eu", 2).await?;
+    }
+    let (_, after) = get(&metrics_addr, "/metrics").await?;
+    ensure!(sample(&after, "leasehold_coordinator_leases_total") == Some(201.0));
+    ensure!(
+        sample(
+            &after,
+            "leasehold_policy_window_granted_tokens{prefix=\"m/\"}"
+        ) == Some(403.0)
+    );
+    ensure!(sample(&after, "leasehold_policy_live_windows{prefix=\"m/\"}") == Some(201.0));
+    ensure!(
+        series_count(&after) == series_count(&before),
+        "200 more keys changed the number of series: {} → {}",
+        series_count(&before),
+        series_count(&after)
+    );
+    let (status, _) = get(&metrics_addr, "/other").await?;
+    ensure!(status.contains("404"), "{status}");
+    cluster.stop_all().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_escrow_node_exports_coordinator_calls_and_tokens_served() -> Result<()> {
+    let mut cluster = Cluster::start_initialised(1, |_| {}).await?;
+    cluster
+        .client()?
+        .admin()
+        .set_policy(counter_policy("e/", 1_000, LONG_WINDOW_MS))
+        .await?;
+    let metrics_addr = free_addr()?;
+    let listen = metrics_addr.clone();
+    let node = EscrowNode::start(&cluster, "eu", move |c| {
+        c.metrics_listen = Some(listen.clone());
+    })
+    .await?;
+    let mut rpc = node.rpc().await?;
+    for _ in 0..5 {
+        rpc.acquire(pb::AcquireRequest {
+            key: "e/k".into(),
+            tenant: String::new(),
+            weight: 1,
+            tokens: 2,
+            request_id: None,
+        })
+        .await?;
+    }
+    let (_, text) = get(&metrics_addr, "/metrics").await?;
+    ensure!(
+        sample(&text, "leasehold_escrow_info{region=\"eu\"}") == Some(1.0),
+        "{text}"
+    );
+    ensure!(sample(&text, "leasehold_escrow_coordinator_reachable") == Some(1.0));
+    ensure!(sample(&text, "leasehold_escrow_tokens_served_total") == Some(10.0));
+    let calls = sample(&text, "leasehold_escrow_coordinator_calls_total").unwrap_or(0.0);
+    ensure!(
+        calls >= 1.0 && calls < 5.0,
+        "refills are batched: {calls} calls for 5 acquires"
+    );
+    node.stop().await;
+    cluster.stop_all().await
+}
+
+/// Every `leasehold_*` metric the Grafana dashboard queries, with the tier
+/// that exports it (`leasehold_escrow_*` or the member's).
+fn dashboard_metrics() -> Result<Vec<String>> {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../deploy/grafana/leasehold-dashboard.json"
+    );
+    let dashboard: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path)?)?;
+    let mut names = Vec::new();
+    for panel in dashboard["panels"].as_array().context("panels")? {
+        for target in panel["targets"].as_array().context("targets")? {
+            let expr = target["expr"].as_str().context("expr")?;
+            let mut rest = expr;
+            while let Some(start) = rest.find("leasehold_") {
+                let tail = &rest[start..];
+                let end = tail
+                    .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                    .unwrap_or(tail.len());
+                names.push(tail[..end].to_string());
+                rest = &tail[end..];
+            }
+        }
+    }
+    names.sort();
+    names.dedup();
+    ensure!(
+        names.len() > 10,
+        "the dashboard queries leasehold metrics: {names:?}"
+    );
+    Ok(names)
+}
+
+/// Whether `text` has a `# TYPE` line for `name`.
+fn exports(text: &str, name: &str) -> bool {
+    text.lines().any(|line| {
+        line.strip_prefix("# TYPE ")
+            .and_then(|l| l.split(' ').next())
+            == Some(name)
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_metric_the_dashboard_queries_is_exported() -> Result<()> {
+    let member_metrics = free_addr()?;
+    let listen = member_metrics.clone();
+    let mut cluster =
+        Cluster::start_initialised(1, move |c| c.metrics_listen = Some(listen.clone())).await?;
+    let escrow_metrics = free_addr()?;
+    let listen = escrow_metrics.clone();
+    let node = EscrowNode::start(&cluster, "eu", move |c| {
+        c.metrics_listen = Some(listen.clone());
+    })
+    .await?;
+    let (_, member) = get(&member_metrics, "/metrics").await?;
+    let (_, escrow) = get(&escrow_metrics, "/metrics").await?;
+    for name in dashboard_metrics()? {
+        let text = if name.starts_with("leasehold_escrow_") {
+            &escrow
+        } else {
+            &member
+        };
+        ensure!(
+            exports(text, &name),
+            "the dashboard queries {name}, which is not exported"
+        );
+    }
+    node.stop().await;
+    cluster.stop_all().await
+}

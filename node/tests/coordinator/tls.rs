@@ -1,0 +1,719 @@
+//! Mutual TLS and authorization against real in-process members: who can
+//! connect at all, which identity may call what, forged Raft messages, and
+//! certificate rotation without restart.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{ensure, Context, Result};
+use leasehold_client::coordinator::{CoordinatorClient, CoordinatorError, RetryOptions};
+use leasehold_client::transport::{Dialer, SystemClock, TcpDialer};
+use leasehold_core::ids::RegionId;
+use leasehold_core::principal::Principal;
+use leasehold_node::certs::{files_for, mint, CertificateAuthority, MintPlan};
+use leasehold_node::coordinator::{open_stores, run_coordinator};
+use leasehold_node::tls::{ReloadingServerConfig, Security, TlsFiles, TlsIncoming};
+use leasehold_node::{NodeConfig, NodeError};
+use leasehold_proto::v1 as pb;
+use leasehold_proto::v1::raft_client::RaftClient;
+use leasehold_raft_store::AppendEntriesRequest;
+use tokio::net::TcpListener;
+use tokio::sync::{oneshot, watch};
+use tokio::task::JoinHandle;
+use tonic::transport::server::TcpIncoming;
+use tonic::Code;
+
+use crate::harness::{counter_policy, fast_config, patient, Cluster, LONG_WINDOW_MS};
+
+/// A running member: its stop signal and its task.
+type RunningMember = (oneshot::Sender<()>, JoinHandle<Result<(), NodeError>>);
+
+/// How often members re-check their certificate files in these tests.
+const RELOAD_INTERVAL: Duration = Duration::from_millis(100);
+
+fn region(name: &str) -> Principal {
+    Principal::Region(RegionId::new(name).unwrap())
+}
+
+fn operator() -> Principal {
+    Principal::Operator("admin".into())
+}
+
+fn service_eu() -> Principal {
+    Principal::Service {
+        name: "checkout".into(),
+        region: RegionId::new("eu").unwrap(),
+    }
+}
+
+/// A three-member cluster where every connection is mutual TLS, with a CA
+/// that also issued certificates for regions eu/us, an operator, a service
+/// and a member 99 that is not in the cluster.
+struct TlsCluster {
+    dir: tempfile::TempDir,
+    ca: CertificateAuthority,
+    addrs: Vec<String>,
+    members: Vec<RunningMember>,
+    _stop_reloading: watch::Sender<bool>,
+}
+
+impl TlsCluster {
+    async fn start_initialised() -> Result<Self> {
+        let dir = tempfile::tempdir()?;
+        let certs = dir.path().join("certs");
+        let ca = CertificateAuthority::generate("test CA", 1)?;
+        let plan = MintPlan {
+            members: vec![1, 2, 3, 99],
+            regions: vec![RegionId::new("eu")?, RegionId::new("us")?],
+            operators: vec!["admin".into()],
+            services: vec![
+                ("checkout".into(), RegionId::new("eu")?),
+                ("checkout".into(), RegionId::new("us")?),
+            ],
+            server_names: vec!["127.0.0.1".into(), "localhost".into()],
+        };
+        mint(&ca, &certs, &plan)?;
+        let (stop_reloading, reloading) = watch::channel(false);
+        let mut listeners = Vec::new();
+        let mut addrs = Vec::new();
+        for _ in 1..=3 {
+            let listener = TcpListener::bind("127.0.0.1:0").await?;
+            addrs.push(listener.local_addr()?.to_string());
+            listeners.push(listener);
+        }
+        let mut members = Vec::new();
+        for (id, listener) in (1..=3u64).zip(listeners) {
+            let files = files_for(&certs, &Principal::Member(id));
+            let mut config = fast_config(
+                id,
+                addrs[(id - 1) as usize].clone(),
+                dir.path().join(format!("node-{id}")),
+            );
+            config.tls_ca = Some(files.ca.clone());
+            config.tls_cert = Some(files.cert.clone());
+            config.tls_key = Some(files.key.clone());
+            members.push(spawn_tls_member(
+                config,
+                listener,
+                files,
+                reloading.clone(),
+            )?);
+        }
+        let cluster = Self {
+            dir,
+            ca,
+            addrs,
+            members,
+            _stop_reloading: stop_reloading,
+        };
+        let members: Vec<(u64, String)> = (1..=3u64)
+            .map(|id| (id, cluster.addrs[(id - 1) as usize].clone()))
+            .collect();
+        cluster
+            .client_as(&operator())?
+            .admin()
+            .init(&members)
+            .await?;
+        cluster.wait_for_leader().await?;
+        Ok(cluster)
+    }
+
+    fn certs(&self) -> PathBuf {
+        self.dir.path().join("certs")
+    }
+
+    fn files(&self, principal: &Principal) -> TlsFiles {
+        files_for(&self.certs(), principal)
+    }
+
+    fn dialer_as(&self, principal: &Principal) -> Arc<dyn Dialer> {
+        Security::MutualTls(self.files(principal)).dialer()
+    }
+
+    fn client_as(&self, principal: &Principal) -> Result<CoordinatorClient> {
+        Ok(CoordinatorClient::with_options(
+            self.addrs.clone(),
+            self.dialer_as(principal),
+            patient(),
+        )?)
+    }
+
+    async fn wait_for_leader(&self) -> Result<u64> {
+        let admin = self.client_as(&operator())?.admin();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(status) = admin.status().await {
+                if let Some(leader) = status.current_leader {
+                    return Ok(leader);
+                }
+            }
+            ensure!(tokio::time::Instant::now() < deadline, "no leader in time");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Every member's own view of its term.
+    async fn terms(&self) -> Result<Vec<u64>> {
+        let mut terms = Vec::new();
+        for addr in &self.addrs {
+            let admin = CoordinatorClient::with_options(
+                [addr.clone()],
+                self.dialer_as(&operator()),
+                patient(),
+            )?
+            .admin();
+            terms.push(admin.status().await?.current_term);
+        }
+        Ok(terms)
+    }
+
+    async fn stop(self) -> Result<()> {
+        for (stop, task) in self.members {
+            let _ = stop.send(());
+            task.await??;
+        }
+        Ok(())
+    }
+}
+
+fn spawn_tls_member(
+    config: NodeConfig,
+    listener: TcpListener,
+    files: TlsFiles,
+    reloading: watch::Receiver<bool>,
+) -> Result<RunningMember> {
+    let stores = open_stores(&config)?;
+    let dialer = config.security()?.dialer();
+    let tls = ReloadingServerConfig::load(files)?;
+    tokio::spawn(tls.clone().watch(RELOAD_INTERVAL, reloading));
+    let incoming = TlsIncoming::new(
+        TcpIncoming::from(listener).with_nodelay(Some(true)),
+        tls,
+        Duration::from_secs(5),
+    );
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(run_coordinator(
+        config,
+        stores,
+        incoming,
+        dialer,
+        Arc::new(SystemClock),
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    Ok((stop, task))
+}
+
+/// A client that gives up at once (refusals are not retried anyway).
+fn impatient() -> RetryOptions {
+    RetryOptions {
+        call_timeout: Duration::from_secs(2),
+        total_timeout: Duration::from_secs(3),
+        max_attempts: 2,
+        ..patient()
+    }
+}
+
+fn code_of<T: std::fmt::Debug>(result: Result<T, CoordinatorError>) -> Code {
+    match result {
+        Ok(value) => panic!("expected a refusal, got {value:?}"),
+        Err(error) => error.code(),
+    }
+}
+
+/// A forged AppendEntries from `claimed_leader` at a term far ahead.
+fn forged_append_entries(claimed_leader: u64, term: u64) -> Result<pb::RaftPayload> {
+    let request = AppendEntriesRequest {
+        vote: openraft::Vote::new_committed(term, claimed_leader),
+        prev_log_id: None,
+        entries: Vec::new(),
+        leader_commit: None,
+    };
+    Ok(pb::RaftPayload {
+        data: postcard::to_allocvec(&request)?,
+    })
+}
+
+async fn send_append_entries(
+    dialer: &dyn Dialer,
+    addr: &str,
+    payload: pb::RaftPayload,
+) -> Result<Code> {
+    let channel = dialer.dial(addr).await?;
+    match RaftClient::new(channel).append_entries(payload).await {
+        Ok(_) => Ok(Code::Ok),
+        Err(status) => Ok(status.code()),
+    }
+}
+
+/// A refusal counter of member `addr` (from its Status metrics).
+async fn refusals(cluster: &TlsCluster, addr: &str, name: &str) -> Result<u64> {
+    let admin = CoordinatorClient::with_options(
+        [addr.to_string()],
+        cluster.dialer_as(&operator()),
+        patient(),
+    )?
+    .admin();
+    let status = admin.status().await?;
+    status
+        .counters
+        .get(name)
+        .copied()
+        .with_context(|| format!("no metric {name}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_without_a_certificate_or_with_another_cas_certificate_cannot_connect() -> Result<()>
+{
+    let cluster = TlsCluster::start_initialised().await?;
+    let addr = cluster.addrs[0].clone();
+
+    // Plaintext against a TLS listener.
+    let plaintext = CoordinatorClient::with_options(
+        [addr.clone()],
+        Arc::new(TcpDialer::default()),
+        impatient(),
+    )?;
+    ensure!(
+        plaintext.admin().status().await.is_err(),
+        "plaintext was served"
+    );
+
+    // TLS trusting the right CA, but presenting no certificate.
+    let ca = std::fs::read(cluster.files(&operator()).ca)?;
+    let channel = tonic::transport::Endpoint::from_shared(format!("https://{addr}"))?
+        .tls_config(
+            tonic::transport::ClientTlsConfig::new()
+                .ca_certificate(tonic::transport::Certificate::from_pem(ca))
+                .domain_name("127.0.0.1"),
+        )?
+        .connect_timeout(Duration::from_secs(2))
+        .connect_lazy();
+    let no_cert = leasehold_proto::v1::admin_client::AdminClient::new(channel)
+        .status(pb::StatusRequest {})
+        .await;
+    ensure!(
+        no_cert.is_err(),
+        "a client without a certificate was served"
+    );
+
+    // An operator certificate from another CA (trusting the cluster's CA).
+    let rogue_dir = cluster.dir.path().join("rogue");
+    let rogue_ca = CertificateAuthority::generate("rogue CA", 1)?;
+    let rogue = rogue_ca.issue_into(&rogue_dir, &operator(), &[])?;
+    let rogue_files = leasehold_client::tls::ClientTlsFiles {
+        ca: cluster.files(&operator()).ca,
+        cert: rogue.cert,
+        key: rogue.key,
+    };
+    let rogue_client = CoordinatorClient::with_options(
+        [addr.clone()],
+        Arc::new(leasehold_client::tls::TlsDialer::new(rogue_files)),
+        impatient(),
+    )?;
+    ensure!(
+        rogue_client.admin().status().await.is_err(),
+        "a certificate from another CA was accepted"
+    );
+
+    // The same call with the cluster's operator certificate works.
+    let status = cluster.client_as(&operator())?.admin().status().await?;
+    ensure!(status.initialized);
+    cluster.stop().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_changes_need_an_operator_certificate() -> Result<()> {
+    let cluster = TlsCluster::start_initialised().await?;
+    let policy = counter_policy("tls/", 100, LONG_WINDOW_MS);
+    for who in [region("eu"), service_eu(), Principal::Member(1)] {
+        let admin = CoordinatorClient::with_options(
+            cluster.addrs.clone(),
+            cluster.dialer_as(&who),
+            impatient(),
+        )?
+        .admin();
+        ensure!(
+            code_of(admin.set_policy(policy.clone()).await) == Code::PermissionDenied,
+            "{who} set a policy"
+        );
+        ensure!(
+            code_of(admin.change_membership(&[1, 2], false).await) == Code::PermissionDenied,
+            "{who} changed the membership"
+        );
+        ensure!(
+            code_of(admin.step_down(None).await) == Code::PermissionDenied,
+            "{who} stepped the leader down"
+        );
+    }
+    // Regions may read policies and status (escrow nodes do).
+    let as_region = cluster.client_as(&region("eu"))?.admin();
+    as_region.list_policies().await?;
+    as_region.status().await?;
+
+    let admin = cluster.client_as(&operator())?.admin();
+    admin.set_policy(policy).await?;
+    ensure!(admin
+        .list_policies()
+        .await?
+        .iter()
+        .any(|p| p.prefix == "tls/"));
+    let before = cluster.wait_for_leader().await?;
+    let after = admin.step_down(None).await?;
+    ensure!(after != before, "the operator's step-down moved leadership");
+    let mut denied = 0;
+    for addr in &cluster.addrs {
+        denied += refusals(&cluster, addr, "refused_permission_denied").await?;
+    }
+    ensure!(denied >= 9, "refusals are counted: {denied}");
+    cluster.stop().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_region_leases_only_for_itself() -> Result<()> {
+    let cluster = TlsCluster::start_initialised().await?;
+    cluster
+        .client_as(&operator())?
+        .admin()
+        .set_policy(counter_policy("tls/", 100, LONG_WINDOW_MS))
+        .await?;
+    let eu = CoordinatorClient::with_options(
+        cluster.addrs.clone(),
+        cluster.dialer_as(&region("eu")),
+        impatient(),
+    )?;
+    ensure!(code_of(eu.lease("tls/k", "us", 5).await) == Code::PermissionDenied);
+    ensure!(code_of(eu.reconcile("tls/k", "us", 5, 0).await) == Code::PermissionDenied);
+    ensure!(code_of(eu.pool_grant("tls/k", "us", 1, 10).await) == Code::PermissionDenied);
+    let operator_client = CoordinatorClient::with_options(
+        cluster.addrs.clone(),
+        cluster.dialer_as(&operator()),
+        impatient(),
+    )?;
+    ensure!(code_of(operator_client.lease("tls/k", "eu", 5).await) == Code::PermissionDenied);
+
+    let eu = cluster.client_as(&region("eu"))?;
+    ensure!(eu.lease("tls/k", "eu", 5).await?.granted == 5);
+    let window = cluster.client_as(&operator())?.get_window("tls/k").await?;
+    ensure!(
+        window.granted == 5,
+        "only eu's own lease counted: {window:?}"
+    );
+    cluster.stop().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_raft_messages_from_non_members_or_impostors_leave_terms_unchanged() -> Result<()> {
+    let cluster = TlsCluster::start_initialised().await?;
+    let terms_before = cluster.terms().await?;
+    let far_term = terms_before.iter().max().copied().unwrap_or(0) + 100;
+
+    // Member 99 has a valid certificate from the cluster's CA but is not in
+    // the membership.
+    let outsider = cluster.dialer_as(&Principal::Member(99));
+    for addr in &cluster.addrs {
+        let code =
+            send_append_entries(&*outsider, addr, forged_append_entries(99, far_term)?).await?;
+        ensure!(
+            code == Code::PermissionDenied,
+            "member 99 got {code:?} from {addr}"
+        );
+    }
+    // Member 2 is in the membership but claims to be member 3.
+    let impostor = cluster.dialer_as(&Principal::Member(2));
+    for addr in &cluster.addrs {
+        let code =
+            send_append_entries(&*impostor, addr, forged_append_entries(3, far_term)?).await?;
+        ensure!(
+            code == Code::PermissionDenied,
+            "member 2 posing as 3 got {code:?} from {addr}"
+        );
+    }
+    // An operator certificate is not a member at all.
+    let code = send_append_entries(
+        &*cluster.dialer_as(&operator()),
+        &cluster.addrs[0],
+        forged_append_entries(1, far_term)?,
+    )
+    .await?;
+    ensure!(code == Code::PermissionDenied, "an operator got {code:?}");
+
+    let terms_after = cluster.terms().await?;
+    ensure!(
+        terms_after.iter().all(|t| *t < far_term),
+        "a forged term was adopted: {terms_after:?}"
+    );
+    ensure!(
+        terms_after == terms_before,
+        "terms moved: {terms_before:?} -> {terms_after:?}"
+    );
+    cluster
+        .client_as(&operator())?
+        .admin()
+        .set_policy(counter_policy("tls/", 100, LONG_WINDOW_MS))
+        .await?;
+    ensure!(
+        cluster
+            .client_as(&region("eu"))?
+            .lease("tls/k", "eu", 1)
+            .await?
+            .granted
+            == 1
+    );
+    cluster.stop().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn insecure_members_refuse_raft_messages_from_outside_the_membership() -> Result<()> {
+    let cluster = Cluster::start_initialised(3, |config| config.insecure = true).await?;
+    let client = cluster.client()?;
+    client
+        .admin()
+        .set_policy(counter_policy("plain/", 1_000, LONG_WINDOW_MS))
+        .await?;
+    let mut terms_before = Vec::new();
+    for id in 1..=3 {
+        terms_before.push(cluster.status(id).await?.current_term);
+    }
+    let far_term = terms_before.iter().max().copied().unwrap_or(0) + 100;
+    let dialer = TcpDialer::default();
+    for id in 1..=3 {
+        let code = send_append_entries(
+            &dialer,
+            &cluster.addr(id),
+            forged_append_entries(99, far_term)?,
+        )
+        .await?;
+        ensure!(
+            code == Code::PermissionDenied,
+            "node 99 got {code:?} from member {id}"
+        );
+    }
+    for id in 1..=3 {
+        let term = cluster.status(id).await?.current_term;
+        ensure!(
+            term == terms_before[(id - 1) as usize],
+            "member {id} moved to term {term}"
+        );
+    }
+    ensure!(
+        client.lease("plain/k", "eu", 3).await?.granted == 3,
+        "the cluster keeps granting"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotated_member_certificate_is_served_without_restart() -> Result<()> {
+    let cluster = TlsCluster::start_initialised().await?;
+    let addr = cluster.addrs[0].clone();
+    let member = cluster.files(&Principal::Member(1));
+    let served_before = served_certificate(&cluster, &addr).await?;
+    ensure!(served_before == first_certificate(&member.cert)?);
+
+    // Rotate member 1's certificate and key (same CA, new key).
+    cluster.ca.issue_into(
+        &cluster.certs(),
+        &Principal::Member(1),
+        &["127.0.0.1".into()],
+    )?;
+    let rotated = first_certificate(&member.cert)?;
+    ensure!(
+        rotated != served_before,
+        "the rotation made a new certificate"
+    );
+    wait_until_served(&cluster, &addr, &rotated).await?;
+
+    // A broken certificate file keeps the rotated configuration.
+    std::fs::write(&member.cert, "not a certificate")?;
+    tokio::time::sleep(RELOAD_INTERVAL * 5).await;
+    ensure!(
+        served_certificate(&cluster, &addr).await? == rotated,
+        "a broken file replaced the configuration"
+    );
+    // And the cluster still works through member 1.
+    let admin =
+        CoordinatorClient::with_options([addr.clone()], cluster.dialer_as(&operator()), patient())?
+            .admin();
+    ensure!(admin.status().await?.initialized);
+    cluster.stop().await
+}
+
+fn first_certificate(path: &Path) -> Result<Vec<u8>> {
+    use rustls_pki_types::pem::PemObject;
+    let der = rustls_pki_types::CertificateDer::from_pem_file(path)?;
+    Ok(der.to_vec())
+}
+
+/// The leaf certificate a member presents to a new connection.
+async fn served_certificate(cluster: &TlsCluster, addr: &str) -> Result<Vec<u8>> {
+    let files = cluster.files(&operator());
+    let roots = leasehold_node::tls::load_roots(&files.ca)?;
+    let chain = leasehold_node::tls::load_certificates(&files.cert)?;
+    let key = leasehold_node::tls::load_private_key(&files.key)?;
+    let config =
+        rustls::ClientConfig::builder_with_provider(leasehold_node::tls::crypto_provider())
+            .with_safe_default_protocol_versions()?
+            .with_root_certificates(roots)
+            .with_client_auth_cert(chain, key)?;
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(addr).await?;
+    let name = rustls_pki_types::ServerName::try_from("127.0.0.1")?.to_owned();
+    let tls = connector.connect(name, tcp).await?;
+    let leaf = tls
+        .get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|chain| chain.first())
+        .context("no server certificate")?;
+    Ok(leaf.to_vec())
+}
+
+async fn wait_until_served(cluster: &TlsCluster, addr: &str, expected: &[u8]) -> Result<()> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        if served_certificate(cluster, addr).await? == expected {
+            return Ok(());
+        }
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the rotated certificate was not picked up"
+        );
+        tokio::time::sleep(RELOAD_INTERVAL).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn escrow_nodes_serve_only_their_regions_services() -> Result<()> {
+    let cluster = TlsCluster::start_initialised().await?;
+    cluster
+        .client_as(&operator())?
+        .admin()
+        .set_policy(counter_policy("tls/", 100, LONG_WINDOW_MS))
+        .await?;
+
+    // An escrow node of region eu, on TLS with the region's certificate,
+    // leasing from the cluster as region eu.
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?.to_string();
+    let files = cluster.files(&region("eu"));
+    let mut config = leasehold_node::escrow::EscrowConfig::new(
+        RegionId::new("eu")?,
+        addr.clone(),
+        cluster.addrs.clone(),
+    );
+    config.security = Some(Security::MutualTls(files.clone()));
+    let tls = ReloadingServerConfig::load(files.clone())?;
+    let incoming = TlsIncoming::new(TcpIncoming::from(listener), tls, Duration::from_secs(5));
+    let (stop, stopped) = oneshot::channel::<()>();
+    let escrow = tokio::spawn(leasehold_node::escrow::run_escrow(
+        config,
+        incoming,
+        Security::MutualTls(files).dialer(),
+        Arc::new(SystemClock),
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+
+    let acquire = |principal: Principal| {
+        let dialer = cluster.dialer_as(&principal);
+        let addr = addr.clone();
+        async move {
+            let channel = dialer.dial(&addr).await?;
+            let mut rpc = leasehold_proto::v1::escrow_client::EscrowClient::new(channel);
+            let reply = rpc
+                .acquire(pb::AcquireRequest {
+                    key: "tls/k".into(),
+                    tenant: String::new(),
+                    weight: 0,
+                    tokens: 2,
+                    request_id: Some(pb::RequestId {
+                        client_id: "tls-test".into(),
+                        seq: 1,
+                    }),
+                })
+                .await;
+            anyhow::Ok(reply.map(|r| r.into_inner().granted).map_err(|s| s.code()))
+        }
+    };
+    let us_service = Principal::Service {
+        name: "checkout".into(),
+        region: RegionId::new("us")?,
+    };
+    ensure!(
+        acquire(us_service).await? == Err(Code::PermissionDenied),
+        "a us service acquired in eu"
+    );
+    ensure!(
+        acquire(region("eu")).await? == Err(Code::PermissionDenied),
+        "a region certificate acquired"
+    );
+    ensure!(
+        acquire(operator()).await? == Err(Code::PermissionDenied),
+        "an operator acquired"
+    );
+    let granted = acquire(service_eu()).await?;
+    ensure!(granted == Ok(2), "eu's own service is served: {granted:?}");
+
+    // Operators may read the status, which counts the refusals.
+    let channel = cluster.dialer_as(&operator()).dial(&addr).await?;
+    let status = leasehold_proto::v1::escrow_client::EscrowClient::new(channel)
+        .status(pb::EscrowStatusRequest {})
+        .await?
+        .into_inner();
+    ensure!(status.refused_permission_denied == 3, "{status:?}");
+
+    let _ = stop.send(());
+    escrow.await??;
+    cluster.stop().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_operators_and_members_may_watch() -> Result<()> {
+    use leasehold_proto::v1::monitor_client::MonitorClient;
+    use leasehold_proto::v1::watch_request::Target;
+
+    let cluster = TlsCluster::start_initialised().await?;
+    cluster
+        .client_as(&operator())?
+        .admin()
+        .set_policy(counter_policy("tls/", 100, LONG_WINDOW_MS))
+        .await?;
+    cluster
+        .client_as(&region("eu"))?
+        .lease("tls/k", "eu", 5)
+        .await?;
+    let watch = |who: Principal| {
+        let dialer = cluster.dialer_as(&who);
+        let addr = cluster.addrs[0].clone();
+        async move {
+            let channel = dialer.dial(&addr).await?;
+            let request = pb::WatchRequest {
+                target: Some(Target::Key("tls/k".into())),
+            };
+            anyhow::Ok(MonitorClient::new(channel).watch(request).await)
+        }
+    };
+    for who in [region("eu"), service_eu()] {
+        let refused = watch(who.clone()).await?;
+        ensure!(
+            refused.as_ref().err().map(|s| s.code()) == Some(Code::PermissionDenied),
+            "{who} was let watch: {:?}",
+            refused.map(|_| ())
+        );
+    }
+    for who in [operator(), Principal::Member(2)] {
+        let mut stream = watch(who.clone()).await??.into_inner();
+        let first = tokio::time::timeout(Duration::from_secs(5), stream.message())
+            .await??
+            .context("an update")?;
+        ensure!(
+            first.windows.len() == 1 && first.windows[0].granted == 5,
+            "{who} sees the grant: {first:?}"
+        );
+    }
+    cluster.stop().await
+}

@@ -1,0 +1,421 @@
+//! `deploy/k8s`: the manifests parse and agree with each other.
+
+use anyhow::{anyhow, bail, ensure, Context, Result};
+use yaml_rust2::Yaml;
+
+use crate::deploy_dir;
+use crate::yaml::{
+    flag_value, list, load_documents, port_of, selects, string, string_map, strings,
+};
+
+/// Every document of every file the kustomization lists.
+fn manifests() -> Result<Vec<Yaml>> {
+    let dir = deploy_dir().join("k8s");
+    let kustomization = load_documents(&dir.join("kustomization.yaml"))?;
+    let resources = strings(&kustomization[0]["resources"]);
+    ensure!(
+        !resources.is_empty(),
+        "the kustomization lists no resources"
+    );
+    for entry in std::fs::read_dir(&dir)? {
+        let name = entry?.file_name().to_string_lossy().into_owned();
+        if name.ends_with(".yaml") && name != "kustomization.yaml" {
+            ensure!(
+                resources.contains(&name),
+                "{name} is not listed in kustomization.yaml"
+            );
+        }
+    }
+    let mut docs = Vec::new();
+    for resource in resources {
+        docs.extend(
+            load_documents(&dir.join(&resource))?
+                .into_iter()
+                .filter(|doc| !doc.is_null()),
+        );
+    }
+    Ok(docs)
+}
+
+fn kind(doc: &Yaml) -> &str {
+    doc["kind"].as_str().unwrap_or("")
+}
+
+fn name(doc: &Yaml) -> &str {
+    doc["metadata"]["name"].as_str().unwrap_or("")
+}
+
+fn of_kind<'a>(docs: &'a [Yaml], wanted: &'a str) -> impl Iterator<Item = &'a Yaml> + 'a {
+    docs.iter().filter(move |doc| kind(doc) == wanted)
+}
+
+/// Workloads with a pod template: (workload, template).
+fn pod_templates(docs: &[Yaml]) -> Vec<(&Yaml, &Yaml)> {
+    docs.iter()
+        .filter(|doc| matches!(kind(doc), "StatefulSet" | "Deployment" | "Job"))
+        .map(|doc| (doc, &doc["spec"]["template"]))
+        .collect()
+}
+
+/// Long-running workloads (probes, metrics).
+fn servers(docs: &[Yaml]) -> Vec<(&Yaml, &Yaml)> {
+    pod_templates(docs)
+        .into_iter()
+        .filter(|(doc, _)| kind(doc) != "Job")
+        .collect()
+}
+
+fn labels(template: &Yaml) -> Vec<(String, String)> {
+    string_map(&template["metadata"]["labels"])
+}
+
+fn containers(template: &Yaml) -> &[Yaml] {
+    list(&template["spec"]["containers"])
+}
+
+/// (name, containerPort) of every port of every container of a template.
+fn container_ports(template: &Yaml) -> Vec<(String, i64)> {
+    containers(template)
+        .iter()
+        .flat_map(|c| list(&c["ports"]))
+        .filter_map(|p| {
+            Some((
+                p["name"].as_str().unwrap_or("").to_string(),
+                p["containerPort"].as_i64()?,
+            ))
+        })
+        .collect()
+}
+
+#[test]
+fn every_manifest_parses_names_itself_and_is_listed() -> Result<()> {
+    let docs = manifests()?;
+    ensure!(
+        docs.len() >= 7,
+        "expected every object, found {}",
+        docs.len()
+    );
+    let mut seen = std::collections::HashSet::new();
+    for doc in &docs {
+        string(&doc["apiVersion"], "apiVersion")?;
+        ensure!(!kind(doc).is_empty(), "an object without kind: {doc:?}");
+        ensure!(!name(doc).is_empty(), "a {} without a name", kind(doc));
+        ensure!(
+            seen.insert((kind(doc).to_string(), name(doc).to_string())),
+            "two {} named {}",
+            kind(doc),
+            name(doc)
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn services_select_pods_and_name_their_ports() -> Result<()> {
+    let docs = manifests()?;
+    let templates = pod_templates(&docs);
+    for service in of_kind(&docs, "Service") {
+        let selector = string_map(&service["spec"]["selector"]);
+        let selected: Vec<_> = templates
+            .iter()
+            .filter(|(_, t)| selects(&selector, &labels(t)))
+            .collect();
+        ensure!(
+            !selected.is_empty(),
+            "Service {} selects no pod",
+            name(service)
+        );
+        for port in list(&service["spec"]["ports"]) {
+            for (workload, template) in &selected {
+                let ports = container_ports(template);
+                let found = match &port["targetPort"] {
+                    Yaml::String(target) => ports.iter().any(|(n, _)| n == target),
+                    Yaml::Integer(target) => ports.iter().any(|(_, p)| p == target),
+                    Yaml::BadValue => ports.iter().any(|(_, p)| Some(*p) == port["port"].as_i64()),
+                    other => bail!("Service {}: odd targetPort {other:?}", name(service)),
+                };
+                ensure!(
+                    found,
+                    "Service {} targets port {:?}, which {} {} does not declare",
+                    name(service),
+                    port["targetPort"],
+                    kind(workload),
+                    name(workload)
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn workloads_budgets_and_the_headless_service_select_the_members() -> Result<()> {
+    let docs = manifests()?;
+    for (workload, template) in servers(&docs) {
+        let selector = string_map(&workload["spec"]["selector"]["matchLabels"]);
+        ensure!(
+            selects(&selector, &labels(template)),
+            "{} {} does not select its own pods",
+            kind(workload),
+            name(workload)
+        );
+    }
+    let statefulset = of_kind(&docs, "StatefulSet")
+        .next()
+        .context("no StatefulSet")?;
+    let member_labels = labels(&statefulset["spec"]["template"]);
+    for budget in of_kind(&docs, "PodDisruptionBudget") {
+        let selector = string_map(&budget["spec"]["selector"]["matchLabels"]);
+        ensure!(
+            selects(&selector, &member_labels),
+            "PodDisruptionBudget {} does not select the members",
+            name(budget)
+        );
+    }
+    let service_name = string(&statefulset["spec"]["serviceName"], "serviceName")?;
+    let headless = of_kind(&docs, "Service")
+        .find(|s| name(s) == service_name)
+        .ok_or_else(|| anyhow!("serviceName {service_name} names no Service"))?;
+    ensure!(
+        headless["spec"]["clusterIP"].as_str() == Some("None"),
+        "{service_name} must be headless (per-pod DNS names)"
+    );
+    ensure!(
+        headless["spec"]["publishNotReadyAddresses"].as_bool() == Some(true),
+        "{service_name} must publish members that are not ready: they find each other before init"
+    );
+    ensure!(selects(
+        &string_map(&headless["spec"]["selector"]),
+        &member_labels
+    ));
+    Ok(())
+}
+
+/// `POD.SERVICE:PORT` member addresses in an argument, split on `,` and `=`
+/// (IP addresses, such as listen addresses, are not names).
+fn member_addresses(arg: &str) -> Vec<(String, String, u16)> {
+    arg.split([',', '='])
+        .filter_map(|addr| {
+            let (host, port) = addr.rsplit_once(':')?;
+            if host.parse::<std::net::IpAddr>().is_ok() {
+                return None;
+            }
+            let (pod, service) = host.split_once('.')?;
+            Some((pod.to_string(), service.to_string(), port.parse().ok()?))
+        })
+        .collect()
+}
+
+#[test]
+fn member_addresses_in_arguments_name_statefulset_pods() -> Result<()> {
+    let docs = manifests()?;
+    let statefulset = of_kind(&docs, "StatefulSet")
+        .next()
+        .context("no StatefulSet")?;
+    let sts_name = name(statefulset);
+    let service = string(&statefulset["spec"]["serviceName"], "serviceName")?;
+    let replicas = statefulset["spec"]["replicas"]
+        .as_i64()
+        .context("replicas")?;
+    let ports = container_ports(&statefulset["spec"]["template"]);
+    let mut checked = 0;
+    for (workload, template) in pod_templates(&docs) {
+        for container in containers(template) {
+            for arg in strings(&container["args"]) {
+                for (pod, svc, port) in member_addresses(&arg) {
+                    let ordinal: i64 = pod
+                        .strip_prefix(&format!("{sts_name}-"))
+                        .and_then(|o| o.parse().ok())
+                        .ok_or_else(|| {
+                            anyhow!(
+                                "{} {}: {pod} is no pod of {sts_name}",
+                                kind(workload),
+                                name(workload)
+                            )
+                        })?;
+                    ensure!(
+                        (0..replicas).contains(&ordinal),
+                        "{pod}: the StatefulSet has {replicas} replicas"
+                    );
+                    ensure!(
+                        svc == service,
+                        "{pod}.{svc}: the pods' service is {service}"
+                    );
+                    ensure!(
+                        ports.iter().any(|(_, p)| *p == i64::from(port)),
+                        "{pod}.{svc}:{port}: no such container port"
+                    );
+                    checked += 1;
+                }
+            }
+        }
+    }
+    ensure!(checked >= 6, "found only {checked} member addresses");
+
+    // The init Job's `--member ID=ADDR`: `--id-from-hostname` gives pod N the id N + 1.
+    let job = of_kind(&docs, "Job").next().context("no init Job")?;
+    let args = strings(&containers(&job["spec"]["template"])[0]["args"]);
+    let mut ids = Vec::new();
+    for pair in args.windows(2).filter(|w| w[0] == "--member") {
+        let (id, addr) = pair[1].split_once('=').context("--member ID=ADDR")?;
+        let id: i64 = id.parse()?;
+        ensure!(
+            addr.starts_with(&format!("{sts_name}-{}.", id - 1)),
+            "member {id} must be pod {sts_name}-{}, not {addr}",
+            id - 1
+        );
+        ids.push(id);
+    }
+    ensure!(
+        ids == (1..=replicas).collect::<Vec<_>>(),
+        "init names members {ids:?}"
+    );
+    Ok(())
+}
+
+#[test]
+fn probes_check_the_services_that_mean_ready() -> Result<()> {
+    let docs = manifests()?;
+    for (workload, template) in servers(&docs) {
+        let ports = container_ports(template);
+        for container in containers(template) {
+            let what = format!("{} {}", kind(workload), name(workload));
+            let args = strings(&container["args"]);
+            let expected_ready = match args.first().map(String::as_str) {
+                Some("serve") => "leasehold.v1.Coordinator",
+                Some("escrow") => "leasehold.v1.Escrow",
+                other => bail!("{what}: unexpected command {other:?}"),
+            };
+            for probe in ["readinessProbe", "livenessProbe"] {
+                let grpc = &container[probe]["grpc"];
+                let port = grpc["port"]
+                    .as_i64()
+                    .ok_or_else(|| anyhow!("{what}: no gRPC {probe}"))?;
+                ensure!(
+                    ports.iter().any(|(_, p)| *p == port),
+                    "{what}: {probe} on undeclared port {port}"
+                );
+                let listen = flag_value(&args, "--listen").context("--listen")?;
+                ensure!(
+                    i64::from(port_of(listen)?) == port,
+                    "{what}: {probe} port {port}, but it listens on {listen}"
+                );
+            }
+            ensure!(
+                container["readinessProbe"]["grpc"]["service"].as_str() == Some(expected_ready),
+                "{what}: readiness must ask for {expected_ready}"
+            );
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn prometheus_scrapes_the_metrics_ports() -> Result<()> {
+    let docs = manifests()?;
+    for (workload, template) in servers(&docs) {
+        let what = format!("{} {}", kind(workload), name(workload));
+        let annotations = string_map(&template["metadata"]["annotations"]);
+        let annotation = |key: &str| {
+            annotations
+                .iter()
+                .find(|(k, _)| k == key)
+                .map(|(_, v)| v.as_str())
+        };
+        ensure!(
+            annotation("prometheus.io/scrape") == Some("true"),
+            "{what}: no prometheus.io/scrape"
+        );
+        ensure!(annotation("prometheus.io/path") == Some("/metrics"));
+        let port: i64 = annotation("prometheus.io/port")
+            .context("prometheus.io/port")?
+            .parse()?;
+        ensure!(
+            container_ports(template).contains(&("metrics".to_string(), port)),
+            "{what}: prometheus.io/port {port} is not its `metrics` port"
+        );
+        let args = strings(&containers(template)[0]["args"]);
+        let listen = flag_value(&args, "--metrics-listen")
+            .ok_or_else(|| anyhow!("{what}: no --metrics-listen"))?;
+        ensure!(
+            i64::from(port_of(listen)?) == port,
+            "{what}: metrics on {listen}, annotation says {port}"
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn members_are_spread_over_nodes() -> Result<()> {
+    let docs = manifests()?;
+    let statefulset = of_kind(&docs, "StatefulSet")
+        .next()
+        .context("no StatefulSet")?;
+    let template = &statefulset["spec"]["template"];
+    let spread = list(&template["spec"]["topologySpreadConstraints"])
+        .iter()
+        .find(|c| c["topologyKey"].as_str() == Some("kubernetes.io/hostname"))
+        .context("no topology spread over kubernetes.io/hostname")?;
+    ensure!(spread["maxSkew"].as_i64() == Some(1));
+    ensure!(spread["whenUnsatisfiable"].as_str() == Some("DoNotSchedule"));
+    ensure!(
+        selects(
+            &string_map(&spread["labelSelector"]["matchLabels"]),
+            &labels(template)
+        ),
+        "the spread constraint does not select the members"
+    );
+    Ok(())
+}
+
+#[test]
+fn the_init_job_forms_the_cluster_and_sets_no_policy() -> Result<()> {
+    let docs = manifests()?;
+    let job = of_kind(&docs, "Job").next().context("no init Job")?;
+    let args = strings(&containers(&job["spec"]["template"])[0]["args"]);
+    ensure!(args.starts_with(&["cluster".to_string(), "init".to_string()]));
+    ensure!(
+        !args.iter().any(|a| a == "--policy"),
+        "policies are set separately, not by the init Job: {args:?}"
+    );
+    Ok(())
+}
+
+#[test]
+fn volume_mounts_name_volumes_or_claims() -> Result<()> {
+    let docs = manifests()?;
+    for (workload, template) in pod_templates(&docs) {
+        let mut volumes: Vec<String> = list(&template["spec"]["volumes"])
+            .iter()
+            .filter_map(|v| v["name"].as_str().map(str::to_string))
+            .collect();
+        volumes.extend(
+            list(&workload["spec"]["volumeClaimTemplates"])
+                .iter()
+                .filter_map(|v| v["metadata"]["name"].as_str().map(str::to_string)),
+        );
+        for container in containers(template) {
+            for mount in list(&container["volumeMounts"]) {
+                let mount = string(&mount["name"], "volumeMount name")?;
+                ensure!(
+                    volumes.iter().any(|v| v == mount),
+                    "{} {}: volume {mount} is not defined",
+                    kind(workload),
+                    name(workload)
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn member_addresses_are_read_from_lists_and_member_pairs() {
+    assert_eq!(
+        member_addresses("2=leasehold-1.leasehold:7100"),
+        vec![("leasehold-1".into(), "leasehold".into(), 7100)]
+    );
+    assert_eq!(member_addresses("a-0.s:1,a-1.s:2").len(), 2);
+    assert!(member_addresses("0.0.0.0:7100").is_empty());
+    assert!(member_addresses("--coordinator").is_empty());
+}
