@@ -159,7 +159,7 @@ fn client_error(key: &str, e: CoordinatorError) -> ClientError {
         | CoordinatorError::Address(_)
         | CoordinatorError::InvalidArgument(_) => ClientError::InvalidInput(e.to_string()),
         CoordinatorError::NotFound(m) => ClientError::NoPolicy(m),
-        CoordinatorError::FailedPrecondition(m) => ClientError::Unsupported(format!(
+        CoordinatorError::FailedPrecondition { message: m, .. } => ClientError::Unsupported(format!(
             "key {key:?} cannot be leased from the coordinator directly ({m}); \
              `fair` keys are served by escrow nodes"
         )),

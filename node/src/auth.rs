@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use leasehold_core::ids::RegionId;
 use leasehold_core::principal::Principal;
+use leasehold_proto::refusal::{refusal, Reason};
 use tonic::Status;
 
 /// What a listener knows about the other end of one connection.
@@ -58,25 +59,28 @@ pub enum Scope {
 pub enum Refusal {
     /// The connection proved no identity on a listener that requires one.
     Unauthenticated(String),
-    /// The identity is known and not allowed to do this.
-    PermissionDenied(String),
+    /// The identity is known and not allowed to do this (reason
+    /// `NOT_PERMITTED`, `OTHER_REGION` or `NOT_A_MEMBER`).
+    PermissionDenied(Reason, String),
 }
 
 impl Refusal {
     /// The gRPC status the caller sees.
     pub fn status(&self) -> Status {
         match self {
-            Refusal::Unauthenticated(why) => Status::unauthenticated(why.clone()),
-            Refusal::PermissionDenied(why) => Status::permission_denied(why.clone()),
+            Refusal::Unauthenticated(why) => refusal(Reason::Unauthenticated, why.clone()),
+            Refusal::PermissionDenied(reason, why) => refusal(*reason, why.clone()),
         }
     }
 
     fn denied(who: &Principal, what: &str) -> Refusal {
-        Refusal::PermissionDenied(format!("{who} may not call {what}"))
+        Refusal::PermissionDenied(Reason::NotPermitted, format!("{who} may not call {what}"))
     }
 }
 
 const HEALTH_SERVICE: &str = "grpc.health.v1.Health";
+const REFLECTION_SERVICE: &str = "grpc.reflection.v1.ServerReflection";
+const REFLECTION_V1ALPHA_SERVICE: &str = "grpc.reflection.v1alpha.ServerReflection";
 const COORDINATOR_SERVICE: &str = "leasehold.v1.Coordinator";
 const ADMIN_SERVICE: &str = "leasehold.v1.Admin";
 const RAFT_SERVICE: &str = "leasehold.v1.Raft";
@@ -101,7 +105,7 @@ fn split_path(path: &str) -> Option<(&str, &str)> {
 ///
 /// | service | allowed callers |
 /// |---|---|
-/// | health | anyone authenticated |
+/// | health, reflection (v1, v1alpha) | anyone authenticated |
 /// | Raft | `Member` (membership and sender checked per message) |
 /// | Admin `Status`, `ListPolicies` | `Operator`, `Region` |
 /// | Admin, everything else | `Operator` |
@@ -130,7 +134,7 @@ pub fn authorize_call(
         return Err(Refusal::denied(caller, path));
     };
     let allowed = match (scope, service) {
-        (_, HEALTH_SERVICE) => true,
+        (_, HEALTH_SERVICE | REFLECTION_SERVICE | REFLECTION_V1ALPHA_SERVICE) => true,
         (Scope::Coordinator, RAFT_SERVICE) => matches!(caller, Principal::Member(_)),
         (Scope::Coordinator, ADMIN_SERVICE) => match caller {
             Principal::Operator(_) => true,
@@ -170,9 +174,10 @@ pub fn authorize_region(caller: &Principal, region: &str) -> Result<(), Refusal>
     match caller {
         Principal::Anonymous => Ok(()),
         Principal::Region(own) if own.as_str() == region => Ok(()),
-        other => Err(Refusal::PermissionDenied(format!(
-            "{other} may not act for region {region:?}"
-        ))),
+        other => Err(Refusal::PermissionDenied(
+            Reason::OtherRegion,
+            format!("{other} may not act for region {region:?}"),
+        )),
     }
 }
 
@@ -196,9 +201,12 @@ pub fn authorize_raft_sender(
         None => claimed_sender,
         Some(Principal::Member(id)) if *id == claimed_sender => *id,
         Some(Principal::Member(id)) => {
-            return Err(Refusal::PermissionDenied(format!(
-                "member {id} may not send raft messages claiming to be member {claimed_sender}"
-            )))
+            return Err(Refusal::PermissionDenied(
+                Reason::NotAMember,
+                format!(
+                    "member {id} may not send raft messages claiming to be member {claimed_sender}"
+                ),
+            ))
         }
         Some(Principal::Anonymous) => {
             return Err(Refusal::Unauthenticated(
@@ -210,9 +218,10 @@ pub fn authorize_raft_sender(
     if members.is_empty() || members.contains(&sender) {
         Ok(())
     } else {
-        Err(Refusal::PermissionDenied(format!(
-            "member {sender} is not in this node's membership"
-        )))
+        Err(Refusal::PermissionDenied(
+            Reason::NotAMember,
+            format!("member {sender} is not in this node's membership"),
+        ))
     }
 }
 
@@ -237,7 +246,7 @@ impl AuthRefusals {
     pub fn refuse(&self, peer: Option<&PeerInfo>, what: &str, refusal: Refusal) -> Status {
         let counter = match refusal {
             Refusal::Unauthenticated(_) => &self.unauthenticated,
-            Refusal::PermissionDenied(_) => &self.permission_denied,
+            Refusal::PermissionDenied(..) => &self.permission_denied,
         };
         counter.fetch_add(1, Ordering::Relaxed);
         let key = match peer {
@@ -250,7 +259,7 @@ impl AuthRefusals {
         };
         if self.should_log(key, Instant::now()) {
             let reason = match &refusal {
-                Refusal::Unauthenticated(why) | Refusal::PermissionDenied(why) => why.as_str(),
+                Refusal::Unauthenticated(why) | Refusal::PermissionDenied(_, why) => why.as_str(),
             };
             tracing::warn!(
                 peer = ?peer.map(|p| &p.principal),
@@ -383,7 +392,7 @@ mod tests {
     }
 
     fn is_denied(result: Result<(), Refusal>) -> bool {
-        matches!(result, Err(Refusal::PermissionDenied(_)))
+        matches!(result, Err(Refusal::PermissionDenied(..)))
     }
 
     #[test]
@@ -499,7 +508,7 @@ mod tests {
             tonic::Code::Unauthenticated
         );
         assert_eq!(
-            Refusal::PermissionDenied("x".into()).status().code(),
+            Refusal::PermissionDenied(Reason::NotPermitted, "x".into()).status().code(),
             tonic::Code::PermissionDenied
         );
     }
@@ -541,7 +550,7 @@ mod tests {
             remote_addr: None,
             principal: operator(),
         };
-        let status = refusals.refuse(Some(&peer), "x", Refusal::PermissionDenied("no".into()));
+        let status = refusals.refuse(Some(&peer), "x", Refusal::PermissionDenied(Reason::NotPermitted, "no".into()));
         assert_eq!(status.code(), tonic::Code::PermissionDenied);
         refusals.refuse(None, "x", Refusal::Unauthenticated("no".into()));
         assert_eq!(refusals.permission_denied(), 1);

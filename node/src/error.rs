@@ -34,6 +34,9 @@ pub enum NodeError {
         /// The IO error.
         source: std::io::Error,
     },
+    /// The gRPC reflection service could not be built from the schema.
+    #[error("cannot build the gRPC reflection service: {0}")]
+    Reflection(String),
     /// Raft could not start.
     #[error("raft failed to start: {0}")]
     Raft(String),

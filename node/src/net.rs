@@ -30,6 +30,8 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures::Stream;
+use leasehold_proto::refusal::{refusal, Reason};
+use leasehold_proto::REASON_METADATA;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Sleep;
@@ -211,33 +213,73 @@ impl ConnectionCounters {
         ]
     }
 
-    /// Counts the status of one response. tonic refuses an oversized message
-    /// with `OUT_OF_RANGE`; the gRPC convention (and this project's) for a
-    /// refused resource is `RESOURCE_EXHAUSTED`, so that status is rewritten
-    /// in the response headers.
+    /// Counts the status of one response and gives the refusals tonic makes
+    /// itself (before a handler runs) their `ErrorInfo` reason: an oversized
+    /// message (tonic says `OUT_OF_RANGE`; the gRPC convention and this
+    /// project's is `RESOURCE_EXHAUSTED`), an undecodable body (tonic says
+    /// `INTERNAL`; it is the caller's fault: `INVALID_ARGUMENT`), an unknown
+    /// method and the request timeout. Statuses that already carry details
+    /// pass unchanged.
     fn observe_response<B>(&self, response: &mut http::Response<B>) {
         let headers = response.headers_mut();
         let code = headers
             .get("grpc-status")
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<i32>().ok());
-        let too_large = code == Some(tonic::Code::OutOfRange as i32)
-            && headers
-                .get("grpc-message")
-                .and_then(|v| v.to_str().ok())
-                .is_some_and(|m| m.contains("message%20length%20too%20large"));
-        if too_large {
-            self.requests_refused_too_large
-                .fetch_add(1, Ordering::Relaxed);
-            headers.insert(
-                "grpc-status",
-                http::HeaderValue::from(tonic::Code::ResourceExhausted as i32),
-            );
+            .and_then(|v| v.parse::<i32>().ok())
+            .map(tonic::Code::from_i32);
+        let Some(code) = code.filter(|code| *code != tonic::Code::Ok) else {
+            return;
+        };
+        let rewrite = if headers.contains_key("grpc-status-details-bin") {
+            None
+        } else {
+            let message = tonic::Status::from_header_map(headers)
+                .map(|status| status.message().to_string())
+                .unwrap_or_default();
+            tonic_refusal_reason(code, &message).map(|reason| (reason, message))
+        };
+        let final_code = rewrite.as_ref().map_or(code, |(reason, _)| reason.code());
+        if let Some((reason, message)) = rewrite {
+            if reason == Reason::RequestTooLarge {
+                self.requests_refused_too_large
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+            let mut rewritten = http::HeaderMap::new();
+            if refusal(reason, message).add_header(&mut rewritten).is_ok() {
+                for name in ["grpc-status", "grpc-message", "grpc-status-details-bin"] {
+                    match rewritten.get(name) {
+                        Some(value) => {
+                            headers.insert(name, value.clone());
+                        }
+                        None => {
+                            headers.remove(name);
+                        }
+                    }
+                }
+                headers.insert(
+                    REASON_METADATA,
+                    http::HeaderValue::from_static(reason.as_str()),
+                );
+            }
         }
-        if too_large || code == Some(tonic::Code::ResourceExhausted as i32) {
+        if final_code == tonic::Code::ResourceExhausted {
             self.responses_resource_exhausted
                 .fetch_add(1, Ordering::Relaxed);
         }
+    }
+}
+
+/// The reason of a refusal tonic made itself, told by its code and message.
+fn tonic_refusal_reason(code: tonic::Code, message: &str) -> Option<Reason> {
+    use tonic::Code;
+    match code {
+        Code::OutOfRange if message.contains("message length too large") => {
+            Some(Reason::RequestTooLarge)
+        }
+        Code::Internal if message.contains("failed to decode") => Some(Reason::MalformedRequest),
+        Code::Unimplemented => Some(Reason::UnknownMethod),
+        Code::Cancelled if message.contains("Timeout expired") => Some(Reason::RequestTimeout),
+        _ => None,
     }
 }
 

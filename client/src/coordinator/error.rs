@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use leasehold_proto::refusal::{self, Reason};
 use leasehold_proto::{LEADER_ADDR_METADATA, LEADER_ID_METADATA};
 use tonic::{Code, Status};
 
@@ -29,8 +30,14 @@ pub enum CoordinatorError {
     AlreadyExists(String),
     /// The call does not fit the current state (`FAILED_PRECONDITION`
     /// without a leader hint), e.g. a pool grant on a `counter` key.
-    #[error("failed precondition: {0}")]
-    FailedPrecondition(String),
+    #[error("failed precondition: {message}")]
+    FailedPrecondition {
+        /// The refusal's reason (`WRONG_KEY_KIND`, `SESSION_EXPIRED`, …),
+        /// when the server sent one.
+        reason: Option<Reason>,
+        /// The server's message.
+        message: String,
+    },
     /// The node is not the leader; the hint names the one it believes is.
     /// Returned only when the retry budget ran out while following hints.
     #[error("not the leader ({message}); leader id {leader_id:?} at {leader_addr:?}")]
@@ -126,7 +133,7 @@ impl CoordinatorError {
             | CoordinatorError::InvalidArgument(_) => Code::InvalidArgument,
             CoordinatorError::NotFound(_) => Code::NotFound,
             CoordinatorError::AlreadyExists(_) => Code::AlreadyExists,
-            CoordinatorError::FailedPrecondition(_) | CoordinatorError::NotLeader { .. } => {
+            CoordinatorError::FailedPrecondition { .. } | CoordinatorError::NotLeader { .. } => {
                 Code::FailedPrecondition
             }
             CoordinatorError::Unavailable { .. }
@@ -155,14 +162,15 @@ pub(crate) fn classify(addr: &str, status: Status) -> CoordinatorError {
                 .get(LEADER_ADDR_METADATA)
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_string);
-            if leader_id.is_some() || leader_addr.is_some() {
+            let reason = refusal::reason_of(&status);
+            if leader_id.is_some() || leader_addr.is_some() || reason == Some(Reason::NotLeader) {
                 CoordinatorError::NotLeader {
                     leader_id,
                     leader_addr,
                     message,
                 }
             } else {
-                CoordinatorError::FailedPrecondition(message)
+                CoordinatorError::FailedPrecondition { reason, message }
             }
         }
         Code::Unavailable => CoordinatorError::Unavailable {

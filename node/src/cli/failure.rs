@@ -109,7 +109,7 @@ fn describe_coordinator(
              `leasehold policy set` adds one",
         ),
         CoordinatorError::AlreadyExists(_) => Failure::new("already_exists", message, EXIT_FAILED),
-        CoordinatorError::FailedPrecondition(_) => {
+        CoordinatorError::FailedPrecondition { .. } => {
             Failure::new("failed_precondition", message, EXIT_FAILED)
         }
         CoordinatorError::NotLeader { leader_addr, .. } => {
@@ -249,7 +249,10 @@ mod tests {
             text.prop_map(CoordinatorError::InvalidArgument),
             text.prop_map(CoordinatorError::NotFound),
             text.prop_map(CoordinatorError::AlreadyExists),
-            text.prop_map(CoordinatorError::FailedPrecondition),
+            text.prop_map(|message| CoordinatorError::FailedPrecondition {
+                reason: None,
+                message
+            }),
             (proptest::option::of(text), text).prop_map(|(leader_addr, message)| {
                 CoordinatorError::NotLeader {
                     leader_id: None,

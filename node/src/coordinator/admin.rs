@@ -22,6 +22,7 @@ use leasehold_proto::v1 as pb;
 use leasehold_proto::v1::admin_server::Admin;
 use leasehold_raft_store::{Node, NodeId};
 use openraft::error::{ClientWriteError, InitializeError, RaftError};
+use leasehold_proto::refusal::{invalid_field, refusal, Reason};
 use tonic::{Request, Response, Status};
 
 use super::context::{forward_status, NodeContext};
@@ -81,10 +82,10 @@ impl AdminApi {
 
 fn member(raw: &pb::Member) -> Result<(NodeId, Node), Status> {
     if raw.id == 0 {
-        return Err(Status::invalid_argument("member ids start at 1"));
+        return Err(invalid_field("members.id", "member ids start at 1"));
     }
     let addr = normalize_addr(&raw.addr)
-        .map_err(|e| Status::invalid_argument(format!("member {}: {e}", raw.id)))?;
+        .map_err(|e| invalid_field("members.addr", format!("member {}: {e}", raw.id)))?;
     Ok((raw.id, Node::new(addr)))
 }
 
@@ -94,14 +95,14 @@ fn membership_write_status<E>(
     Err(match error {
         RaftError::APIError(ClientWriteError::ForwardToLeader(forward)) => forward_status(&forward),
         RaftError::APIError(ClientWriteError::ChangeMembershipError(e)) => {
-            Status::failed_precondition(e.to_string())
+            refusal(Reason::MembershipRejected, e.to_string())
         }
-        RaftError::Fatal(e) => Status::unavailable(format!("raft stopped: {e}")),
+        RaftError::Fatal(e) => refusal(Reason::ShuttingDown, format!("raft stopped: {e}")),
     })
 }
 
 fn admin_timeout(ms: u128) -> Status {
-    Status::unavailable(format!(
+    refusal(Reason::NoQuorum, format!(
         "the membership change did not commit within {ms} ms (no quorum?)"
     ))
 }
@@ -114,19 +115,19 @@ impl Admin for AdminApi {
     ) -> Result<Response<pb::InitResponse>, Status> {
         let request = request.into_inner();
         if request.members.is_empty() {
-            return Err(Status::invalid_argument("init needs at least one member"));
+            return Err(invalid_field("members", "init needs at least one member"));
         }
         let mut members = BTreeMap::new();
         for raw in &request.members {
             let (id, node) = member(raw)?;
             if members.insert(id, node).is_some() {
-                return Err(Status::invalid_argument(format!(
+                return Err(invalid_field("members.id", format!(
                     "member id {id} appears twice"
                 )));
             }
         }
         if !members.contains_key(&self.node.id) {
-            return Err(Status::invalid_argument(format!(
+            return Err(invalid_field("members", format!(
                 "the members must include the member asked to initialise (id {})",
                 self.node.id
             )));
@@ -135,12 +136,12 @@ impl Admin for AdminApi {
         match tokio::time::timeout(timeout, self.node.raft.initialize(members)).await {
             Ok(Ok(())) => Ok(Response::new(pb::InitResponse {})),
             Ok(Err(RaftError::APIError(InitializeError::NotAllowed(e)))) => Err(
-                Status::already_exists(format!("this member is already initialised ({e})")),
+                refusal(Reason::AlreadyInitialized, format!("this member is already initialised ({e})")),
             ),
             Ok(Err(RaftError::APIError(InitializeError::NotInMembers(e)))) => {
-                Err(Status::invalid_argument(e.to_string()))
+                Err(invalid_field("members", e.to_string()))
             }
-            Ok(Err(RaftError::Fatal(e))) => Err(Status::unavailable(format!("raft stopped: {e}"))),
+            Ok(Err(RaftError::Fatal(e))) => Err(refusal(Reason::ShuttingDown, format!("raft stopped: {e}"))),
             Err(_) => Err(admin_timeout(timeout.as_millis())),
         }
     }
@@ -152,7 +153,7 @@ impl Admin for AdminApi {
         let raw = request
             .into_inner()
             .member
-            .ok_or_else(|| Status::invalid_argument("member is required"))?;
+            .ok_or_else(|| invalid_field("member", "member is required"))?;
         let (id, node) = member(&raw)?;
         self.node.require_leader()?;
         let timeout = self.node.config.admin_timeout();
@@ -172,7 +173,7 @@ impl Admin for AdminApi {
         let request = request.into_inner();
         let voters: BTreeSet<NodeId> = request.voter_ids.iter().copied().collect();
         if voters.is_empty() || voters.contains(&0) {
-            return Err(Status::invalid_argument(
+            return Err(invalid_field("voter_ids", 
                 "voter ids must be a non-empty list of ids ≥ 1",
             ));
         }
@@ -216,7 +217,7 @@ impl Admin for AdminApi {
             .filter(|id| *id != me)
             .count();
         if other_voters == 0 {
-            return Err(Status::failed_precondition(
+            return Err(refusal(Reason::NoOtherVoter, 
                 "no other voter to hand leadership to; add one first",
             ));
         }
@@ -226,21 +227,21 @@ impl Admin for AdminApi {
             .compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst)
             .is_err()
         {
-            return Err(Status::unavailable("a step-down is already in progress"));
+            return Err(refusal(Reason::SteppingDown, "a step-down is already in progress"));
         }
         // Run to the end even if the caller goes away: the member must not
         // be left without heartbeats or refusing leader work.
         let timeout = self.node.config.admin_timeout();
         let successor = tokio::spawn(hand_off(self.node.clone(), timeout))
             .await
-            .map_err(|e| Status::internal(format!("step-down task failed: {e}")))?;
+            .map_err(|e| refusal(Reason::Internal, format!("step-down task failed: {e}")))?;
         match successor {
             Ok(Some(new_leader)) => {
                 tracing::info!(new_leader, "stepped down");
                 Ok(Response::new(pb::StepDownResponse { new_leader }))
             }
-            Ok(None) => Err(Status::unavailable("raft stopped during the step-down")),
-            Err(_) => Err(Status::unavailable(format!(
+            Ok(None) => Err(refusal(Reason::ShuttingDown, "raft stopped during the step-down")),
+            Err(_) => Err(refusal(Reason::NoQuorum, format!(
                 "no other voter took over within {} ms (is a quorum of the other voters up?); this member still leads",
                 timeout.as_millis()
             ))),
@@ -324,7 +325,7 @@ impl Admin for AdminApi {
         let policy = convert::policy_from_wire(request.into_inner().policy)?;
         match self.policy_write(Command::SetPolicy(policy)).await? {
             Outcome::PolicySet => Ok(Response::new(pb::SetPolicyResponse {})),
-            other => Err(Status::internal(format!("unexpected outcome {other:?}"))),
+            other => Err(refusal(Reason::Internal, format!("unexpected outcome {other:?}"))),
         }
     }
 
@@ -334,7 +335,7 @@ impl Admin for AdminApi {
     ) -> Result<Response<pb::DeletePolicyResponse>, Status> {
         let prefix = request.into_inner().prefix;
         if prefix.len() > MAX_KEY_BYTES {
-            return Err(Status::invalid_argument(format!(
+            return Err(invalid_field("prefix", format!(
                 "prefix is longer than {MAX_KEY_BYTES} bytes"
             )));
         }
@@ -342,7 +343,7 @@ impl Admin for AdminApi {
             Outcome::PolicyDeleted { existed } => {
                 Ok(Response::new(pb::DeletePolicyResponse { existed }))
             }
-            other => Err(Status::internal(format!("unexpected outcome {other:?}"))),
+            other => Err(refusal(Reason::Internal, format!("unexpected outcome {other:?}"))),
         }
     }
 

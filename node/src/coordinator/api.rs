@@ -17,6 +17,7 @@ use std::sync::Arc;
 use leasehold_core::coordinator::{Command, Outcome};
 use leasehold_proto::v1 as pb;
 use leasehold_proto::v1::coordinator_server::Coordinator;
+use leasehold_proto::refusal::{refusal, Reason};
 use tonic::{Request, Response, Status};
 
 use super::context::NodeContext;
@@ -64,7 +65,7 @@ impl CoordinatorApi {
 }
 
 fn unexpected(outcome: &Outcome) -> Status {
-    Status::internal(format!("unexpected outcome {outcome:?}"))
+    refusal(Reason::Internal, format!("unexpected outcome {outcome:?}"))
 }
 
 impl CoordinatorApi {

@@ -11,6 +11,7 @@ use leasehold_client::transport::WallClock;
 use leasehold_core::coordinator::{Command, Outcome, Proposal, ProposalResult};
 use leasehold_raft_store::{Node, NodeId, Raft, StateReader};
 use openraft::error::{CheckIsLeaderError, ClientWriteError, ForwardToLeader, RaftError};
+use leasehold_proto::refusal::{refusal, Reason};
 use tonic::Status;
 
 use super::batcher::{Batcher, ProposeError, Proposer};
@@ -47,7 +48,8 @@ impl NodeContext {
         require_leader(&self.raft, &self.metrics)?;
         if self.stepping_down.load(Ordering::SeqCst) {
             self.metrics.record_rejection(Rejection::Unavailable);
-            return Err(Status::unavailable(
+            return Err(refusal(
+                Reason::SteppingDown,
                 "this member is handing its leadership off; retry shortly",
             ));
         }
@@ -77,20 +79,24 @@ impl NodeContext {
             }
             Ok(Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(e)))) => {
                 self.metrics.record_rejection(Rejection::Unavailable);
-                Err(Status::unavailable(format!(
-                    "cannot confirm leadership: {e}"
-                )))
+                Err(refusal(
+                    Reason::NoQuorum,
+                    format!("cannot confirm leadership: {e}"),
+                ))
             }
             Ok(Err(RaftError::Fatal(e))) => {
                 self.metrics.record_rejection(Rejection::Unavailable);
-                Err(Status::unavailable(format!("raft stopped: {e}")))
+                Err(refusal(Reason::ShuttingDown, format!("raft stopped: {e}")))
             }
             Err(_) => {
                 self.metrics.record_rejection(Rejection::Unavailable);
-                Err(Status::unavailable(format!(
-                    "leadership not confirmed within {} ms (no quorum?)",
-                    timeout.as_millis()
-                )))
+                Err(refusal(
+                    Reason::NoQuorum,
+                    format!(
+                        "leadership not confirmed within {} ms (no quorum?)",
+                        timeout.as_millis()
+                    ),
+                ))
             }
         }
     }

@@ -6,24 +6,25 @@ use leasehold_core::coordinator::{
     Command, LeaseGrant, PoolGrantOutcome, ReconcileDisposition, ReconcileOutcome, WindowView,
 };
 use leasehold_core::ids::{ClientId, Key, RegionId, RequestId};
-use leasehold_core::policy::{OutagePolicy, Policy, PolicyKind};
+use leasehold_core::policy::{OutagePolicy, Policy, PolicyError, PolicyKind};
 use leasehold_core::principal::Principal;
 use leasehold_proto::v1 as pb;
+use leasehold_proto::refusal::invalid_field;
 use tonic::Status;
 
 fn key(raw: &str) -> Result<Key, Status> {
-    Key::new(raw).map_err(|e| Status::invalid_argument(e.to_string()))
+    Key::new(raw).map_err(|e| invalid_field("key", e.to_string()))
 }
 
 fn region(raw: &str) -> Result<RegionId, Status> {
-    RegionId::new(raw).map_err(|e| Status::invalid_argument(e.to_string()))
+    RegionId::new(raw).map_err(|e| invalid_field("region", e.to_string()))
 }
 
 /// Validates a wire request id; absent means "not retried idempotently".
 pub fn request_id(raw: Option<pb::RequestId>) -> Result<Option<RequestId>, Status> {
     let Some(raw) = raw else { return Ok(None) };
     let client = ClientId::new(raw.client_id)
-        .map_err(|e| Status::invalid_argument(format!("request_id: {e}")))?;
+        .map_err(|e| invalid_field("request_id.client_id", format!("request_id: {e}")))?;
     Ok(Some(RequestId {
         client,
         seq: raw.seq,
@@ -33,7 +34,7 @@ pub fn request_id(raw: Option<pb::RequestId>) -> Result<Option<RequestId>, Statu
 /// A lease request of `caller` as a command: key and region valid, `tokens > 0`.
 pub fn lease_command(request: pb::LeaseRequest, caller: Principal) -> Result<Command, Status> {
     if request.tokens == 0 {
-        return Err(Status::invalid_argument("tokens must be greater than 0"));
+        return Err(invalid_field("tokens", "tokens must be greater than 0"));
     }
     Ok(Command::Lease {
         key: key(&request.key)?,
@@ -66,10 +67,14 @@ pub fn pool_grant_command(
     caller: Principal,
 ) -> Result<Command, Status> {
     if request.region_weight == 0 {
-        return Err(Status::invalid_argument("region_weight must be at least 1"));
+        return Err(invalid_field(
+            "region_weight",
+            "region_weight must be at least 1",
+        ));
     }
     if request.want_total == 0 {
-        return Err(Status::invalid_argument(
+        return Err(invalid_field(
+            "want_total",
             "want_total must be greater than 0",
         ));
     }
@@ -90,21 +95,22 @@ pub fn window_key(request: &pb::GetWindowRequest) -> Result<Key, Status> {
 
 /// A wire policy as a validated core policy.
 pub fn policy_from_wire(raw: Option<pb::Policy>) -> Result<Policy, Status> {
-    let raw = raw.ok_or_else(|| Status::invalid_argument("policy is required"))?;
+    let raw = raw.ok_or_else(|| invalid_field("policy", "policy is required"))?;
     let kind = match pb::PolicyKind::try_from(raw.kind) {
         Ok(pb::PolicyKind::Unspecified | pb::PolicyKind::Counter) => PolicyKind::Counter,
         Ok(pb::PolicyKind::Fair) => PolicyKind::Fair,
         Err(_) => {
-            return Err(Status::invalid_argument(format!(
-                "unknown policy kind {}",
-                raw.kind
-            )))
+            return Err(invalid_field(
+                "policy.kind",
+                format!("unknown policy kind {}", raw.kind),
+            ))
         }
     };
     let outage = match pb::OutageMode::try_from(raw.outage) {
         Ok(pb::OutageMode::Unspecified | pb::OutageMode::FailClosed) => {
             if raw.fallback_tokens_per_region != 0 {
-                return Err(Status::invalid_argument(
+                return Err(invalid_field(
+                    "policy.fallback_tokens_per_region",
                     "fallback_tokens_per_region is only valid with the fallback outage mode",
                 ));
             }
@@ -114,10 +120,10 @@ pub fn policy_from_wire(raw: Option<pb::Policy>) -> Result<Policy, Status> {
             tokens_per_region: raw.fallback_tokens_per_region,
         },
         Err(_) => {
-            return Err(Status::invalid_argument(format!(
-                "unknown outage mode {}",
-                raw.outage
-            )))
+            return Err(invalid_field(
+                "policy.outage",
+                format!("unknown outage mode {}", raw.outage),
+            ))
         }
     };
     let policy = Policy {
@@ -130,8 +136,18 @@ pub fn policy_from_wire(raw: Option<pb::Policy>) -> Result<Policy, Status> {
     };
     policy
         .validate()
-        .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        .map_err(|e| invalid_field(policy_field(&e), e.to_string()))?;
     Ok(policy)
+}
+
+/// The wire field a policy's validation error is about.
+fn policy_field(error: &PolicyError) -> &'static str {
+    match error {
+        PolicyError::Limit(_) => "policy.limit",
+        PolicyError::Window(_) => "policy.window_ms",
+        PolicyError::PrefixTooLong(_) => "policy.prefix",
+        PolicyError::FallbackShare { .. } => "policy.fallback_tokens_per_region",
+    }
 }
 
 /// A core policy on the wire.

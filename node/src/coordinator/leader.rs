@@ -6,10 +6,8 @@
 //! With no leader known it answers `UNAVAILABLE` at once.
 
 use leasehold_core::coordinator::CommandError;
-use leasehold_proto::{
-    LEADER_ADDR_METADATA, LEADER_ID_METADATA, REASON_METADATA, REASON_REQUEST_ID_REUSED,
-    REASON_SESSIONS_EXHAUSTED, REASON_SESSION_EXPIRED,
-};
+use leasehold_proto::refusal::{refusal, refusal_with, Reason, KEY, LEADER_ADDR, LEADER_ID};
+use leasehold_proto::{LEADER_ADDR_METADATA, LEADER_ID_METADATA};
 use leasehold_raft_store::{NodeId, Raft, RaftMetrics};
 use openraft::ServerState;
 use tonic::metadata::MetadataValue;
@@ -71,10 +69,18 @@ pub fn not_leader_status(leader: Option<(NodeId, Option<String>)>, initialized: 
     match leader {
         Some((id, addr)) => {
             let addr_text = addr.clone().unwrap_or_default();
-            let mut status = Status::failed_precondition(format!(
-                "this member is not the leader; the leader is node {id} at {}",
-                if addr_text.is_empty() { "an unknown address" } else { addr_text.as_str() }
-            ));
+            let mut details = vec![(LEADER_ID, id.to_string())];
+            if !addr_text.is_empty() {
+                details.push((LEADER_ADDR, addr_text.clone()));
+            }
+            let mut status = refusal_with(
+                Reason::NotLeader,
+                format!(
+                    "this member is not the leader; the leader is node {id} at {}",
+                    if addr_text.is_empty() { "an unknown address" } else { addr_text.as_str() }
+                ),
+                details,
+            );
             if let Ok(value) = MetadataValue::try_from(id.to_string()) {
                 status.metadata_mut().insert(LEADER_ID_METADATA, value);
             }
@@ -83,10 +89,14 @@ pub fn not_leader_status(leader: Option<(NodeId, Option<String>)>, initialized: 
             }
             status
         }
-        None if !initialized => Status::unavailable(
+        None if !initialized => refusal(
+            Reason::NotInitialized,
             "this member is not initialised and knows no leader; run `leasehold cluster init` or add it to a cluster",
         ),
-        None => Status::unavailable("no leader is known (election in progress or no quorum); retry shortly"),
+        None => refusal(
+            Reason::NoLeader,
+            "no leader is known (election in progress or no quorum); retry shortly",
+        ),
     }
 }
 
@@ -114,17 +124,23 @@ pub fn propose_error_status(error: ProposeError, metrics: &NodeMetrics) -> Statu
         }
         ProposeError::Timeout(ms) => {
             metrics.record_rejection(Rejection::Unavailable);
-            Status::unavailable(format!(
-                "the write was not committed within {ms} ms (no quorum?); retrying with the same request id is safe"
-            ))
+            refusal(
+                Reason::NoQuorum,
+                format!(
+                    "the write was not committed within {ms} ms (no quorum?); retrying with the same request id is safe"
+                ),
+            )
         }
         ProposeError::Unavailable(why) => {
             metrics.record_rejection(Rejection::Unavailable);
-            Status::unavailable(why)
+            refusal(Reason::ShuttingDown, why)
         }
         ProposeError::Overloaded => {
             metrics.record_rejection(Rejection::Overloaded);
-            Status::unavailable("too many requests queued at the leader; retry with backoff")
+            refusal(
+                Reason::Overloaded,
+                "too many requests queued at the leader; retry with backoff",
+            )
         }
     }
 }
@@ -132,32 +148,17 @@ pub fn propose_error_status(error: ProposeError, metrics: &NodeMetrics) -> Statu
 /// The gRPC error for a command the state machine refused.
 pub fn command_error_status(error: &CommandError) -> Status {
     match error {
-        CommandError::InvalidArgument(why) => Status::invalid_argument(why.clone()),
-        CommandError::NoPolicy(key) => Status::not_found(format!(
-            "no policy matches key {key:?}; set one with `leasehold policy set`"
-        )),
-        CommandError::WrongKind(why) => Status::failed_precondition(why.clone()),
-        CommandError::RequestIdReused(why) => with_reason(
-            Status::already_exists(why.clone()),
-            REASON_REQUEST_ID_REUSED,
+        CommandError::InvalidArgument(why) => refusal(Reason::InvalidField, why.clone()),
+        CommandError::NoPolicy(key) => refusal_with(
+            Reason::NoPolicy,
+            format!("no policy matches key {key:?}; set one with `leasehold policy set`"),
+            [(KEY, key.to_string())],
         ),
-        CommandError::SessionExpired(why) => with_reason(
-            Status::failed_precondition(why.clone()),
-            REASON_SESSION_EXPIRED,
-        ),
-        CommandError::SessionsExhausted(why) => with_reason(
-            Status::resource_exhausted(why.clone()),
-            REASON_SESSIONS_EXHAUSTED,
-        ),
+        CommandError::WrongKind(why) => refusal(Reason::WrongKeyKind, why.clone()),
+        CommandError::RequestIdReused(why) => refusal(Reason::RequestIdReused, why.clone()),
+        CommandError::SessionExpired(why) => refusal(Reason::SessionExpired, why.clone()),
+        CommandError::SessionsExhausted(why) => refusal(Reason::SessionsExhausted, why.clone()),
     }
-}
-
-/// `status` with its machine-readable reason in the `leasehold-reason` metadata.
-fn with_reason(mut status: Status, reason: &'static str) -> Status {
-    status
-        .metadata_mut()
-        .insert(REASON_METADATA, MetadataValue::from_static(reason));
-    status
 }
 
 #[cfg(test)]

@@ -169,6 +169,12 @@ where
     tracing::info!(id = node.id, listen = %node.config.listen, "coordinator member serving");
     let public_request_limit = limits.max_request_bytes;
     let auth = AuthLayer::new(Scope::Coordinator, node.metrics.auth.clone());
+    let (reflection, reflection_v1alpha) = crate::reflection::reflection_services(&[
+        leasehold_proto::v1::coordinator_server::SERVICE_NAME,
+        leasehold_proto::v1::admin_server::SERVICE_NAME,
+        leasehold_proto::v1::monitor_server::SERVICE_NAME,
+    ])
+    .map_err(|e| NodeError::Reflection(e.to_string()))?;
     let served = limits
         .server_builder()
         .http2_keepalive_interval(Some(SERVER_KEEP_ALIVE))
@@ -176,6 +182,8 @@ where
         .layer(refusal_layer(connection_counters))
         .layer(auth)
         .add_service(health_service)
+        .add_service(reflection.max_decoding_message_size(public_request_limit))
+        .add_service(reflection_v1alpha.max_decoding_message_size(public_request_limit))
         .add_service(
             CoordinatorServer::new(CoordinatorApi::new(node.clone()))
                 .max_decoding_message_size(public_request_limit)

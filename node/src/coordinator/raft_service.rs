@@ -18,6 +18,7 @@ use leasehold_raft_store::{
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use leasehold_proto::refusal::{refusal, Reason};
 use tonic::{Request, Response, Status};
 
 use super::network::MAX_PEER_MESSAGE_BYTES;
@@ -74,13 +75,13 @@ impl RaftService {
 
 fn decode<T: DeserializeOwned>(request: Request<RaftPayload>) -> Result<T, Status> {
     postcard::from_bytes(&request.into_inner().data)
-        .map_err(|e| Status::invalid_argument(format!("undecodable raft payload: {e}")))
+        .map_err(|e| refusal(Reason::MalformedRequest, format!("undecodable raft payload: {e}")))
 }
 
 fn encode<T: Serialize>(value: &T) -> Result<Response<RaftPayload>, Status> {
     postcard::to_allocvec(value)
         .map(|data| Response::new(RaftPayload { data }))
-        .map_err(|e| Status::internal(format!("cannot encode raft reply: {e}")))
+        .map_err(|e| refusal(Reason::Internal, format!("cannot encode raft reply: {e}")))
 }
 
 #[tonic::async_trait]

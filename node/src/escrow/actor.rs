@@ -5,9 +5,8 @@
 
 use leasehold_core::fair_throttle::CallerId;
 use leasehold_core::principal::Principal;
-use leasehold_proto::{
-    REASON_HOLDERS_EXHAUSTED, REASON_METADATA, REASON_REQUEST_ID_REUSED, REASON_SESSION_EXPIRED,
-};
+use leasehold_client::coordinator::CoordinatorError;
+use leasehold_proto::refusal::{invalid_field, refusal, refusal_with, Reason, KEY};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -109,28 +108,30 @@ pub enum KeyRequest {
     },
 }
 
-/// The gRPC status of a refusal, with its reason in the metadata.
-///
-/// Reasons are the `leasehold_proto::REASON_*` values.
-pub fn refusal_status(refusal: &HolderRefusal) -> Status {
-    let (mut status, reason) = match refusal {
-        HolderRefusal::Reused { .. } => (
-            Status::already_exists(refusal.to_string()),
-            REASON_REQUEST_ID_REUSED,
-        ),
-        HolderRefusal::Expired { .. } => (
-            Status::failed_precondition(refusal.to_string()),
-            REASON_SESSION_EXPIRED,
-        ),
-        HolderRefusal::HoldersExhausted { .. } => (
-            Status::resource_exhausted(refusal.to_string()),
-            REASON_HOLDERS_EXHAUSTED,
-        ),
+/// The gRPC status of a holder refusal, with its reason.
+pub fn refusal_status(refused: &HolderRefusal) -> Status {
+    let reason = match refused {
+        HolderRefusal::Reused { .. } => Reason::RequestIdReused,
+        HolderRefusal::Expired { .. } => Reason::SessionExpired,
+        HolderRefusal::HoldersExhausted { .. } => Reason::HoldersExhausted,
     };
-    if let Ok(value) = reason.parse() {
-        status.metadata_mut().insert(REASON_METADATA, value);
+    refusal(reason, refused.to_string())
+}
+
+/// The coordinator's refusal of this node's call, passed on to the caller
+/// with the reason the coordinator gave (a leader hint means nothing to the
+/// caller: it sees the coordinator as unavailable and retries).
+fn relayed(key: &str, error: &CoordinatorError) -> Status {
+    match error {
+        CoordinatorError::NotFound(message) => {
+            refusal_with(Reason::NoPolicy, message.clone(), [(KEY, key.to_string())])
+        }
+        CoordinatorError::InvalidArgument(message) => invalid_field("key", message.clone()),
+        CoordinatorError::FailedPrecondition { reason, message } => {
+            refusal(reason.unwrap_or(Reason::WrongKeyKind), message.clone())
+        }
+        other => refusal(Reason::CoordinatorUnavailable, other.to_string()),
     }
-    status
 }
 
 /// The actor is gone (evicted or stopped); the caller makes a new one.
@@ -542,7 +543,13 @@ impl KeyActor {
         let policy = self
             .shared
             .policy_for(&self.key)
-            .ok_or_else(|| Status::not_found(format!("no policy matches key {:?}", self.key)))?;
+            .ok_or_else(|| {
+                refusal_with(
+                    Reason::NoPolicy,
+                    format!("no policy matches key {:?}", self.key),
+                    [(KEY, self.key.to_string())],
+                )
+            })?;
         self.escrow.set_outage_policy(policy.outage);
         Ok(policy)
     }
@@ -558,7 +565,8 @@ impl KeyActor {
             let tenant = match tenant {
                 Some(t) => t,
                 None => {
-                    TenantId::new(DEFAULT_TENANT).map_err(|e| Status::internal(e.to_string()))?
+                    TenantId::new(DEFAULT_TENANT)
+                        .map_err(|e| refusal(Reason::Internal, e.to_string()))?
                 }
             };
             return self
@@ -618,7 +626,7 @@ impl KeyActor {
                         remaining_lifetime_ms: 0,
                     };
                     self.escrow.on_grant(cleared, arrived);
-                    return Err(Status::new(e.code(), e.to_string()));
+                    return Err(relayed(&self.key, &e));
                 }
                 Err(e) => {
                     tracing::debug!(key = %self.key, error = %e, "lease failed; outage policy applies");
@@ -707,7 +715,7 @@ impl KeyActor {
                     Code::NotFound | Code::InvalidArgument | Code::FailedPrecondition
                 ) =>
             {
-                Err(Status::new(e.code(), e.to_string()))
+                Err(relayed(&self.key, &e))
             }
             Err(e) => {
                 tracing::debug!(key = %self.key, error = %e, "pool grant failed; the fair key denies (fail closed)");

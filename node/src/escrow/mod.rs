@@ -219,11 +219,19 @@ where
         Arc::new(WatchSlots::default()),
         closing,
     );
+    let (reflection, reflection_v1alpha) =
+        crate::reflection::reflection_services(&[
+            leasehold_proto::v1::escrow_server::SERVICE_NAME,
+            leasehold_proto::v1::monitor_server::SERVICE_NAME,
+        ])
+            .map_err(|e| NodeError::Reflection(e.to_string()))?;
     let served = limits
         .server_builder()
         .layer(refusal_layer(shared.connections.clone()))
         .layer(auth)
         .add_service(health_service)
+        .add_service(reflection.max_decoding_message_size(limits.max_request_bytes))
+        .add_service(reflection_v1alpha.max_decoding_message_size(limits.max_request_bytes))
         .add_service(
             EscrowServer::new(EscrowApi::new(shared.clone()))
                 .max_decoding_message_size(limits.max_request_bytes)

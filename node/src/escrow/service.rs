@@ -21,6 +21,7 @@ use leasehold_proto::v1 as pb;
 use leasehold_proto::{REASON_FAIR_THROTTLED, REASON_METADATA};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
+use leasehold_proto::refusal::{invalid_field, refusal, Reason};
 use tonic::{Request, Response, Status};
 
 use super::actor::{Acquired, HolderRequest, KeyHandle, KeyRequest, KeyView};
@@ -307,7 +308,7 @@ impl EscrowShared {
             return Ok(handle.clone());
         }
         if actors.len() >= self.config.max_keys {
-            return Err(Status::resource_exhausted(format!(
+            return Err(refusal(Reason::KeysExhausted, format!(
                 "this escrow node already tracks its maximum of {} keys; idle keys are released after {} ms",
                 self.config.max_keys, self.config.idle_evict_ms
             )));
@@ -333,7 +334,7 @@ impl EscrowShared {
             }
             self.forget(key);
         }
-        Err(Status::unavailable("the key's actor stopped; retry"))
+        Err(refusal(Reason::ShuttingDown, "the key's actor stopped; retry"))
     }
 
     /// Stops every actor and hands their credits back (shutdown).
@@ -451,9 +452,9 @@ impl EscrowApi {
     ) -> Result<Acquired, Status> {
         let tenant = tenant_from_wire(tenant)?;
         let weight = weight.max(1);
-        let key = Key::new(key).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let key = Key::new(key).map_err(|e| invalid_field("key", e.to_string()))?;
         if tokens == 0 {
-            return Err(Status::invalid_argument("tokens must be at least 1"));
+            return Err(invalid_field("tokens", "tokens must be at least 1"));
         }
         self.shared
             .ask(key.as_str(), |reply| KeyRequest::Acquire {
@@ -476,7 +477,7 @@ fn tenant_from_wire(tenant: &str) -> Result<Option<TenantId>, Status> {
     }
     TenantId::new(tenant)
         .map(Some)
-        .map_err(|e| Status::invalid_argument(e.to_string()))
+        .map_err(|e| invalid_field("tenant", e.to_string()))
 }
 
 /// Tells a fair-throttle denial from a budget denial: `leasehold-reason:
@@ -496,7 +497,7 @@ fn holder_request(
         return Ok(None);
     };
     let client = ClientId::new(id.client_id)
-        .map_err(|e| Status::invalid_argument(format!("request_id: {e}")))?;
+        .map_err(|e| invalid_field("request_id.client_id", format!("request_id: {e}")))?;
     Ok(Some(HolderRequest {
         holder: Holder {
             principal: caller,
@@ -670,9 +671,9 @@ impl pb::escrow_server::Escrow for EscrowApi {
     ) -> Result<Response<pb::ReturnResponse>, Status> {
         let caller = crate::auth::caller(&request);
         let request = request.into_inner();
-        let key = Key::new(request.key).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let key = Key::new(request.key).map_err(|e| invalid_field("key", e.to_string()))?;
         let from = holder_request(caller, request.request_id)?.ok_or_else(|| {
-            Status::invalid_argument(
+            invalid_field("request_id", 
                 "Return needs a request_id: it names the holder whose credits come back",
             )
         })?;

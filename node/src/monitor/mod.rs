@@ -26,8 +26,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use leasehold_core::ids::{Key, MAX_KEY_BYTES};
 use leasehold_core::principal::Principal;
 use leasehold_proto::v1 as pb;
-use leasehold_proto::{REASON_METADATA, REASON_WATCH_STREAMS_EXHAUSTED};
-use tonic::metadata::MetadataValue;
+use leasehold_proto::refusal::{invalid_field, refusal, Reason};
 use tonic::Status;
 
 /// Most keys one prefix watch shows (the first ones in key order).
@@ -55,9 +54,9 @@ impl WatchTarget {
         match &request.target {
             Some(pb::watch_request::Target::Key(key)) => Key::new(key.as_str())
                 .map(WatchTarget::Key)
-                .map_err(|e| Status::invalid_argument(format!("key: {e}"))),
+                .map_err(|e| invalid_field("key", format!("key: {e}"))),
             Some(pb::watch_request::Target::Prefix(prefix)) if prefix.len() > MAX_KEY_BYTES => {
-                Err(Status::invalid_argument(format!(
+                Err(invalid_field("prefix", format!(
                     "prefix is {} bytes, longer than the maximum key length of {MAX_KEY_BYTES}",
                     prefix.len()
                 )))
@@ -65,7 +64,7 @@ impl WatchTarget {
             Some(pb::watch_request::Target::Prefix(prefix)) => {
                 Ok(WatchTarget::Prefix(prefix.clone()))
             }
-            None => Err(Status::invalid_argument(
+            None => Err(invalid_field("target", 
                 "watch needs a key or a prefix (an empty prefix watches every key)",
             )),
         }
@@ -106,16 +105,14 @@ impl WatchSlots {
         let all: usize = open.values().sum();
         let mine = open.get(&name).copied().unwrap_or(0);
         if mine >= self.per_caller || all >= self.total {
-            let mut status = Status::resource_exhausted(format!(
-                "{caller} has {mine} watch streams open here ({all} in all); at most {} per caller \
-                 and {} per server: close one first",
-                self.per_caller, self.total
+            return Err(refusal(
+                Reason::WatchStreamsExhausted,
+                format!(
+                    "{caller} has {mine} watch streams open here ({all} in all); at most {} per caller \
+                     and {} per server: close one first",
+                    self.per_caller, self.total
+                ),
             ));
-            status.metadata_mut().insert(
-                REASON_METADATA,
-                MetadataValue::from_static(REASON_WATCH_STREAMS_EXHAUSTED),
-            );
-            return Err(status);
         }
         *open.entry(name.clone()).or_insert(0) += 1;
         Ok(WatchSlot {
@@ -197,8 +194,8 @@ mod tests {
         let refused = slots.open(&alice).unwrap_err();
         assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
         assert_eq!(
-            refused.metadata().get(REASON_METADATA).unwrap(),
-            REASON_WATCH_STREAMS_EXHAUSTED
+            leasehold_proto::refusal::reason_of(&refused),
+            Some(Reason::WatchStreamsExhausted)
         );
         let _b1 = slots.open(&bob).unwrap();
         assert!(slots.open(&bob).is_err(), "the server holds its 3");

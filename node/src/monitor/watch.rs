@@ -28,6 +28,7 @@ use leasehold_proto::v1 as pb;
 use leasehold_proto::v1::monitor_server::Monitor;
 use tokio::sync::watch;
 use tokio::time::{Instant, MissedTickBehavior};
+use leasehold_proto::refusal::{refusal, Reason};
 use tonic::{Request, Response, Status};
 
 use super::cadence::{Cadence, SAMPLE_INTERVAL_MS};
@@ -199,7 +200,7 @@ fn deliver(updates: watch::Receiver<Option<pb::WatchUpdate>>) -> UpdateStream {
             }
             loop {
                 if updates.changed().await.is_err() {
-                    let stopped = Status::unavailable(
+                    let stopped = refusal(Reason::ShuttingDown, 
                         "this server stopped serving the watch (shutting down); \
                          watch another member",
                     );

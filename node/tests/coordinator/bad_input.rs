@@ -1,9 +1,12 @@
-//! Bad input gets the right gRPC code, never a panic, and changes nothing.
+//! Bad input gets the right gRPC code and `ErrorInfo` reason, never a
+//! panic, and changes nothing. Every refusal here must carry a Leasehold
+//! `ErrorInfo` whose reason goes with the status code.
 
 use anyhow::{ensure, Result};
 use leasehold_proto::v1 as pb;
 use leasehold_proto::v1::admin_client::AdminClient as AdminRpc;
 use leasehold_proto::v1::coordinator_client::CoordinatorClient as CoordinatorRpc;
+use leasehold_proto::refusal::{self, reason_of, Reason};
 use leasehold_proto::{LEADER_ADDR_METADATA, LEADER_ID_METADATA};
 use tonic::transport::Channel;
 use tonic::Code;
@@ -26,11 +29,22 @@ fn lease(key: &str, region: &str, tokens: u64) -> pb::LeaseRequest {
     }
 }
 
-fn code<T: std::fmt::Debug>(result: Result<tonic::Response<T>, tonic::Status>) -> Code {
+/// The refusal's reason, checked against its code.
+fn reason<T: std::fmt::Debug>(result: Result<tonic::Response<T>, tonic::Status>) -> Reason {
     match result {
         Ok(response) => panic!("expected an error, got {response:?}"),
-        Err(status) => status.code(),
+        Err(status) => checked_reason(&status),
     }
+}
+
+fn checked_reason(status: &tonic::Status) -> Reason {
+    let reason = reason_of(status).unwrap_or_else(|| panic!("no ErrorInfo reason: {status:?}"));
+    assert_eq!(reason.code(), status.code(), "{status:?}");
+    reason
+}
+
+fn code<T: std::fmt::Debug>(result: Result<tonic::Response<T>, tonic::Status>) -> Code {
+    reason(result).code()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -65,7 +79,14 @@ async fn each_bad_request_gets_its_code_and_changes_nothing() -> Result<()> {
         ..lease("ok/k", "eu", 1)
     };
     ensure!(code(api.lease(empty_client).await) == Code::InvalidArgument);
-    ensure!(code(api.lease(lease("nopolicy/k", "eu", 1)).await) == Code::NotFound);
+    let no_policy = api.lease(lease("nopolicy/k", "eu", 1)).await.unwrap_err();
+    ensure!(checked_reason(&no_policy) == Reason::NoPolicy, "{no_policy:?}");
+    ensure!(refusal::detail(&no_policy, refusal::KEY).as_deref() == Some("nopolicy/k"));
+    let long = api.lease(lease(&long_key, "eu", 1)).await.unwrap_err();
+    ensure!(checked_reason(&long) == Reason::InvalidField);
+    ensure!(refusal::detail(&long, refusal::FIELD).as_deref() == Some("key"), "{long:?}");
+    let zero = api.lease(lease("ok/k", "eu", 0)).await.unwrap_err();
+    ensure!(refusal::detail(&zero, refusal::FIELD).as_deref() == Some("tokens"), "{zero:?}");
     ensure!(
         code(
             api.get_window(pb::GetWindowRequest {
@@ -82,7 +103,7 @@ async fn each_bad_request_gets_its_code_and_changes_nothing() -> Result<()> {
         request_id: None,
     };
     ensure!(
-        code(api.pool_grant(pool.clone()).await) == Code::FailedPrecondition,
+        reason(api.pool_grant(pool.clone()).await) == Reason::WrongKeyKind,
         "pool grant on a counter key"
     );
     ensure!(
@@ -185,9 +206,20 @@ async fn each_bad_request_gets_its_code_and_changes_nothing() -> Result<()> {
     };
     ensure!(code(admin.change_membership(change(vec![])).await) == Code::InvalidArgument);
     ensure!(
-        code(admin.change_membership(change(vec![1, 7])).await) == Code::FailedPrecondition,
+        reason(admin.change_membership(change(vec![1, 7])).await) == Reason::MembershipRejected,
         "unknown learner"
     );
+    ensure!(
+        reason(admin.step_down(pb::StepDownRequest { leader_id: 0 }).await)
+            == Reason::NoOtherVoter
+    );
+    let again = pb::InitRequest {
+        members: vec![pb::Member {
+            id: 1,
+            addr: cluster.addr(1),
+        }],
+    };
+    ensure!(reason(admin.init(again).await) == Reason::AlreadyInitialized);
 
     // Nothing above changed the state: no grants, one policy, one voter.
     let window = api
@@ -220,7 +252,8 @@ async fn an_uninitialised_member_is_unavailable_not_hanging() -> Result<()> {
     let (mut api, mut admin) = rpc(&cluster.addr(1)).await?;
     let status = api.lease(lease("k", "eu", 1)).await.unwrap_err();
     ensure!(
-        status.code() == Code::Unavailable && status.message().contains("not initialised"),
+        checked_reason(&status) == Reason::NotInitialized
+            && status.message().contains("not initialised"),
         "{status:?}"
     );
     ensure!(
@@ -267,7 +300,12 @@ async fn followers_answer_with_a_leader_hint() -> Result<()> {
             .await
             .unwrap_err(),
     ] {
-        ensure!(status.code() == Code::FailedPrecondition, "{status:?}");
+        ensure!(checked_reason(&status) == Reason::NotLeader, "{status:?}");
+        ensure!(
+            refusal::detail(&status, refusal::LEADER_ADDR) == Some(cluster.addr(leader))
+                && refusal::detail(&status, refusal::LEADER_ID) == Some(leader.to_string()),
+            "{status:?}"
+        );
         ensure!(
             status
                 .metadata()

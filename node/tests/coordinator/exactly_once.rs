@@ -8,9 +8,7 @@ use leasehold_core::coordinator::MAX_SESSIONS;
 use leasehold_proto::v1 as pb;
 use leasehold_proto::v1::admin_client::AdminClient as AdminRpc;
 use leasehold_proto::v1::coordinator_client::CoordinatorClient as CoordinatorRpc;
-use leasehold_proto::{
-    REASON_METADATA, REASON_REQUEST_ID_REUSED, REASON_SESSIONS_EXHAUSTED, REASON_SESSION_EXPIRED,
-};
+use leasehold_proto::refusal::{reason_of, Reason};
 use tonic::transport::Channel;
 use tonic::Code;
 
@@ -35,12 +33,10 @@ fn lease(key: &str, tokens: u64, client: &str, seq: u64) -> pb::LeaseRequest {
     }
 }
 
-fn reason(status: &tonic::Status) -> &str {
-    status
-        .metadata()
-        .get(REASON_METADATA)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
+/// The reason in the refusal's `ErrorInfo` (a refusal without one fails
+/// the comparisons below).
+fn reason(status: &tonic::Status) -> Option<Reason> {
+    reason_of(status)
 }
 
 async fn granted(api: &mut CoordinatorRpc<Channel>, key: &str) -> Result<u64> {
@@ -83,7 +79,7 @@ async fn a_client_id_reused_for_another_request_is_refused_not_answered_with_old
     ] {
         let status = api.lease(changed.clone()).await.unwrap_err();
         ensure!(
-            status.code() == Code::AlreadyExists && reason(&status) == REASON_REQUEST_ID_REUSED,
+            status.code() == Code::AlreadyExists && reason(&status) == Some(Reason::RequestIdReused),
             "{changed:?}: {status:?}"
         );
     }
@@ -123,7 +119,7 @@ async fn a_session_flood_is_refused_and_never_replays_another_clients_request() 
         .iter()
         .filter(|r| {
             matches!(r, Err(s) if s.code() == Code::ResourceExhausted
-                && reason(s) == REASON_SESSIONS_EXHAUSTED)
+                && reason(s) == Some(Reason::SessionsExhausted))
         })
         .count();
     let accepted = outcomes.iter().filter(|r| r.is_ok()).count();
@@ -139,7 +135,8 @@ async fn a_session_flood_is_refused_and_never_replays_another_clients_request() 
     // A seq far past any opening seq of an unknown session is never executed.
     let status = api.lease(lease("k", 1, "gone", 1_000)).await.unwrap_err();
     ensure!(
-        reason(&status) == REASON_SESSION_EXPIRED || reason(&status) == REASON_SESSIONS_EXHAUSTED,
+        reason(&status) == Some(Reason::SessionExpired)
+            || reason(&status) == Some(Reason::SessionsExhausted),
         "{status:?}"
     );
     cluster.stop_all().await

@@ -83,3 +83,65 @@ async fn health_of_an_unreachable_endpoint_fails_within_its_deadline() -> Result
     ensure!(started.elapsed() < std::time::Duration::from_secs(10));
     Ok(())
 }
+
+/// The services a port's gRPC reflection lists, sorted.
+async fn reflected_services(addr: &str) -> Result<Vec<String>> {
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
+
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?
+        .connect()
+        .await?;
+    let mut client = ServerReflectionClient::new(channel);
+    let request = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut answers = client
+        .server_reflection_info(tokio_stream::iter([request]))
+        .await?
+        .into_inner();
+    let answer = answers
+        .message()
+        .await?
+        .context("reflection answered nothing")?;
+    let Some(MessageResponse::ListServicesResponse(list)) = answer.message_response else {
+        anyhow::bail!("not a service list: {answer:?}");
+    };
+    let mut names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+    names.sort();
+    Ok(names)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reflection_lists_the_services_each_port_serves() -> Result<()> {
+    let mut cluster = Cluster::start_initialised(1, |_| {}).await?;
+    let member = reflected_services(&cluster.addr(1)).await?;
+    ensure!(
+        member
+            == [
+                "grpc.health.v1.Health",
+                "grpc.reflection.v1.ServerReflection",
+                "leasehold.v1.Admin",
+                "leasehold.v1.Coordinator",
+                "leasehold.v1.Monitor",
+            ],
+        "a member lists its public services (Raft is for peers): {member:?}"
+    );
+    let escrow = crate::escrow::EscrowNode::start(&cluster, "eu", |_| {}).await?;
+    let regional = reflected_services(&escrow.addr).await?;
+    ensure!(
+        regional
+            == [
+                "grpc.health.v1.Health",
+                "grpc.reflection.v1.ServerReflection",
+                "leasehold.v1.Escrow",
+                "leasehold.v1.Monitor",
+            ],
+        "an escrow node lists its own: {regional:?}"
+    );
+    escrow.stop().await;
+    cluster.stop_all().await
+}

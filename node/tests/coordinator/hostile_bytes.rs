@@ -1,9 +1,12 @@
 //! Every gRPC method of a member fed arbitrary bytes and arbitrary field
 //! values: each call ends in an answer or a clear status, never a panic,
-//! and the member keeps granting afterwards.
+//! and the member keeps granting afterwards. Every refusal carries a
+//! `google.rpc.ErrorInfo` of domain `leasehold.v1` whose reason travels
+//! with the status's code (the proto's contract).
 
 use anyhow::{ensure, Result};
 use bytes::{Buf, BufMut};
+use leasehold_proto::refusal::{reason_of, Reason};
 use leasehold_proto::v1 as pb;
 use leasehold_proto::v1::coordinator_client::CoordinatorClient as CoordinatorRpc;
 use proptest::prelude::*;
@@ -80,8 +83,9 @@ const METHODS: &[&str] = &[
     "/leasehold.v1.Raft/InstallSnapshot",
 ];
 
-/// The answer's code, with tonic's own decode failure (which it reports as
-/// `INTERNAL` before any handler runs) told apart as [`UNDECODABLE`].
+/// The answer's code; a refusal without a Leasehold `ErrorInfo`, or with
+/// one whose reason goes with another code, is an error. tonic's own decode
+/// failure (reason `MALFORMED_REQUEST`) is told apart as [`UNDECODABLE`].
 async fn call_raw(channel: Channel, method: &'static str, body: Vec<u8>) -> Result<Code> {
     let mut grpc = tonic::client::Grpc::new(channel);
     grpc.ready().await?;
@@ -90,14 +94,17 @@ async fn call_raw(channel: Channel, method: &'static str, body: Vec<u8>) -> Resu
     request.set_timeout(std::time::Duration::from_secs(5));
     Ok(match grpc.unary(request, path, RawCodec).await {
         Ok(_) => Code::Ok,
-        Err(status) if status.code() == Code::Internal && status.message().contains("decode") => {
-            UNDECODABLE
-        }
         Err(status) => {
-            if status.code() == Code::Internal {
-                eprintln!("{method}: {status:?}");
+            let reason = reason_of(&status);
+            ensure!(
+                reason.is_some_and(|reason| reason.code() == status.code()),
+                "{method}: a refusal without a matching ErrorInfo reason: {status:?}"
+            );
+            if reason == Some(Reason::MalformedRequest) {
+                UNDECODABLE
+            } else {
+                status.code()
             }
-            status.code()
         }
     })
 }
@@ -240,7 +247,8 @@ async fn arbitrary_bytes_on_every_method_never_break_a_member() -> Result<()> {
                 );
             }
             Err(status) => ensure!(
-                !matches!(status.code(), Code::Internal | Code::Unknown),
+                !matches!(status.code(), Code::Internal | Code::Unknown)
+                    && reason_of(&status).is_some_and(|r| r.code() == status.code()),
                 "{request:?} → {status:?}"
             ),
         }

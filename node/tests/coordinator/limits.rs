@@ -211,7 +211,12 @@ async fn a_public_request_above_the_request_limit_is_refused_with_resource_exhau
         .lease(request)
         .await
         .expect_err("an oversized lease must be refused");
-    ensure!(status.code() == Code::ResourceExhausted, "got {status:?}");
+    ensure!(
+        status.code() == Code::ResourceExhausted
+            && leasehold_proto::refusal::reason_of(&status)
+                == Some(leasehold_proto::refusal::Reason::RequestTooLarge),
+        "got {status:?}"
+    );
     let counted = counter(&mut admin, "responses_resource_exhausted").await?;
     ensure!(counted >= 1, "counted {counted}");
     let grant = api.lease(lease("k/d", 2)).await?.into_inner();

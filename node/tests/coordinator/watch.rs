@@ -12,7 +12,7 @@ use anyhow::{ensure, Context, Result};
 use leasehold_proto::v1 as pb;
 use leasehold_proto::v1::monitor_client::MonitorClient;
 use leasehold_proto::v1::watch_request::Target;
-use leasehold_proto::{REASON_METADATA, REASON_WATCH_STREAMS_EXHAUSTED};
+use leasehold_proto::refusal::{reason_of, Reason};
 use tonic::transport::Channel;
 use tonic::{Code, Streaming};
 
@@ -157,10 +157,7 @@ async fn streams_per_caller_are_limited_and_come_back_when_closed() -> Result<()
         .context("a fifth stream of the same caller was served")?;
     ensure!(refused.code() == Code::ResourceExhausted, "{refused:?}");
     ensure!(
-        refused
-            .metadata()
-            .get(REASON_METADATA)
-            .is_some_and(|r| r == REASON_WATCH_STREAMS_EXHAUSTED),
+        reason_of(&refused) == Some(Reason::WatchStreamsExhausted),
         "{refused:?}"
     );
     let bad = watch(&cluster, 1, Target::Prefix("p".repeat(300)))
