@@ -29,6 +29,7 @@ pub mod escrow;
 pub mod fair_pool;
 pub mod fair_throttle;
 pub mod ids;
+pub mod metrics;
 pub mod policy;
 pub mod predictive_sizer;
 pub mod principal;

@@ -30,100 +30,9 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// `prefix="__other__"`.
 pub const MAX_PREFIX_SERIES: usize = 256;
 
-/// The kind of a metric family.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MetricKind {
-    /// Only ever increases (name ends in `_total`).
-    Counter,
-    /// Goes up and down.
-    Gauge,
-}
-
-/// A document in the Prometheus text exposition format (version 0.0.4).
-#[derive(Debug, Default)]
-pub struct Exposition {
-    text: String,
-}
-
-impl Exposition {
-    /// An empty document.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Starts a family: its `# HELP` and `# TYPE` lines. Samples of it
-    /// follow through [`Exposition::sample`].
-    pub fn family(&mut self, name: &str, kind: MetricKind, help: &str) {
-        debug_assert!(is_metric_name(name), "{name}");
-        let kind = match kind {
-            MetricKind::Counter => "counter",
-            MetricKind::Gauge => "gauge",
-        };
-        let help = help.replace('\\', "\\\\").replace('\n', "\\n");
-        let _ = writeln!(self.text, "# HELP {name} {help}");
-        let _ = writeln!(self.text, "# TYPE {name} {kind}");
-    }
-
-    /// One sample of the current family.
-    pub fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: f64) {
-        self.text.push_str(name);
-        if !labels.is_empty() {
-            self.text.push('{');
-            for (i, (label, value)) in labels.iter().enumerate() {
-                if i > 0 {
-                    self.text.push(',');
-                }
-                let _ = write!(self.text, "{label}=\"{}\"", escape_label_value(value));
-            }
-            self.text.push('}');
-        }
-        let _ = writeln!(self.text, " {}", format_value(value));
-    }
-
-    /// A family with one unlabelled sample.
-    pub fn single(&mut self, name: &str, kind: MetricKind, help: &str, value: f64) {
-        self.family(name, kind, help);
-        self.sample(name, &[], value);
-    }
-
-    /// The document.
-    pub fn finish(self) -> String {
-        self.text
-    }
-}
-
-/// Whether `name` is a valid Prometheus metric name.
-pub fn is_metric_name(name: &str) -> bool {
-    let mut chars = name.chars();
-    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_' || c == ':')
-        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
-}
-
-/// A label value with `\`, `"` and newlines escaped.
-pub fn escape_label_value(value: &str) -> String {
-    let mut escaped = String::with_capacity(value.len());
-    for c in value.chars() {
-        match c {
-            '\\' => escaped.push_str("\\\\"),
-            '"' => escaped.push_str("\\\""),
-            '\n' => escaped.push_str("\\n"),
-            c => escaped.push(c),
-        }
-    }
-    escaped
-}
-
-fn format_value(value: f64) -> String {
-    if value.is_nan() {
-        "NaN".into()
-    } else if value.is_infinite() {
-        if value > 0.0 { "+Inf" } else { "-Inf" }.into()
-    } else if value.fract() == 0.0 && value.abs() < 9.007_199_254_740_992e15 {
-        format!("{}", value as i64)
-    } else {
-        format!("{value}")
-    }
-}
+pub use leasehold_core::metrics::{
+    escape_label_value, is_metric_name, Exposition, Histogram, HistogramSnapshot, MetricKind,
+};
 
 /// Renders the current metrics of a process.
 pub type Render = Arc<dyn Fn() -> String + Send + Sync>;
@@ -288,21 +197,6 @@ mod tests {
     use proptest::prelude::*;
 
     #[test]
-    fn families_render_help_type_and_samples() {
-        let mut doc = Exposition::new();
-        doc.family("leasehold_x_total", MetricKind::Counter, "Things.");
-        doc.sample("leasehold_x_total", &[("prefix", "a/\"b\"")], 3.0);
-        doc.single("leasehold_y", MetricKind::Gauge, "A level.", 0.5);
-        let text = doc.finish();
-        assert_eq!(
-            text,
-            "# HELP leasehold_x_total Things.\n# TYPE leasehold_x_total counter\n\
-             leasehold_x_total{prefix=\"a/\\\"b\\\"\"} 3\n\
-             # HELP leasehold_y A level.\n# TYPE leasehold_y gauge\nleasehold_y 0.5\n"
-        );
-    }
-
-    #[test]
     fn requests_are_routed_by_method_and_path() {
         assert_eq!(
             route(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"),
@@ -331,33 +225,6 @@ mod tests {
     }
 
     proptest! {
-        /// Whatever a label value holds, the sample stays one line whose
-        /// quoted value unescapes back to it.
-        #[test]
-        fn any_label_value_stays_on_one_line_and_round_trips(value in ".{0,40}") {
-            let mut doc = Exposition::new();
-            doc.sample("m", &[("l", &value)], 1.0);
-            let text = doc.finish();
-            prop_assert_eq!(text.matches('\n').count(), 1);
-            let quoted = text.strip_prefix("m{l=\"").and_then(|t| t.strip_suffix("\"} 1\n"));
-            let quoted = quoted.expect("sample shape");
-            let mut unescaped = String::new();
-            let mut chars = quoted.chars();
-            while let Some(c) = chars.next() {
-                if c == '\\' {
-                    match chars.next() {
-                        Some('n') => unescaped.push('\n'),
-                        Some(other) => unescaped.push(other),
-                        None => prop_assert!(false, "dangling escape"),
-                    }
-                } else {
-                    prop_assert!(c != '"', "unescaped quote");
-                    unescaped.push(c);
-                }
-            }
-            prop_assert_eq!(unescaped, value);
-        }
-
         #[test]
         fn no_request_bytes_panic_the_router(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
             let _ = route(&bytes);

@@ -19,6 +19,7 @@ use openraft::{ErrorSubject, ErrorVerb, OptionalSend, RaftLogReader};
 
 use crate::codec::{decode, encode, Persisted};
 use crate::engine::{Keyspace, StorageEngine, WriteBatch};
+use leasehold_core::metrics::Histogram;
 use crate::error::{OrStorageError, StoreError};
 use crate::records::{log_key, COMMITTED_KEY, LAST_PURGED_KEY, VOTE_KEY};
 use crate::types::{Entry, LogId, StorageError, TypeConfig, Vote};
@@ -28,6 +29,9 @@ use crate::types::{Entry, LogId, StorageError, TypeConfig, Vote};
 #[derive(Clone)]
 pub struct LogStore {
     engine: Arc<dyn StorageEngine>,
+    /// How long each flush of the log to disk took (appends, votes,
+    /// truncations), in microseconds.
+    flush_latency: Arc<Histogram>,
 }
 
 impl Debug for LogStore {
@@ -56,7 +60,10 @@ impl LogStore {
     /// A log store over `engine`; checks that what is already stored can be
     /// read by this build (unknown format versions fail here, typed).
     pub(crate) fn open(engine: Arc<dyn StorageEngine>) -> Result<Self, StoreError> {
-        let store = Self { engine };
+        let store = Self {
+            engine,
+            flush_latency: Arc::new(Histogram::latency()),
+        };
         store.read_meta::<Vote>(VOTE_KEY)?;
         store.read_meta::<LogId>(COMMITTED_KEY)?;
         store.read_meta::<LogId>(LAST_PURGED_KEY)?;
@@ -65,6 +72,20 @@ impl LogStore {
             decode::<Entry>(&first)?;
         }
         Ok(store)
+    }
+
+    /// The flush (fsync) latencies of this log, in microseconds; shared by
+    /// every clone.
+    pub fn flush_latency(&self) -> Arc<Histogram> {
+        self.flush_latency.clone()
+    }
+
+    /// Flushes the engine, timing it.
+    fn flush(&self) -> Result<(), StoreError> {
+        let started = std::time::Instant::now();
+        self.engine.flush()?;
+        self.flush_latency.record_duration(started.elapsed());
+        Ok(())
     }
 
     fn read_meta<T: Persisted>(&self, key: &[u8]) -> Result<Option<T>, StoreError> {
@@ -107,7 +128,7 @@ impl LogStore {
             batch.remove(Keyspace::Log, key);
         }
         self.engine.apply_batch(batch)?;
-        self.engine.flush()?;
+        self.flush()?;
         Ok(())
     }
 
@@ -117,7 +138,7 @@ impl LogStore {
             batch.insert(Keyspace::Log, log_key(entry.log_id.index), encode(&entry)?);
         }
         self.engine.apply_batch(batch)?;
-        self.engine.flush()?;
+        self.flush()?;
         Ok(())
     }
 }
@@ -157,7 +178,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let write = || -> Result<(), StoreError> {
             self.engine
                 .insert(Keyspace::LogMeta, VOTE_KEY, encode(vote)?)?;
-            self.engine.flush()?;
+            self.flush()?;
             Ok(())
         };
         write().or_storage(ErrorSubject::Vote, ErrorVerb::Write)

@@ -166,8 +166,9 @@ async fn run(
         tokio::spawn(
             async move {
                 let count = proposal.commands.len();
+                let started = std::time::Instant::now();
                 let result = proposer.propose(proposal).await;
-                metrics.record_proposal(count, result.is_ok());
+                metrics.record_proposal(count, result.is_ok(), started.elapsed());
                 deliver(result, replies, &metrics);
                 drop(slot);
             }

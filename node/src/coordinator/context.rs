@@ -33,6 +33,8 @@ pub struct NodeContext {
     pub clock: Arc<dyn WallClock>,
     /// Counters.
     pub metrics: Arc<NodeMetrics>,
+    /// Flush (fsync) latencies of this member's Raft log, µs.
+    pub log_flush_latency: Arc<leasehold_core::metrics::Histogram>,
     /// Deadlines and sizes.
     pub config: NodeConfig,
     /// Set while this member hands its leadership off (`StepDown`): it

@@ -4,6 +4,9 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
+
+use leasehold_core::metrics::{Histogram, SIZE_BOUNDS};
 
 use leasehold_core::coordinator::{CommandError, Outcome};
 
@@ -33,10 +36,24 @@ pub struct NodeMetrics {
     proposed_commands: AtomicU64,
     largest_batch: AtomicU64,
     linearizable_reads: AtomicU64,
+    /// Proposal commit latency (propose → applied on the leader), µs.
+    pub commit_latency: Histogram,
+    /// Commands per proposal (group-commit batch sizes).
+    pub batch_sizes: BatchSizes,
     /// The listener's counters (connections, refused requests).
     connections: Arc<ConnectionCounters>,
     /// Calls refused by identity (shared with the listener's auth layer).
     pub auth: Arc<AuthRefusals>,
+}
+
+/// A histogram of group-commit batch sizes (powers of two to 1 024).
+#[derive(Debug)]
+pub struct BatchSizes(pub Histogram);
+
+impl Default for BatchSizes {
+    fn default() -> Self {
+        Self(Histogram::new(SIZE_BOUNDS))
+    }
 }
 
 /// Why a request was refused before or by the state machine.
@@ -114,9 +131,15 @@ impl NodeMetrics {
         counter.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Counts one proposal of `commands` commands and whether it committed.
-    pub fn record_proposal(&self, commands: usize, committed: bool) {
+    /// Counts one proposal of `commands` commands, whether it committed, and
+    /// (when it did) how long it took from proposing to applied on the
+    /// leader: replicated to a quorum, fsync'd, committed and applied.
+    pub fn record_proposal(&self, commands: usize, committed: bool, took: Duration) {
         let commands = commands as u64;
+        self.batch_sizes.0.record(commands);
+        if committed {
+            self.commit_latency.record_duration(took);
+        }
         self.proposals.fetch_add(1, Ordering::Relaxed);
         self.proposed_commands
             .fetch_add(commands, Ordering::Relaxed);
@@ -201,8 +224,8 @@ mod tests {
         metrics.record_outcome(&grant(4));
         metrics.record_outcome(&grant(0));
         metrics.record_outcome(&Outcome::Rejected(CommandError::NoPolicy("k".into())));
-        metrics.record_proposal(3, true);
-        metrics.record_proposal(7, false);
+        metrics.record_proposal(3, true, Duration::from_millis(2));
+        metrics.record_proposal(7, false, Duration::from_millis(9));
         assert_eq!(value(&metrics, "leases"), 2);
         assert_eq!(value(&metrics, "lease_tokens_granted"), 4);
         assert_eq!(value(&metrics, "lease_denials"), 1);
@@ -211,5 +234,13 @@ mod tests {
         assert_eq!(value(&metrics, "proposals_failed"), 1);
         assert_eq!(value(&metrics, "proposed_commands"), 10);
         assert_eq!(value(&metrics, "largest_batch"), 7);
+        let sizes = metrics.batch_sizes.0.snapshot();
+        assert_eq!((sizes.count, sizes.sum), (2, 10));
+        let commits = metrics.commit_latency.snapshot();
+        assert_eq!(
+            (commits.count, commits.sum),
+            (1, 2_000),
+            "only the committed proposal's latency, in µs"
+        );
     }
 }

@@ -100,6 +100,7 @@ where
     let limits = config.server_limits();
     let (log_store, state_machine) = stores;
     let state = state_machine.reader();
+    let log_flush_latency = log_store.flush_latency();
     let network = PeerNetwork::new(config.id, dialer).with_max_message_bytes(peer_message_limit);
     let raft = Raft::new(config.id, raft_config, network, log_store, state_machine)
         .await
@@ -129,6 +130,7 @@ where
         state,
         clock,
         metrics,
+        log_flush_latency,
         config,
         stepping_down: AtomicBool::new(false),
     });

@@ -26,6 +26,26 @@ pub fn render(node: &NodeContext) -> String {
         }
     }
 
+    doc.histogram(
+        "leasehold_raft_commit_seconds",
+        "Time from proposing a group-commit batch to its being applied on the leader \
+         (replicated to a quorum, fsync'd, committed, applied).",
+        &node.metrics.commit_latency.snapshot(),
+        1e-6,
+    );
+    doc.histogram(
+        "leasehold_raft_log_fsync_seconds",
+        "Time each flush of this member's Raft log to disk took (appends, votes, truncations).",
+        &node.log_flush_latency.snapshot(),
+        1e-6,
+    );
+    doc.histogram(
+        "leasehold_raft_proposal_batch_size",
+        "Commands per group-commit proposal.",
+        &node.metrics.batch_sizes.0.snapshot(),
+        1.0,
+    );
+
     let raft = node.raft.metrics().borrow().clone();
     let index = |id: Option<u64>| id.unwrap_or(0) as f64;
     doc.single(

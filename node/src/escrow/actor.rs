@@ -584,11 +584,15 @@ impl KeyActor {
         }
         let mut retry_after_ms = None;
         if let Some(lease_tokens) = self.escrow.lease_to_send(tokens, now) {
+            let sent = tokio::time::Instant::now();
             let result = self
                 .shared
                 .client
                 .lease(&self.key, self.shared.config.region.as_str(), lease_tokens)
                 .await;
+            if result.is_ok() {
+                self.shared.lease_round_trip.record_duration(sent.elapsed());
+            }
             let arrived = self.shared.mono_ms();
             match result {
                 Ok(grant) => {
@@ -674,7 +678,8 @@ impl KeyActor {
         want_total: u64,
     ) -> Result<Option<u64>, Status> {
         let sent = self.shared.mono_ms();
-        match self
+        let sent_at = tokio::time::Instant::now();
+        let answer = self
             .shared
             .client
             .pool_grant(
@@ -683,8 +688,13 @@ impl KeyActor {
                 region_weight,
                 want_total,
             )
-            .await
-        {
+            .await;
+        if answer.is_ok() {
+            self.shared
+                .lease_round_trip
+                .record_duration(sent_at.elapsed());
+        }
+        match answer {
             Ok(grant) => {
                 self.shared
                     .set_reachable(true, &self.key, OutagePolicy::FailClosed, None);

@@ -191,7 +191,12 @@ where
         Some(addr) => {
             let metrics_shared = shared.clone();
             let render: crate::metrics_http::Render =
-                Arc::new(move || prometheus::render(&service::status_of(&metrics_shared)));
+                Arc::new(move || {
+                    prometheus::render(
+                        &service::status_of(&metrics_shared),
+                        &prometheus::Observations::of(&metrics_shared),
+                    )
+                });
             Some(crate::metrics_http::spawn_metrics_listener(addr, render, metrics_stopped).await?)
         }
         None => None,

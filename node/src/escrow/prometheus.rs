@@ -5,13 +5,54 @@
 //! answers, under stable names. No series per key or tenant. Names and
 //! meanings are listed in docs/operations.md ("Metrics").
 
+use leasehold_core::metrics::HistogramSnapshot;
 use leasehold_proto::v1 as pb;
 
+use super::service::{DenialReason, EscrowShared};
 use crate::metrics_http::{Exposition, MetricKind};
 
+/// What the metrics show beyond `Escrow.Status`.
+#[derive(Debug, Clone)]
+pub struct Observations {
+    /// Round trips of answered Lease and PoolGrant calls, µs.
+    pub lease_round_trip: HistogramSnapshot,
+    /// Denials by reason.
+    pub denials: Vec<(DenialReason, u64)>,
+}
+
+impl Observations {
+    /// The node's observations now.
+    pub fn of(shared: &EscrowShared) -> Self {
+        Self {
+            lease_round_trip: shared.lease_round_trip.snapshot(),
+            denials: shared.denials(),
+        }
+    }
+}
+
 /// The metrics document of a node whose status is `status`.
-pub fn render(status: &pb::EscrowStatusResponse) -> String {
+pub fn render(status: &pb::EscrowStatusResponse, observed: &Observations) -> String {
     let mut doc = Exposition::new();
+    doc.histogram(
+        "leasehold_escrow_lease_round_trip_seconds",
+        "Round trip of answered Lease and PoolGrant calls to the coordinator \
+         (leader redirects and retries included).",
+        &observed.lease_round_trip,
+        1e-6,
+    );
+    doc.family(
+        "leasehold_escrow_denials_total",
+        MetricKind::Counter,
+        "Acquire and Check calls denied, by reason (WINDOW_EXHAUSTED, FAIR_THROTTLED, \
+         COORDINATOR_UNREACHABLE).",
+    );
+    for (reason, count) in &observed.denials {
+        doc.sample(
+            "leasehold_escrow_denials_total",
+            &[("reason", reason.as_str())],
+            *count as f64,
+        );
+    }
     doc.family(
         "leasehold_escrow_info",
         MetricKind::Gauge,
@@ -164,7 +205,18 @@ mod tests {
             tokens_served: 1_000,
             ..Default::default()
         };
-        let text = render(&status);
+        let observed = Observations {
+            lease_round_trip: leasehold_core::metrics::Histogram::latency().snapshot(),
+            denials: vec![(DenialReason::CoordinatorUnreachable, 7)],
+        };
+        let text = render(&status, &observed);
+        assert!(
+            text.contains(
+                "leasehold_escrow_denials_total{reason=\"COORDINATOR_UNREACHABLE\"} 7\n"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("leasehold_escrow_lease_round_trip_seconds_count 0\n"));
         assert!(
             text.contains("leasehold_escrow_info{region=\"eu\"} 1\n"),
             "{text}"

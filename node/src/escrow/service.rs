@@ -15,6 +15,7 @@ use leasehold_core::escrow::{
     EscrowCounters, FairGateCounters, Holder, HolderCounters, Reconcile, ReturnClaim,
 };
 use leasehold_core::ids::{ClientId, Key, TenantId};
+use leasehold_core::metrics::Histogram;
 use leasehold_core::policy::{OutagePolicy, Policy, PolicyTable};
 use leasehold_core::principal::Principal;
 use leasehold_proto::v1 as pb;
@@ -63,6 +64,40 @@ pub struct EscrowShared {
     fair_idle_admissions: AtomicU64,
     shadow_would_deny_requests: AtomicU64,
     shadow_would_deny_tokens: AtomicU64,
+    /// Round trips of answered Lease and PoolGrant calls to the coordinator
+    /// (client retries included), µs.
+    pub lease_round_trip: Histogram,
+    /// Denied Acquire and Check calls, by [`DenialReason`].
+    denials: [AtomicU64; DenialReason::ALL.len()],
+}
+
+/// Why an escrow node denied a request (a denial is an answer, not a refusal).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DenialReason {
+    /// The key's window budget is used up.
+    WindowExhausted,
+    /// The fair throttle refused the caller.
+    FairThrottled,
+    /// The coordinator is unreachable and the key's outage policy denies.
+    CoordinatorUnreachable,
+}
+
+impl DenialReason {
+    /// Every reason, in exposition order.
+    pub const ALL: [DenialReason; 3] = [
+        DenialReason::WindowExhausted,
+        DenialReason::FairThrottled,
+        DenialReason::CoordinatorUnreachable,
+    ];
+
+    /// The label value (and span attribute) of the reason.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DenialReason::WindowExhausted => telemetry::DENIED_WINDOW_EXHAUSTED,
+            DenialReason::FairThrottled => telemetry::DENIED_FAIR_THROTTLED,
+            DenialReason::CoordinatorUnreachable => telemetry::DENIED_COORDINATOR_UNREACHABLE,
+        }
+    }
 }
 
 impl std::fmt::Debug for EscrowShared {
@@ -107,7 +142,17 @@ impl EscrowShared {
             fair_idle_admissions: AtomicU64::new(0),
             shadow_would_deny_requests: AtomicU64::new(0),
             shadow_would_deny_tokens: AtomicU64::new(0),
+            lease_round_trip: Histogram::latency(),
+            denials: Default::default(),
         })
+    }
+
+    /// Denials since the node started, per reason.
+    pub fn denials(&self) -> Vec<(DenialReason, u64)> {
+        DenialReason::ALL
+            .iter()
+            .map(|reason| (*reason, self.denials[*reason as usize].load(Ordering::Relaxed)))
+            .collect()
     }
 
     /// Monotonic milliseconds since the node started (tokio time).
@@ -508,16 +553,17 @@ fn holder_request(
 }
 
 /// Records why an escrow answer admitted nothing, on the current span.
-fn record_escrow_denial(acquired: &Acquired, coordinator_reachable: bool) {
+fn record_escrow_denial(shared: &EscrowShared, acquired: &Acquired) {
     if let Acquired::Denied { fair_throttled, .. } = acquired {
         let reason = if *fair_throttled {
-            telemetry::DENIED_FAIR_THROTTLED
-        } else if !coordinator_reachable {
-            telemetry::DENIED_COORDINATOR_UNREACHABLE
+            DenialReason::FairThrottled
+        } else if !shared.is_reachable() {
+            DenialReason::CoordinatorUnreachable
         } else {
-            telemetry::DENIED_WINDOW_EXHAUSTED
+            DenialReason::WindowExhausted
         };
-        telemetry::record_denial(reason);
+        shared.denials[reason as usize].fetch_add(1, Ordering::Relaxed);
+        telemetry::record_denial(reason.as_str());
     }
 }
 
@@ -553,7 +599,7 @@ impl pb::escrow_server::Escrow for EscrowApi {
             )
             .await,
         )?;
-        record_escrow_denial(&acquired, self.shared.is_reachable());
+        record_escrow_denial(&self.shared, &acquired);
         let mut response = Response::new(match acquired {
             Acquired::Credits {
                 served,
@@ -617,7 +663,7 @@ impl pb::escrow_server::Escrow for EscrowApi {
             )
             .await,
         )?;
-        record_escrow_denial(&acquired, self.shared.is_reachable());
+        record_escrow_denial(&self.shared, &acquired);
         let fair_throttled = matches!(
             acquired,
             Acquired::Denied {

@@ -91,6 +91,18 @@ async fn a_member_exports_grants_per_prefix_and_many_keys_add_no_series() -> Res
         ) == Some(403.0)
     );
     ensure!(sample(&after, "leasehold_policy_live_windows{prefix=\"m/\"}") == Some(201.0));
+    // Latency and batch histograms: every committed proposal and every log
+    // flush is counted, and +Inf holds them all.
+    let commits = sample(&after, "leasehold_raft_commit_seconds_count").unwrap_or(0.0);
+    ensure!(
+        commits >= 1.0
+            && sample(&after, "leasehold_raft_commit_seconds_bucket{le=\"+Inf\"}")
+                == Some(commits),
+        "{commits} commits"
+    );
+    let batched = sample(&after, "leasehold_raft_proposal_batch_size_sum").unwrap_or(0.0);
+    ensure!(batched >= 201.0, "every lease went through a proposal: {batched}");
+    ensure!(sample(&after, "leasehold_raft_log_fsync_seconds_count").unwrap_or(0.0) >= commits);
     ensure!(
         series_count(&after) == series_count(&before),
         "200 more keys changed the number of series: {} → {}",
@@ -139,6 +151,45 @@ async fn an_escrow_node_exports_coordinator_calls_and_tokens_served() -> Result<
         calls >= 1.0 && calls < 5.0,
         "refills are batched: {calls} calls for 5 acquires"
     );
+    let round_trips =
+        sample(&text, "leasehold_escrow_lease_round_trip_seconds_count").unwrap_or(0.0);
+    ensure!(
+        round_trips >= 1.0 && round_trips <= calls,
+        "a round trip per answered lease: {round_trips} of {calls} calls"
+    );
+    // Use the window up until an acquire is denied: counted by reason.
+    let mut denials = 0;
+    for _ in 0..50 {
+        let answer = rpc
+            .acquire(pb::AcquireRequest {
+                key: "e/k".into(),
+                tenant: String::new(),
+                weight: 1,
+                tokens: 100,
+                request_id: None,
+            })
+            .await?
+            .into_inner();
+        if answer.granted == 0 {
+            denials += 1;
+            break;
+        }
+    }
+    ensure!(denials == 1, "the window of 1 000 ran out");
+    let (_, text) = get(&metrics_addr, "/metrics").await?;
+    ensure!(
+        sample(
+            &text,
+            "leasehold_escrow_denials_total{reason=\"WINDOW_EXHAUSTED\"}"
+        ) == Some(1.0),
+        "{text}"
+    );
+    ensure!(
+        sample(
+            &text,
+            "leasehold_escrow_denials_total{reason=\"COORDINATOR_UNREACHABLE\"}"
+        ) == Some(0.0)
+    );
     node.stop().await;
     cluster.stop_all().await
 }
@@ -175,13 +226,20 @@ fn dashboard_metrics() -> Result<Vec<String>> {
     Ok(names)
 }
 
-/// Whether `text` has a `# TYPE` line for `name`.
+/// Whether `text` has a `# TYPE` line for `name`, or `name` is a series
+/// (`_bucket`, `_sum`, `_count`) of a histogram it exports.
 fn exports(text: &str, name: &str) -> bool {
-    text.lines().any(|line| {
-        line.strip_prefix("# TYPE ")
-            .and_then(|l| l.split(' ').next())
-            == Some(name)
-    })
+    let typed = |family: &str, kind: Option<&str>| {
+        text.lines().any(|line| {
+            let mut words = line.strip_prefix("# TYPE ").unwrap_or("").split(' ');
+            words.next() == Some(family) && kind.is_none_or(|kind| words.next() == Some(kind))
+        })
+    };
+    typed(name, None)
+        || ["_bucket", "_sum", "_count"].iter().any(|suffix| {
+            name.strip_suffix(suffix)
+                .is_some_and(|family| typed(family, Some("histogram")))
+        })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
