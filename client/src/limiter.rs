@@ -169,6 +169,28 @@ impl Limiter {
         &self.inner.client_id
     }
 
+    /// This limiter's Prometheus metrics, for a service to serve on its own
+    /// `/metrics`: `leasehold_client_*` counters (admitted, denied, backend
+    /// calls, refills, tokens leased, returned and expired, …), whether the
+    /// backend answers, and the backend round-trip histogram. No series per
+    /// key. Several limiters in one process: give each document its own
+    /// `job`/instance, or use [`Limiter::stats`].
+    pub fn write_metrics(&self, doc: &mut leasehold_core::metrics::Exposition) {
+        let mode = match self.inner.config.mode {
+            crate::Mode::Leased(_) => "leased",
+            crate::Mode::Strict => "strict",
+            crate::Mode::CachedDeny => "cached_deny",
+        };
+        self.inner.stats.write_metrics(doc, mode);
+    }
+
+    /// [`Limiter::write_metrics`] as a whole text exposition document.
+    pub fn metrics_text(&self) -> String {
+        let mut doc = leasehold_core::metrics::Exposition::new();
+        self.write_metrics(&mut doc);
+        doc.finish()
+    }
+
     /// A snapshot of this limiter's counters.
     pub fn stats(&self) -> LimiterStats {
         self.inner.stats.snapshot()

@@ -467,3 +467,51 @@ async fn an_adaptive_sizer_learns_from_closed_windows() {
         "sized from the learned demand"
     );
 }
+
+/// The value of one sample line of a text exposition document.
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// The limiter's `/metrics` document agrees with its stats, counts a round
+/// trip per answered refill, and shows the backend unreachable after a
+/// failed refill and reachable again after the next answer.
+#[tokio::test(start_paused = true)]
+async fn metrics_follow_stats_round_trips_and_reachability() {
+    let fake = FakeCoordinator::new(1_000, 60_000, 0);
+    let l1 = limiter(fake.clone(), leased(10, 0), "metrics");
+    for _ in 0..25 {
+        let admission = l1.check_labelled("m", 1).await.expect("admitted");
+        assert!(admission.decision.allowed);
+    }
+    let stats = l1.stats();
+    let text = l1.metrics_text();
+    assert_eq!(sample(&text, "leasehold_client_info{mode=\"leased\"}"), Some(1.0), "{text}");
+    assert_eq!(sample(&text, "leasehold_client_admitted_total"), Some(25.0));
+    assert_eq!(
+        sample(&text, "leasehold_client_refills_total"),
+        Some(stats.refills as f64)
+    );
+    assert_eq!(
+        sample(&text, "leasehold_client_backend_round_trip_seconds_count"),
+        Some(stats.refills as f64),
+        "one round trip per answered refill"
+    );
+    assert_eq!(sample(&text, "leasehold_client_backend_reachable"), Some(1.0));
+
+    // Spend what is held, then the next refill fails.
+    while l1.local_balance("m") > 0 {
+        l1.check_labelled("m", 1).await.expect("admitted");
+    }
+    fake.fail_next(64);
+    let failed = l1.check_labelled("m", 1).await;
+    assert!(failed.is_err() || !failed.as_ref().is_ok_and(|a| a.decision.allowed));
+    let text = l1.metrics_text();
+    assert_eq!(sample(&text, "leasehold_client_backend_reachable"), Some(0.0), "{text}");
+    assert_eq!(
+        sample(&text, "leasehold_client_backend_round_trip_seconds_count"),
+        Some(l1.stats().refills as f64 - 1.0),
+        "a failed refill has no round trip"
+    );
+}

@@ -211,10 +211,12 @@ impl Inner {
         let task_cell = Arc::clone(cell);
         let task = tokio::spawn(async move {
             let timeout = inner.config.call_timeout;
+            let sent = Instant::now();
             let answer = match tokio::time::timeout(timeout, inner.source.acquire(request)).await {
                 Ok(answer) => answer,
                 Err(_) => Err(ClientError::DeadlineExceeded(timeout)),
             };
+            inner.stats.record_backend_answer(&answer, sent.elapsed());
             let arrived = Instant::now();
             let mut state = lock(&task_cell.state);
             state.pending = None;

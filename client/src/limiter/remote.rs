@@ -43,7 +43,10 @@ impl Inner {
             weight: self.config.weight,
             cost,
         };
-        let reply = self.source.check(request).await?;
+        let sent = tokio::time::Instant::now();
+        let reply = self.source.check(request).await;
+        self.stats.record_backend_answer(&reply, sent.elapsed());
+        let reply = reply?;
         let decision = well_formed(reply.decision);
         Ok(Admission {
             decision,
