@@ -111,7 +111,16 @@ impl Telemetry {
 
     /// Flushes and stops the exporter, waiting at most [`FLUSH_AT_EXIT`]
     /// for the collector to take what is still buffered.
+    ///
+    /// The flush comes first, on its own: the batch processor's shutdown
+    /// reports success whatever its last export did, and a short-lived
+    /// process (a CLI command) lost its spans in about a third of runs
+    /// when only shut down (`traces::the_binary_exports_spans_to_an_otlp_endpoint`
+    /// failed 6 of 15 runs; 37 of 37 passed with the flush first).
     pub fn shutdown(self) {
+        if let Err(e) = self.provider.force_flush() {
+            eprintln!("warning: traces not exported at exit: {e}");
+        }
         if let Err(e) = self.provider.shutdown_with_timeout(FLUSH_AT_EXIT) {
             eprintln!("warning: traces not flushed at exit: {e}");
         }

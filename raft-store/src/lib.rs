@@ -56,7 +56,7 @@ pub use error::StoreError;
 pub use log_store::LogStore;
 pub use records::SnapshotEnvelope;
 pub use runtime::{seed_election_rng, unseed_election_rng, CoordinatorRuntime};
-pub use state_machine::{StateMachineStore, StateReader};
+pub use state_machine::{SnapshotStats, StateMachineStore, StateReader};
 pub use types::*;
 
 /// Opens (creating if needed) the Raft store in directory `path` on sled.

@@ -62,6 +62,38 @@ fn write_lock(applied: &SharedApplied) -> RwLockWriteGuard<'_, Applied> {
 #[derive(Clone)]
 pub struct StateReader {
     applied: SharedApplied,
+    snapshot: Arc<SnapshotStats>,
+}
+
+/// The size and time of the member's stored snapshot.
+#[derive(Debug, Default)]
+pub struct SnapshotStats {
+    /// Encoded bytes of the stored snapshot (0: none).
+    bytes: AtomicU64,
+    /// When it was stored by this process, or loaded at start.
+    stored_at: Mutex<Option<std::time::Instant>>,
+}
+
+impl SnapshotStats {
+    fn stored(&self, bytes: usize) {
+        self.bytes.store(bytes as u64, Ordering::Relaxed);
+        *self.stored_at.lock().unwrap_or_else(PoisonError::into_inner) =
+            Some(std::time::Instant::now());
+    }
+
+    /// Encoded bytes of the stored snapshot (0 when there is none).
+    pub fn bytes(&self) -> u64 {
+        self.bytes.load(Ordering::Relaxed)
+    }
+
+    /// Time since the snapshot was stored (built or installed) by this
+    /// process, or since the process loaded it at start; `None` without one.
+    pub fn age(&self) -> Option<std::time::Duration> {
+        self.stored_at
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .map(|at| at.elapsed())
+    }
 }
 
 impl Debug for StateReader {
@@ -97,6 +129,11 @@ impl StateReader {
     pub fn membership(&self) -> StoredMembership {
         read_lock(&self.applied).membership.clone()
     }
+
+    /// The size and age of the stored snapshot.
+    pub fn snapshot(&self) -> &SnapshotStats {
+        &self.snapshot
+    }
 }
 
 /// Whether storing a snapshot may replace one that covers more of the log.
@@ -115,6 +152,7 @@ struct SnapshotStore {
     /// Serialises "compare with the stored snapshot, then replace it".
     replace_lock: Arc<Mutex<()>>,
     next_id: Arc<AtomicU64>,
+    stats: Arc<SnapshotStats>,
 }
 
 impl SnapshotStore {
@@ -141,9 +179,12 @@ impl SnapshotStore {
                 }
             }
         }
+        let encoded = encode(snapshot)?;
+        let bytes = encoded.len();
         self.engine
-            .insert(Keyspace::StateMachine, SNAPSHOT_KEY, encode(snapshot)?)?;
+            .insert(Keyspace::StateMachine, SNAPSHOT_KEY, encoded)?;
         self.engine.flush()?;
+        self.stats.stored(bytes);
         Ok(())
     }
 
@@ -189,9 +230,14 @@ impl StateMachineStore {
             engine,
             replace_lock: Arc::new(Mutex::new(())),
             next_id: Arc::new(AtomicU64::new(0)),
+            stats: Arc::default(),
         };
-        let applied = match snapshots.load()? {
-            Some(stored) => Applied::from_envelope(decode(&stored.data)?),
+        let applied = match snapshots.engine.get(Keyspace::StateMachine, SNAPSHOT_KEY)? {
+            Some(bytes) => {
+                let stored: StoredSnapshot = decode(&bytes)?;
+                snapshots.stats.stored(bytes.len());
+                Applied::from_envelope(decode(&stored.data)?)
+            }
             None => Applied::default(),
         };
         Ok(Self {
@@ -205,6 +251,7 @@ impl StateMachineStore {
     pub fn reader(&self) -> StateReader {
         StateReader {
             applied: self.applied.clone(),
+            snapshot: self.snapshots.stats.clone(),
         }
     }
 

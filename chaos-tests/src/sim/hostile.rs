@@ -38,6 +38,7 @@ use leasehold_client::transport::Dialer;
 use leasehold_proto::v1 as pb;
 use leasehold_proto::v1::coordinator_client::CoordinatorClient as CoordinatorRpc;
 use leasehold_proto::v1::escrow_client::EscrowClient as EscrowRpc;
+use leasehold_proto::refusal::Reason;
 use leasehold_proto::{LEADER_ADDR_METADATA, REASON_METADATA};
 use rand::distributions::{Distribution, WeightedIndex};
 use rand::rngs::StdRng;
@@ -164,8 +165,24 @@ impl RawCoordinator {
                 };
             let hint = metadata(&status, LEADER_ADDR_METADATA);
             let reason = metadata(&status, REASON_METADATA);
+            // Refusals about this member's role or health (and transport
+            // failures, which carry no reason) are retried elsewhere; the
+            // rest are about the request and are the answer.
+            let about_the_member = matches!(
+                Reason::from_name(&reason),
+                None | Some(
+                    Reason::NotLeader
+                        | Reason::NoLeader
+                        | Reason::NotInitialized
+                        | Reason::NoQuorum
+                        | Reason::Overloaded
+                        | Reason::SteppingDown
+                        | Reason::ShuttingDown
+                        | Reason::RequestTimeout
+                )
+            );
             match status.code() {
-                Code::FailedPrecondition if reason.is_empty() && !hint.is_empty() => {
+                Code::FailedPrecondition if about_the_member && !hint.is_empty() => {
                     self.routing().leader = Some(hint);
                 }
                 Code::Unavailable
@@ -175,7 +192,7 @@ impl RawCoordinator {
                 | Code::Internal
                 | Code::Aborted
                 | Code::FailedPrecondition
-                    if reason.is_empty() =>
+                    if about_the_member =>
                 {
                     self.give_up_on(&addr);
                 }

@@ -46,6 +46,21 @@ pub fn render(node: &NodeContext) -> String {
         1.0,
     );
 
+    let snapshot = node.state.snapshot();
+    doc.single(
+        "leasehold_raft_snapshot_bytes",
+        MetricKind::Gauge,
+        "Encoded size of this member's stored snapshot (0: none yet).",
+        snapshot.bytes() as f64,
+    );
+    doc.single(
+        "leasehold_raft_snapshot_age_seconds",
+        MetricKind::Gauge,
+        "Seconds since this member stored its snapshot (built or installed), or loaded it at \
+         start (0: none yet).",
+        snapshot.age().map_or(0.0, |age| age.as_secs_f64()),
+    );
+
     let raft = node.raft.metrics().borrow().clone();
     let index = |id: Option<u64>| id.unwrap_or(0) as f64;
     doc.single(
