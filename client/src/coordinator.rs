@@ -25,7 +25,9 @@ use std::time::Duration;
 
 use leasehold_proto::v1::admin_client::AdminClient as AdminRpc;
 use leasehold_proto::v1::coordinator_client::CoordinatorClient as CoordinatorRpc;
+use leasehold_proto::refusal::status_of_item;
 use leasehold_proto::v1::{
+    lease_item_result, LeaseBatchRequest,
     GetWindowRequest, GetWindowResponse, LeaseRequest, LeaseResponse, PoolGrantRequest,
     PoolGrantResponse, ReconcileRequest, ReconcileResponse, RequestId,
 };
@@ -41,6 +43,21 @@ mod error;
 mod session;
 
 pub use admin::AdminClient;
+
+/// Items per `LeaseBatch` call: a session keeps the answers of its 64
+/// highest seqs, so every item of a call stays retryable.
+pub const ITEMS_PER_BATCH_CALL: usize = 64;
+
+/// One lease of a [`CoordinatorClient::lease_batch`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseItem {
+    /// The key.
+    pub key: String,
+    /// The region it is leased for.
+    pub region: String,
+    /// Tokens asked for (≥ 1).
+    pub tokens: u64,
+}
 use error::classify;
 pub use error::CoordinatorError;
 use session::{SessionGuard, SessionPool};
@@ -245,6 +262,62 @@ impl CoordinatorClient {
             async move { CoordinatorRpc::new(channel).lease(request).await }
         })
         .await
+    }
+
+    /// Leases for many keys in one `LeaseBatch` call per 64 items: one
+    /// answer per item, in order — the grant, or the error that item alone
+    /// would have got. Each item has its own request id (one session per
+    /// call), so a retried call is exactly-once per item. Whole-call
+    /// failures (no leader, no quorum, after the retries) are the outer
+    /// error.
+    #[tracing::instrument(name = "leasehold.coordinator.lease_batch", level = "debug", skip_all, fields(otel.kind = "client", items = items.len()))]
+    pub async fn lease_batch(
+        &self,
+        items: &[LeaseItem],
+    ) -> Result<Vec<Result<LeaseResponse, CoordinatorError>>, CoordinatorError> {
+        let mut answers = Vec::with_capacity(items.len());
+        for chunk in items.chunks(ITEMS_PER_BATCH_CALL) {
+            let mut session = self.checkout_session();
+            let request = LeaseBatchRequest {
+                items: chunk
+                    .iter()
+                    .map(|item| LeaseRequest {
+                        key: item.key.clone(),
+                        region: item.region.clone(),
+                        tokens: item.tokens,
+                        request_id: Some(session.request_id()),
+                    })
+                    .collect(),
+            };
+            let response = self
+                .call(Target::Leader, move |channel, timeout| {
+                    let request = with_timeout(request.clone(), timeout);
+                    async move { CoordinatorRpc::new(channel).lease_batch(request).await }
+                })
+                .await?;
+            if response.results.len() != chunk.len() {
+                return Err(CoordinatorError::Rpc {
+                    code: tonic::Code::Internal,
+                    message: format!(
+                        "{} results for {} items",
+                        response.results.len(),
+                        chunk.len()
+                    ),
+                });
+            }
+            let leader = self.leader().unwrap_or_default();
+            answers.extend(response.results.into_iter().map(|result| match result.result {
+                Some(lease_item_result::Result::Granted(grant)) => Ok(grant),
+                Some(lease_item_result::Result::Refused(refused)) => {
+                    Err(classify(&leader, status_of_item(&refused)))
+                }
+                None => Err(CoordinatorError::Rpc {
+                    code: tonic::Code::Internal,
+                    message: "an item without a result".into(),
+                }),
+            }));
+        }
+        Ok(answers)
     }
 
     /// Returns `leftover` unused credits of the window starting at `window_start_ms`.

@@ -209,9 +209,56 @@ pub fn with_reason(status: &Status, reason: Reason) -> Status {
     refused
 }
 
+/// The refusal of one item of a batch (`ItemRefusal`) carrying what
+/// `status` carries: code, reason, message and `ErrorInfo` metadata.
+pub fn item_refusal(status: &Status) -> crate::v1::ItemRefusal {
+    let info = status
+        .get_details_error_info()
+        .filter(|info| info.domain == ERROR_DOMAIN);
+    crate::v1::ItemRefusal {
+        code: status.code() as i32,
+        reason: reason_of(status).map_or_else(String::new, |r| r.as_str().to_string()),
+        message: status.message().to_string(),
+        metadata: info.map(|info| info.metadata).unwrap_or_default(),
+    }
+}
+
+/// The status an `ItemRefusal` stands for: with its `ErrorInfo` when the
+/// reason is one this build knows, else a plain status with its code.
+pub fn status_of_item(item: &crate::v1::ItemRefusal) -> Status {
+    match Reason::from_name(&item.reason) {
+        Some(reason) => refusal_with(
+            reason,
+            item.message.clone(),
+            item.metadata
+                .iter()
+                .map(|(name, value)| (name.as_str(), value.clone())),
+        ),
+        None => Status::new(Code::from_i32(item.code), item.message.clone()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_item_refusal_carries_the_status_both_ways() {
+        for reason in Reason::ALL {
+            let status = refusal_with(*reason, "why", [(KEY, "k".to_string())]);
+            let item = item_refusal(&status);
+            assert_eq!(item.code, reason.code() as i32);
+            assert_eq!(item.reason, reason.as_str());
+            let back = status_of_item(&item);
+            assert_eq!(back.code(), reason.code());
+            assert_eq!(reason_of(&back), Some(*reason));
+            assert_eq!(detail(&back, KEY).as_deref(), Some("k"));
+            assert_eq!(back.message(), "why");
+        }
+        let foreign = item_refusal(&Status::unavailable("proxy"));
+        assert_eq!(foreign.reason, "");
+        assert_eq!(status_of_item(&foreign).code(), Code::Unavailable);
+    }
 
     #[test]
     fn names_are_unique_and_read_back() {

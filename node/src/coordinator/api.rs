@@ -17,7 +17,7 @@ use std::sync::Arc;
 use leasehold_core::coordinator::{Command, Outcome};
 use leasehold_proto::v1 as pb;
 use leasehold_proto::v1::coordinator_server::Coordinator;
-use leasehold_proto::refusal::{refusal, Reason};
+use leasehold_proto::refusal::{invalid_field, item_refusal, refusal, Reason};
 use tonic::{Request, Response, Status};
 
 use super::context::NodeContext;
@@ -135,6 +135,98 @@ impl CoordinatorApi {
     }
 }
 
+/// Most items in one `LeaseBatch`.
+pub const MAX_BATCH_ITEMS: usize = 256;
+
+/// What becomes of one item of a batch before anything is proposed.
+enum BatchSlot {
+    /// Refused by identity or input; nothing proposed for it.
+    Refused(Status),
+    /// Proposed as the `n`th command.
+    Proposed(usize),
+}
+
+impl CoordinatorApi {
+    /// `LeaseBatch`: each item validated and authorized as a `Lease` alone
+    /// would be, the valid ones proposed together through group commit, and
+    /// each answered with its own outcome. A failure to propose (not the
+    /// leader, no quorum, ...) fails the whole call: retrying it with the
+    /// same request ids is exactly-once per item.
+    async fn lease_batch_call(
+        &self,
+        request: Request<pb::LeaseBatchRequest>,
+    ) -> Result<Response<pb::LeaseBatchResponse>, Status> {
+        let caller = caller(&request);
+        let peer = request.extensions().get::<PeerInfo>().cloned();
+        let items = request.into_inner().items;
+        if items.is_empty() || items.len() > MAX_BATCH_ITEMS {
+            return Err(self.invalid(invalid_field(
+                "items",
+                format!(
+                    "a batch holds 1 to {MAX_BATCH_ITEMS} items, not {}",
+                    items.len()
+                ),
+            )));
+        }
+        self.node.require_leader()?;
+        let mut slots = Vec::with_capacity(items.len());
+        let mut commands = Vec::with_capacity(items.len());
+        for item in items {
+            if let Err(refused) = authorize_region(&caller, &item.region) {
+                let status = self
+                    .node
+                    .metrics
+                    .auth
+                    .refuse(peer.as_ref(), "Coordinator/LeaseBatch", refused);
+                slots.push(BatchSlot::Refused(status));
+                continue;
+            }
+            let tokens = item.tokens;
+            match convert::lease_command(item, caller.clone()) {
+                Ok(command) => {
+                    self.node.metrics.record_lease_request(tokens);
+                    slots.push(BatchSlot::Proposed(commands.len()));
+                    commands.push(command);
+                }
+                Err(status) => slots.push(BatchSlot::Refused(self.invalid(status))),
+            }
+        }
+        // Submitted together, so group commit carries them in as few
+        // proposals as its batch size allows.
+        let outcomes = futures::future::join_all(
+            commands.into_iter().map(|command| self.node.propose(command)),
+        )
+        .await
+        .into_iter()
+        .collect::<Result<Vec<Outcome>, Status>>()?;
+        let results = slots
+            .into_iter()
+            .map(|slot| {
+                let result = match slot {
+                    BatchSlot::Refused(status) => {
+                        pb::lease_item_result::Result::Refused(item_refusal(&status))
+                    }
+                    BatchSlot::Proposed(n) => match &outcomes[n] {
+                        Outcome::Lease(grant) => {
+                            pb::lease_item_result::Result::Granted(convert::lease_response(grant))
+                        }
+                        Outcome::Rejected(error) => pb::lease_item_result::Result::Refused(
+                            item_refusal(&command_error_status(error)),
+                        ),
+                        other => {
+                            pb::lease_item_result::Result::Refused(item_refusal(&unexpected(other)))
+                        }
+                    },
+                };
+                pb::LeaseItemResult {
+                    result: Some(result),
+                }
+            })
+            .collect();
+        Ok(Response::new(pb::LeaseBatchResponse { results }))
+    }
+}
+
 /// Records a refusal (or a grant of nothing) on the current span.
 fn traced<T>(
     result: Result<Response<T>, Status>,
@@ -159,6 +251,15 @@ impl Coordinator for CoordinatorApi {
         request: Request<pb::LeaseRequest>,
     ) -> Result<Response<pb::LeaseResponse>, Status> {
         traced(self.lease_call(request).await, |r| r.granted == 0)
+    }
+
+    #[tracing::instrument(name = "coordinator.lease_batch", level = "debug", skip_all, fields(
+        items = request.get_ref().items.len()))]
+    async fn lease_batch(
+        &self,
+        request: Request<pb::LeaseBatchRequest>,
+    ) -> Result<Response<pb::LeaseBatchResponse>, Status> {
+        traced(self.lease_batch_call(request).await, |_| false)
     }
 
     #[tracing::instrument(name = "coordinator.reconcile", level = "debug", skip_all, fields(

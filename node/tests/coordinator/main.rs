@@ -8,6 +8,7 @@
 //! - `bad_input`: every error code, with no state change.
 //! - `hostile_bytes`: arbitrary bytes and field values on every method.
 //! - `exactly_once`: request ids reused for other requests, session floods.
+//! - `lease_batch`: `LeaseBatch` items answered as alone, exactly-once per item.
 //! - `cli`: `leasehold dev` and the binary's client commands.
 //! - `health`: `leasehold health` before and after `cluster init`.
 //! - `config_check`: `leasehold config check` over good and broken files,
@@ -43,6 +44,7 @@ mod exactly_once;
 mod harness;
 mod health;
 mod hostile_bytes;
+mod lease_batch;
 mod limits;
 mod logs;
 mod metrics;

@@ -396,10 +396,23 @@ async fn a_region_leases_only_for_itself() -> Result<()> {
 
     let eu = cluster.client_as(&region("eu"))?;
     ensure!(eu.lease("tls/k", "eu", 5).await?.granted == 5);
+    // In a batch, each item is authorized alone: us's item is refused,
+    // eu's is granted.
+    let item = |region: &str| leasehold_client::coordinator::LeaseItem {
+        key: "tls/k".into(),
+        region: region.into(),
+        tokens: 3,
+    };
+    let answers = eu.lease_batch(&[item("us"), item("eu")]).await?;
+    ensure!(
+        matches!(&answers[0], Err(e) if e.code() == Code::PermissionDenied),
+        "{answers:?}"
+    );
+    ensure!(matches!(&answers[1], Ok(grant) if grant.granted == 3), "{answers:?}");
     let window = cluster.client_as(&operator())?.get_window("tls/k").await?;
     ensure!(
-        window.granted == 5,
-        "only eu's own lease counted: {window:?}"
+        window.granted == 8,
+        "only eu's own leases counted: {window:?}"
     );
     cluster.stop().await
 }
