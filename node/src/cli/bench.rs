@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use clap::Args;
-use leasehold_client::coordinator::CoordinatorClient;
+use leasehold_client::coordinator::{CoordinatorClient, LeaseItem};
 use leasehold_core::policy::MAX_LIMIT;
 use leasehold_proto::v1 as pb;
 use serde_json::json;
@@ -34,6 +34,10 @@ pub struct BenchArgs {
     /// Tokens per lease.
     #[arg(long, default_value_t = 1)]
     pub tokens: u64,
+    /// Leases per call: above 1 each caller sends `LeaseBatch` calls of
+    /// this many items (at most 64) and leases are counted per item.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=64))]
+    pub batch: u64,
     /// Client connections the callers share (default: up to 4).
     #[arg(long)]
     pub connections: Option<usize>,
@@ -57,7 +61,8 @@ pub struct BenchReport {
     pub tokens_granted: u64,
     /// Wall time of the run.
     pub elapsed: Duration,
-    /// Sorted latencies of successful leases, microseconds.
+    /// Sorted latencies of successful calls (a `LeaseBatch` is one call),
+    /// microseconds.
     pub latencies_us: Vec<u64>,
     /// Longest time without any successful lease, after the first one.
     pub longest_gap: Duration,
@@ -99,20 +104,41 @@ pub async fn measure(clients: Vec<CoordinatorClient>, args: &BenchArgs) -> Bench
         let client = clients[worker % clients.len()].clone();
         let shared = shared.clone();
         let (key, region, tokens) = (args.key.clone(), args.region.clone(), args.tokens);
+        let batch = usize::try_from(args.batch).unwrap_or(1).max(1);
+        let items = vec![
+            LeaseItem {
+                key: key.clone(),
+                region: region.clone(),
+                tokens,
+            };
+            batch
+        ];
         workers.push(tokio::spawn(async move {
             let mut latencies = Vec::new();
             while Instant::now() < until {
                 let sent = Instant::now();
-                let result = client.lease(&key, &region, tokens).await;
+                // (items leased, tokens granted) of the call.
+                let result = if batch == 1 {
+                    client
+                        .lease(&key, &region, tokens)
+                        .await
+                        .map(|response| (1, response.granted))
+                } else {
+                    client.lease_batch(&items).await.and_then(|answers| {
+                        answers.into_iter().try_fold((0, 0), |(n, granted), answer| {
+                            answer.map(|response| (n + 1, granted + response.granted))
+                        })
+                    })
+                };
                 let done = Instant::now();
                 let failed = {
                     let mut shared = shared.lock().unwrap_or_else(|p| p.into_inner());
                     match result {
-                        Ok(response) => {
+                        Ok((leased, granted)) => {
                             latencies
                                 .push(u64::try_from((done - sent).as_micros()).unwrap_or(u64::MAX));
-                            shared.leases += 1;
-                            shared.tokens += response.granted;
+                            shared.leases += leased;
+                            shared.tokens += granted;
                             if let Some(last) = shared.last_success {
                                 let gap = done.saturating_duration_since(last);
                                 shared.longest_gap = shared.longest_gap.max(gap);
@@ -179,6 +205,7 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
     let report = measure(clients, &args).await;
     let json = json!({
         "concurrency": args.concurrency,
+        "batch": args.batch,
         "duration_secs": report.elapsed.as_secs_f64(),
         "leases": report.leases,
         "errors": report.errors,
@@ -194,8 +221,9 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
     });
     emit(args.client.output, json, || {
         format!(
-            "concurrency {}, {:.1} s: {} leases ({:.0}/s), {} errors\nlatency ms: p50 {:.2}  p90 {:.2}  p99 {:.2}  max {:.2}\nlongest gap between successful leases: {:.1} ms",
+            "concurrency {}, batch {}, {:.1} s: {} leases ({:.0}/s), {} errors\nlatency ms per call: p50 {:.2}  p90 {:.2}  p99 {:.2}  max {:.2}\nlongest gap between successful leases: {:.1} ms",
             args.concurrency,
+            args.batch,
             report.elapsed.as_secs_f64(),
             report.leases,
             report.rate(),

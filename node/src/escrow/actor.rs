@@ -587,7 +587,7 @@ impl KeyActor {
             let sent = tokio::time::Instant::now();
             let result = self
                 .shared
-                .client
+                .leases
                 .lease(&self.key, self.shared.config.region.as_str(), lease_tokens)
                 .await;
             if result.is_ok() {

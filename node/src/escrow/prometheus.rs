@@ -18,6 +18,10 @@ pub struct Observations {
     pub lease_round_trip: HistogramSnapshot,
     /// Denials by reason.
     pub denials: Vec<(DenialReason, u64)>,
+    /// Lease calls sent (`LeaseBatch` or `Lease`).
+    pub lease_calls: u64,
+    /// Refills per lease call.
+    pub lease_call_items: HistogramSnapshot,
 }
 
 impl Observations {
@@ -26,6 +30,8 @@ impl Observations {
         Self {
             lease_round_trip: shared.lease_round_trip.snapshot(),
             denials: shared.denials(),
+            lease_calls: shared.leases.stats().calls.load(std::sync::atomic::Ordering::Relaxed),
+            lease_call_items: shared.leases.stats().items_per_call.snapshot(),
         }
     }
 }
@@ -39,6 +45,18 @@ pub fn render(status: &pb::EscrowStatusResponse, observed: &Observations) -> Str
          (leader redirects and retries included).",
         &observed.lease_round_trip,
         1e-6,
+    );
+    doc.single(
+        "leasehold_escrow_lease_calls_total",
+        MetricKind::Counter,
+        "Lease calls sent to the coordinator (a LeaseBatch carries the refills of many keys).",
+        observed.lease_calls as f64,
+    );
+    doc.histogram(
+        "leasehold_escrow_lease_call_items",
+        "Refills per lease call (coalesced into LeaseBatch).",
+        &observed.lease_call_items,
+        1.0,
     );
     doc.family(
         "leasehold_escrow_denials_total",
@@ -208,6 +226,8 @@ mod tests {
         let observed = Observations {
             lease_round_trip: leasehold_core::metrics::Histogram::latency().snapshot(),
             denials: vec![(DenialReason::CoordinatorUnreachable, 7)],
+            lease_calls: 2,
+            lease_call_items: leasehold_core::metrics::Histogram::latency().snapshot(),
         };
         let text = render(&status, &observed);
         assert!(

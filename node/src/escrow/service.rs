@@ -27,6 +27,7 @@ use tonic::{Request, Response, Status};
 
 use super::actor::{Acquired, HolderRequest, KeyHandle, KeyRequest, KeyView};
 use super::outage::{describe_outage, OutageChange, OutageCounters, OutageTracker};
+use super::lease_coalescer::LeaseCoalescer;
 use super::EscrowConfig;
 use crate::coordinator::convert::policy_from_wire;
 use crate::net::ConnectionCounters;
@@ -38,6 +39,8 @@ pub struct EscrowShared {
     pub config: EscrowConfig,
     /// Client of the coordinator cluster.
     pub client: CoordinatorClient,
+    /// Refills of every key, coalesced into `LeaseBatch` calls.
+    pub leases: LeaseCoalescer,
     clock: Arc<dyn WallClock>,
     started: Instant,
     policies: RwLock<PolicyTable>,
@@ -117,6 +120,7 @@ impl EscrowShared {
     ) -> Arc<Self> {
         Arc::new(EscrowShared {
             config,
+            leases: LeaseCoalescer::spawn(client.clone()),
             client,
             clock,
             started: Instant::now(),

@@ -272,3 +272,50 @@ async fn every_metric_the_dashboard_queries_is_exported() -> Result<()> {
     node.stop().await;
     cluster.stop_all().await
 }
+
+/// Refills of many keys needed at once leave as few `LeaseBatch` calls:
+/// every refill is an item of some call, and there are fewer calls than
+/// refills; every key is still served as if alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refills_of_many_keys_at_once_are_coalesced_into_batches() -> Result<()> {
+    let mut cluster = Cluster::start_initialised(1, |_| {}).await?;
+    cluster
+        .client()?
+        .admin()
+        .set_policy(counter_policy("co/", 1_000, LONG_WINDOW_MS))
+        .await?;
+    let metrics_addr = free_addr()?;
+    let listen = metrics_addr.clone();
+    let node = EscrowNode::start(&cluster, "eu", move |c| {
+        c.metrics_listen = Some(listen.clone());
+    })
+    .await?;
+    let rpc = node.rpc().await?;
+    let acquires = (0..200).map(|n| {
+        let mut rpc = rpc.clone();
+        tokio::spawn(async move {
+            rpc.acquire(pb::AcquireRequest {
+                key: format!("co/key-{n}"),
+                tenant: String::new(),
+                weight: 1,
+                tokens: 3,
+                request_id: None,
+            })
+            .await
+            .map(|answer| answer.into_inner().granted)
+        })
+    });
+    for answer in futures::future::join_all(acquires).await {
+        ensure!(answer?? == 3, "every key is served");
+    }
+    let (_, text) = get(&metrics_addr, "/metrics").await?;
+    let refills = sample(&text, "leasehold_escrow_lease_call_items_sum").unwrap_or(0.0);
+    let calls = sample(&text, "leasehold_escrow_lease_calls_total").unwrap_or(0.0);
+    ensure!(refills >= 200.0, "one refill per key at least: {refills}");
+    ensure!(
+        calls < refills,
+        "{refills} refills went out in {calls} calls"
+    );
+    node.stop().await;
+    cluster.stop_all().await
+}

@@ -1,0 +1,182 @@
+//! Coalesced refills: the key actors of an escrow node ask for leases
+//! through one queue, and whatever is queued when a call can go out leaves
+//! as one `LeaseBatch` (one coordinator round trip and, usually, one Raft
+//! proposal for many keys). A lone request goes out as a plain `Lease`.
+//!
+//! At most [`MAX_CALLS_IN_FLIGHT`] calls are outstanding; requests arriving
+//! meanwhile wait in the queue and make the next batch bigger, so the batch
+//! size follows the load with no timer. Each request is answered with its
+//! own item's outcome, as the same `Lease` alone would have been; a failure
+//! of the whole call (no leader, unreachable) is every item's answer.
+//!
+//! A coordinator without `LeaseBatch` (an older member during a rolling
+//! upgrade answers `UNIMPLEMENTED`) is served item by item from then on.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use leasehold_client::coordinator::{CoordinatorClient, CoordinatorError, LeaseItem};
+use leasehold_core::metrics::{Histogram, SIZE_BOUNDS};
+use leasehold_proto::v1::LeaseResponse;
+use tokio::sync::{mpsc, oneshot, Semaphore};
+
+/// Most coalesced calls outstanding at once.
+pub const MAX_CALLS_IN_FLIGHT: usize = 4;
+/// Most items in one call (a `LeaseBatch` of one session).
+pub const MAX_ITEMS: usize = leasehold_client::coordinator::ITEMS_PER_BATCH_CALL;
+/// Requests waiting for a call; beyond it actors wait to enqueue.
+const QUEUE: usize = 4_096;
+
+type Answer = Result<LeaseResponse, CoordinatorError>;
+
+struct Pending {
+    item: LeaseItem,
+    reply: oneshot::Sender<Answer>,
+}
+
+/// Counters of the coalescer, for `/metrics`.
+#[derive(Debug)]
+pub struct CoalescerStats {
+    /// Calls sent (`LeaseBatch` and plain `Lease`).
+    pub calls: AtomicU64,
+    /// Items per call.
+    pub items_per_call: Histogram,
+}
+
+impl Default for CoalescerStats {
+    fn default() -> Self {
+        Self {
+            calls: AtomicU64::new(0),
+            items_per_call: Histogram::new(SIZE_BOUNDS),
+        }
+    }
+}
+
+/// The handle actors lease through. Cheap to clone.
+#[derive(Clone)]
+pub struct LeaseCoalescer {
+    queue: mpsc::Sender<Pending>,
+    stats: Arc<CoalescerStats>,
+}
+
+impl std::fmt::Debug for LeaseCoalescer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaseCoalescer").finish_non_exhaustive()
+    }
+}
+
+impl LeaseCoalescer {
+    /// Starts the coalescing task over `client`; it ends when every handle
+    /// is dropped.
+    pub fn spawn(client: CoordinatorClient) -> Self {
+        let (queue, receiver) = mpsc::channel(QUEUE);
+        let stats = Arc::new(CoalescerStats::default());
+        tokio::spawn(run(client, receiver, stats.clone()));
+        Self { queue, stats }
+    }
+
+    /// Leases `tokens` of `key` for `region`, coalesced with whatever other
+    /// keys are asking at the same time.
+    pub async fn lease(&self, key: &str, region: &str, tokens: u64) -> Answer {
+        let (reply, answer) = oneshot::channel();
+        let pending = Pending {
+            item: LeaseItem {
+                key: key.to_string(),
+                region: region.to_string(),
+                tokens,
+            },
+            reply,
+        };
+        if self.queue.send(pending).await.is_err() {
+            return Err(stopped());
+        }
+        answer.await.unwrap_or_else(|_| Err(stopped()))
+    }
+
+    /// The coalescer's counters.
+    pub fn stats(&self) -> &CoalescerStats {
+        &self.stats
+    }
+}
+
+fn stopped() -> CoordinatorError {
+    CoordinatorError::Unavailable {
+        addr: String::new(),
+        message: "the escrow node is stopping".into(),
+    }
+}
+
+async fn run(client: CoordinatorClient, mut receiver: mpsc::Receiver<Pending>, stats: Arc<CoalescerStats>) {
+    let slots = Arc::new(Semaphore::new(MAX_CALLS_IN_FLIGHT));
+    let batch_unsupported = Arc::new(AtomicBool::new(false));
+    loop {
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        let Some(first) = receiver.recv().await else {
+            return;
+        };
+        let mut batch = vec![first];
+        while batch.len() < MAX_ITEMS {
+            match receiver.try_recv() {
+                Ok(next) => batch.push(next),
+                Err(_) => break,
+            }
+        }
+        let client = client.clone();
+        let stats = stats.clone();
+        let batch_unsupported = batch_unsupported.clone();
+        tokio::spawn(async move {
+            call(&client, batch, &stats, &batch_unsupported).await;
+            drop(slot);
+        });
+    }
+}
+
+/// Sends one call for `batch` and answers each request.
+async fn call(
+    client: &CoordinatorClient,
+    batch: Vec<Pending>,
+    stats: &CoalescerStats,
+    batch_unsupported: &AtomicBool,
+) {
+    stats.items_per_call.record(batch.len() as u64);
+    if batch.len() == 1 || batch_unsupported.load(Ordering::Relaxed) {
+        for pending in batch {
+            stats.calls.fetch_add(1, Ordering::Relaxed);
+            let item = &pending.item;
+            let answer = client.lease(&item.key, &item.region, item.tokens).await;
+            let _ = pending.reply.send(answer);
+        }
+        return;
+    }
+    stats.calls.fetch_add(1, Ordering::Relaxed);
+    let items: Vec<LeaseItem> = batch.iter().map(|pending| pending.item.clone()).collect();
+    match client.lease_batch(&items).await {
+        Ok(answers) => {
+            for (pending, answer) in batch.into_iter().zip(answers) {
+                let _ = pending.reply.send(answer);
+            }
+        }
+        Err(CoordinatorError::Rpc {
+            code: tonic::Code::Unimplemented,
+            ..
+        }) => {
+            tracing::warn!(
+                "the coordinator does not serve LeaseBatch (an older member?): refilling key by key"
+            );
+            batch_unsupported.store(true, Ordering::Relaxed);
+            for pending in batch {
+                stats.calls.fetch_add(1, Ordering::Relaxed);
+                let item = &pending.item;
+                let answer = client.lease(&item.key, &item.region, item.tokens).await;
+                let _ = pending.reply.send(answer);
+            }
+        }
+        Err(whole_call) => {
+            for pending in batch {
+                let _ = pending.reply.send(Err(whole_call.clone()));
+            }
+        }
+    }
+}
