@@ -17,11 +17,12 @@
 //!   older window than the one held, is not credited: it is handed back to
 //!   its own window ([`Reconcile`]), which the coordinator forfeits or credits.
 //! - Idle credits can be returned early while their window is current.
-//! - Outage: after a failed lease the escrow does not ask again until
-//!   `probe_interval_ms` has passed (one probe per interval, not one per
-//!   request). `fail_closed` serves what it holds, then denies with a retry
-//!   hint; `fallback` additionally admits up to a static share per window
-//!   while the coordinator is unreachable.
+//! - Outage ([`OutageGate`], the same rules for fair keys): after a failed
+//!   lease the escrow does not ask again until `probe_interval_ms` has
+//!   passed (one probe per interval, not one per request). `fail_closed`
+//!   serves what it holds, then denies with a retry hint; `fallback`
+//!   additionally admits up to a static share per window while the
+//!   coordinator is unreachable.
 //! - Lease size: `max(shortage, sizer.size())` where the [`LeaseSizer`] is a
 //!   fixed batch or the online EOQ learner; the escrow feeds it the tokens it
 //!   served in each window when it first serves from a newer one (windows in
@@ -43,6 +44,10 @@ mod types;
 mod holders;
 
 mod fair_gate;
+
+mod outage_gate;
+
+pub use outage_gate::OutageGate;
 
 pub use fair_gate::{EscrowFairGate, FairGateCounters, GateVerdict};
 
@@ -68,14 +73,10 @@ struct Held {
 #[derive(Debug, Clone, PartialEq)]
 pub struct RegionEscrow {
     sizer: LeaseSizer,
-    probe_interval_ms: u64,
-    outage_policy: OutagePolicy,
+    outage: OutageGate,
     held: Option<Held>,
     in_flight: Option<LeaseTicket>,
     next_lease_id: u64,
-    unreachable_since: Option<u64>,
-    next_probe_ms: u64,
-    fallback_window: Option<(u64, u64)>,
     /// (window start, tokens served in it) for the sizer.
     served_window: Option<(u64, u64)>,
     counters: EscrowCounters,
@@ -96,14 +97,10 @@ impl RegionEscrow {
     ) -> Self {
         RegionEscrow {
             sizer,
-            probe_interval_ms: probe_interval_ms.max(1),
-            outage_policy,
+            outage: OutageGate::new(probe_interval_ms, outage_policy),
             held: None,
             in_flight: None,
             next_lease_id: 0,
-            unreachable_since: None,
-            next_probe_ms: 0,
-            fallback_window: None,
             served_window: None,
             counters: EscrowCounters::default(),
         }
@@ -111,7 +108,7 @@ impl RegionEscrow {
 
     /// Changes the outage policy (a policy update from the coordinator).
     pub fn set_outage_policy(&mut self, outage_policy: OutagePolicy) {
-        self.outage_policy = outage_policy;
+        self.outage.set_policy(outage_policy);
     }
 
     /// Fixes the lease size at `batch` (at least 1), replacing the sizer.
@@ -136,18 +133,29 @@ impl RegionEscrow {
             lease_in_flight: self.in_flight.is_some(),
             coordinator_unreachable: self.coordinator_unreachable(),
             lease_size: self.lease_size(),
-            counters: self.counters,
+            counters: self.counters(),
         }
     }
 
     /// The counters so far.
     pub fn counters(&self) -> EscrowCounters {
-        self.counters
+        EscrowCounters {
+            outage_denials: self.outage.outage_denials(),
+            fallback_tokens: self.outage.fallback_tokens(),
+            ..self.counters
+        }
+    }
+
+    /// The key's outage state, for calls this escrow does not make itself
+    /// (a fair key's pool grants follow the same probe cadence and outage
+    /// policy, and count into the same counters).
+    pub fn outage_mut(&mut self) -> &mut OutageGate {
+        &mut self.outage
     }
 
     /// Whether the last lease failed and no grant has arrived since.
     pub fn coordinator_unreachable(&self) -> bool {
-        self.unreachable_since.is_some()
+        self.outage.is_unreachable()
     }
 
     /// Credits usable at `now_ms` (expired ones are dropped first).
@@ -216,7 +224,7 @@ impl RegionEscrow {
         if self.in_flight.is_some() {
             return None;
         }
-        if self.unreachable_since.is_some() && now_ms < self.next_probe_ms {
+        if !self.outage.may_call(now_ms) {
             return None;
         }
         self.next_lease_id += 1;
@@ -273,8 +281,7 @@ impl RegionEscrow {
             }
         };
         self.in_flight = None;
-        self.unreachable_since = None;
-        self.fallback_window = None;
+        self.outage.on_answer();
         self.expire(now_ms);
         if grant.granted == 0 {
             return None;
@@ -340,10 +347,7 @@ impl RegionEscrow {
         }
         self.in_flight = None;
         self.counters.leases_failed += 1;
-        if self.unreachable_since.is_none() {
-            self.unreachable_since = Some(now_ms);
-        }
-        self.next_probe_ms = now_ms.saturating_add(self.probe_interval_ms);
+        self.outage.on_failure(now_ms);
     }
 
     /// While the coordinator is unreachable: serve from the fallback share
@@ -356,11 +360,7 @@ impl RegionEscrow {
         wall_now_ms: u64,
         window_ms: u64,
     ) -> Option<Served> {
-        let window_ms = window_ms.max(1);
-        let start = wall_now_ms - wall_now_ms % window_ms;
-        let mut served = self.serve_outage(tokens, start, window_ms)?;
-        served.remaining_lifetime_ms = start + window_ms - wall_now_ms;
-        Some(served)
+        self.outage.serve_at(tokens, wall_now_ms, window_ms)
     }
 
     /// Credits a shadow policy hands out where this escrow would deny
@@ -390,31 +390,7 @@ impl RegionEscrow {
         local_window_start_ms: u64,
         window_ms: u64,
     ) -> Option<Served> {
-        if !self.coordinator_unreachable() {
-            return None;
-        }
-        let OutagePolicy::Fallback { tokens_per_region } = self.outage_policy else {
-            self.counters.outage_denials += 1;
-            return None;
-        };
-        let used = match self.fallback_window {
-            Some((start, used)) if start == local_window_start_ms => used,
-            _ => 0,
-        };
-        let granted = tokens.min(tokens_per_region.saturating_sub(used));
-        if granted == 0 {
-            self.counters.outage_denials += 1;
-            return None;
-        }
-        self.fallback_window = Some((local_window_start_ms, used + granted));
-        self.counters.fallback_tokens += granted;
-        Some(Served {
-            granted,
-            window_start_ms: local_window_start_ms,
-            window_end_ms: local_window_start_ms + window_ms,
-            remaining_lifetime_ms: window_ms,
-            from_fallback: true,
-        })
+        self.outage.serve(tokens, local_window_start_ms, window_ms)
     }
 
     /// Takes back up to `tokens` returned for `window_start_ms` and returns
@@ -467,12 +443,10 @@ impl RegionEscrow {
 
     /// Milliseconds until the next probe may be sent (0 when it may now).
     pub fn retry_after_ms(&self, now_ms: u64) -> u64 {
-        if self.unreachable_since.is_some() {
-            self.next_probe_ms.saturating_sub(now_ms).max(1)
-        } else {
+        self.outage.retry_after_ms(now_ms).unwrap_or_else(|| {
             self.held
                 .map_or(1, |h| h.deadline_ms.saturating_sub(now_ms).max(1))
-        }
+        })
     }
 }
 

@@ -672,13 +672,19 @@ impl KeyActor {
 impl KeyActor {
     /// Asks the region fair pool for the region's total; `None` when the
     /// coordinator could not be reached.
+    /// Asks the region fair pool for `want_total`: `Ok(Some(total))` when
+    /// the coordinator answered, `Ok(None)` when it could not be reached
+    /// (the key's outage gate then waits a probe interval), `Err` when it
+    /// refused (no policy, wrong kind, ...).
     async fn pool_grant(
         &mut self,
         region_weight: u64,
         want_total: u64,
+        outage: OutagePolicy,
     ) -> Result<Option<u64>, Status> {
         let sent = self.shared.mono_ms();
         let sent_at = tokio::time::Instant::now();
+        self.shared.count_call();
         let answer = self
             .shared
             .client
@@ -696,8 +702,8 @@ impl KeyActor {
         }
         match answer {
             Ok(grant) => {
-                self.shared
-                    .set_reachable(true, &self.key, OutagePolicy::FailClosed, None);
+                self.escrow.outage_mut().on_answer();
+                self.shared.set_reachable(true, &self.key, outage, None);
                 let window = WindowBounds {
                     start_ms: grant.window_start_ms,
                     end_ms: grant.window_end_ms,
@@ -728,12 +734,40 @@ impl KeyActor {
                 Err(relayed(&self.key, &e))
             }
             Err(e) => {
-                tracing::debug!(key = %self.key, error = %e, "pool grant failed; the fair key denies (fail closed)");
+                tracing::debug!(key = %self.key, error = %e, "pool grant failed; the outage policy applies");
                 let error = e.to_string();
-                self.shared
-                    .set_reachable(false, &self.key, OutagePolicy::FailClosed, Some(&error));
+                let now = self.shared.mono_ms();
+                self.escrow.outage_mut().on_failure(now);
+                self.shared.set_reachable(false, &self.key, outage, Some(&error));
                 Ok(None)
             }
+        }
+    }
+
+    /// A fair key's request while the coordinator cannot be reached and
+    /// its pool grant cannot cover it: the key's outage policy decides,
+    /// through the same gate as counter keys (`fallback`: up to the
+    /// region's share per window, first come first served across tenants;
+    /// `fail_closed`: denied), counted as outage denials or fallback
+    /// admissions.
+    fn fair_outage(&mut self, policy: &Policy, cost: u64) -> Acquired {
+        let wall = self.shared.wall_ms();
+        let now = self.shared.mono_ms();
+        let gate = self.escrow.outage_mut();
+        if let Some(served) = gate.serve_at(cost, wall, policy.window_ms) {
+            return Acquired::Credits {
+                served,
+                limit: policy.limit,
+                shadow_would_deny: false,
+            };
+        }
+        Acquired::Denied {
+            retry_after_ms: gate
+                .retry_after_ms(now)
+                .unwrap_or(self.shared.config.probe_interval_ms.max(1)),
+            limit: policy.limit,
+            window_end_ms: self.last_window_end_ms,
+            fair_throttled: false,
         }
     }
 
@@ -748,13 +782,17 @@ impl KeyActor {
     ) -> Result<Acquired, Status> {
         let now = self.shared.mono_ms();
         let live = self.fair.as_ref().is_some_and(|f| now < f.deadline_ms);
-        if !live && self.pool_grant(weight, cost).await?.is_none() {
-            return Ok(Acquired::Denied {
-                retry_after_ms: self.shared.config.probe_interval_ms.max(1),
-                limit: policy.limit,
-                window_end_ms: self.last_window_end_ms,
-                fair_throttled: false,
-            });
+        if !live {
+            // No live pool grant: ask for one, at most once per probe
+            // interval while the coordinator is unreachable.
+            let answered = if self.escrow.outage_mut().may_call(now) {
+                self.pool_grant(weight, cost, policy.outage).await?
+            } else {
+                None
+            };
+            if answered.is_none() {
+                return Ok(self.fair_outage(policy, cost));
+            }
         }
         for _ in 0..leasehold_core::wfe::MAX_POOL_ASKS_PER_CHECK {
             let Some(state) = self.fair.as_mut() else {
@@ -798,9 +836,16 @@ impl KeyActor {
                     fair_throttled: false,
                 });
             };
-            match self.pool_grant(region_weight, want).await? {
+            // More of the pool: at most once per probe interval while the
+            // coordinator is unreachable.
+            let now = self.shared.mono_ms();
+            if !self.escrow.outage_mut().may_call(now) {
+                return Ok(self.fair_outage(policy, cost));
+            }
+            match self.pool_grant(region_weight, want, policy.outage).await? {
                 Some(total) if total > before => continue,
-                _ => {
+                None => return Ok(self.fair_outage(policy, cost)),
+                Some(_) => {
                     return Ok(Acquired::Denied {
                         retry_after_ms: decision.retry_after_ms,
                         limit: decision.limit,

@@ -19,6 +19,7 @@ use leasehold_client::coordinator::{CoordinatorClient, CoordinatorError, LeaseIt
 use leasehold_core::metrics::{Histogram, SIZE_BOUNDS};
 use leasehold_proto::v1::LeaseResponse;
 use tokio::sync::{mpsc, oneshot, Semaphore};
+use tracing::Instrument;
 
 /// Most coalesced calls outstanding at once.
 pub const MAX_CALLS_IN_FLIGHT: usize = 4;
@@ -32,6 +33,9 @@ type Answer = Result<LeaseResponse, CoordinatorError>;
 struct Pending {
     item: LeaseItem,
     reply: oneshot::Sender<Answer>,
+    /// The asking actor's span: the call's span is a child of the first
+    /// request's and follows from every other one.
+    span: tracing::Span,
 }
 
 /// Counters of the coalescer, for `/metrics`.
@@ -86,6 +90,7 @@ impl LeaseCoalescer {
                 tokens,
             },
             reply,
+            span: tracing::Span::current(),
         };
         if self.queue.send(pending).await.is_err() {
             return Err(stopped());
@@ -126,10 +131,17 @@ async fn run(client: CoordinatorClient, mut receiver: mpsc::Receiver<Pending>, s
         let client = client.clone();
         let stats = stats.clone();
         let batch_unsupported = batch_unsupported.clone();
-        tokio::spawn(async move {
-            call(&client, batch, &stats, &batch_unsupported).await;
-            drop(slot);
-        });
+        let span = batch[0].span.clone();
+        for other in &batch[1..] {
+            span.follows_from(&other.span);
+        }
+        tokio::spawn(
+            async move {
+                call(&client, batch, &stats, &batch_unsupported).await;
+                drop(slot);
+            }
+            .instrument(span),
+        );
     }
 }
 

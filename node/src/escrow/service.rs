@@ -49,6 +49,8 @@ pub struct EscrowShared {
     outage: Mutex<OutageTracker>,
     evicted_keys: AtomicU64,
     leases_sent: AtomicU64,
+    /// PoolGrant and Reconcile calls (leases are counted by the actors).
+    other_calls_sent: AtomicU64,
     outage_denials: AtomicU64,
     fallback_tokens: AtomicU64,
     /// The listener's counters (connections, refused requests).
@@ -130,6 +132,7 @@ impl EscrowShared {
             outage: Mutex::new(OutageTracker::default()),
             evicted_keys: AtomicU64::new(0),
             leases_sent: AtomicU64::new(0),
+            other_calls_sent: AtomicU64::new(0),
             outage_denials: AtomicU64::new(0),
             fallback_tokens: AtomicU64::new(0),
             connections: Arc::default(),
@@ -337,6 +340,7 @@ impl EscrowShared {
     /// Hands credits back to the coordinator (best effort: a failure only
     /// strands capacity, never over-admits).
     pub async fn reconcile(&self, key: &str, back: Reconcile) {
+        self.count_call();
         if let Err(e) = self
             .client
             .reconcile(
@@ -349,6 +353,11 @@ impl EscrowShared {
         {
             tracing::debug!(key, error = %e, "reconcile failed; the credits are forfeited");
         }
+    }
+
+    /// Counts a PoolGrant or Reconcile call to the coordinator.
+    pub fn count_call(&self) {
+        self.other_calls_sent.fetch_add(1, Ordering::Relaxed);
     }
 
     fn handle(self: &Arc<Self>, key: &str) -> Result<KeyHandle, Status> {
@@ -766,7 +775,8 @@ pub(crate) fn status_of(s: &EscrowShared) -> pb::EscrowStatusResponse {
         evicted_keys: s.evicted_keys.load(Ordering::Relaxed),
         outage_denials: s.outage_denials.load(Ordering::Relaxed),
         fallback_admissions: s.fallback_tokens.load(Ordering::Relaxed),
-        coordinator_calls: s.leases_sent.load(Ordering::Relaxed),
+        coordinator_calls: s.leases_sent.load(Ordering::Relaxed)
+            + s.other_calls_sent.load(Ordering::Relaxed),
         counters: s
             .connections
             .snapshot()

@@ -247,6 +247,100 @@ async fn fallback_admits_at_most_its_share_per_window() -> Result<()> {
     Ok(())
 }
 
+fn fair(mut policy: pb::Policy) -> pb::Policy {
+    policy.kind = pb::PolicyKind::Fair as i32;
+    policy
+}
+
+/// Acquires `tokens` one at a time, `times` times; returns what was admitted.
+async fn admitted_over(
+    rpc: &mut EscrowClient<tonic::transport::Channel>,
+    key: &str,
+    times: usize,
+) -> Result<u64> {
+    let mut admitted = 0;
+    for _ in 0..times {
+        let answer = rpc.acquire(acquire(key, 1)).await?.into_inner();
+        ensure!(
+            answer.granted > 0 || answer.retry_after_ms > 0,
+            "a denial carries a retry hint: {answer:?}"
+        );
+        admitted += answer.granted;
+    }
+    Ok(admitted)
+}
+
+/// Fair keys follow their outage policy like counter keys: `fail_closed`
+/// serves the pool grant it holds, then denies, probing the coordinator
+/// once per probe interval (not per request), counting outage denials.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fair_key_fails_closed_and_probes_on_a_cadence() -> Result<()> {
+    let mut cluster = Cluster::start_initialised(3, |_| {}).await?;
+    cluster
+        .client()?
+        .admin()
+        .set_policy(fair(counter_policy("ffc/", 10_000, LONG_WINDOW_MS)))
+        .await?;
+    let node = EscrowNode::start(&cluster, "eu", |c| c.probe_interval_ms = 600_000).await?;
+    let mut rpc = node.rpc().await?;
+    ensure!(rpc.acquire(acquire("ffc/k", 1)).await?.into_inner().granted == 1);
+    for id in 1..=3 {
+        cluster.stop(id).await?;
+    }
+    // Whatever the pool grant still covers is served, then denials.
+    admitted_over(&mut rpc, "ffc/k", 5).await?;
+    let calls_before = rpc
+        .status(pb::EscrowStatusRequest {})
+        .await?
+        .into_inner()
+        .coordinator_calls;
+    let admitted = admitted_over(&mut rpc, "ffc/k", 30).await?;
+    let status = rpc.status(pb::EscrowStatusRequest {}).await?.into_inner();
+    ensure!(admitted == 0, "fail closed: nothing admitted beyond the grant, got {admitted}");
+    ensure!(!status.coordinator_reachable);
+    ensure!(
+        status.coordinator_calls <= calls_before + 1,
+        "probing on a cadence, not per request: {} calls after {calls_before}",
+        status.coordinator_calls
+    );
+    ensure!(status.outage_denials >= 29, "{status:?}");
+    ensure!(status.fallback_admissions == 0);
+    node.stop().await;
+    Ok(())
+}
+
+/// A fair key with the `fallback` outage policy admits at most its share
+/// per window while the coordinator is unreachable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fair_key_falls_back_to_at_most_its_share_per_window() -> Result<()> {
+    let mut cluster = Cluster::start_initialised(3, |_| {}).await?;
+    let mut policy = fair(counter_policy("ffb/", 1_000, LONG_WINDOW_MS));
+    policy.outage = pb::OutageMode::Fallback as i32;
+    policy.fallback_tokens_per_region = 7;
+    cluster.client()?.admin().set_policy(policy).await?;
+    let node = EscrowNode::start(&cluster, "eu", |c| c.probe_interval_ms = 600_000).await?;
+    let mut rpc = node.rpc().await?;
+    ensure!(rpc.acquire(acquire("ffb/k", 1)).await?.into_inner().granted == 1);
+    let held_before = rpc.status(pb::EscrowStatusRequest {}).await?.into_inner();
+    ensure!(held_before.fallback_admissions == 0);
+    for id in 1..=3 {
+        cluster.stop(id).await?;
+    }
+    let admitted = admitted_over(&mut rpc, "ffb/k", 40).await?;
+    let status = rpc.status(pb::EscrowStatusRequest {}).await?.into_inner();
+    ensure!(
+        status.fallback_admissions == 7,
+        "the fallback share is 7 per window: {status:?}"
+    );
+    ensure!(
+        admitted >= 7 && admitted < 40,
+        "the pool grant's rest plus the share of 7, then denials: {admitted}"
+    );
+    ensure!(status.outage_denials >= 1);
+    node.stop().await;
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_of_keys_is_bounded_and_bad_input_is_refused() -> Result<()> {
     let cluster = Cluster::start_initialised(3, |_| {}).await?;
