@@ -124,6 +124,12 @@ impl Coordinator for FakeCoordinatorNode {
             })),
         }
     }
+    async fn lease_batch(
+        &self,
+        _: Request<wire::LeaseBatchRequest>,
+    ) -> Result<Response<wire::LeaseBatchResponse>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
     async fn reconcile(
         &self,
         request: Request<wire::ReconcileRequest>,

@@ -74,6 +74,22 @@ impl Coordinator for FakeNode {
             }
         }
     }
+    /// Each item is answered by the next script step as if sent alone;
+    /// a step that is not a grant fails the whole call.
+    async fn lease_batch(
+        &self,
+        request: Request<LeaseBatchRequest>,
+    ) -> Result<Response<LeaseBatchResponse>, Status> {
+        let mut results = Vec::new();
+        for item in request.into_inner().items {
+            let answer = self.lease(Request::new(item)).await?.into_inner();
+            results.push(LeaseItemResult {
+                result: Some(lease_item_result::Result::Granted(answer)),
+            });
+        }
+        Ok(Response::new(LeaseBatchResponse { results }))
+    }
+
     async fn reconcile(
         &self,
         _: Request<ReconcileRequest>,
@@ -158,6 +174,40 @@ async fn follows_leader_hint_with_the_same_request_id() {
         ids[0].seq, ids[1].seq,
         "a new logical request gets a new sequence number"
     );
+}
+
+/// A batch follows a leader hint like a single lease: the whole call is
+/// resent to the leader with the same request ids, one per item, and each
+/// item gets its answer in order.
+#[tokio::test]
+async fn a_batch_follows_the_leader_hint_with_the_same_request_ids() {
+    let (leader_addr, leader) =
+        spawn_fake(vec![Script::Grant(5), Script::Grant(6), Script::Grant(7)]).await;
+    let (follower_addr, follower) = spawn_fake(vec![Script::NotLeader {
+        id: 2,
+        addr: format!("http://{leader_addr}"),
+    }])
+    .await;
+    let client = client(&[&follower_addr]);
+    let items: Vec<LeaseItem> = (0..3)
+        .map(|n| LeaseItem {
+            key: format!("k{n}"),
+            region: "eu".into(),
+            tokens: 9,
+        })
+        .collect();
+    let answers = client.lease_batch(&items).await.unwrap();
+    let granted: Vec<u64> = answers.into_iter().map(|a| a.unwrap().granted).collect();
+    assert_eq!(granted, [5, 6, 7]);
+    let asked_leader = leader.seen.lock().unwrap().clone();
+    assert_eq!(asked_leader.len(), 3);
+    assert_eq!(
+        follower.seen.lock().unwrap()[0],
+        asked_leader[0],
+        "the redirected call reuses the first item's request id"
+    );
+    let seqs: Vec<u64> = asked_leader.iter().map(|id| id.seq).collect();
+    assert_eq!(seqs, [1, 2, 3], "one session, one seq per item, in order");
 }
 
 #[tokio::test]

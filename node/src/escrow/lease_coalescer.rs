@@ -192,3 +192,105 @@ async fn call(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use leasehold_client::coordinator::{CoordinatorClient, RetryOptions};
+    use leasehold_client::transport::TcpDialer;
+    use leasehold_proto::v1 as pb;
+    use leasehold_proto::v1::coordinator_server::{Coordinator, CoordinatorServer};
+    use tonic::{Request, Response, Status};
+
+    use super::*;
+
+    /// A coordinator from before `LeaseBatch`: it grants every lease in
+    /// full and answers `UNIMPLEMENTED` to batches, counting both.
+    #[derive(Clone, Default)]
+    struct OlderCoordinator {
+        leases: Arc<AtomicU64>,
+        batches: Arc<AtomicU64>,
+    }
+
+    #[tonic::async_trait]
+    impl Coordinator for OlderCoordinator {
+        async fn lease(
+            &self,
+            request: Request<pb::LeaseRequest>,
+        ) -> Result<Response<pb::LeaseResponse>, Status> {
+            self.leases.fetch_add(1, Ordering::Relaxed);
+            // Slow enough that concurrent refills queue behind each other.
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            Ok(Response::new(pb::LeaseResponse {
+                granted: request.into_inner().tokens,
+                limit: 1_000,
+                window_start_ms: 0,
+                window_end_ms: 60_000,
+                coordinator_now_ms: 1,
+                remaining_lifetime_ms: 59_999,
+            }))
+        }
+        async fn lease_batch(
+            &self,
+            _: Request<pb::LeaseBatchRequest>,
+        ) -> Result<Response<pb::LeaseBatchResponse>, Status> {
+            self.batches.fetch_add(1, Ordering::Relaxed);
+            Err(Status::unimplemented("unknown method LeaseBatch"))
+        }
+        async fn reconcile(
+            &self,
+            _: Request<pb::ReconcileRequest>,
+        ) -> Result<Response<pb::ReconcileResponse>, Status> {
+            Err(Status::unimplemented("fake"))
+        }
+        async fn pool_grant(
+            &self,
+            _: Request<pb::PoolGrantRequest>,
+        ) -> Result<Response<pb::PoolGrantResponse>, Status> {
+            Err(Status::unimplemented("fake"))
+        }
+        async fn get_window(
+            &self,
+            _: Request<pb::GetWindowRequest>,
+        ) -> Result<Response<pb::GetWindowResponse>, Status> {
+            Err(Status::unimplemented("fake"))
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_older_coordinator_is_served_lease_by_lease() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let fake = OlderCoordinator::default();
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(CoordinatorServer::new(fake.clone()))
+                .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
+        );
+        let client = CoordinatorClient::with_options(
+            [addr.as_str()],
+            Arc::new(TcpDialer::default()),
+            RetryOptions::default(),
+        )
+        .unwrap();
+        let coalescer = LeaseCoalescer::spawn(client);
+        let asks = (0..40u64).map(|n| {
+            let coalescer = coalescer.clone();
+            tokio::spawn(async move { coalescer.lease(&format!("k{n}"), "eu", n + 1).await })
+        });
+        for (n, answer) in futures::future::join_all(asks).await.into_iter().enumerate() {
+            let grant = answer.unwrap().expect("every refill is answered");
+            assert_eq!(grant.granted, n as u64 + 1, "each key gets its own answer");
+        }
+        assert_eq!(fake.leases.load(Ordering::Relaxed), 40, "one lease per refill");
+        let batches = fake.batches.load(Ordering::Relaxed);
+        assert!(
+            batches as usize <= MAX_CALLS_IN_FLIGHT,
+            "only the calls already out when the first UNIMPLEMENTED came back tried a batch: {batches}"
+        );
+        let calls = coalescer.stats().calls.load(Ordering::Relaxed);
+        assert!(calls >= 40, "{calls} calls counted");
+    }
+}
