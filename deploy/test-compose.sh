@@ -284,7 +284,7 @@ done
 
 step "summary"
 info "image FROM scratch, compose up, init, policies, leader kill, network cut, full restart: passed"
-info "Σ admitted ≤ L in every window; $acked_tokens acknowledged grants of $acked_key kept"
+info "Σ admitted ≤ L in every window; all $acked_tokens acknowledged tokens of key $acked_key kept"
 info "total $(( $(date +%s) - STARTED )) s"
 if [ "$metrics_failures" -gt 0 ]; then
   FAILED_STEP=""

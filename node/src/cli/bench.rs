@@ -25,9 +25,14 @@ pub struct BenchArgs {
     /// How long to run.
     #[arg(long, default_value_t = 10)]
     pub duration_secs: u64,
-    /// The key to lease from.
+    /// The key to lease from (with `--keys`, the prefix of the keys).
     #[arg(long, default_value = "bench/key")]
     pub key: String,
+    /// Spread the leases over this many keys (`KEY-0` … `KEY-{N-1}`, each
+    /// caller walking them in turn) instead of one: a live window per key,
+    /// to measure memory and disk against the number of live windows.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    pub keys: u64,
     /// The region callers claim to be.
     #[arg(long, default_value = "bench")]
     pub region: String,
@@ -105,17 +110,30 @@ pub async fn measure(clients: Vec<CoordinatorClient>, args: &BenchArgs) -> Bench
         let shared = shared.clone();
         let (key, region, tokens) = (args.key.clone(), args.region.clone(), args.tokens);
         let batch = usize::try_from(args.batch).unwrap_or(1).max(1);
-        let items = vec![
-            LeaseItem {
-                key: key.clone(),
-                region: region.clone(),
-                tokens,
-            };
-            batch
-        ];
+        let keys = args.keys.max(1);
+        let workers_count = args.concurrency.max(1) as u64;
+        // Caller w leases KEY-w, KEY-(w + callers), ... so the callers
+        // cover the keys between them without repeating each other.
+        let mut next_key = worker as u64;
+        let mut key_at = move || {
+            if keys == 1 {
+                return key.clone();
+            }
+            let chosen = format!("{key}-{}", next_key % keys);
+            next_key = next_key.wrapping_add(workers_count);
+            chosen
+        };
         workers.push(tokio::spawn(async move {
             let mut latencies = Vec::new();
             while Instant::now() < until {
+                let items: Vec<LeaseItem> = (0..batch)
+                    .map(|_| LeaseItem {
+                        key: key_at(),
+                        region: region.clone(),
+                        tokens,
+                    })
+                    .collect();
+                let key = items[0].key.clone();
                 let sent = Instant::now();
                 // (items leased, tokens granted) of the call.
                 let result = if batch == 1 {
@@ -206,6 +224,7 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
     let json = json!({
         "concurrency": args.concurrency,
         "batch": args.batch,
+        "keys": args.keys,
         "duration_secs": report.elapsed.as_secs_f64(),
         "leases": report.leases,
         "errors": report.errors,
