@@ -70,6 +70,12 @@ fn owned((key, value): (sled::IVec, sled::IVec)) -> KeyValue {
     (key.to_vec(), value.to_vec())
 }
 
+/// sled's page cache. Its default (1 GiB) made a member holding 1 M live
+/// windows reach 2.9 GB of RSS; the state machine lives in memory anyway
+/// and is read from sled only at start, so the cache only needs the log's
+/// recent pages and the snapshot being written.
+pub const CACHE_BYTES: u64 = 128 * 1024 * 1024;
+
 impl SledEngine {
     /// Opens (creating if needed) the database in directory `path`.
     ///
@@ -77,7 +83,10 @@ impl SledEngine {
     /// after the previous handle in this process is dropped, so a lock
     /// conflict is retried for up to [`LOCK_WAIT`] before it is reported.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, EngineError> {
-        let config = sled::Config::new().path(path).flush_every_ms(None);
+        let config = sled::Config::new()
+            .path(path)
+            .flush_every_ms(None)
+            .cache_capacity(CACHE_BYTES);
         let deadline = Instant::now() + LOCK_WAIT;
         let db = loop {
             match config.open() {
