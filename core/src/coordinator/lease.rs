@@ -46,7 +46,7 @@ impl CoordinatorState {
         let verdict = shadow::decide(tokens, record.remaining(), policy.shadow);
         let granted = verdict.granted;
         record.granted = record.granted.saturating_add(granted);
-        let used = record.regions.entry(region.clone()).or_default();
+        let used = record.regions.entry_or_default(region);
         used.granted = used.granted.saturating_add(granted);
         record.shadow.record(verdict.would_deny);
         let grant = LeaseGrant {

@@ -20,6 +20,7 @@ mod lease;
 mod policy_admin;
 mod pool;
 mod reconcile;
+mod region_uses;
 mod sessions;
 mod state;
 mod windows;

@@ -70,7 +70,7 @@ impl CoordinatorState {
         let fair_total = next_grant(record.limit, asker, want_total, others);
         let verdict = shadow::decide(want_total.max(fair_total), fair_total, policy.shadow);
         let granted_total = verdict.granted;
-        let used = record.regions.entry(region.clone()).or_default();
+        let used = record.regions.entry_or_default(region);
         used.pool_weight = region_weight;
         used.granted = granted_total;
         record.granted = record

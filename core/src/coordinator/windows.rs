@@ -43,6 +43,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
+use super::region_uses::RegionUses;
 use crate::ids::{Key, RegionId};
 use crate::policy::{Policy, PolicyKind, PolicyTable};
 use crate::shadow::ShadowTally;
@@ -76,7 +77,7 @@ pub(super) struct WindowRecord {
     /// Σ credited back over regions.
     pub returned: u64,
     /// Per-region use, sorted by region.
-    pub regions: BTreeMap<RegionId, RegionUse>,
+    pub regions: RegionUses<RegionUse>,
     /// What a shadow policy handed out beyond what it admits, in this window.
     pub shadow: ShadowTally,
 }
@@ -89,7 +90,7 @@ impl WindowRecord {
             kind: policy.kind,
             granted: 0,
             returned: 0,
-            regions: BTreeMap::new(),
+            regions: RegionUses::new(),
             shadow: ShadowTally::default(),
         }
     }
@@ -412,7 +413,7 @@ impl From<WindowTableV2> for WindowTable {
                     kind: record.kind,
                     granted: record.granted,
                     returned: record.returned,
-                    regions: record.regions,
+                    regions: record.regions.into(),
                     shadow: ShadowTally::default(),
                 });
                 let entry = KeyWindows {

@@ -70,10 +70,11 @@ fn owned((key, value): (sled::IVec, sled::IVec)) -> KeyValue {
     (key.to_vec(), value.to_vec())
 }
 
-/// sled's page cache. Its default (1 GiB) made a member holding 1 M live
-/// windows reach 2.9 GB of RSS; the state machine lives in memory anyway
-/// and is read from sled only at start, so the cache only needs the log's
-/// recent pages and the snapshot being written.
+/// sled's page cache. The state machine lives in memory and is read from
+/// sled only at start, so the cache only needs the log's recent pages and
+/// the snapshot being written; at sled's default (1 GiB) a member holding
+/// 100 k live windows used 269 MiB of RSS, at 128 MiB 158 MiB
+/// (docs/benchmarks.md, "Memory and disk against live windows").
 pub const CACHE_BYTES: u64 = 128 * 1024 * 1024;
 
 impl SledEngine {
