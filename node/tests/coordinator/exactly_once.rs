@@ -39,7 +39,8 @@ fn reason(status: &tonic::Status) -> Option<Reason> {
     reason_of(status)
 }
 
-async fn granted(api: &mut CoordinatorRpc<Channel>, key: &str) -> Result<u64> {
+/// Σ granted in `key`'s current window (a linearizable read).
+pub(crate) async fn granted(api: &mut CoordinatorRpc<Channel>, key: &str) -> Result<u64> {
     Ok(api
         .get_window(pb::GetWindowRequest { key: key.into() })
         .await?

@@ -12,6 +12,7 @@ use proptest::test_runner::{Config, TestRunner};
 use tonic::transport::Channel;
 use tonic::Code;
 
+use crate::exactly_once::granted as granted_in;
 use crate::harness::{counter_policy, Cluster, LONG_WINDOW_MS};
 
 async fn rpc(cluster: &Cluster) -> Result<CoordinatorRpc<Channel>> {
@@ -66,14 +67,6 @@ fn answers(response: pb::LeaseBatchResponse) -> Result<Vec<Answer>> {
             pb::lease_item_result::Result::Refused(item) => Ok(refused(&status_of_item(&item))),
         })
         .collect()
-}
-
-async fn granted_in(api: &mut CoordinatorRpc<Channel>, key: &str) -> Result<u64> {
-    Ok(api
-        .get_window(pb::GetWindowRequest { key: key.into() })
-        .await?
-        .into_inner()
-        .granted)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

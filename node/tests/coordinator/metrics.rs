@@ -116,13 +116,14 @@ async fn a_member_exports_grants_per_prefix_and_many_keys_add_no_series() -> Res
     cluster.stop_all().await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_escrow_node_exports_coordinator_calls_and_tokens_served() -> Result<()> {
-    let mut cluster = Cluster::start_initialised(1, |_| {}).await?;
+/// A one-member cluster with a policy of 1 000 per window on `prefix`, and
+/// an escrow node of region eu serving `/metrics` at the returned address.
+async fn escrow_with_metrics(prefix: &str) -> Result<(Cluster, EscrowNode, String)> {
+    let cluster = Cluster::start_initialised(1, |_| {}).await?;
     cluster
         .client()?
         .admin()
-        .set_policy(counter_policy("e/", 1_000, LONG_WINDOW_MS))
+        .set_policy(counter_policy(prefix, 1_000, LONG_WINDOW_MS))
         .await?;
     let metrics_addr = free_addr()?;
     let listen = metrics_addr.clone();
@@ -130,6 +131,12 @@ async fn an_escrow_node_exports_coordinator_calls_and_tokens_served() -> Result<
         c.metrics_listen = Some(listen.clone());
     })
     .await?;
+    Ok((cluster, node, metrics_addr))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_escrow_node_exports_coordinator_calls_and_tokens_served() -> Result<()> {
+    let (mut cluster, node, metrics_addr) = escrow_with_metrics("e/").await?;
     let mut rpc = node.rpc().await?;
     for _ in 0..5 {
         rpc.acquire(pb::AcquireRequest {
@@ -278,18 +285,7 @@ async fn every_metric_the_dashboard_queries_is_exported() -> Result<()> {
 /// refills; every key is still served as if alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refills_of_many_keys_at_once_are_coalesced_into_batches() -> Result<()> {
-    let mut cluster = Cluster::start_initialised(1, |_| {}).await?;
-    cluster
-        .client()?
-        .admin()
-        .set_policy(counter_policy("co/", 1_000, LONG_WINDOW_MS))
-        .await?;
-    let metrics_addr = free_addr()?;
-    let listen = metrics_addr.clone();
-    let node = EscrowNode::start(&cluster, "eu", move |c| {
-        c.metrics_listen = Some(listen.clone());
-    })
-    .await?;
+    let (mut cluster, node, metrics_addr) = escrow_with_metrics("co/").await?;
     let rpc = node.rpc().await?;
     let acquires = (0..200).map(|n| {
         let mut rpc = rpc.clone();
