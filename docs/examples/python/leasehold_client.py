@@ -1,18 +1,26 @@
 """A Leasehold client written from proto/leasehold.proto alone, in Python.
 
 It talks mutual TLS to a coordinator cluster (`leasehold dev` mints the
-certificates), sets a policy as an operator, leases as region `eu` with
-exactly-once request ids, follows a leader hint, and reads refusals by
-their google.rpc.ErrorInfo reason. Every expectation is asserted: the
-script exits non-zero if the server does not behave as the proto says.
+certificates), checks grpc.health.v1, sets a policy as an operator, leases
+as region `eu` with exactly-once request ids, follows leader hints, and
+reads refusals by their google.rpc.ErrorInfo reason (and the
+`leasehold-reason` trailer). Every expectation is asserted: the script
+exits non-zero if the server does not behave as the proto says.
 
-Usage: python leasehold_client.py --endpoint localhost:7101 --certs DIR
-(the stubs leasehold_pb2*.py must be importable; run.sh generates them).
+Usage:
+  python leasehold_client.py --endpoint localhost:7101 --certs DIR
+  python leasehold_client.py --endpoint HOST:PORT --endpoint HOST:PORT ... --certs DIR
+
+The stubs leasehold_pb2*.py must be importable (run.sh generates them into
+a temporary directory on PYTHONPATH). DIR holds ca.pem, operator-admin.pem/
+.key and region-eu.pem/.key, as `leasehold dev` and `leasehold certs mint`
+name them.
 """
 
 import argparse
 import secrets
 import sys
+import time
 
 import grpc
 from google.rpc import error_details_pb2
@@ -23,181 +31,294 @@ import leasehold_pb2 as pb
 import leasehold_pb2_grpc as rpc
 
 ERROR_DOMAIN = "leasehold.v1"
-LEADER_ADDR = "leasehold-leader-addr"
-
-
-def channel(endpoint, certs, identity):
-    """A mutual-TLS channel presenting `identity` (e.g. "region-eu")."""
-
-    def read(name):
-        with open(f"{certs}/{name}", "rb") as f:
-            return f.read()
-
-    credentials = grpc.ssl_channel_credentials(
-        root_certificates=read("ca.pem"),
-        private_key=read(f"{identity}.key"),
-        certificate_chain=read(f"{identity}.pem"),
-    )
-    return grpc.secure_channel(endpoint, credentials)
-
-
-def refusal(error):
-    """(code, reason, ErrorInfo metadata) of a refused call."""
-    status = rpc_status.from_call(error)
-    for detail in status.details if status else []:
-        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
-            info = error_details_pb2.ErrorInfo()
-            detail.Unpack(info)
-            if info.domain == ERROR_DOMAIN:
-                return error.code(), info.reason, dict(info.metadata)
-    return error.code(), None, {}
-
-
-def call_leader(endpoints, certs, identity, method, request, attempts=5):
-    """Calls `method` on the leader: a member that does not lead refuses
-    with NOT_LEADER and names the leader (ErrorInfo metadata leader_addr,
-    also `leasehold-leader-addr` metadata); UNAVAILABLE means try another
-    member or later. Retrying is safe when the request has a RequestId."""
-    targets = list(endpoints)
-    for _ in range(attempts):
-        endpoint = targets[0]
-        with channel(endpoint, certs, identity) as ch:
-            try:
-                return method(rpc.CoordinatorStub(ch), request)
-            except grpc.RpcError as error:
-                code, reason, details = refusal(error)
-                if reason == "NOT_LEADER" and details.get("leader_addr"):
-                    targets.insert(0, details["leader_addr"])
-                elif code == grpc.StatusCode.UNAVAILABLE:
-                    targets.append(targets.pop(0))
-                else:
-                    raise
-    raise RuntimeError("no leader answered")
+OPERATOR = "operator-admin"  # may call Admin (docs/security.md)
+REGION = "eu"
+REGION_IDENTITY = f"region-{REGION}"  # may Lease for region eu only
+DEADLINE_S = 10
 
 
 def check(condition, what):
+    """An expectation: prints `ok: ...`, or `FAIL: ...` and exits 1."""
     if not condition:
         print(f"FAIL: {what}", file=sys.stderr)
         sys.exit(1)
     print(f"ok: {what}")
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--endpoint", required=True)
-    parser.add_argument("--certs", required=True)
-    args = parser.parse_args()
-    endpoint, certs = args.endpoint, args.certs
+class Refusal:
+    """What a refused call says: its code, the leasehold.v1 ErrorInfo
+    (reason and metadata) from the status details, and the trailers."""
 
-    # Health: the process, then the coordinator service (SERVING once the
-    # cluster is initialised and a leader is known).
-    with channel(endpoint, certs, "operator-admin") as ch:
-        health = health_pb2_grpc.HealthStub(ch)
+    def __init__(self, error):
+        self.code = error.code()
+        self.message = error.details()
+        self.trailers = {m.key: m.value for m in (error.trailing_metadata() or ())}
+        self.reason, self.info = None, {}
+        try:
+            status = rpc_status.from_call(error)
+        except ValueError:  # details that contradict the status: ignore them
+            status = None
+        for detail in status.details if status else ():
+            if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+                info = error_details_pb2.ErrorInfo()
+                detail.Unpack(info)
+                if info.domain == ERROR_DOMAIN:
+                    self.reason, self.info = info.reason, dict(info.metadata)
+        # The same reason for clients that cannot read status details.
+        self.trailer_reason = self.trailers.get("leasehold-reason")
+        self.leader_addr = self.info.get("leader_addr") or self.trailers.get(
+            "leasehold-leader-addr"
+        )
+
+    def __str__(self):
+        info = f"ErrorInfo {self.reason} {self.info}" if self.reason else "no ErrorInfo"
+        trailer = self.trailer_reason or "(none)"
+        return f"{self.code.name}, {info}, leasehold-reason {trailer}"
+
+
+class Cluster:
+    """Channels to the members, one per (member, identity), and calls that
+    must reach the leader (Coordinator writes and GetWindow, Admin writes
+    and ListPolicies)."""
+
+    def __init__(self, endpoints, certs, server_name=None):
+        self.endpoints = list(endpoints)  # the member that answered last first
+        self.certs = certs
+        self.server_name = server_name
+        self.channels = {}
+        self.hints_followed = 0
+
+    def channel(self, endpoint, identity):
+        """A mutual-TLS channel presenting `identity`'s certificate."""
+        if (endpoint, identity) not in self.channels:
+
+            def read(name):
+                with open(f"{self.certs}/{name}", "rb") as f:
+                    return f.read()
+
+            credentials = grpc.ssl_channel_credentials(
+                root_certificates=read("ca.pem"),
+                private_key=read(f"{identity}.key"),
+                certificate_chain=read(f"{identity}.pem"),
+            )
+            # Members' certificates name localhost and 127.0.0.1 in dev; for
+            # an address the certificate does not name, check another name.
+            options = []
+            if self.server_name:
+                options.append(("grpc.ssl_target_name_override", self.server_name))
+            self.channels[(endpoint, identity)] = grpc.secure_channel(
+                endpoint, credentials, options
+            )
+        return self.channels[(endpoint, identity)]
+
+    def close(self):
+        for ch in self.channels.values():
+            ch.close()
+
+    def on_leader(self, identity, stub_class, method, request, attempts=8):
+        """Calls `method` on the leader. A member that does not lead refuses
+        with FAILED_PRECONDITION, reason NOT_LEADER, and names the leader in
+        `leasehold-leader-addr` (and ErrorInfo leader_addr); without a hint,
+        or on UNAVAILABLE, try another member after a pause. Other refusals
+        are the caller's. Retrying is safe: the writes sent here either carry
+        a RequestId or are idempotent (SetPolicy replaces)."""
+        targets = list(self.endpoints)
+        for attempt in range(attempts):
+            endpoint = targets[0]
+            stub = stub_class(self.channel(endpoint, identity))
+            try:
+                response = getattr(stub, method)(request, timeout=DEADLINE_S)
+            except grpc.RpcError as error:
+                refusal = Refusal(error)
+                hint = refusal.leader_addr
+                if refusal.code == grpc.StatusCode.FAILED_PRECONDITION and hint:
+                    print(f"  {endpoint} does not lead: following the hint to {hint}")
+                    self.hints_followed += 1
+                    targets = [hint] + [t for t in targets if t != hint]
+                    continue
+                if refusal.code == grpc.StatusCode.UNAVAILABLE or refusal.reason == "NOT_LEADER":
+                    targets.append(targets.pop(0))  # no leader known there: another member
+                    time.sleep(min(0.05 * 2**attempt, 1.0))
+                    continue
+                raise
+            # Remember who answered: the next call goes there first.
+            self.endpoints = [endpoint] + [e for e in self.endpoints if e != endpoint]
+            return response
+        raise RuntimeError(f"no leader answered {method} after {attempts} attempts")
+
+
+def expect_refusal(what, call, code, reason, info=None):
+    """`call` must be refused with `code` and `reason`, both in ErrorInfo
+    and in the `leasehold-reason` trailer (and ErrorInfo metadata ⊇ info)."""
+    try:
+        call()
+    except grpc.RpcError as error:
+        refusal = Refusal(error)
+        print(f"  {what}: refused {refusal}")
+        check(
+            refusal.code == code
+            and refusal.reason == reason
+            and refusal.trailer_reason == reason
+            and all(refusal.info.get(k) == v for k, v in (info or {}).items()),
+            f"{what} is refused {code.name} / {reason}",
+        )
+        return refusal
+    check(False, f"{what} is refused {code.name} / {reason} (it was answered)")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--endpoint", action="append", required=True,
+        help="a member, HOST:PORT (repeat for several; any member will do)",
+    )
+    parser.add_argument("--certs", required=True, help="directory of ca.pem and the identities")
+    parser.add_argument("--tls-server-name", help="name to check in the members' certificates")
+    args = parser.parse_args()
+    cluster = Cluster(args.endpoint, args.certs, args.tls_server_name)
+    try:
+        run(cluster)
+    except grpc.RpcError as error:
+        print(f"FAIL: unexpected refusal: {Refusal(error)}: {error.details()}", file=sys.stderr)
+        sys.exit(1)
+    finally:
+        cluster.close()
+
+
+def run(cluster):
+    endpoints = list(cluster.endpoints)
+    # Health of every member: the process (""), and the coordinator
+    # service, SERVING once the cluster is initialised and a leader known.
+    for endpoint in cluster.endpoints:
+        health = health_pb2_grpc.HealthStub(cluster.channel(endpoint, OPERATOR))
         for service in ["", "leasehold.v1.Coordinator"]:
-            answer = health.Check(health_pb2.HealthCheckRequest(service=service))
+            answer = health.Check(
+                health_pb2.HealthCheckRequest(service=service), timeout=DEADLINE_S
+            )
             check(
                 answer.status == health_pb2.HealthCheckResponse.SERVING,
-                f"health of {service or 'the process'!r} is SERVING",
+                f"{endpoint}: health of {service or 'the process'!r} is "
+                f"{health_pb2.HealthCheckResponse.ServingStatus.Name(answer.status)}",
             )
 
-        # An operator sets the policy: 100 tokens per minute for "py/".
-        admin = rpc.AdminStub(ch)
-        admin.SetPolicy(
-            pb.SetPolicyRequest(
-                policy=pb.Policy(prefix="py/", limit=100, window_ms=60_000)
-            )
-        )
-        prefixes = [p.prefix for p in admin.ListPolicies(pb.ListPoliciesRequest()).policies]
-        check("py/" in prefixes, "the policy is listed")
+    # An operator sets the policy: 100 tokens per 60 s window for "py/".
+    policy = pb.Policy(prefix="py/", limit=100, window_ms=60_000)
+    cluster.on_leader(OPERATOR, rpc.AdminStub, "SetPolicy", pb.SetPolicyRequest(policy=policy))
+    listed = cluster.on_leader(OPERATOR, rpc.AdminStub, "ListPolicies", pb.ListPoliciesRequest())
+    mine = [p for p in listed.policies if p.prefix == "py/"]
+    check(
+        len(mine) == 1 and mine[0].limit == 100 and mine[0].window_ms == 60_000,
+        "the policy py/ (100 per 60000 ms) is set and listed",
+    )
 
-    # A region leases. One client id per process start; seqs increase.
+    # Region eu leases. One client id per process start; seqs increase.
+    # The key is new per run, so that its window starts empty even when
+    # the example runs twice within a minute against the same cluster.
     client_id = f"python-example-{secrets.token_hex(8)}"
     key = f"py/orders-{secrets.token_hex(4)}"
+    print(f"  key {key}, client id {client_id}")
 
-    def lease(tokens, seq):
+    def lease(tokens, seq, key=key, region=REGION):
         request = pb.LeaseRequest(
-            key=key,
-            region="eu",
-            tokens=tokens,
+            key=key, region=region, tokens=tokens,
             request_id=pb.RequestId(client_id=client_id, seq=seq),
         )
-        return call_leader([endpoint], certs, "region-eu", lambda s, r: s.Lease(r), request)
+        return cluster.on_leader(REGION_IDENTITY, rpc.CoordinatorStub, "Lease", request)
 
-    def granted_in_window():
-        request = pb.GetWindowRequest(key=key)
-        window = call_leader(
-            [endpoint], certs, "region-eu", lambda s, r: s.GetWindow(r), request
+    def window():
+        return cluster.on_leader(
+            REGION_IDENTITY, rpc.CoordinatorStub, "GetWindow", pb.GetWindowRequest(key=key)
         )
-        return window.granted
+
+    # Windows are epoch-aligned on the coordinator's clock: if this one
+    # ends within seconds, start in the next one so that every lease
+    # below counts against the same window.
+    before = window()
+    check(before.granted == 0, f"GetWindow of the new key: granted {before.granted}")
+    left_ms = before.window_end_ms - before.coordinator_now_ms
+    if left_ms < 10_000:
+        print(f"  the window ends in {left_ms} ms: waiting for the next one")
+        time.sleep(left_ms / 1000 + 0.2)
 
     first = lease(30, seq=1)
-    check(first.granted == 30 and first.limit == 100, f"granted 30 of 100 ({first.granted})")
+    check(first.granted == 30 and first.limit == 100, f"Lease 30 (seq 1): granted {first.granted} of {first.limit}")
     check(
-        first.window_start_ms < first.window_end_ms,
-        "the grant names its window [start, end)",
+        first.window_start_ms < first.window_end_ms
+        and first.window_end_ms - first.window_start_ms == 60_000
+        and first.window_start_ms % 60_000 == 0,
+        f"the grant names its epoch-aligned window [{first.window_start_ms}, {first.window_end_ms})",
     )
     again = lease(30, seq=1)
-    check(
-        again.granted == first.granted and again.window_start_ms == first.window_start_ms,
-        "a retry with the same request id gets the first answer",
-    )
-    check(granted_in_window() == 30, "and grants nothing more")
+    check(again == first, f"a retry with the same request id gets the first answer (granted {again.granted})")
+    check(window().granted == 30, "and grants nothing more (GetWindow granted 30)")
 
     rest = lease(100, seq=2)
-    check(rest.granted == 70, f"the rest of the window: 70 ({rest.granted})")
+    check(rest.granted == 70, f"Lease 100 (seq 2): granted {rest.granted}, the rest of the window")
     denied = lease(5, seq=3)
-    check(denied.granted == 0, "beyond the limit a lease is a denial (granted 0), not an error")
+    check(
+        denied.granted == 0 and denied.window_end_ms == first.window_end_ms,
+        f"Lease 5 (seq 3): granted 0, a denial, not an error (ask again after {denied.window_end_ms})",
+    )
+    now = window()
+    eu = [r for r in now.regions if r.region == REGION]
+    check(
+        now.granted == 100 and len(eu) == 1 and eu[0].granted == 100,
+        f"GetWindow: granted {now.granted} of {now.limit}, all to {REGION}",
+    )
 
     # The same request id for another request: refused, nothing executed.
-    try:
-        lease(7, seq=3)
-        check(False, "a reused request id is refused")
-    except grpc.RpcError as error:
-        code, reason, _ = refusal(error)
-        check(
-            code == grpc.StatusCode.ALREADY_EXISTS and reason == "REQUEST_ID_REUSED",
-            f"a reused request id is refused: {code.name} {reason}",
-        )
+    expect_refusal(
+        "Lease 7 with seq 3 again", lambda: lease(7, seq=3),
+        grpc.StatusCode.ALREADY_EXISTS, "REQUEST_ID_REUSED",
+    )
 
-    # Refusals carry their reason in ErrorInfo.
-    with channel(endpoint, certs, "region-eu") as ch:
-        coordinator = rpc.CoordinatorStub(ch)
-        cases = [
-            (
-                pb.LeaseRequest(key="nopolicy/k", region="eu", tokens=1),
-                grpc.StatusCode.NOT_FOUND,
-                "NO_POLICY",
-                ("key", "nopolicy/k"),
-            ),
-            (
-                pb.LeaseRequest(key="k" * 257, region="eu", tokens=1),
-                grpc.StatusCode.INVALID_ARGUMENT,
-                "INVALID_FIELD",
-                ("field", "key"),
-            ),
-            (
-                pb.LeaseRequest(key=key, region="us", tokens=1),
-                grpc.StatusCode.PERMISSION_DENIED,
-                "OTHER_REGION",
-                None,
-            ),
-        ]
-        for request, expected_code, expected_reason, detail in cases:
-            try:
-                coordinator.Lease(request)
-                check(False, f"{expected_reason} is refused")
-            except grpc.RpcError as error:
-                code, reason, details = refusal(error)
-                trailing = dict(error.trailing_metadata() or ())
-                check(
-                    code == expected_code
-                    and reason == expected_reason
-                    and trailing.get("leasehold-reason") == expected_reason
-                    and (detail is None or details.get(detail[0]) == detail[1]),
-                    f"refused {code.name}, reason {reason}, details {details}",
-                )
+    # Limits are in bytes: 256 bytes pass, 257 do not, however many
+    # characters they are.
+    key256 = "py/" + "k" * 253
+    check(lease(1, seq=4, key=key256).granted == 1, "a key of 256 bytes is accepted")
 
-    print("PASS: the Python client behaved as the proto says")
+    # Refusals carry their reason in ErrorInfo (and the leasehold-reason
+    # trailer); the client branches on the reason, never on the message.
+    region_ch = cluster.channel(cluster.endpoints[0], REGION_IDENTITY)
+    coordinator = rpc.CoordinatorStub(region_ch)
+    cases = [
+        ("Lease on a key without a policy",
+         pb.LeaseRequest(key="nopolicy/orders", region=REGION, tokens=1),
+         grpc.StatusCode.NOT_FOUND, "NO_POLICY", {"key": "nopolicy/orders"}),
+        ("Lease on a key of 257 bytes",
+         pb.LeaseRequest(key="py/" + "k" * 254, region=REGION, tokens=1),
+         grpc.StatusCode.INVALID_ARGUMENT, "INVALID_FIELD", {"field": "key"}),
+        ("Lease on a key of 130 characters, 257 bytes",
+         pb.LeaseRequest(key="py/" + "é" * 127, region=REGION, tokens=1),
+         grpc.StatusCode.INVALID_ARGUMENT, "INVALID_FIELD", {"field": "key"}),
+        ("Lease of 0 tokens",
+         pb.LeaseRequest(key=key, region=REGION, tokens=0),
+         grpc.StatusCode.INVALID_ARGUMENT, "INVALID_FIELD", {"field": "tokens"}),
+        ("Lease by region eu for region us",
+         pb.LeaseRequest(key=key, region="us", tokens=1),
+         grpc.StatusCode.PERMISSION_DENIED, "OTHER_REGION", None),
+    ]
+    refusals = []
+    for what, request, code, reason, info in cases:
+        # Sent to the member that answered last (the leader); a NO_POLICY
+        # or INVALID_FIELD is the same answer on any member.
+        refusals.append(expect_refusal(
+            what, lambda: coordinator.Lease(request, timeout=DEADLINE_S), code, reason, info
+        ).reason)
+    refusals.append(expect_refusal(
+        "Admin.SetPolicy by region eu",
+        lambda: rpc.AdminStub(region_ch).SetPolicy(
+            pb.SetPolicyRequest(policy=policy), timeout=DEADLINE_S
+        ),
+        grpc.StatusCode.PERMISSION_DENIED, "NOT_PERMITTED",
+    ).reason)
+
+    print(
+        f"PASS: the Python client behaved as the proto says "
+        f"({len(set(endpoints))} member(s) given, leased 100 of 100 then a denial, "
+        f"exactly-once retry, {cluster.hints_followed} leader hint(s) followed, "
+        f"refusals {', '.join(refusals)})"
+    )
 
 
 if __name__ == "__main__":

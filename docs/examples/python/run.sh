@@ -1,22 +1,31 @@
 #!/usr/bin/env bash
 # Runs the Python client example against a throwaway `leasehold dev`
-# cluster (one member, mutual TLS): a virtual environment with the pinned
-# packages, stubs generated from proto/leasehold.proto, the example, and
-# the cluster stopped again. Exits non-zero if any expectation fails.
+# cluster (mutual TLS): a virtual environment with the pinned packages,
+# stubs generated from proto/leasehold.proto, the cluster started on a free
+# port, the example, and the cluster stopped again. Prints PASS or FAIL and
+# exits non-zero if any expectation fails.
 #
-# Usage: bash docs/examples/python/run.sh [--binary PATH]   (from anywhere)
+# Usage: bash docs/examples/python/run.sh [--binary PATH] [--nodes N]   (from anywhere)
+#   --binary  the leasehold binary (default: target/debug/leasehold of this repository)
+#   --nodes   members of the dev cluster, 1 to 9 (default 1). With more than
+#             one the example is pointed at a follower first, so it must
+#             follow the leader hint.
 set -euo pipefail
-here="$(cd "$(dirname "$0")" && pwd)"
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../../.." && pwd)"
 binary="$root/target/debug/leasehold"
+nodes=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --binary) binary="$2"; shift 2 ;;
-    *) echo "usage: $0 [--binary PATH]" >&2; exit 2 ;;
+    --nodes) nodes="$2"; shift 2 ;;
+    *) echo "usage: $0 [--binary PATH] [--nodes N]" >&2; exit 2 ;;
   esac
 done
-[ -x "$binary" ] || { echo "no leasehold binary at $binary (cargo build first)" >&2; exit 2; }
-command -v python3 >/dev/null || { echo "python3 is required" >&2; exit 2; }
+[ -x "$binary" ] || { echo "FAIL: no leasehold binary at $binary (cargo build -p leasehold-node first)" >&2; exit 2; }
+command -v python3 >/dev/null || { echo "FAIL: python3 is required" >&2; exit 2; }
+python3 -c 'import venv, ensurepip' 2>/dev/null \
+  || { echo "FAIL: python3 cannot make virtual environments (install python3-venv)" >&2; exit 2; }
 
 work="$(mktemp -d)"
 cluster_pid=""
@@ -28,38 +37,76 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
+fail() {
+  echo "FAIL: docs/examples/python: $*" >&2
+  if [ -f "$work/cluster.log" ]; then
+    echo "--- leasehold dev log (last 40 lines)" >&2
+    tail -n 40 "$work/cluster.log" >&2
+  fi
+  exit 1
+}
 
 python3 -m venv "$work/venv"
-"$work/venv/bin/pip" install --quiet --disable-pip-version-check -r "$here/requirements.txt"
+py="$work/venv/bin/python"
+"$py" -m pip install --quiet --disable-pip-version-check -r "$here/requirements.txt" \
+  || fail "pip install -r requirements.txt"
 mkdir -p "$work/stubs"
-"$work/venv/bin/python" -m grpc_tools.protoc -I "$root/proto/proto" \
-  --python_out="$work/stubs" --grpc_python_out="$work/stubs" "$root/proto/proto/leasehold.proto"
+"$py" -m grpc_tools.protoc -I "$root/proto/proto" \
+  --python_out="$work/stubs" --grpc_python_out="$work/stubs" "$root/proto/proto/leasehold.proto" \
+  || fail "grpc_tools.protoc"
 
-# A free base port: ask the kernel, then use it (a race with another
-# process is possible but harmless: the cluster then fails to start).
-port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()')"
-"$binary" dev --data-dir "$work/cluster" --base-port "$port" --escrow-base-port 0 --nodes 1 \
+# Free ports: a base the kernel hands out whose next nodes-1 ports are free
+# too (a race with another process is possible: the cluster then fails to
+# start and this says so).
+port="$(python3 - "$nodes" <<'EOF'
+import socket, sys
+n = int(sys.argv[1])
+for _ in range(50):
+    s = socket.socket(); s.bind(("127.0.0.1", 0)); base = s.getsockname()[1]; s.close()
+    if base + n > 65535:
+        continue
+    try:
+        held = []
+        for p in range(base, base + n):
+            t = socket.socket(); t.bind(("127.0.0.1", p)); held.append(t)
+        print(base); break
+    except OSError:
+        pass
+    finally:
+        for t in held: t.close()
+EOF
+)"
+[ -n "$port" ] || fail "no $nodes free consecutive ports"
+"$binary" dev --data-dir "$work/cluster" --base-port "$port" --escrow-base-port 0 --nodes "$nodes" \
   > "$work/cluster.log" 2>&1 &
 cluster_pid=$!
 certs="$work/cluster/certs"
-for _ in $(seq 1 100); do
-  if [ -f "$certs/operator-admin.key" ] && "$binary" health --endpoint "127.0.0.1:$port" \
-      --service leasehold.v1.Coordinator --ca "$certs/ca.pem" \
-      --cert "$certs/operator-admin.pem" --cert-key "$certs/operator-admin.key" \
-      --timeout-ms 500 >/dev/null 2>&1; then
-    break
-  fi
-  if ! kill -0 "$cluster_pid" 2>/dev/null; then
-    echo "leasehold dev exited:" >&2; cat "$work/cluster.log" >&2; exit 1
+
+# Members, the last first: with several, the first one asked is a follower.
+endpoints=()
+for i in $(seq "$nodes" -1 1); do endpoints+=(--endpoint "localhost:$((port + i - 1))"); done
+
+# Ready when every member reports leasehold.v1.Coordinator SERVING
+# (initialised, and a leader known): 30 s at most.
+ready=""
+deadline=$((SECONDS + 30))
+while [ "$SECONDS" -lt "$deadline" ]; do
+  kill -0 "$cluster_pid" 2>/dev/null || fail "leasehold dev exited"
+  if [ -f "$certs/operator-admin.key" ]; then
+    ready=yes
+    for i in $(seq 1 "$nodes"); do
+      "$binary" health --endpoint "127.0.0.1:$((port + i - 1))" --service leasehold.v1.Coordinator \
+        --ca "$certs/ca.pem" --cert "$certs/operator-admin.pem" --cert-key "$certs/operator-admin.key" \
+        --timeout-ms 500 >/dev/null 2>&1 || { ready=""; break; }
+    done
+    [ -n "$ready" ] && break
   fi
   sleep 0.2
 done
+[ -n "$ready" ] || fail "the cluster was not SERVING within 30 s"
 
-if PYTHONPATH="$work/stubs" "$work/venv/bin/python" "$here/leasehold_client.py" \
-    --endpoint "localhost:$port" --certs "$certs"; then
-  echo "PASS: docs/examples/python"
+if PYTHONPATH="$work/stubs" "$py" "$here/leasehold_client.py" "${endpoints[@]}" --certs "$certs"; then
+  echo "PASS: docs/examples/python (${SECONDS}s)"
 else
-  echo "FAIL: docs/examples/python (cluster log follows)" >&2
-  tail -n 40 "$work/cluster.log" >&2
-  exit 1
+  fail "the example failed"
 fi
