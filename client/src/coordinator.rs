@@ -23,13 +23,13 @@ use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use leasehold_proto::refusal::status_of_item;
 use leasehold_proto::v1::admin_client::AdminClient as AdminRpc;
 use leasehold_proto::v1::coordinator_client::CoordinatorClient as CoordinatorRpc;
-use leasehold_proto::refusal::status_of_item;
 use leasehold_proto::v1::{
-    lease_item_result, LeaseBatchRequest,
-    GetWindowRequest, GetWindowResponse, LeaseRequest, LeaseResponse, PoolGrantRequest,
-    PoolGrantResponse, ReconcileRequest, ReconcileResponse, RequestId,
+    lease_item_result, GetWindowRequest, GetWindowResponse, LeaseBatchRequest, LeaseRequest,
+    LeaseResponse, PoolGrantRequest, PoolGrantResponse, ReconcileRequest, ReconcileResponse,
+    RequestId,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -306,16 +306,21 @@ impl CoordinatorClient {
                 });
             }
             let leader = self.leader().unwrap_or_default();
-            answers.extend(response.results.into_iter().map(|result| match result.result {
-                Some(lease_item_result::Result::Granted(grant)) => Ok(grant),
-                Some(lease_item_result::Result::Refused(refused)) => {
-                    Err(classify(&leader, status_of_item(&refused)))
-                }
-                None => Err(CoordinatorError::Rpc {
-                    code: tonic::Code::Internal,
-                    message: "an item without a result".into(),
-                }),
-            }));
+            answers.extend(
+                response
+                    .results
+                    .into_iter()
+                    .map(|result| match result.result {
+                        Some(lease_item_result::Result::Granted(grant)) => Ok(grant),
+                        Some(lease_item_result::Result::Refused(refused)) => {
+                            Err(classify(&leader, status_of_item(&refused)))
+                        }
+                        None => Err(CoordinatorError::Rpc {
+                            code: tonic::Code::Internal,
+                            message: "an item without a result".into(),
+                        }),
+                    }),
+            );
         }
         Ok(answers)
     }

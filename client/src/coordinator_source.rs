@@ -159,10 +159,12 @@ fn client_error(key: &str, e: CoordinatorError) -> ClientError {
         | CoordinatorError::Address(_)
         | CoordinatorError::InvalidArgument(_) => ClientError::InvalidInput(e.to_string()),
         CoordinatorError::NotFound(m) => ClientError::NoPolicy(m),
-        CoordinatorError::FailedPrecondition { message: m, .. } => ClientError::Unsupported(format!(
-            "key {key:?} cannot be leased from the coordinator directly ({m}); \
+        CoordinatorError::FailedPrecondition { message: m, .. } => {
+            ClientError::Unsupported(format!(
+                "key {key:?} cannot be leased from the coordinator directly ({m}); \
              `fair` keys are served by escrow nodes"
-        )),
+            ))
+        }
         CoordinatorError::NotLeader { .. }
         | CoordinatorError::Unavailable { .. }
         | CoordinatorError::Transport { .. }

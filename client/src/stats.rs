@@ -130,18 +130,58 @@ impl StatsCounters {
         );
         let counters: [(&str, &str, u64); 13] = [
             ("admitted", "Checks admitted.", stats.admitted),
-            ("admitted_tokens", "Tokens spent by admitted checks.", stats.admitted_tokens),
+            (
+                "admitted_tokens",
+                "Tokens spent by admitted checks.",
+                stats.admitted_tokens,
+            ),
             ("denied", "Checks denied.", stats.denied),
-            ("denied_from_cache", "Denials answered from the local denial cache.", stats.denied_from_cache),
+            (
+                "denied_from_cache",
+                "Denials answered from the local denial cache.",
+                stats.denied_from_cache,
+            ),
             ("errors", "Checks that failed with an error.", stats.errors),
-            ("backend_calls", "Calls to the backend (refills in leased mode, checks otherwise).", stats.backend_calls),
-            ("refills", "Refills (Acquire) issued, prefetches included.", stats.refills),
-            ("prefetches", "Refills started by the low-water prefetch.", stats.prefetches),
-            ("tokens_leased", "Tokens credited to local wallets from grants.", stats.tokens_leased),
-            ("tokens_returned", "Tokens the backend took back.", stats.tokens_returned),
-            ("tokens_expired", "Tokens that died unspent with their window.", stats.tokens_expired),
-            ("late_grants_dropped", "Grants dropped on arrival (past their deadline or window).", stats.late_grants_dropped),
-            ("late_tokens_dropped", "Tokens of the dropped grants.", stats.late_tokens_dropped),
+            (
+                "backend_calls",
+                "Calls to the backend (refills in leased mode, checks otherwise).",
+                stats.backend_calls,
+            ),
+            (
+                "refills",
+                "Refills (Acquire) issued, prefetches included.",
+                stats.refills,
+            ),
+            (
+                "prefetches",
+                "Refills started by the low-water prefetch.",
+                stats.prefetches,
+            ),
+            (
+                "tokens_leased",
+                "Tokens credited to local wallets from grants.",
+                stats.tokens_leased,
+            ),
+            (
+                "tokens_returned",
+                "Tokens the backend took back.",
+                stats.tokens_returned,
+            ),
+            (
+                "tokens_expired",
+                "Tokens that died unspent with their window.",
+                stats.tokens_expired,
+            ),
+            (
+                "late_grants_dropped",
+                "Grants dropped on arrival (past their deadline or window).",
+                stats.late_grants_dropped,
+            ),
+            (
+                "late_tokens_dropped",
+                "Tokens of the dropped grants.",
+                stats.late_tokens_dropped,
+            ),
         ];
         for (name, help, value) in counters {
             doc.single(

@@ -487,7 +487,11 @@ async fn metrics_follow_stats_round_trips_and_reachability() {
     }
     let stats = l1.stats();
     let text = l1.metrics_text();
-    assert_eq!(sample(&text, "leasehold_client_info{mode=\"leased\"}"), Some(1.0), "{text}");
+    assert_eq!(
+        sample(&text, "leasehold_client_info{mode=\"leased\"}"),
+        Some(1.0),
+        "{text}"
+    );
     assert_eq!(sample(&text, "leasehold_client_admitted_total"), Some(25.0));
     assert_eq!(
         sample(&text, "leasehold_client_refills_total"),
@@ -498,7 +502,10 @@ async fn metrics_follow_stats_round_trips_and_reachability() {
         Some(stats.refills as f64),
         "one round trip per answered refill"
     );
-    assert_eq!(sample(&text, "leasehold_client_backend_reachable"), Some(1.0));
+    assert_eq!(
+        sample(&text, "leasehold_client_backend_reachable"),
+        Some(1.0)
+    );
 
     // Spend what is held, then the next refill fails.
     while l1.local_balance("m") > 0 {
@@ -508,7 +515,11 @@ async fn metrics_follow_stats_round_trips_and_reachability() {
     let failed = l1.check_labelled("m", 1).await;
     assert!(failed.is_err() || !failed.as_ref().is_ok_and(|a| a.decision.allowed));
     let text = l1.metrics_text();
-    assert_eq!(sample(&text, "leasehold_client_backend_reachable"), Some(0.0), "{text}");
+    assert_eq!(
+        sample(&text, "leasehold_client_backend_reachable"),
+        Some(0.0),
+        "{text}"
+    );
     assert_eq!(
         sample(&text, "leasehold_client_backend_round_trip_seconds_count"),
         Some(l1.stats().refills as f64 - 1.0),

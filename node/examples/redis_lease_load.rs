@@ -67,7 +67,9 @@ fn parse_args() -> Result<Args> {
     };
     let mut words = std::env::args().skip(1);
     while let Some(flag) = words.next() {
-        let value = words.next().with_context(|| format!("{flag} needs a value"))?;
+        let value = words
+            .next()
+            .with_context(|| format!("{flag} needs a value"))?;
         match flag.as_str() {
             "--addr" => args.addr = value,
             "--in-flight" => args.in_flight = value.parse()?,

@@ -508,7 +508,9 @@ mod tests {
             tonic::Code::Unauthenticated
         );
         assert_eq!(
-            Refusal::PermissionDenied(Reason::NotPermitted, "x".into()).status().code(),
+            Refusal::PermissionDenied(Reason::NotPermitted, "x".into())
+                .status()
+                .code(),
             tonic::Code::PermissionDenied
         );
     }
@@ -550,7 +552,11 @@ mod tests {
             remote_addr: None,
             principal: operator(),
         };
-        let status = refusals.refuse(Some(&peer), "x", Refusal::PermissionDenied(Reason::NotPermitted, "no".into()));
+        let status = refusals.refuse(
+            Some(&peer),
+            "x",
+            Refusal::PermissionDenied(Reason::NotPermitted, "no".into()),
+        );
         assert_eq!(status.code(), tonic::Code::PermissionDenied);
         refusals.refuse(None, "x", Refusal::Unauthenticated("no".into()));
         assert_eq!(refusals.permission_denied(), 1);

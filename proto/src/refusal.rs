@@ -310,9 +310,10 @@ mod tests {
     #[test]
     fn a_relayed_refusal_keeps_its_message_and_hint_metadata() {
         let mut upstream = Status::failed_precondition("not the leader");
-        upstream
-            .metadata_mut()
-            .insert(crate::LEADER_ADDR_METADATA, MetadataValue::from_static("m2:7000"));
+        upstream.metadata_mut().insert(
+            crate::LEADER_ADDR_METADATA,
+            MetadataValue::from_static("m2:7000"),
+        );
         let relayed = with_reason(&upstream, Reason::NotLeader);
         assert_eq!(relayed.message(), "not the leader");
         assert_eq!(reason_of(&relayed), Some(Reason::NotLeader));
@@ -354,7 +355,11 @@ mod tests {
                 reason.as_str()
             );
         }
-        assert_eq!(table.len(), Reason::ALL.len(), "one row per reason: {table:?}");
+        assert_eq!(
+            table.len(),
+            Reason::ALL.len(),
+            "one row per reason: {table:?}"
+        );
     }
 
     fn screaming_snake(camel: &str) -> String {

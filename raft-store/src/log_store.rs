@@ -19,10 +19,10 @@ use openraft::{ErrorSubject, ErrorVerb, OptionalSend, RaftLogReader};
 
 use crate::codec::{decode, encode, Persisted};
 use crate::engine::{Keyspace, StorageEngine, WriteBatch};
-use leasehold_core::metrics::Histogram;
 use crate::error::{OrStorageError, StoreError};
 use crate::records::{log_key, COMMITTED_KEY, LAST_PURGED_KEY, VOTE_KEY};
 use crate::types::{Entry, LogId, StorageError, TypeConfig, Vote};
+use leasehold_core::metrics::Histogram;
 
 /// The Raft log, vote and committed pointer of one coordinator member.
 /// Cloning shares the same storage (clones serve as log readers).

@@ -77,8 +77,10 @@ pub struct SnapshotStats {
 impl SnapshotStats {
     fn stored(&self, bytes: usize) {
         self.bytes.store(bytes as u64, Ordering::Relaxed);
-        *self.stored_at.lock().unwrap_or_else(PoisonError::into_inner) =
-            Some(std::time::Instant::now());
+        *self
+            .stored_at
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(std::time::Instant::now());
     }
 
     /// Encoded bytes of the stored snapshot (0 when there is none).

@@ -17,13 +17,15 @@ use crate::history::{Expected, History, HostileProbe, ProbeAnswer};
 /// with reason `SESSION_EXPIRED`: the refusals a reused id may get.
 fn is_reuse_refusal(code: &str, reason: &str) -> bool {
     is_expired_refusal(code, reason)
-        || (code == "AlreadyExists" && reason == leasehold_proto::refusal::Reason::RequestIdReused.as_str())
+        || (code == "AlreadyExists"
+            && reason == leasehold_proto::refusal::Reason::RequestIdReused.as_str())
 }
 
 /// `FAILED_PRECONDITION` with reason `SESSION_EXPIRED`, or a bound.
 fn is_expired_refusal(code: &str, reason: &str) -> bool {
     is_bound_refusal(code)
-        || (code == "FailedPrecondition" && reason == leasehold_proto::refusal::Reason::SessionExpired.as_str())
+        || (code == "FailedPrecondition"
+            && reason == leasehold_proto::refusal::Reason::SessionExpired.as_str())
 }
 
 /// A resource bound refused the request before it was looked at.

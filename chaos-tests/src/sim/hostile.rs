@@ -35,10 +35,10 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use leasehold_client::transport::Dialer;
+use leasehold_proto::refusal::Reason;
 use leasehold_proto::v1 as pb;
 use leasehold_proto::v1::coordinator_client::CoordinatorClient as CoordinatorRpc;
 use leasehold_proto::v1::escrow_client::EscrowClient as EscrowRpc;
-use leasehold_proto::refusal::Reason;
 use leasehold_proto::{LEADER_ADDR_METADATA, REASON_METADATA};
 use rand::distributions::{Distribution, WeightedIndex};
 use rand::rngs::StdRng;

@@ -235,7 +235,12 @@ mod tests {
     /// share, so a flapping link admitted a share per outage.
     #[test]
     fn the_share_bounds_a_window_however_many_outages_it_sees() {
-        let mut gate = OutageGate::new(100, OutagePolicy::Fallback { tokens_per_region: 5 });
+        let mut gate = OutageGate::new(
+            100,
+            OutagePolicy::Fallback {
+                tokens_per_region: 5,
+            },
+        );
         assert!(gate.serve(3, 0, 1_000).is_none(), "nothing while reachable");
         gate.on_failure(10);
         assert!(!gate.may_call(50) && gate.may_call(110));
@@ -246,7 +251,11 @@ mod tests {
         gate.on_failure(300);
         assert_eq!(gate.serve(4, 0, 1_000).map(|s| s.granted), Some(1));
         assert!(gate.serve(1, 0, 1_000).is_none());
-        assert_eq!(gate.serve(5, 1_000, 1_000).map(|s| s.granted), Some(5), "a new window, a new share");
+        assert_eq!(
+            gate.serve(5, 1_000, 1_000).map(|s| s.granted),
+            Some(5),
+            "a new window, a new share"
+        );
         assert_eq!((gate.outage_denials(), gate.fallback_tokens()), (1, 10));
     }
 }

@@ -143,9 +143,11 @@ pub async fn measure(clients: Vec<CoordinatorClient>, args: &BenchArgs) -> Bench
                         .map(|response| (1, response.granted))
                 } else {
                     client.lease_batch(&items).await.and_then(|answers| {
-                        answers.into_iter().try_fold((0, 0), |(n, granted), answer| {
-                            answer.map(|response| (n + 1, granted + response.granted))
-                        })
+                        answers
+                            .into_iter()
+                            .try_fold((0, 0), |(n, granted), answer| {
+                                answer.map(|response| (n + 1, granted + response.granted))
+                            })
                     })
                 };
                 let done = Instant::now();

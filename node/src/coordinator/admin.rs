@@ -18,11 +18,11 @@ use std::sync::Arc;
 use leasehold_client::transport::normalize_addr;
 use leasehold_core::coordinator::{Command, Outcome};
 use leasehold_core::ids::MAX_KEY_BYTES;
+use leasehold_proto::refusal::{invalid_field, refusal, Reason};
 use leasehold_proto::v1 as pb;
 use leasehold_proto::v1::admin_server::Admin;
 use leasehold_raft_store::{Node, NodeId};
 use openraft::error::{ClientWriteError, InitializeError, RaftError};
-use leasehold_proto::refusal::{invalid_field, refusal, Reason};
 use tonic::{Request, Response, Status};
 
 use super::context::{forward_status, NodeContext};
@@ -102,9 +102,10 @@ fn membership_write_status<E>(
 }
 
 fn admin_timeout(ms: u128) -> Status {
-    refusal(Reason::NoQuorum, format!(
-        "the membership change did not commit within {ms} ms (no quorum?)"
-    ))
+    refusal(
+        Reason::NoQuorum,
+        format!("the membership change did not commit within {ms} ms (no quorum?)"),
+    )
 }
 
 #[tonic::async_trait]
@@ -121,27 +122,34 @@ impl Admin for AdminApi {
         for raw in &request.members {
             let (id, node) = member(raw)?;
             if members.insert(id, node).is_some() {
-                return Err(invalid_field("members.id", format!(
-                    "member id {id} appears twice"
-                )));
+                return Err(invalid_field(
+                    "members.id",
+                    format!("member id {id} appears twice"),
+                ));
             }
         }
         if !members.contains_key(&self.node.id) {
-            return Err(invalid_field("members", format!(
-                "the members must include the member asked to initialise (id {})",
-                self.node.id
-            )));
+            return Err(invalid_field(
+                "members",
+                format!(
+                    "the members must include the member asked to initialise (id {})",
+                    self.node.id
+                ),
+            ));
         }
         let timeout = self.node.config.admin_timeout();
         match tokio::time::timeout(timeout, self.node.raft.initialize(members)).await {
             Ok(Ok(())) => Ok(Response::new(pb::InitResponse {})),
-            Ok(Err(RaftError::APIError(InitializeError::NotAllowed(e)))) => Err(
-                refusal(Reason::AlreadyInitialized, format!("this member is already initialised ({e})")),
-            ),
+            Ok(Err(RaftError::APIError(InitializeError::NotAllowed(e)))) => Err(refusal(
+                Reason::AlreadyInitialized,
+                format!("this member is already initialised ({e})"),
+            )),
             Ok(Err(RaftError::APIError(InitializeError::NotInMembers(e)))) => {
                 Err(invalid_field("members", e.to_string()))
             }
-            Ok(Err(RaftError::Fatal(e))) => Err(refusal(Reason::ShuttingDown, format!("raft stopped: {e}"))),
+            Ok(Err(RaftError::Fatal(e))) => {
+                Err(refusal(Reason::ShuttingDown, format!("raft stopped: {e}")))
+            }
             Err(_) => Err(admin_timeout(timeout.as_millis())),
         }
     }
@@ -173,7 +181,8 @@ impl Admin for AdminApi {
         let request = request.into_inner();
         let voters: BTreeSet<NodeId> = request.voter_ids.iter().copied().collect();
         if voters.is_empty() || voters.contains(&0) {
-            return Err(invalid_field("voter_ids", 
+            return Err(invalid_field(
+                "voter_ids",
                 "voter ids must be a non-empty list of ids ≥ 1",
             ));
         }
@@ -217,7 +226,8 @@ impl Admin for AdminApi {
             .filter(|id| *id != me)
             .count();
         if other_voters == 0 {
-            return Err(refusal(Reason::NoOtherVoter, 
+            return Err(refusal(
+                Reason::NoOtherVoter,
                 "no other voter to hand leadership to; add one first",
             ));
         }
@@ -227,7 +237,10 @@ impl Admin for AdminApi {
             .compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst)
             .is_err()
         {
-            return Err(refusal(Reason::SteppingDown, "a step-down is already in progress"));
+            return Err(refusal(
+                Reason::SteppingDown,
+                "a step-down is already in progress",
+            ));
         }
         // Run to the end even if the caller goes away: the member must not
         // be left without heartbeats or refusing leader work.
@@ -325,7 +338,10 @@ impl Admin for AdminApi {
         let policy = convert::policy_from_wire(request.into_inner().policy)?;
         match self.policy_write(Command::SetPolicy(policy)).await? {
             Outcome::PolicySet => Ok(Response::new(pb::SetPolicyResponse {})),
-            other => Err(refusal(Reason::Internal, format!("unexpected outcome {other:?}"))),
+            other => Err(refusal(
+                Reason::Internal,
+                format!("unexpected outcome {other:?}"),
+            )),
         }
     }
 
@@ -335,15 +351,19 @@ impl Admin for AdminApi {
     ) -> Result<Response<pb::DeletePolicyResponse>, Status> {
         let prefix = request.into_inner().prefix;
         if prefix.len() > MAX_KEY_BYTES {
-            return Err(invalid_field("prefix", format!(
-                "prefix is longer than {MAX_KEY_BYTES} bytes"
-            )));
+            return Err(invalid_field(
+                "prefix",
+                format!("prefix is longer than {MAX_KEY_BYTES} bytes"),
+            ));
         }
         match self.policy_write(Command::DeletePolicy { prefix }).await? {
             Outcome::PolicyDeleted { existed } => {
                 Ok(Response::new(pb::DeletePolicyResponse { existed }))
             }
-            other => Err(refusal(Reason::Internal, format!("unexpected outcome {other:?}"))),
+            other => Err(refusal(
+                Reason::Internal,
+                format!("unexpected outcome {other:?}"),
+            )),
         }
     }
 

@@ -15,9 +15,9 @@
 use std::sync::Arc;
 
 use leasehold_core::coordinator::{Command, Outcome};
+use leasehold_proto::refusal::{invalid_field, item_refusal, refusal, Reason};
 use leasehold_proto::v1 as pb;
 use leasehold_proto::v1::coordinator_server::Coordinator;
-use leasehold_proto::refusal::{invalid_field, item_refusal, refusal, Reason};
 use tonic::{Request, Response, Status};
 
 use super::context::NodeContext;
@@ -173,11 +173,11 @@ impl CoordinatorApi {
         let mut commands = Vec::with_capacity(items.len());
         for item in items {
             if let Err(refused) = authorize_region(&caller, &item.region) {
-                let status = self
-                    .node
-                    .metrics
-                    .auth
-                    .refuse(peer.as_ref(), "Coordinator/LeaseBatch", refused);
+                let status =
+                    self.node
+                        .metrics
+                        .auth
+                        .refuse(peer.as_ref(), "Coordinator/LeaseBatch", refused);
                 slots.push(BatchSlot::Refused(status));
                 continue;
             }
@@ -194,7 +194,9 @@ impl CoordinatorApi {
         // Submitted together, so group commit carries them in as few
         // proposals as its batch size allows.
         let outcomes = futures::future::join_all(
-            commands.into_iter().map(|command| self.node.propose(command)),
+            commands
+                .into_iter()
+                .map(|command| self.node.propose(command)),
         )
         .await
         .into_iter()

@@ -9,9 +9,9 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 use leasehold_client::transport::WallClock;
 use leasehold_core::coordinator::{Command, Outcome, Proposal, ProposalResult};
+use leasehold_proto::refusal::{refusal, Reason};
 use leasehold_raft_store::{Node, NodeId, Raft, StateReader};
 use openraft::error::{CheckIsLeaderError, ClientWriteError, ForwardToLeader, RaftError};
-use leasehold_proto::refusal::{refusal, Reason};
 use tonic::Status;
 
 use super::batcher::{Batcher, ProposeError, Proposer};

@@ -8,8 +8,8 @@ use leasehold_core::coordinator::{
 use leasehold_core::ids::{ClientId, Key, RegionId, RequestId};
 use leasehold_core::policy::{OutagePolicy, Policy, PolicyError, PolicyKind};
 use leasehold_core::principal::Principal;
-use leasehold_proto::v1 as pb;
 use leasehold_proto::refusal::invalid_field;
+use leasehold_proto::v1 as pb;
 use tonic::Status;
 
 fn key(raw: &str) -> Result<Key, Status> {

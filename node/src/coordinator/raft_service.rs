@@ -11,6 +11,7 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
+use leasehold_proto::refusal::{refusal, Reason};
 use leasehold_proto::v1::raft_server::{Raft as RaftRpc, RaftServer};
 use leasehold_proto::v1::RaftPayload;
 use leasehold_raft_store::{
@@ -18,7 +19,6 @@ use leasehold_raft_store::{
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use leasehold_proto::refusal::{refusal, Reason};
 use tonic::{Request, Response, Status};
 
 use super::network::MAX_PEER_MESSAGE_BYTES;
@@ -74,8 +74,12 @@ impl RaftService {
 }
 
 fn decode<T: DeserializeOwned>(request: Request<RaftPayload>) -> Result<T, Status> {
-    postcard::from_bytes(&request.into_inner().data)
-        .map_err(|e| refusal(Reason::MalformedRequest, format!("undecodable raft payload: {e}")))
+    postcard::from_bytes(&request.into_inner().data).map_err(|e| {
+        refusal(
+            Reason::MalformedRequest,
+            format!("undecodable raft payload: {e}"),
+        )
+    })
 }
 
 fn encode<T: Serialize>(value: &T) -> Result<Response<RaftPayload>, Status> {

@@ -3,9 +3,9 @@
 //! key are handled one at a time, so at most one lease is ever in flight and
 //! waiters simply see the credited balance when their turn comes.
 
+use leasehold_client::coordinator::CoordinatorError;
 use leasehold_core::fair_throttle::CallerId;
 use leasehold_core::principal::Principal;
-use leasehold_client::coordinator::CoordinatorError;
 use leasehold_proto::refusal::{invalid_field, refusal, refusal_with, Reason, KEY};
 use std::sync::Arc;
 use std::time::Duration;
@@ -540,16 +540,13 @@ impl KeyActor {
             // The cached table may predate a policy set moments ago.
             self.shared.refresh_policies_now().await;
         }
-        let policy = self
-            .shared
-            .policy_for(&self.key)
-            .ok_or_else(|| {
-                refusal_with(
-                    Reason::NoPolicy,
-                    format!("no policy matches key {:?}", self.key),
-                    [(KEY, self.key.to_string())],
-                )
-            })?;
+        let policy = self.shared.policy_for(&self.key).ok_or_else(|| {
+            refusal_with(
+                Reason::NoPolicy,
+                format!("no policy matches key {:?}", self.key),
+                [(KEY, self.key.to_string())],
+            )
+        })?;
         self.escrow.set_outage_policy(policy.outage);
         Ok(policy)
     }
@@ -564,10 +561,8 @@ impl KeyActor {
         if policy.kind == PolicyKind::Fair {
             let tenant = match tenant {
                 Some(t) => t,
-                None => {
-                    TenantId::new(DEFAULT_TENANT)
-                        .map_err(|e| refusal(Reason::Internal, e.to_string()))?
-                }
+                None => TenantId::new(DEFAULT_TENANT)
+                    .map_err(|e| refusal(Reason::Internal, e.to_string()))?,
             };
             return self
                 .acquire_fair(&policy, &tenant, weight.max(1), tokens)
@@ -738,7 +733,8 @@ impl KeyActor {
                 let error = e.to_string();
                 let now = self.shared.mono_ms();
                 self.escrow.outage_mut().on_failure(now);
-                self.shared.set_reachable(false, &self.key, outage, Some(&error));
+                self.shared
+                    .set_reachable(false, &self.key, outage, Some(&error));
                 Ok(None)
             }
         }

@@ -111,7 +111,11 @@ fn stopped() -> CoordinatorError {
     }
 }
 
-async fn run(client: CoordinatorClient, mut receiver: mpsc::Receiver<Pending>, stats: Arc<CoalescerStats>) {
+async fn run(
+    client: CoordinatorClient,
+    mut receiver: mpsc::Receiver<Pending>,
+    stats: Arc<CoalescerStats>,
+) {
     let slots = Arc::new(Semaphore::new(MAX_CALLS_IN_FLIGHT));
     let batch_unsupported = Arc::new(AtomicBool::new(false));
     loop {
@@ -280,11 +284,19 @@ mod tests {
             let coalescer = coalescer.clone();
             tokio::spawn(async move { coalescer.lease(&format!("k{n}"), "eu", n + 1).await })
         });
-        for (n, answer) in futures::future::join_all(asks).await.into_iter().enumerate() {
+        for (n, answer) in futures::future::join_all(asks)
+            .await
+            .into_iter()
+            .enumerate()
+        {
             let grant = answer.unwrap().expect("every refill is answered");
             assert_eq!(grant.granted, n as u64 + 1, "each key gets its own answer");
         }
-        assert_eq!(fake.leases.load(Ordering::Relaxed), 40, "one lease per refill");
+        assert_eq!(
+            fake.leases.load(Ordering::Relaxed),
+            40,
+            "one lease per refill"
+        );
         let batches = fake.batches.load(Ordering::Relaxed);
         assert!(
             batches as usize <= MAX_CALLS_IN_FLIGHT,

@@ -191,13 +191,12 @@ where
     let metrics_task = match &config.metrics_listen {
         Some(addr) => {
             let metrics_shared = shared.clone();
-            let render: crate::metrics_http::Render =
-                Arc::new(move || {
-                    prometheus::render(
-                        &service::status_of(&metrics_shared),
-                        &prometheus::Observations::of(&metrics_shared),
-                    )
-                });
+            let render: crate::metrics_http::Render = Arc::new(move || {
+                prometheus::render(
+                    &service::status_of(&metrics_shared),
+                    &prometheus::Observations::of(&metrics_shared),
+                )
+            });
             Some(crate::metrics_http::spawn_metrics_listener(addr, render, metrics_stopped).await?)
         }
         None => None,
@@ -225,12 +224,11 @@ where
         Arc::new(WatchSlots::default()),
         closing,
     );
-    let (reflection, reflection_v1alpha) =
-        crate::reflection::reflection_services(&[
-            leasehold_proto::v1::escrow_server::SERVICE_NAME,
-            leasehold_proto::v1::monitor_server::SERVICE_NAME,
-        ])
-            .map_err(|e| NodeError::Reflection(e.to_string()))?;
+    let (reflection, reflection_v1alpha) = crate::reflection::reflection_services(&[
+        leasehold_proto::v1::escrow_server::SERVICE_NAME,
+        leasehold_proto::v1::monitor_server::SERVICE_NAME,
+    ])
+    .map_err(|e| NodeError::Reflection(e.to_string()))?;
     let served = limits
         .server_builder()
         .layer(refusal_layer(shared.connections.clone()))

@@ -30,7 +30,11 @@ impl Observations {
         Self {
             lease_round_trip: shared.lease_round_trip.snapshot(),
             denials: shared.denials(),
-            lease_calls: shared.leases.stats().calls.load(std::sync::atomic::Ordering::Relaxed),
+            lease_calls: shared
+                .leases
+                .stats()
+                .calls
+                .load(std::sync::atomic::Ordering::Relaxed),
             lease_call_items: shared.leases.stats().items_per_call.snapshot(),
         }
     }
@@ -231,9 +235,7 @@ mod tests {
         };
         let text = render(&status, &observed);
         assert!(
-            text.contains(
-                "leasehold_escrow_denials_total{reason=\"COORDINATOR_UNREACHABLE\"} 7\n"
-            ),
+            text.contains("leasehold_escrow_denials_total{reason=\"COORDINATOR_UNREACHABLE\"} 7\n"),
             "{text}"
         );
         assert!(text.contains("leasehold_escrow_lease_round_trip_seconds_count 0\n"));

@@ -18,16 +18,16 @@ use leasehold_core::ids::{ClientId, Key, TenantId};
 use leasehold_core::metrics::Histogram;
 use leasehold_core::policy::{OutagePolicy, Policy, PolicyTable};
 use leasehold_core::principal::Principal;
+use leasehold_proto::refusal::{invalid_field, refusal, Reason};
 use leasehold_proto::v1 as pb;
 use leasehold_proto::{REASON_FAIR_THROTTLED, REASON_METADATA};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
-use leasehold_proto::refusal::{invalid_field, refusal, Reason};
 use tonic::{Request, Response, Status};
 
 use super::actor::{Acquired, HolderRequest, KeyHandle, KeyRequest, KeyView};
-use super::outage::{describe_outage, OutageChange, OutageCounters, OutageTracker};
 use super::lease_coalescer::LeaseCoalescer;
+use super::outage::{describe_outage, OutageChange, OutageCounters, OutageTracker};
 use super::EscrowConfig;
 use crate::coordinator::convert::policy_from_wire;
 use crate::net::ConnectionCounters;
@@ -158,7 +158,12 @@ impl EscrowShared {
     pub fn denials(&self) -> Vec<(DenialReason, u64)> {
         DenialReason::ALL
             .iter()
-            .map(|reason| (*reason, self.denials[*reason as usize].load(Ordering::Relaxed)))
+            .map(|reason| {
+                (
+                    *reason,
+                    self.denials[*reason as usize].load(Ordering::Relaxed),
+                )
+            })
             .collect()
     }
 
@@ -392,7 +397,10 @@ impl EscrowShared {
             }
             self.forget(key);
         }
-        Err(refusal(Reason::ShuttingDown, "the key's actor stopped; retry"))
+        Err(refusal(
+            Reason::ShuttingDown,
+            "the key's actor stopped; retry",
+        ))
     }
 
     /// Stops every actor and hands their credits back (shutdown).
@@ -732,7 +740,8 @@ impl pb::escrow_server::Escrow for EscrowApi {
         let request = request.into_inner();
         let key = Key::new(request.key).map_err(|e| invalid_field("key", e.to_string()))?;
         let from = holder_request(caller, request.request_id)?.ok_or_else(|| {
-            invalid_field("request_id", 
+            invalid_field(
+                "request_id",
                 "Return needs a request_id: it names the holder whose credits come back",
             )
         })?;

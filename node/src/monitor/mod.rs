@@ -25,8 +25,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use leasehold_core::ids::{Key, MAX_KEY_BYTES};
 use leasehold_core::principal::Principal;
-use leasehold_proto::v1 as pb;
 use leasehold_proto::refusal::{invalid_field, refusal, Reason};
+use leasehold_proto::v1 as pb;
 use tonic::Status;
 
 /// Most keys one prefix watch shows (the first ones in key order).
@@ -56,15 +56,19 @@ impl WatchTarget {
                 .map(WatchTarget::Key)
                 .map_err(|e| invalid_field("key", format!("key: {e}"))),
             Some(pb::watch_request::Target::Prefix(prefix)) if prefix.len() > MAX_KEY_BYTES => {
-                Err(invalid_field("prefix", format!(
-                    "prefix is {} bytes, longer than the maximum key length of {MAX_KEY_BYTES}",
-                    prefix.len()
-                )))
+                Err(invalid_field(
+                    "prefix",
+                    format!(
+                        "prefix is {} bytes, longer than the maximum key length of {MAX_KEY_BYTES}",
+                        prefix.len()
+                    ),
+                ))
             }
             Some(pb::watch_request::Target::Prefix(prefix)) => {
                 Ok(WatchTarget::Prefix(prefix.clone()))
             }
-            None => Err(invalid_field("target", 
+            None => Err(invalid_field(
+                "target",
                 "watch needs a key or a prefix (an empty prefix watches every key)",
             )),
         }

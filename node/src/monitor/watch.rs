@@ -24,11 +24,11 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use futures::Stream;
 use leasehold_client::transport::WallClock;
+use leasehold_proto::refusal::{refusal, Reason};
 use leasehold_proto::v1 as pb;
 use leasehold_proto::v1::monitor_server::Monitor;
 use tokio::sync::watch;
 use tokio::time::{Instant, MissedTickBehavior};
-use leasehold_proto::refusal::{refusal, Reason};
 use tonic::{Request, Response, Status};
 
 use super::cadence::{Cadence, SAMPLE_INTERVAL_MS};
@@ -200,7 +200,8 @@ fn deliver(updates: watch::Receiver<Option<pb::WatchUpdate>>) -> UpdateStream {
             }
             loop {
                 if updates.changed().await.is_err() {
-                    let stopped = refusal(Reason::ShuttingDown, 
+                    let stopped = refusal(
+                        Reason::ShuttingDown,
                         "this server stopped serving the watch (shutting down); \
                          watch another member",
                     );

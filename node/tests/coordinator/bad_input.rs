@@ -3,10 +3,10 @@
 //! `ErrorInfo` whose reason goes with the status code.
 
 use anyhow::{ensure, Result};
+use leasehold_proto::refusal::{self, reason_of, Reason};
 use leasehold_proto::v1 as pb;
 use leasehold_proto::v1::admin_client::AdminClient as AdminRpc;
 use leasehold_proto::v1::coordinator_client::CoordinatorClient as CoordinatorRpc;
-use leasehold_proto::refusal::{self, reason_of, Reason};
 use leasehold_proto::{LEADER_ADDR_METADATA, LEADER_ID_METADATA};
 use tonic::transport::Channel;
 use tonic::Code;
@@ -80,13 +80,22 @@ async fn each_bad_request_gets_its_code_and_changes_nothing() -> Result<()> {
     };
     ensure!(code(api.lease(empty_client).await) == Code::InvalidArgument);
     let no_policy = api.lease(lease("nopolicy/k", "eu", 1)).await.unwrap_err();
-    ensure!(checked_reason(&no_policy) == Reason::NoPolicy, "{no_policy:?}");
+    ensure!(
+        checked_reason(&no_policy) == Reason::NoPolicy,
+        "{no_policy:?}"
+    );
     ensure!(refusal::detail(&no_policy, refusal::KEY).as_deref() == Some("nopolicy/k"));
     let long = api.lease(lease(&long_key, "eu", 1)).await.unwrap_err();
     ensure!(checked_reason(&long) == Reason::InvalidField);
-    ensure!(refusal::detail(&long, refusal::FIELD).as_deref() == Some("key"), "{long:?}");
+    ensure!(
+        refusal::detail(&long, refusal::FIELD).as_deref() == Some("key"),
+        "{long:?}"
+    );
     let zero = api.lease(lease("ok/k", "eu", 0)).await.unwrap_err();
-    ensure!(refusal::detail(&zero, refusal::FIELD).as_deref() == Some("tokens"), "{zero:?}");
+    ensure!(
+        refusal::detail(&zero, refusal::FIELD).as_deref() == Some("tokens"),
+        "{zero:?}"
+    );
     ensure!(
         code(
             api.get_window(pb::GetWindowRequest {
@@ -210,8 +219,7 @@ async fn each_bad_request_gets_its_code_and_changes_nothing() -> Result<()> {
         "unknown learner"
     );
     ensure!(
-        reason(admin.step_down(pb::StepDownRequest { leader_id: 0 }).await)
-            == Reason::NoOtherVoter
+        reason(admin.step_down(pb::StepDownRequest { leader_id: 0 }).await) == Reason::NoOtherVoter
     );
     let again = pb::InitRequest {
         members: vec![pb::Member {

@@ -296,7 +296,10 @@ async fn a_fair_key_fails_closed_and_probes_on_a_cadence() -> Result<()> {
         .coordinator_calls;
     let admitted = admitted_over(&mut rpc, "ffc/k", 30).await?;
     let status = rpc.status(pb::EscrowStatusRequest {}).await?.into_inner();
-    ensure!(admitted == 0, "fail closed: nothing admitted beyond the grant, got {admitted}");
+    ensure!(
+        admitted == 0,
+        "fail closed: nothing admitted beyond the grant, got {admitted}"
+    );
     ensure!(!status.coordinator_reachable);
     ensure!(
         status.coordinator_calls <= calls_before + 1,

@@ -5,10 +5,10 @@
 use anyhow::{ensure, Result};
 use futures::stream::{self, StreamExt};
 use leasehold_core::coordinator::MAX_SESSIONS;
+use leasehold_proto::refusal::{reason_of, Reason};
 use leasehold_proto::v1 as pb;
 use leasehold_proto::v1::admin_client::AdminClient as AdminRpc;
 use leasehold_proto::v1::coordinator_client::CoordinatorClient as CoordinatorRpc;
-use leasehold_proto::refusal::{reason_of, Reason};
 use tonic::transport::Channel;
 use tonic::Code;
 
@@ -80,7 +80,8 @@ async fn a_client_id_reused_for_another_request_is_refused_not_answered_with_old
     ] {
         let status = api.lease(changed.clone()).await.unwrap_err();
         ensure!(
-            status.code() == Code::AlreadyExists && reason(&status) == Some(Reason::RequestIdReused),
+            status.code() == Code::AlreadyExists
+                && reason(&status) == Some(Reason::RequestIdReused),
             "{changed:?}: {status:?}"
         );
     }

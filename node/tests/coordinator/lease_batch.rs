@@ -62,10 +62,12 @@ fn answers(response: pb::LeaseBatchResponse) -> Result<Vec<Answer>> {
     response
         .results
         .into_iter()
-        .map(|result| match result.result.context("an item without a result")? {
-            pb::lease_item_result::Result::Granted(grant) => Ok(granted(&grant)),
-            pb::lease_item_result::Result::Refused(item) => Ok(refused(&status_of_item(&item))),
-        })
+        .map(
+            |result| match result.result.context("an item without a result")? {
+                pb::lease_item_result::Result::Granted(grant) => Ok(granted(&grant)),
+                pb::lease_item_result::Result::Refused(item) => Ok(refused(&status_of_item(&item))),
+            },
+        )
         .collect()
 }
 
@@ -81,7 +83,8 @@ async fn items_are_answered_alone_and_exactly_once() -> Result<()> {
 
     // Five items of 30 on one key of limit 100: whatever their order,
     // 100 granted in all, no item more than it asked.
-    let mut batch: Vec<pb::LeaseRequest> = (1..=5).map(|seq| item("b/hot", 30, "c1", seq)).collect();
+    let mut batch: Vec<pb::LeaseRequest> =
+        (1..=5).map(|seq| item("b/hot", 30, "c1", seq)).collect();
     batch.push(item("nopolicy/k", 1, "c1", 6));
     batch.push(item(&"k".repeat(300), 1, "c1", 7));
     batch.push(item("b/other", 0, "c1", 8));
@@ -91,7 +94,11 @@ async fn items_are_answered_alone_and_exactly_once() -> Result<()> {
     let hot: u64 = first[..5]
         .iter()
         .map(|answer| match answer {
-            Answer::Granted { granted, limit: 100, .. } if *granted <= 30 => Ok(*granted),
+            Answer::Granted {
+                granted,
+                limit: 100,
+                ..
+            } if *granted <= 30 => Ok(*granted),
             other => Err(anyhow::anyhow!("unexpected {other:?}")),
         })
         .sum::<Result<u64>>()?;
@@ -102,7 +109,10 @@ async fn items_are_answered_alone_and_exactly_once() -> Result<()> {
 
     // The same batch again: every item gets its first answer, nothing more is granted.
     let again = answers(api.lease_batch(request).await?.into_inner())?;
-    ensure!(again == first, "a retried batch is answered from its first answers");
+    ensure!(
+        again == first,
+        "a retried batch is answered from its first answers"
+    );
     ensure!(granted_in(&mut api, "b/hot").await? == 100);
 
     // One item's id reused for another request: that item alone is refused.
@@ -114,7 +124,10 @@ async fn items_are_answered_alone_and_exactly_once() -> Result<()> {
         mixed[0] == Answer::Refused(Code::AlreadyExists, Some(Reason::RequestIdReused)),
         "{mixed:?}"
     );
-    ensure!(matches!(mixed[1], Answer::Granted { granted: 4, .. }), "{mixed:?}");
+    ensure!(
+        matches!(mixed[1], Answer::Granted { granted: 4, .. }),
+        "{mixed:?}"
+    );
 
     // Batch size limits are whole-call refusals.
     for size in [0, 257] {
@@ -142,17 +155,28 @@ async fn a_batch_answers_what_the_same_leases_alone_answer() -> Result<()> {
     let mut cluster = Cluster::start_initialised(1, |_| {}).await?;
     let mut api = rpc(&cluster).await?;
     let admin = cluster.client()?.admin();
-    admin.set_policy(counter_policy("one/", 50, LONG_WINDOW_MS)).await?;
-    admin.set_policy(counter_policy("many/", 50, LONG_WINDOW_MS)).await?;
+    admin
+        .set_policy(counter_policy("one/", 50, LONG_WINDOW_MS))
+        .await?;
+    admin
+        .set_policy(counter_policy("many/", 50, LONG_WINDOW_MS))
+        .await?;
 
     // Items: (key suffix, tokens, already used on the key, whether the key
     // has a policy).
     let strategy = proptest::collection::vec((0u64..120, 0u64..60, any::<bool>()), 1..24);
     let mut runner = TestRunner::new(Config::with_cases(12));
     for case in 0..12u64 {
-        let items = strategy.new_tree(&mut runner).map_err(|e| anyhow::anyhow!("{e}"))?.current();
+        let items = strategy
+            .new_tree(&mut runner)
+            .map_err(|e| anyhow::anyhow!("{e}"))?
+            .current();
         let key = |space: &str, n: usize, governed: bool| {
-            let space = if governed { space.to_string() } else { format!("x{space}") };
+            let space = if governed {
+                space.to_string()
+            } else {
+                format!("x{space}")
+            };
             format!("{space}c{case}-k{n}")
         };
         // Use part of each key's window first, alone, in both spaces.
@@ -171,7 +195,12 @@ async fn a_batch_answers_what_the_same_leases_alone_answer() -> Result<()> {
         }
         let mut alone = Vec::new();
         for (n, (tokens, _, governed)) in items.iter().enumerate() {
-            let request = item(&key("one/", n, *governed), *tokens, &format!("one-{case}"), n as u64 + 1);
+            let request = item(
+                &key("one/", n, *governed),
+                *tokens,
+                &format!("one-{case}"),
+                n as u64 + 1,
+            );
             alone.push(match api.lease(request).await {
                 Ok(response) => granted(response.get_ref()),
                 Err(status) => refused(&status),
@@ -182,14 +211,22 @@ async fn a_batch_answers_what_the_same_leases_alone_answer() -> Result<()> {
                 .iter()
                 .enumerate()
                 .map(|(n, (tokens, _, governed))| {
-                    item(&key("many/", n, *governed), *tokens, &format!("many-{case}"), n as u64 + 1)
+                    item(
+                        &key("many/", n, *governed),
+                        *tokens,
+                        &format!("many-{case}"),
+                        n as u64 + 1,
+                    )
                 })
                 .collect(),
         };
         let together = answers(api.lease_batch(batch).await?.into_inner())?;
         // Windows of the two spaces may differ only if a window ended in
         // between; LONG_WINDOW_MS makes that impossible in a test run.
-        ensure!(together == alone, "case {case}: {items:?}\nalone {alone:?}\nbatch {together:?}");
+        ensure!(
+            together == alone,
+            "case {case}: {items:?}\nalone {alone:?}\nbatch {together:?}"
+        );
     }
     cluster.stop_all().await
 }

@@ -96,12 +96,14 @@ async fn a_member_exports_grants_per_prefix_and_many_keys_add_no_series() -> Res
     let commits = sample(&after, "leasehold_raft_commit_seconds_count").unwrap_or(0.0);
     ensure!(
         commits >= 1.0
-            && sample(&after, "leasehold_raft_commit_seconds_bucket{le=\"+Inf\"}")
-                == Some(commits),
+            && sample(&after, "leasehold_raft_commit_seconds_bucket{le=\"+Inf\"}") == Some(commits),
         "{commits} commits"
     );
     let batched = sample(&after, "leasehold_raft_proposal_batch_size_sum").unwrap_or(0.0);
-    ensure!(batched >= 201.0, "every lease went through a proposal: {batched}");
+    ensure!(
+        batched >= 201.0,
+        "every lease went through a proposal: {batched}"
+    );
     ensure!(sample(&after, "leasehold_raft_log_fsync_seconds_count").unwrap_or(0.0) >= commits);
     ensure!(sample(&after, "leasehold_raft_snapshot_bytes").is_some());
     ensure!(sample(&after, "leasehold_raft_snapshot_age_seconds").is_some_and(|age| age >= 0.0));

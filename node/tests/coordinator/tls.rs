@@ -408,7 +408,10 @@ async fn a_region_leases_only_for_itself() -> Result<()> {
         matches!(&answers[0], Err(e) if e.code() == Code::PermissionDenied),
         "{answers:?}"
     );
-    ensure!(matches!(&answers[1], Ok(grant) if grant.granted == 3), "{answers:?}");
+    ensure!(
+        matches!(&answers[1], Ok(grant) if grant.granted == 3),
+        "{answers:?}"
+    );
     let window = cluster.client_as(&operator())?.get_window("tls/k").await?;
     ensure!(
         window.granted == 8,

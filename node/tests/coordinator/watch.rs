@@ -9,10 +9,10 @@
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
+use leasehold_proto::refusal::{reason_of, Reason};
 use leasehold_proto::v1 as pb;
 use leasehold_proto::v1::monitor_client::MonitorClient;
 use leasehold_proto::v1::watch_request::Target;
-use leasehold_proto::refusal::{reason_of, Reason};
 use tonic::transport::Channel;
 use tonic::{Code, Streaming};
 
