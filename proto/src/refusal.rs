@@ -194,21 +194,6 @@ pub fn detail(status: &Status, name: &str) -> Option<String> {
         .flatten()
 }
 
-/// `status` again with `reason`'s `ErrorInfo` and code, keeping its message
-/// and metadata: for passing on a refusal from another server (an escrow
-/// node relaying the coordinator's) or giving one a reason after the fact.
-pub fn with_reason(status: &Status, reason: Reason) -> Status {
-    let mut refused = refusal(reason, status.message());
-    for entry in status.metadata().iter() {
-        if let tonic::metadata::KeyAndValueRef::Ascii(name, value) = entry {
-            if name.as_str() != crate::REASON_METADATA {
-                refused.metadata_mut().insert(name.clone(), value.clone());
-            }
-        }
-    }
-    refused
-}
-
 /// The refusal of one item of a batch (`ItemRefusal`) carrying what
 /// `status` carries: code, reason, message and `ErrorInfo` metadata.
 pub fn item_refusal(status: &Status) -> crate::v1::ItemRefusal {
@@ -305,25 +290,6 @@ mod tests {
         );
         assert_eq!(reason_of(&foreign), None);
         assert_eq!(detail(&foreign, KEY), None);
-    }
-
-    #[test]
-    fn a_relayed_refusal_keeps_its_message_and_hint_metadata() {
-        let mut upstream = Status::failed_precondition("not the leader");
-        upstream.metadata_mut().insert(
-            crate::LEADER_ADDR_METADATA,
-            MetadataValue::from_static("m2:7000"),
-        );
-        let relayed = with_reason(&upstream, Reason::NotLeader);
-        assert_eq!(relayed.message(), "not the leader");
-        assert_eq!(reason_of(&relayed), Some(Reason::NotLeader));
-        assert_eq!(
-            relayed
-                .metadata()
-                .get(crate::LEADER_ADDR_METADATA)
-                .and_then(|v| v.to_str().ok()),
-            Some("m2:7000")
-        );
     }
 
     /// The proto is the contract for other languages: its table of reasons

@@ -6,7 +6,7 @@
 use leasehold_client::coordinator::CoordinatorError;
 use leasehold_core::fair_throttle::CallerId;
 use leasehold_core::principal::Principal;
-use leasehold_proto::refusal::{invalid_field, refusal, refusal_with, Reason, KEY};
+use leasehold_proto::refusal::{refusal, refusal_with, Reason, KEY};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -126,7 +126,11 @@ fn relayed(key: &str, error: &CoordinatorError) -> Status {
         CoordinatorError::NotFound(message) => {
             refusal_with(Reason::NoPolicy, message.clone(), [(KEY, key.to_string())])
         }
-        CoordinatorError::InvalidArgument(message) => invalid_field("key", message.clone()),
+        // The coordinator's message names what it refused; this node does
+        // not guess which field of its own request that was.
+        CoordinatorError::InvalidArgument(message) => {
+            refusal(Reason::InvalidField, message.clone())
+        }
         CoordinatorError::FailedPrecondition { reason, message } => {
             refusal(reason.unwrap_or(Reason::WrongKeyKind), message.clone())
         }

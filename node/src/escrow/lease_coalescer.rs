@@ -158,13 +158,7 @@ async fn call(
 ) {
     stats.items_per_call.record(batch.len() as u64);
     if batch.len() == 1 || batch_unsupported.load(Ordering::Relaxed) {
-        for pending in batch {
-            stats.calls.fetch_add(1, Ordering::Relaxed);
-            let item = &pending.item;
-            let answer = client.lease(&item.key, &item.region, item.tokens).await;
-            let _ = pending.reply.send(answer);
-        }
-        return;
+        return lease_one_by_one(client, batch, stats).await;
     }
     stats.calls.fetch_add(1, Ordering::Relaxed);
     let items: Vec<LeaseItem> = batch.iter().map(|pending| pending.item.clone()).collect();
@@ -182,18 +176,23 @@ async fn call(
                 "the coordinator does not serve LeaseBatch (an older member?): refilling key by key"
             );
             batch_unsupported.store(true, Ordering::Relaxed);
-            for pending in batch {
-                stats.calls.fetch_add(1, Ordering::Relaxed);
-                let item = &pending.item;
-                let answer = client.lease(&item.key, &item.region, item.tokens).await;
-                let _ = pending.reply.send(answer);
-            }
+            lease_one_by_one(client, batch, stats).await;
         }
         Err(whole_call) => {
             for pending in batch {
                 let _ = pending.reply.send(Err(whole_call.clone()));
             }
         }
+    }
+}
+
+/// Answers each request with a plain `Lease` of its own.
+async fn lease_one_by_one(client: &CoordinatorClient, batch: Vec<Pending>, stats: &CoalescerStats) {
+    for pending in batch {
+        stats.calls.fetch_add(1, Ordering::Relaxed);
+        let item = &pending.item;
+        let answer = client.lease(&item.key, &item.region, item.tokens).await;
+        let _ = pending.reply.send(answer);
     }
 }
 
