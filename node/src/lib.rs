@@ -29,7 +29,7 @@
 //! ```text
 //! pub async fn run_coordinator<I, IO, IE>(
 //!     config: NodeConfig,
-//!     stores: (LogStore, StateMachineStore),      // leasehold_raft_store::open_sled / open_with_engine
+//!     stores: (LogStore, StateMachineStore),      // leasehold_raft_store::open_data_dir / open_with_engine
 //!     incoming: I,                                 // Stream<Item = Result<IO, IE>>, IO: AsyncRead + AsyncWrite + Connected
 //!     dialer: Arc<dyn Dialer>,                     // leasehold_client::transport
 //!     clock: Arc<dyn WallClock>,                   // leasehold_client::transport

@@ -3,9 +3,11 @@
 //!
 //! # Layout
 //! - [`types`]: the openraft [`TypeConfig`] and aliases (`Raft`, `Entry`, ...).
-//! - [`engine`]: the narrow storage seam ([`StorageEngine`]) with its two
-//!   engines, [`SledEngine`] (production) and [`PowerLossEngine`] (simulated
-//!   power loss for chaos tests).
+//! - [`engine`]: the narrow storage seam ([`StorageEngine`]) with its
+//!   engines: [`SegmentEngine`] (production: append-only segment files, one
+//!   `fdatasync` per flush), [`SledEngine`] (earlier builds' store, read to
+//!   move it; kept as a second implementation of the seam) and
+//!   [`PowerLossEngine`] (simulated power loss for chaos tests).
 //! - [`codec`]: versioned postcard encoding of every persisted value.
 //! - [`log_store`]: [`LogStore`], the Raft log and vote.
 //! - [`state_machine`]: [`StateMachineStore`], the coordinator state machine
@@ -17,7 +19,7 @@
 //! # Use
 //! ```no_run
 //! # fn main() -> Result<(), leasehold_raft_store::StoreError> {
-//! let (log_store, state_machine) = leasehold_raft_store::open_sled("/var/lib/leasehold/raft")?;
+//! let (log_store, state_machine) = leasehold_raft_store::open_data_dir("/var/lib/leasehold")?;
 //! let reader = state_machine.reader(); // keep for reads; move the stores into `Raft::new`
 //! # Ok(()) }
 //! ```
@@ -49,8 +51,8 @@ use std::sync::Arc;
 
 pub use codec::CodecError;
 pub use engine::{
-    EngineError, Keyspace, PowerLossDisk, PowerLossEngine, PowerLossOptions, SledEngine,
-    StorageEngine, WriteBatch,
+    EngineError, Keyspace, PowerLossDisk, PowerLossEngine, PowerLossOptions, SegmentEngine,
+    SegmentOptions, SegmentStats, SledEngine, StorageEngine, WriteBatch,
 };
 pub use error::StoreError;
 pub use log_store::LogStore;
@@ -62,6 +64,68 @@ pub use types::*;
 /// Opens (creating if needed) the Raft store in directory `path` on sled.
 pub fn open_sled(path: impl AsRef<Path>) -> Result<(LogStore, StateMachineStore), StoreError> {
     open_with_engine(SledEngine::open(path)?)
+}
+
+/// Opens (creating if needed) the Raft store in directory `path` on the
+/// append-only [`SegmentEngine`].
+pub fn open_segments(path: impl AsRef<Path>) -> Result<(LogStore, StateMachineStore), StoreError> {
+    open_with_engine(SegmentEngine::open(path)?)
+}
+
+/// Subdirectory of a member's data directory holding its Raft store.
+pub const STORE_DIR: &str = "store";
+/// Subdirectory where earlier builds kept the Raft store on sled; moved to
+/// [`STORE_DIR`] when found.
+pub const SLED_STORE_DIR: &str = "raft";
+
+/// Opens the Raft store of a member whose data directory is `data_dir`
+/// (created if needed), on the [`SegmentEngine`] in [`STORE_DIR`].
+///
+/// A store that earlier builds kept on sled (in [`SLED_STORE_DIR`]) is
+/// copied first, keyspace by keyspace, into a new segment store that is
+/// flushed and renamed into place before the sled directory is removed; a
+/// crash at any point leaves either the sled store or the complete new one,
+/// and the next open finishes the job.
+pub fn open_data_dir(
+    data_dir: impl AsRef<Path>,
+) -> Result<(LogStore, StateMachineStore), StoreError> {
+    let data_dir = data_dir.as_ref();
+    let (store, sled_store) = (data_dir.join(STORE_DIR), data_dir.join(SLED_STORE_DIR));
+    let io = |error: std::io::Error| StoreError::from(EngineError::Backend(Box::new(error)));
+    if !store.exists() && sled_store.exists() {
+        let moving = data_dir.join(format!("{STORE_DIR}.moving"));
+        if moving.exists() {
+            std::fs::remove_dir_all(&moving).map_err(io)?;
+        }
+        copy_engine(
+            &SledEngine::open(&sled_store)?,
+            &SegmentEngine::open(&moving)?,
+        )?;
+        std::fs::rename(&moving, &store).map_err(io)?;
+        std::fs::File::open(data_dir)
+            .and_then(|dir| dir.sync_all())
+            .map_err(io)?;
+        tracing::info!(from = %sled_store.display(), to = %store.display(), "moved the Raft store from sled to segment files");
+    }
+    if store.exists() && sled_store.exists() {
+        // The move finished (the new store is complete once renamed).
+        std::fs::remove_dir_all(&sled_store).map_err(io)?;
+    }
+    open_segments(&store)
+}
+
+/// Copies every key of every keyspace of `from` into `to` and flushes it.
+fn copy_engine(from: &dyn StorageEngine, to: &dyn StorageEngine) -> Result<(), StoreError> {
+    use std::ops::Bound::Unbounded;
+    for keyspace in Keyspace::ALL {
+        let mut batch = WriteBatch::new();
+        for (key, value) in from.range(keyspace, (Unbounded, Unbounded))? {
+            batch.insert(keyspace, key, value);
+        }
+        to.apply_batch(batch)?;
+    }
+    to.flush()?;
+    Ok(())
 }
 
 /// Opens the Raft store on any [`StorageEngine`] (e.g. a

@@ -1,9 +1,9 @@
-//! openraft's storage conformance suite, run against the store on both
-//! engines.
+//! openraft's storage conformance suite, run against the store on every
+//! engine.
 
 use leasehold_raft_store::{
-    open_sled, open_with_engine, LogStore, PowerLossDisk, StateMachineStore, StorageError,
-    TypeConfig,
+    open_segments, open_sled, open_with_engine, LogStore, PowerLossDisk, StateMachineStore,
+    StorageError, TypeConfig,
 };
 use openraft::testing::{StoreBuilder, Suite};
 use openraft::{AnyError, StorageIOError};
@@ -25,6 +25,20 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, tempfile::TempDir> fo
     }
 }
 
+/// Each store on a fresh segment directory, removed when the test drops it.
+struct OnSegments;
+
+impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, tempfile::TempDir> for OnSegments {
+    async fn build(
+        &self,
+    ) -> Result<(tempfile::TempDir, LogStore, StateMachineStore), StorageError> {
+        let dir = tempfile::tempdir().map_err(|e| storage_error(&e))?;
+        let (log_store, state_machine) =
+            open_segments(dir.path()).map_err(|e| storage_error(&e))?;
+        Ok((dir, log_store, state_machine))
+    }
+}
+
 /// Each store on a fresh simulated disk.
 struct OnPowerLossDisk;
 
@@ -34,6 +48,11 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachineStore> for OnPowerLossDisk {
         let (log_store, state_machine) = open_with_engine(engine).map_err(|e| storage_error(&e))?;
         Ok(((), log_store, state_machine))
     }
+}
+
+#[test]
+fn segment_store_passes_the_openraft_storage_suite() {
+    Suite::test_all(OnSegments).expect("storage suite on segments");
 }
 
 #[test]

@@ -1,18 +1,82 @@
-//! Everything acknowledged survives closing and reopening a sled directory.
+//! Everything acknowledged survives closing and reopening a directory, on
+//! both disk engines; a store of an earlier build on sled is moved to
+//! segment files with everything in it.
 
 mod support;
 
-use leasehold_raft_store::{open_sled, SnapshotEnvelope, Vote};
+use std::path::Path;
+
+use leasehold_raft_store::{
+    open_data_dir, open_segments, open_sled, LogStore, SnapshotEnvelope, StateMachineStore,
+    StoreError, Vote, SLED_STORE_DIR, STORE_DIR,
+};
 use openraft::storage::{RaftLogStorage, RaftLogStorageExt, RaftStateMachine};
 use openraft::{RaftLogReader, RaftSnapshotBuilder};
 use support::{entries, log_id};
 
+type Opener = fn(&Path) -> Result<(LogStore, StateMachineStore), StoreError>;
+
+const ENGINES: [(&str, Opener); 2] = [
+    ("segments", |p| open_segments(p)),
+    ("sled", |p| open_sled(p)),
+];
+
 #[tokio::test]
 async fn acknowledged_log_vote_and_snapshot_survive_reopening() -> anyhow::Result<()> {
+    for (name, open) in ENGINES {
+        println!("engine: {name}");
+        log_vote_and_snapshot_survive(open, open).await?;
+    }
+    Ok(())
+}
+
+/// A store on sled written by an earlier build is found in the data
+/// directory and moved; everything in it is there after the move.
+#[tokio::test]
+async fn a_store_on_sled_is_moved_to_segments_with_everything_in_it() -> anyhow::Result<()> {
+    fn earlier_build(data_dir: &Path) -> Result<(LogStore, StateMachineStore), StoreError> {
+        open_sled(data_dir.join(SLED_STORE_DIR))
+    }
+    fn this_build(data_dir: &Path) -> Result<(LogStore, StateMachineStore), StoreError> {
+        let opened = open_data_dir(data_dir)?;
+        assert!(data_dir.join(STORE_DIR).is_dir());
+        assert!(
+            !data_dir.join(SLED_STORE_DIR).exists(),
+            "the sled store is removed once moved"
+        );
+        Ok(opened)
+    }
+    log_vote_and_snapshot_survive(earlier_build, this_build).await
+}
+
+/// A move cut short (the new store not yet renamed into place) is done
+/// again from the sled store, which is still whole.
+#[tokio::test]
+async fn a_move_cut_short_is_done_again() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    {
+        let (mut log, _sm) = open_sled(dir.path().join(SLED_STORE_DIR))?;
+        log.blocking_append(entries(1, 5)).await?;
+    }
+    let moving = dir.path().join(format!("{STORE_DIR}.moving"));
+    {
+        // Half a move: a partial copy that never got renamed.
+        let (mut log, _sm) = open_segments(&moving)?;
+        log.blocking_append(entries(1, 2)).await?;
+    }
+    let (mut log, _sm) = open_data_dir(dir.path())?;
+    assert_eq!(log.try_get_log_entries(0..100).await?, entries(1, 5));
+    assert!(!moving.exists());
+    Ok(())
+}
+
+/// Writes log, vote, committed id and a snapshot through `write`, reopens
+/// the same directory through `reopen`, and checks everything is there.
+async fn log_vote_and_snapshot_survive(write: Opener, reopen: Opener) -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let vote = Vote::new_committed(1, 1);
     let state_at_8 = {
-        let (mut log, mut sm) = open_sled(dir.path())?;
+        let (mut log, mut sm) = write(dir.path())?;
         log.save_vote(&vote).await?;
         log.blocking_append(entries(1, 10)).await?;
         log.save_committed(Some(log_id(1, 8))).await?;
@@ -24,7 +88,7 @@ async fn acknowledged_log_vote_and_snapshot_survive_reopening() -> anyhow::Resul
         sm.read(|state| state.clone())
     };
 
-    let (mut log, mut sm) = open_sled(dir.path())?;
+    let (mut log, mut sm) = reopen(dir.path())?;
     assert_eq!(log.read_vote().await?, Some(vote));
     assert_eq!(log.read_committed().await?, Some(log_id(1, 8)));
     let log_state = log.get_log_state().await?;
@@ -53,14 +117,17 @@ async fn acknowledged_log_vote_and_snapshot_survive_reopening() -> anyhow::Resul
 
 #[tokio::test]
 async fn truncation_is_durable() -> anyhow::Result<()> {
-    let dir = tempfile::tempdir()?;
-    {
-        let (mut log, _sm) = open_sled(dir.path())?;
-        log.blocking_append(entries(1, 9)).await?;
-        log.truncate(log_id(1, 5)).await?;
+    for (name, open) in ENGINES {
+        println!("engine: {name}");
+        let dir = tempfile::tempdir()?;
+        {
+            let (mut log, _sm) = open(dir.path())?;
+            log.blocking_append(entries(1, 9)).await?;
+            log.truncate(log_id(1, 5)).await?;
+        }
+        let (mut log, _sm) = open(dir.path())?;
+        assert_eq!(log.get_log_state().await?.last_log_id, Some(log_id(1, 4)));
+        assert_eq!(log.try_get_log_entries(0..100).await?, entries(1, 4));
     }
-    let (mut log, _sm) = open_sled(dir.path())?;
-    assert_eq!(log.get_log_state().await?.last_log_id, Some(log_id(1, 4)));
-    assert_eq!(log.try_get_log_entries(0..100).await?, entries(1, 4));
     Ok(())
 }

@@ -68,7 +68,7 @@ use crate::tls::{
 const SERVER_KEEP_ALIVE: Duration = Duration::from_secs(2);
 
 /// The Raft log store and state machine of one member, as opened by
-/// `leasehold_raft_store::open_sled` or `open_with_engine`.
+/// `leasehold_raft_store::open_data_dir` or `open_with_engine`.
 pub type CoordinatorStores = (LogStore, StateMachineStore);
 
 /// Runs one coordinator member until `shutdown` resolves, then stops the
@@ -267,13 +267,14 @@ pub async fn serve(
     }
 }
 
-/// Opens the sled stores of `config.data_dir` (created if missing).
+/// Opens the Raft store of `config.data_dir` (created if missing; a store
+/// of an earlier build on sled is moved to segment files).
 pub fn open_stores(config: &NodeConfig) -> Result<CoordinatorStores, NodeError> {
     std::fs::create_dir_all(&config.data_dir).map_err(|source| NodeError::DataDir {
         path: config.data_dir.clone(),
         source,
     })?;
-    leasehold_raft_store::open_sled(config.data_dir.join("raft")).map_err(|e| NodeError::Storage {
+    leasehold_raft_store::open_data_dir(&config.data_dir).map_err(|e| NodeError::Storage {
         path: config.data_dir.clone(),
         message: e.to_string(),
     })

@@ -19,11 +19,13 @@
 //!   keyspaces never see each other's keys.
 
 mod power_loss;
+mod segment_engine;
 mod sled_engine;
 
 use std::ops::Bound;
 
 pub use power_loss::{PowerLossDisk, PowerLossEngine, PowerLossOptions};
+pub use segment_engine::{SegmentEngine, SegmentOptions, SegmentStats};
 pub use sled_engine::SledEngine;
 
 /// A named, separately ordered set of keys.
