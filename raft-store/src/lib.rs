@@ -55,21 +55,22 @@ pub use engine::{
     SegmentOptions, SegmentStats, SledEngine, StorageEngine, WriteBatch,
 };
 pub use error::StoreError;
-pub use log_store::LogStore;
+pub use log_store::{FlushMode, LogStore};
 pub use records::SnapshotEnvelope;
 pub use runtime::{seed_election_rng, unseed_election_rng, CoordinatorRuntime};
 pub use state_machine::{SnapshotStats, StateMachineStore, StateReader};
 pub use types::*;
 
-/// Opens (creating if needed) the Raft store in directory `path` on sled.
+/// Opens (creating if needed) the Raft store in directory `path` on sled
+/// (log appends flushed in the background).
 pub fn open_sled(path: impl AsRef<Path>) -> Result<(LogStore, StateMachineStore), StoreError> {
-    open_with_engine(SledEngine::open(path)?)
+    open_with(SledEngine::open(path)?, FlushMode::Background)
 }
 
 /// Opens (creating if needed) the Raft store in directory `path` on the
-/// append-only [`SegmentEngine`].
+/// append-only [`SegmentEngine`] (log appends flushed in the background).
 pub fn open_segments(path: impl AsRef<Path>) -> Result<(LogStore, StateMachineStore), StoreError> {
-    open_with_engine(SegmentEngine::open(path)?)
+    open_with(SegmentEngine::open(path)?, FlushMode::Background)
 }
 
 /// Subdirectory of a member's data directory holding its Raft store.
@@ -132,11 +133,22 @@ fn copy_engine(from: &dyn StorageEngine, to: &dyn StorageEngine) -> Result<(), S
 /// [`PowerLossEngine`] from [`PowerLossDisk::open_engine`] in simulations).
 /// Fails with a typed error if stored data has a format this build cannot
 /// read.
+///
+/// Log appends are flushed inline ([`FlushMode::Inline`]): no thread, so a
+/// simulation stays deterministic.
 pub fn open_with_engine(
     engine: impl StorageEngine,
 ) -> Result<(LogStore, StateMachineStore), StoreError> {
+    open_with(engine, FlushMode::Inline)
+}
+
+/// [`open_with_engine`] with the given [`FlushMode`].
+pub fn open_with(
+    engine: impl StorageEngine,
+    flush_mode: FlushMode,
+) -> Result<(LogStore, StateMachineStore), StoreError> {
     let engine: Arc<dyn StorageEngine> = Arc::new(engine);
-    let log_store = LogStore::open(engine.clone())?;
+    let log_store = LogStore::open(engine.clone(), flush_mode)?;
     let state_machine = StateMachineStore::open(engine)?;
     Ok((log_store, state_machine))
 }

@@ -6,8 +6,14 @@
 //! or, for appends, before the `LogFlushed` callback is called. The
 //! committed log id is a recovery hint and rides along with the next flush.
 //!
-//! Flushes are blocking calls made on the storage task; with sled each is
-//! one fsync, so batching proposals (group commit) is what keeps them cheap.
+//! Appends are written (not yet durable) before `append` returns; the flush
+//! is either made right there ([`FlushMode::Inline`], deterministic, for
+//! simulations) or by a flusher thread ([`FlushMode::Background`], on a
+//! real disk). In the background the Raft core does not wait for the disk:
+//! a leader sends the entries to its followers while its own flush runs, so
+//! the leader's and a follower's flush overlap instead of adding up, and
+//! appends that arrive during a flush share the next one. Callbacks are
+//! called in append order, each after a flush that began after its write.
 
 use std::fmt::Debug;
 use std::io;
@@ -24,6 +30,15 @@ use crate::records::{log_key, COMMITTED_KEY, LAST_PURGED_KEY, VOTE_KEY};
 use crate::types::{Entry, LogId, StorageError, TypeConfig, Vote};
 use leasehold_core::metrics::Histogram;
 
+/// Where appended entries are flushed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FlushMode {
+    /// In `append` itself, before it returns (deterministic: simulations).
+    Inline,
+    /// On a flusher thread; `append` returns once the entries are written.
+    Background,
+}
+
 /// The Raft log, vote and committed pointer of one coordinator member.
 /// Cloning shares the same storage (clones serve as log readers).
 #[derive(Clone)]
@@ -32,6 +47,47 @@ pub struct LogStore {
     /// How long each flush of the log to disk took (appends, votes,
     /// truncations), in microseconds.
     flush_latency: Arc<Histogram>,
+    /// The flusher thread ([`FlushMode::Background`]).
+    flusher: Option<Arc<Flusher>>,
+}
+
+/// The flusher thread and its queue. Dropped with the last clone of the
+/// store: the queue closes and the drop waits for the thread, so the
+/// engine is released (and can be opened again) when the store is gone.
+struct Flusher {
+    queue: Option<std::sync::mpsc::Sender<LogFlushed<TypeConfig>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Flusher {
+    fn drop(&mut self) {
+        drop(self.queue.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Flushes `engine` for every batch of waiting appends, then answers their
+/// callbacks in order.
+fn run_flusher(
+    engine: Arc<dyn StorageEngine>,
+    flush_latency: Arc<Histogram>,
+    waiting: std::sync::mpsc::Receiver<LogFlushed<TypeConfig>>,
+) {
+    while let Ok(first) = waiting.recv() {
+        let mut callbacks = vec![first];
+        callbacks.extend(waiting.try_iter());
+        let started = std::time::Instant::now();
+        let result = engine.flush();
+        flush_latency.record_duration(started.elapsed());
+        for callback in callbacks {
+            callback.log_io_completed(match &result {
+                Ok(()) => Ok(()),
+                Err(error) => Err(io::Error::other(error.to_string())),
+            });
+        }
+    }
 }
 
 impl Debug for LogStore {
@@ -59,10 +115,32 @@ fn as_slice_bound(bound: &Bound<[u8; 8]>) -> Bound<&[u8]> {
 impl LogStore {
     /// A log store over `engine`; checks that what is already stored can be
     /// read by this build (unknown format versions fail here, typed).
-    pub(crate) fn open(engine: Arc<dyn StorageEngine>) -> Result<Self, StoreError> {
+    pub(crate) fn open(
+        engine: Arc<dyn StorageEngine>,
+        flush_mode: FlushMode,
+    ) -> Result<Self, StoreError> {
+        let flush_latency = Arc::new(Histogram::latency());
+        let flusher = match flush_mode {
+            FlushMode::Inline => None,
+            FlushMode::Background => {
+                let (queue, waiting) = std::sync::mpsc::channel();
+                let (engine, flush_latency) = (engine.clone(), flush_latency.clone());
+                let thread = std::thread::Builder::new()
+                    .name("raft-log-flush".into())
+                    .spawn(move || run_flusher(engine, flush_latency, waiting))
+                    .map_err(|error| {
+                        StoreError::from(crate::engine::EngineError::Backend(Box::new(error)))
+                    })?;
+                Some(Arc::new(Flusher {
+                    queue: Some(queue),
+                    thread: Some(thread),
+                }))
+            }
+        };
         let store = Self {
             engine,
-            flush_latency: Arc::new(Histogram::latency()),
+            flush_latency,
+            flusher,
         };
         store.read_meta::<Vote>(VOTE_KEY)?;
         store.read_meta::<LogId>(COMMITTED_KEY)?;
@@ -132,13 +210,13 @@ impl LogStore {
         Ok(())
     }
 
-    fn append_durably(&self, entries: impl IntoIterator<Item = Entry>) -> Result<(), StoreError> {
+    /// Writes `entries` (readable at once, durable after the next flush).
+    fn write_entries(&self, entries: impl IntoIterator<Item = Entry>) -> Result<(), StoreError> {
         let mut batch = WriteBatch::new();
         for entry in entries {
             batch.insert(Keyspace::Log, log_key(entry.log_id.index), encode(&entry)?);
         }
         self.engine.apply_batch(batch)?;
-        self.flush()?;
         Ok(())
     }
 }
@@ -217,12 +295,27 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        match self.append_durably(entries) {
-            Ok(()) => {
+        let written = self.write_entries(entries);
+        let queue = self.flusher.as_ref().and_then(|f| f.queue.as_ref());
+        let result = match (written, queue) {
+            (Ok(()), Some(queue)) => match queue.send(callback) {
+                Ok(()) => return Ok(()),
+                Err(unsent) => {
+                    let error = StoreError::from(crate::engine::EngineError::Backend(
+                        "the log flusher thread has stopped".into(),
+                    ));
+                    (Err(error), unsent.0)
+                }
+            },
+            (Ok(()), None) => (self.flush(), callback),
+            (Err(error), _) => (Err(error), callback),
+        };
+        match result {
+            (Ok(()), callback) => {
                 callback.log_io_completed(Ok(()));
                 Ok(())
             }
-            Err(error) => {
+            (Err(error), callback) => {
                 callback.log_io_completed(Err(io::Error::other(error.to_string())));
                 Err(error.into_storage(ErrorSubject::Logs, ErrorVerb::Write))
             }

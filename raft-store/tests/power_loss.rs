@@ -7,7 +7,8 @@ mod support;
 use std::collections::BTreeMap;
 
 use leasehold_raft_store::{
-    open_with_engine, Entry, LogStore, PowerLossDisk, PowerLossOptions, StateMachineStore, Vote,
+    open_with, open_with_engine, Entry, FlushMode, LogStore, PowerLossDisk, PowerLossOptions,
+    StateMachineStore, Vote,
 };
 use openraft::storage::{RaftLogStorage, RaftLogStorageExt, RaftStateMachine};
 use openraft::{RaftLogReader, RaftSnapshotBuilder};
@@ -135,8 +136,11 @@ async fn assert_store_holds(log: &mut LogStore, acked: &Acknowledged) -> anyhow:
     Ok(())
 }
 
-async fn run(operations: Vec<Operation>) -> anyhow::Result<()> {
+async fn run(operations: Vec<Operation>, flush_mode: FlushMode) -> anyhow::Result<()> {
     let disk = PowerLossDisk::new();
+    let open = |disk: &PowerLossDisk| {
+        open_with(disk.open_engine(), flush_mode).expect("open the simulated disk")
+    };
     let (mut log, _sm) = open(&disk);
     let mut acked = Acknowledged::default();
     for operation in operations {
@@ -185,11 +189,15 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(128))]
 
     /// With a correct disk, nothing the log store acknowledged (append
-    /// callback fired, vote/truncate/purge returned) is lost by any crash.
+    /// callback fired, vote/truncate/purge returned) is lost by any crash,
+    /// whether appends are flushed inline or by the flusher thread.
     #[test]
-    fn no_acknowledged_write_is_lost_by_a_crash(operations in prop::collection::vec(operation(), 1..30)) {
+    fn no_acknowledged_write_is_lost_by_a_crash(
+        operations in prop::collection::vec(operation(), 1..30),
+        flush_mode in prop_oneof![Just(FlushMode::Inline), Just(FlushMode::Background)],
+    ) {
         let runtime = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
-        if let Err(error) = runtime.block_on(run(operations)) {
+        if let Err(error) = runtime.block_on(run(operations, flush_mode)) {
             return Err(TestCaseError::fail(format!("{error:#}")));
         }
     }

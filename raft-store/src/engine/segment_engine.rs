@@ -15,6 +15,8 @@
 //!   (`LHSEG` + format version), then records. A record is
 //!   `payload length: u32 LE | crc32 of payload: u32 LE | payload`; a payload
 //!   is one [`WriteBatch`], so a batch is applied whole or not at all.
+//! - `LOCK` — locked while an engine has the directory open (one engine
+//!   per directory, across processes).
 //! - `blob-NNNNNNNNNNNNNNNNNNNN.bin` — a value of at least
 //!   [`SegmentOptions::blob_min_bytes`] (a snapshot), written once; the record that inserts
 //!   it names it with its length and crc32.
@@ -278,6 +280,36 @@ fn parse_id(name: &str, prefix: &str, suffix: &str) -> Option<u64> {
         .ok()
 }
 
+/// How long [`SegmentEngine::open`] waits for another holder of the
+/// directory (a store being dropped in this process) to let go.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Locks `dir/LOCK` exclusively: one engine per directory, across processes.
+fn lock_directory(dir: &Path) -> Result<File, EngineError> {
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join("LOCK"))
+        .map_err(io_error)?;
+    let deadline = std::time::Instant::now() + LOCK_WAIT;
+    loop {
+        match file.try_lock() {
+            Ok(()) => return Ok(file),
+            Err(fs::TryLockError::WouldBlock) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            Err(fs::TryLockError::WouldBlock) => {
+                return Err(io_error(io::Error::new(
+                    io::ErrorKind::WouldBlock,
+                    format!("another process holds the Raft store in {}", dir.display()),
+                )))
+            }
+            Err(fs::TryLockError::Error(error)) => return Err(io_error(error)),
+        }
+    }
+}
+
 fn remove_if_present(path: &Path) -> Result<(), EngineError> {
     match fs::remove_file(path) {
         Err(error) if error.kind() != io::ErrorKind::NotFound => Err(io_error(error)),
@@ -290,6 +322,8 @@ fn sync_directory(dir: &Path) -> Result<(), EngineError> {
 }
 
 struct Inner {
+    /// The open `LOCK` file, locked exclusively while this engine lives.
+    _lock: File,
     options: SegmentOptions,
     dir: PathBuf,
     segment_id: u64,
@@ -348,6 +382,7 @@ impl SegmentEngine {
     pub fn open_with(dir: impl AsRef<Path>, options: SegmentOptions) -> Result<Self, EngineError> {
         let dir = dir.as_ref().to_path_buf();
         fs::create_dir_all(&dir).map_err(io_error)?;
+        let lock = lock_directory(&dir)?;
         let (mut segments, mut blobs) = (Vec::new(), Vec::new());
         for entry in fs::read_dir(&dir).map_err(io_error)? {
             let entry = entry.map_err(io_error)?;
@@ -378,6 +413,7 @@ impl SegmentEngine {
             .open(&path)
             .map_err(io_error)?;
         let mut inner = Inner {
+            _lock: lock,
             options,
             dir: dir.clone(),
             segment_id,

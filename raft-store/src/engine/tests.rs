@@ -470,3 +470,36 @@ fn a_segment_of_an_unknown_format_is_refused() {
     let error = SegmentEngine::open(dir.path()).expect_err("an unknown format version is refused");
     assert!(error.to_string().contains("header"), "{error}");
 }
+
+#[test]
+fn one_engine_at_a_time_holds_a_directory() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let first = SegmentEngine::open(dir.path()).expect("open");
+    first
+        .insert(Keyspace::LogMeta, b"vote", vec![1])
+        .expect("insert");
+    first.flush().expect("flush");
+    let path = dir.path().to_path_buf();
+    let opened_at = std::sync::Arc::new(std::sync::Mutex::new(None));
+    let second = {
+        let opened_at = opened_at.clone();
+        std::thread::spawn(move || {
+            let engine = SegmentEngine::open(&path).expect("opens once the first lets go");
+            *opened_at.lock().expect("lock") = Some(std::time::Instant::now());
+            engine
+        })
+    };
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    assert!(
+        opened_at.lock().expect("lock").is_none(),
+        "the second open waits"
+    );
+    let released = std::time::Instant::now();
+    drop(first);
+    let second = second.join().expect("second open");
+    assert!(opened_at.lock().expect("lock").expect("opened") >= released);
+    assert_eq!(
+        second.get(Keyspace::LogMeta, b"vote").expect("get"),
+        Some(vec![1])
+    );
+}
