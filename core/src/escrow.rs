@@ -27,6 +27,17 @@
 //!   fixed batch or the online EOQ learner; the escrow feeds it the tokens it
 //!   served in each window when it first serves from a newer one (windows in
 //!   which nothing was served are not observed).
+//! - Per-window warm start (learning sizers only): the first lease of a
+//!   window that directly follows one this escrow held credits for asks for
+//!   at least what the region kept of that window (served minus taken
+//!   back), capped by the sizer's largest size — steady demand is leased in
+//!   one call per window instead of a ramp of batches.
+//! - Exhausted windows: a grant of fewer tokens than asked (0 included)
+//!   means the window had no more left (a counter grant is
+//!   `min(asked, what is left)`); the escrow does not ask again before that
+//!   window's deadline — no coordinator call just to hear "nothing left".
+//!   Credits another region hands back later in that window go to regions
+//!   still asking; this one asks again in the next window.
 //!
 //! - Fair throttle (optional, per key): [`EscrowFairGate`] runs before these
 //!   rules and can only turn an admission into a denial.
@@ -69,6 +80,18 @@ struct Held {
     taken_back: u64,
 }
 
+/// The last window this escrow held credits for, once its credits are gone:
+/// what the warm start of the next window reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ClosedWindow {
+    /// Local deadline of its credits.
+    deadline_ms: u64,
+    /// Its length.
+    window_ms: u64,
+    /// Served minus taken back.
+    kept: u64,
+}
+
 /// One region's escrow of one key.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RegionEscrow {
@@ -79,6 +102,10 @@ pub struct RegionEscrow {
     next_lease_id: u64,
     /// (window start, tokens served in it) for the sizer.
     served_window: Option<(u64, u64)>,
+    /// The window whose credits were held last, for the warm start.
+    closed: Option<ClosedWindow>,
+    /// Local deadline of a window the coordinator said is exhausted.
+    exhausted_until_ms: Option<u64>,
     counters: EscrowCounters,
 }
 
@@ -102,6 +129,8 @@ impl RegionEscrow {
             in_flight: None,
             next_lease_id: 0,
             served_window: None,
+            closed: None,
+            exhausted_until_ms: None,
             counters: EscrowCounters::default(),
         }
     }
@@ -168,8 +197,33 @@ impl RegionEscrow {
         if let Some(h) = self.held {
             if now_ms >= h.deadline_ms {
                 self.counters.tokens_expired += h.balance;
+                self.close(h);
                 self.held = None;
             }
+        }
+    }
+
+    /// Remembers `h`'s window for the next window's warm start.
+    fn close(&mut self, h: Held) {
+        self.closed = Some(ClosedWindow {
+            deadline_ms: h.deadline_ms,
+            window_ms: h.window_end_ms.saturating_sub(h.window_start_ms),
+            kept: h.served.saturating_sub(h.taken_back),
+        });
+    }
+
+    /// Tokens the first lease of a new window should ask for at least: what
+    /// the region kept of the window just before (0 while credits are held,
+    /// when the last window is not the one just before, or when the sizer
+    /// does not learn).
+    fn warm_start(&self, now_ms: u64) -> u64 {
+        match (self.held, self.closed) {
+            (None, Some(closed))
+                if now_ms < closed.deadline_ms.saturating_add(closed.window_ms) =>
+            {
+                self.sizer.warm_start(closed.kept)
+            }
+            _ => 0,
         }
     }
 
@@ -224,13 +278,19 @@ impl RegionEscrow {
         if self.in_flight.is_some() {
             return None;
         }
+        match self.exhausted_until_ms {
+            Some(until) if now_ms < until => return None,
+            Some(_) => self.exhausted_until_ms = None,
+            None => {}
+        }
         if !self.outage.may_call(now_ms) {
             return None;
         }
+        self.expire(now_ms);
         self.next_lease_id += 1;
         let ticket = LeaseTicket {
             id: self.next_lease_id,
-            tokens: want.max(self.sizer.size()),
+            tokens: want.max(self.sizer.size()).max(self.warm_start(now_ms)),
             sent_at_ms: now_ms,
         };
         self.in_flight = Some(ticket);
@@ -272,8 +332,8 @@ impl RegionEscrow {
         grant: CoordinatorGrant,
         now_ms: u64,
     ) -> Option<Reconcile> {
-        let sent_at_ms = match self.in_flight {
-            Some(ticket) if ticket.id == lease_id => ticket.sent_at_ms,
+        let (sent_at_ms, asked) = match self.in_flight {
+            Some(ticket) if ticket.id == lease_id => (ticket.sent_at_ms, ticket.tokens),
             _ => {
                 self.counters.unexpected_grants += 1;
                 self.counters.tokens_not_credited += grant.granted;
@@ -283,10 +343,13 @@ impl RegionEscrow {
         self.in_flight = None;
         self.outage.on_answer();
         self.expire(now_ms);
+        let deadline_ms = sent_at_ms.saturating_add(grant.remaining_lifetime_ms);
+        if grant.granted < asked && now_ms < deadline_ms {
+            self.exhausted_until_ms = Some(deadline_ms);
+        }
         if grant.granted == 0 {
             return None;
         }
-        let deadline_ms = sent_at_ms.saturating_add(grant.remaining_lifetime_ms);
         let stale = self
             .held
             .is_some_and(|h| grant.window_start_ms < h.window_start_ms);
@@ -316,6 +379,7 @@ impl RegionEscrow {
                 self.counters.tokens_credited += grant.granted;
                 if let Some(old) = self.held {
                     self.counters.tokens_expired += old.balance;
+                    self.close(old);
                 }
                 self.held = Some(Held {
                     window_start_ms: grant.window_start_ms,
@@ -443,6 +507,9 @@ impl RegionEscrow {
 
     /// Milliseconds until the next probe may be sent (0 when it may now).
     pub fn retry_after_ms(&self, now_ms: u64) -> u64 {
+        if let Some(until) = self.exhausted_until_ms.filter(|until| now_ms < *until) {
+            return until - now_ms;
+        }
         self.outage.retry_after_ms(now_ms).unwrap_or_else(|| {
             self.held
                 .map_or(1, |h| h.deadline_ms.saturating_sub(now_ms).max(1))

@@ -156,6 +156,11 @@ impl PredictiveSizer {
         [w[0] / total, w[1] / total]
     }
 
+    /// The largest size it ever recommends.
+    pub fn max_size(&self) -> u64 {
+        self.eoq.max_size()
+    }
+
     /// The lease size to ask for now: the weighted geometric mean of the
     /// experts' sizes, an integer in `[min_size, max_size]`.
     pub fn size(&self) -> u64 {

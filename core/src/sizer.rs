@@ -128,6 +128,11 @@ impl EoqSizer {
         self.log_size = (self.log_size - delta).clamp(lo, hi);
     }
 
+    /// The largest size it ever recommends.
+    pub fn max_size(&self) -> u64 {
+        self.params.max_size
+    }
+
     /// The EOQ for a known demand: `sqrt(2·c·D/h)`.
     pub fn optimum(&self, demand: u64) -> f64 {
         (2.0 * self.params.order_cost * demand as f64 / self.params.strand_penalty).sqrt()
@@ -154,6 +159,18 @@ impl LeaseSizer {
             LeaseSizer::Fixed(batch) => (*batch).max(1),
             LeaseSizer::Eoq(sizer) => sizer.size(),
             LeaseSizer::Predictive(sizer) => sizer.size(),
+        }
+    }
+
+    /// The least the first lease of a window should ask for when the window
+    /// before it kept `last_window_demand` tokens: that demand, capped by
+    /// the learner's largest size; 0 for a fixed size (its batch is the
+    /// operator's choice).
+    pub fn warm_start(&self, last_window_demand: u64) -> u64 {
+        match self {
+            LeaseSizer::Fixed(_) => 0,
+            LeaseSizer::Eoq(sizer) => last_window_demand.min(sizer.max_size()),
+            LeaseSizer::Predictive(sizer) => last_window_demand.min(sizer.max_size()),
         }
     }
 

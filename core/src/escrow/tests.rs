@@ -46,7 +46,7 @@ fn a_late_grant_is_returned_to_its_own_window_not_credited_to_the_next() {
     assert_eq!(e.balance(150), 0);
     // A stale grant for an older window than the one held is not credited either.
     e.lease_to_send(1, 200);
-    e.on_grant(grant(5, 1_000, 900), 210);
+    e.on_grant(grant(10, 1_000, 900), 210);
     e.lease_to_send(1, 220);
     assert_eq!(
         e.on_grant(grant(7, 0, 900), 230),
@@ -55,7 +55,7 @@ fn a_late_grant_is_returned_to_its_own_window_not_credited_to_the_next() {
             leftover: 7
         })
     );
-    assert_eq!(e.balance(231), 5);
+    assert_eq!(e.balance(231), 10);
 }
 
 #[test]
@@ -126,4 +126,86 @@ fn shadow_credits_last_the_rest_of_the_local_window_and_are_not_returnable() {
         RegionEscrow::serve_shadow_at(1, 5, 0).remaining_lifetime_ms,
         1
     );
+}
+
+#[test]
+fn a_partial_grant_means_the_window_is_exhausted() {
+    let mut e = RegionEscrow::new(10, 50, OutagePolicy::FailClosed);
+    assert_eq!(e.lease_to_send(1, 0), Some(10));
+    e.on_grant(grant(4, 0, 1_000), 5);
+    e.serve(4, 6);
+    assert_eq!(e.lease_to_send(1, 7), None, "the window had only 4 left");
+    assert_eq!(e.retry_after_ms(7), 993);
+    // A full grant leaves the window open to more leases.
+    assert_eq!(e.lease_to_send(1, 1_000), Some(10));
+    e.on_grant(grant(10, 1_000, 1_000), 1_001);
+    e.serve(10, 1_002);
+    assert_eq!(e.lease_to_send(1, 1_003), Some(10));
+}
+
+#[test]
+fn an_exhausted_window_is_not_asked_again_before_its_deadline() {
+    let mut e = RegionEscrow::new(10, 50, OutagePolicy::FailClosed);
+    assert!(e.lease_to_send(1, 100).is_some());
+    // Nothing left in the window; its credits would have lived until 100 + 600.
+    assert_eq!(e.on_grant(grant(0, 0, 600), 110), None);
+    for now in [111, 300, 699] {
+        assert_eq!(e.lease_to_send(1, now), None, "asked again at {now}");
+        assert_eq!(e.retry_after_ms(now), 700 - now);
+    }
+    assert!(
+        e.lease_to_send(1, 700).is_some(),
+        "the next window is asked"
+    );
+    assert_eq!(e.counters().leases_sent, 2);
+}
+
+fn eoq_escrow() -> RegionEscrow {
+    let sizer = crate::sizer::EoqSizer::new(crate::sizer::EoqParams {
+        initial_size: 16,
+        max_size: 500,
+        ..Default::default()
+    })
+    .expect("valid parameters");
+    RegionEscrow::with_sizer(LeaseSizer::Eoq(sizer), 50, OutagePolicy::FailClosed)
+}
+
+#[test]
+fn a_learning_sizer_asks_the_next_window_for_what_the_last_one_kept() {
+    let mut e = eoq_escrow();
+    assert_eq!(e.lease_to_send(1, 0), Some(16));
+    e.on_grant(grant(300, 0, 1_000), 1);
+    let served: u64 = (0..90)
+        .filter_map(|_| e.serve(1, 10))
+        .map(|s| s.granted)
+        .sum();
+    assert_eq!(served, 90);
+    assert_eq!(e.take_back(10, 0, 20), 10);
+    // Still in the window: top-ups are sized by the learner alone.
+    e.serve(210, 30);
+    assert_eq!(e.lease_to_send(1, 40), Some(16));
+    e.on_grant(grant(0, 0, 960), 41);
+    // The next window (credits died at 1 000) starts with what this one
+    // kept: 90 + 210 served, 10 taken back.
+    assert_eq!(e.lease_to_send(1, 1_000), Some(290));
+}
+
+#[test]
+fn the_warm_start_is_capped_and_skips_windows_that_are_not_adjacent() {
+    let mut e = eoq_escrow();
+    e.lease_to_send(1, 0);
+    e.on_grant(grant(1_000, 0, 1_000), 1);
+    e.serve(1_000, 10);
+    // Capped by the learner's largest size.
+    assert_eq!(e.lease_to_send(1, 1_000), Some(500));
+    e.on_grant(grant(500, 1_000, 1_000), 1_001);
+    e.serve(400, 1_010);
+    // A window later than the next one: no warm start.
+    assert_eq!(e.lease_to_send(1, 3_500), Some(e.lease_size()));
+    // A fixed batch never warm-starts.
+    let mut fixed = RegionEscrow::new(10, 50, OutagePolicy::FailClosed);
+    fixed.lease_to_send(1, 0);
+    fixed.on_grant(grant(100, 0, 1_000), 1);
+    fixed.serve(100, 10);
+    assert_eq!(fixed.lease_to_send(1, 1_000), Some(10));
 }

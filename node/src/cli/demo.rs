@@ -133,6 +133,39 @@ async fn coordinator_calls(certs: &Path, addrs: &[String]) -> u64 {
     total
 }
 
+/// Reads the escrow nodes' coordinator calls once wall time reaches
+/// `at_ms` (the first measured window): what the phase spent before steady
+/// state (the first window of a new key has no history to size from).
+fn calls_at(certs: &Path, escrow: &[String], at_ms: u64) -> tokio::task::JoinHandle<u64> {
+    let (certs, escrow) = (certs.to_path_buf(), escrow.to_vec());
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(at_ms.saturating_sub(wall_ms()))).await;
+        coordinator_calls(&certs, &escrow).await
+    })
+}
+
+/// Prints the coordinator operations of a phase: over the whole phase, and
+/// at steady state (from the first measured window on, against what was
+/// admitted in the measured windows).
+fn print_operations(
+    calls_before: u64,
+    calls_at_first: u64,
+    calls_after: u64,
+    admitted_all: u64,
+    admitted_measured: u64,
+) {
+    let calls = calls_after - calls_before;
+    println!(
+        "coordinator operations: {calls} for {admitted_all} admissions = {:.1} per 1000 (measured windows: {admitted_measured} admitted)",
+        calls as f64 * 1000.0 / admitted_all.max(1) as f64
+    );
+    let steady = calls_after.saturating_sub(calls_at_first);
+    println!(
+        "coordinator operations at steady state: {steady} for {admitted_measured} admissions = {:.1} per 1000",
+        steady as f64 * 1000.0 / admitted_measured.max(1) as f64
+    );
+}
+
 /// Waits for the start of the next window, then `windows` more; returns the
 /// measured window starts.
 fn measured_windows(start_ms: u64, window_ms: u64, windows: u64) -> Vec<u64> {
@@ -152,6 +185,7 @@ async fn counter_phase(
     let windows = measured_windows(start, args.window_ms, args.windows);
     let until = windows.last().copied().unwrap_or(start) + args.window_ms;
     let calls_before = coordinator_calls(certs, escrow).await;
+    let calls_at_first = calls_at(certs, escrow, windows.first().copied().unwrap_or(start));
     // Skewed demand: eu is hot, us and ap nearly idle.
     let plan: [(usize, usize, u64); 3] = [(0, 4, 8), (1, 1, 33), (2, 1, 100)];
     let mut tasks = Vec::new();
@@ -175,7 +209,8 @@ async fn counter_phase(
     for task in tasks {
         let _ = task.await;
     }
-    let calls = coordinator_calls(certs, escrow).await - calls_before;
+    let calls_after = coordinator_calls(certs, escrow).await;
+    let calls_at_first = calls_at_first.await.unwrap_or(calls_before);
     let map = t.lock().unwrap_or_else(PoisonError::into_inner).clone();
     println!(
         "\n== {title}: key {key}, L = {} per {} ms, 3 regions, skewed demand ==",
@@ -226,9 +261,12 @@ async fn counter_phase(
         );
     }
     let admitted_all: u64 = map.values().map(|(_, a)| a).sum();
-    println!(
-        "coordinator operations: {calls} for {admitted_all} admissions = {:.1} per 1000 (measured windows: {admitted_total} admitted)",
-        calls as f64 * 1000.0 / admitted_all.max(1) as f64
+    print_operations(
+        calls_before,
+        calls_at_first,
+        calls_after,
+        admitted_all,
+        admitted_total,
     );
     Ok(())
 }
@@ -238,6 +276,8 @@ async fn fair_phase(certs: &Path, args: &DemoArgs, escrow: &[String]) -> Result<
     let start = wall_ms();
     let windows = measured_windows(start, args.window_ms, args.windows);
     let until = windows.last().copied().unwrap_or(start) + args.window_ms;
+    let calls_before = coordinator_calls(certs, escrow).await;
+    let calls_at_first = calls_at(certs, escrow, windows.first().copied().unwrap_or(start));
     // (region, tenant, weight declared in that region, global weight)
     // beta spans eu and ap with equal demand: its weight 2 is split 1 + 1.
     let tenants: [(usize, &str, u64); 4] = [
@@ -268,12 +308,15 @@ async fn fair_phase(certs: &Path, args: &DemoArgs, escrow: &[String]) -> Result<
     for task in tasks {
         let _ = task.await;
     }
+    let calls_after = coordinator_calls(certs, escrow).await;
+    let calls_at_first = calls_at_first.await.unwrap_or(calls_before);
     let map = t.lock().unwrap_or_else(PoisonError::into_inner).clone();
     println!("\n== fair key demo-fair/chat: L = {}, tenants alpha(w3, eu), beta(w2 split eu/ap), gamma(w2, us) ==", args.limit);
     println!(
         "{:<16} {:>9} {:>18} {:>18} {:>18} {:>10}",
         "window", "admitted", "alpha got/ideal", "beta got/ideal", "gamma got/ideal", "max dev"
     );
+    let mut admitted_measured = 0;
     for w in &windows {
         let got: Vec<(u64, u64)> = global
             .iter()
@@ -289,6 +332,7 @@ async fn fair_phase(certs: &Path, args: &DemoArgs, escrow: &[String]) -> Result<
             .collect();
         let ideal = water_fill(args.limit, &claims);
         let admitted: u64 = got.iter().map(|(_, a)| a).sum();
+        admitted_measured += admitted;
         let dev = got
             .iter()
             .zip(&ideal)
@@ -306,6 +350,14 @@ async fn fair_phase(certs: &Path, args: &DemoArgs, escrow: &[String]) -> Result<
             dev as f64 * 100.0 / args.limit as f64
         );
     }
+    let admitted_all: u64 = map.values().map(|(_, a)| a).sum();
+    print_operations(
+        calls_before,
+        calls_at_first,
+        calls_after,
+        admitted_all,
+        admitted_measured,
+    );
     Ok(())
 }
 

@@ -345,6 +345,12 @@ impl EscrowShared {
     /// Hands credits back to the coordinator (best effort: a failure only
     /// strands capacity, never over-admits).
     pub async fn reconcile(&self, key: &str, back: Reconcile) {
+        tracing::debug!(
+            key,
+            leftover = back.leftover,
+            window_start_ms = back.window_start_ms,
+            "reconciling"
+        );
         self.count_call();
         if let Err(e) = self
             .client

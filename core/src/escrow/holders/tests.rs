@@ -44,8 +44,14 @@ impl Desk {
 
     /// The coordinator grants `tokens` for the window containing `now`.
     fn grant(&mut self, tokens: u64, now: u64) -> u64 {
+        self.try_grant(tokens, now).expect("the escrow asks")
+    }
+
+    /// Like [`Desk::grant`], but `None` when the escrow does not ask (it
+    /// was told this window is exhausted).
+    fn try_grant(&mut self, tokens: u64, now: u64) -> Option<u64> {
         let start = now - now % WINDOW_MS;
-        let ticket = self.escrow.send_lease(1, now).expect("no lease in flight");
+        let ticket = self.escrow.send_lease(1, now)?;
         let grant = CoordinatorGrant {
             granted: tokens,
             window_start_ms: start,
@@ -53,7 +59,7 @@ impl Desk {
             remaining_lifetime_ms: start + WINDOW_MS - now,
         };
         self.escrow.on_grant_for(ticket.id, grant, now);
-        start
+        Some(start)
     }
 
     fn acquire(
@@ -350,8 +356,9 @@ proptest! {
         for op in ops {
             match op {
                 Op::Grant { tokens } => {
-                    let start = desk.grant(tokens, now);
-                    *granted.entry(start).or_default() += u128::from(tokens);
+                    if let Some(start) = desk.try_grant(tokens, now) {
+                        *granted.entry(start).or_default() += u128::from(tokens);
+                    }
                 }
                 Op::Acquire { who, seq, tokens } => {
                     let before = desk.escrow.counters().tokens_served;
