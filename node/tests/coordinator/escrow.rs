@@ -457,6 +457,16 @@ async fn fair_keys_share_the_limit_by_weight_across_regions() -> Result<()> {
     );
     let window = cluster.client()?.get_window("fair/k").await?;
     ensure!(window.granted <= LIMIT);
+    // The pool is asked for a batch beyond each need, and not again once a
+    // region is at its ceiling: far fewer calls than admissions (asking per
+    // admission took one call each, and one more per denial).
+    let calls = escrow_status(&mut us_rpc).await?.coordinator_calls
+        + escrow_status(&mut eu_rpc).await?.coordinator_calls;
+    ensure!(
+        calls * 4 <= big + small,
+        "{calls} coordinator calls for {} admissions",
+        big + small
+    );
     us.stop().await;
     eu.stop().await;
     Ok(())
