@@ -7,6 +7,7 @@
 #
 #   cargo build --release -p leasehold-node
 #   node/scripts/failover-bench.sh [ROUNDS]
+#   MEMBER_CONFIG=member.toml node/scripts/failover-bench.sh [ROUNDS]   # other Raft timing
 set -euo pipefail
 
 ROUNDS="${1:-3}"
@@ -27,7 +28,8 @@ trap cleanup EXIT
 
 addr() { echo "127.0.0.1:$((BASE_PORT + $1 - 1))"; }
 start() {
-  "$BIN" serve --insecure --id "$1" --listen "$(addr "$1")" --data-dir "$WORK/node-$1" 2>>"$WORK/node-$1.log" &
+  "$BIN" serve --insecure --id "$1" --listen "$(addr "$1")" --data-dir "$WORK/node-$1" \
+    ${MEMBER_CONFIG:+--config "$MEMBER_CONFIG"} 2>>"$WORK/node-$1.log" &
   PIDS[$1]=$!
 }
 
