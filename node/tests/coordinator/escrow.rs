@@ -336,7 +336,7 @@ async fn a_fair_key_falls_back_to_at_most_its_share_per_window() -> Result<()> {
         "the fallback share is 7 per window: {status:?}"
     );
     ensure!(
-        admitted >= 7 && admitted < 40,
+        (7..40).contains(&admitted),
         "the pool grant's rest plus the share of 7, then denials: {admitted}"
     );
     ensure!(status.outage_denials >= 1);

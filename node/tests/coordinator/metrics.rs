@@ -159,7 +159,7 @@ async fn an_escrow_node_exports_coordinator_calls_and_tokens_served() -> Result<
     ensure!(sample(&text, "leasehold_escrow_tokens_served_total") == Some(10.0));
     let calls = sample(&text, "leasehold_escrow_coordinator_calls_total").unwrap_or(0.0);
     ensure!(
-        calls >= 1.0 && calls < 5.0,
+        (1.0..5.0).contains(&calls),
         "refills are batched: {calls} calls for 5 acquires"
     );
     let round_trips =
