@@ -7,17 +7,30 @@
 //! asked at least once in the window):
 //!
 //! ```text
-//! g_j         = floor(W_j · L / ΣW)                (u128 product, guarantee of j)
+//! kept        = Σ granted_j over regions of weight 0   (retired: they reserve nothing more)
+//! g_j         = floor(W_j · (L − kept) / ΣW)       (u128 product, guarantee of j)
 //! others_hold = Σ_{j ≠ r} max(granted_j, g_j)
 //! ceiling     = max(granted_r, L − others_hold)    (saturating subtraction)
 //! granted_r   = min(want_total, ceiling)           (only if want_total > granted_r)
 //! ```
 //!
+//! **Retiring** (reclaim): a region that has gone idle hands back what it did
+//! not spend: its total drops to what it keeps (what it already spent) and its
+//! weight to 0 ([`retire`]). It then holds exactly what it kept and reserves
+//! no guarantee, so the regions still asking share `L − kept` by their
+//! weights. A retired region that asks again rejoins with its weight, from
+//! what it kept.
+//!
 //! Laws (each property-tested below):
-//! - **Safety:** `Σ_j granted_j ≤ L` after any sequence of grants.
-//! - **Monotonic:** a region's total never decreases within a window.
+//! - **Safety:** `Σ_j granted_j ≤ L` after any sequence of grants and
+//!   retirements.
+//! - **Monotonic:** a region's total never decreases within a window except
+//!   when it retires itself.
 //! - **Guarantee:** every other active region keeps at least `max(granted_j, g_j)`
 //!   reserved: a grant to `r` never eats into it.
+//! - **Reclaim:** when satisfied regions retire keeping their demand, the
+//!   regions still asking end within a few tokens of the flat weighted
+//!   water-fill of the live demand ([`crate::water_fill`]).
 //!
 //! [`next_grant`] is the pure arithmetic (used by the coordinator state
 //! machine, where the regions live inside a window record); [`RegionFairPool`]
@@ -58,8 +71,14 @@ where
     let others = others.into_iter();
     let total_weight: u128 =
         others.clone().map(|m| u128::from(m.weight)).sum::<u128>() + u128::from(asker.weight);
+    // What retired (weight-0) regions keep is out of the shared base.
+    let kept: u64 = others
+        .clone()
+        .filter(|m| m.weight == 0)
+        .fold(0u64, |sum, m| sum.saturating_add(m.granted));
+    let base = limit.saturating_sub(kept);
     let others_hold: u128 = others
-        .map(|m| u128::from(m.granted.max(guarantee(limit, m.weight, total_weight))))
+        .map(|m| u128::from(m.granted.max(guarantee(base, m.weight, total_weight))))
         .sum();
     let free = u128::from(limit).saturating_sub(others_hold);
     // free <= limit, so it fits in u64.
@@ -76,6 +95,24 @@ pub fn guarantee(limit: u64, weight: u64, total_weight: u128) -> u64 {
     let g = u128::from(weight) * u128::from(limit) / total_weight;
     // weight <= total_weight, so g <= limit.
     u64::try_from(g).unwrap_or(limit)
+}
+
+/// A region's retirement: its total drops from `from_total` to
+/// `keep_total` and its weight to 0, so it stops reserving a guarantee and
+/// the tokens it did not spend go back to the pool for this window.
+///
+/// Refused (`None`, nothing changes) when `from_total` is not the region's
+/// current total — the caller acted on a stale view (say, a grant whose
+/// answer it lost) and must learn its real total first — or when
+/// `keep_total > from_total` (a retirement never raises a total).
+pub fn retire(current: PoolMember, from_total: u64, keep_total: u64) -> Option<PoolMember> {
+    if from_total != current.granted || keep_total > from_total {
+        return None;
+    }
+    Some(PoolMember {
+        weight: 0,
+        granted: keep_total,
+    })
 }
 
 /// Why a pool call was refused.
@@ -166,6 +203,25 @@ impl RegionFairPool {
         self.regions
             .insert(region.clone(), PoolMember { weight, granted });
         Ok(granted)
+    }
+
+    /// Retires `region` in the window containing `now_ms`, keeping
+    /// `keep_total` of its `from_total` ([`retire`]); returns the tokens
+    /// handed back, `None` when refused (stale `from_total`, or a keep above it).
+    pub fn retire(
+        &mut self,
+        region: &RegionId,
+        from_total: u64,
+        keep_total: u64,
+        now_ms: u64,
+    ) -> Option<u64> {
+        self.roll(now_ms);
+        let current = self.regions.get(region).copied().unwrap_or_default();
+        let retired = retire(current, from_total, keep_total)?;
+        if self.regions.contains_key(region) {
+            self.regions.insert(region.clone(), retired);
+        }
+        Some(from_total - keep_total)
     }
 
     /// Drops `region` from the active set of the window containing `now_ms`;
@@ -299,6 +355,89 @@ mod tests {
                 last.insert(r, now);
                 prop_assert!(pool.stats().total_granted <= limit);
             }
+        }
+
+        /// Grants and retirements in any order: Σ granted ≤ L, a grant never
+        /// lowers a total, a retirement lowers it to exactly what is kept.
+        #[test]
+        fn retiring_keeps_the_pool_safe(
+            limit in 1u64..500,
+            calls in proptest::collection::vec(
+                (0usize..4, 1u64..10, 0u64..600, any::<bool>(), 0u64..100), 1..80),
+        ) {
+            let names = ["a", "b", "c", "d"];
+            let mut pool = RegionFairPool::new(limit, 1000).unwrap();
+            for (r, weight, want, retire_it, keep_pct) in calls {
+                let id = region(names[r]);
+                let before = pool.stats().regions.iter()
+                    .find(|(name, _)| *name == id).map_or(0, |(_, m)| m.granted);
+                if retire_it {
+                    let keep = before * keep_pct / 100;
+                    // A stale view is refused and changes nothing.
+                    prop_assert_eq!(pool.retire(&id, before + 1, keep, 0), None);
+                    prop_assert_eq!(pool.retire(&id, before, keep, 0), Some(before - keep));
+                    let member = pool.stats().regions.iter()
+                        .find(|(name, _)| *name == id).map(|(_, m)| *m);
+                    if let Some(member) = member {
+                        prop_assert_eq!(member, PoolMember { weight: 0, granted: keep });
+                    }
+                } else {
+                    let now = pool.grant(&id, weight, want, 0).unwrap();
+                    prop_assert!(now >= before);
+                    prop_assert!(now <= want.max(before));
+                }
+                prop_assert!(pool.stats().total_granted <= limit);
+            }
+        }
+
+        /// Every region joins, then asks for its demand round after round;
+        /// a region whose demand is met retires keeping it. The regions end
+        /// within a few tokens of the flat weighted water-fill of the
+        /// demand: what the satisfied regions did not need went to the
+        /// others by weight.
+        #[test]
+        fn retiring_satisfied_regions_reaches_the_water_fill(
+            limit in 1u64..2000,
+            regions in proptest::collection::vec((1u64..10, 0u64..1500), 2..6),
+        ) {
+            let names: Vec<RegionId> =
+                (0..regions.len()).map(|i| region(&format!("r{i}"))).collect();
+            let mut pool = RegionFairPool::new(limit, 1000).unwrap();
+            for (i, (weight, _)) in regions.iter().enumerate() {
+                pool.grant(&names[i], *weight, 0, 0).unwrap();
+            }
+            let mut granted = vec![0u64; regions.len()];
+            let mut retired = vec![false; regions.len()];
+            for _round in 0..4 * regions.len() + 4 {
+                for (i, (weight, demand)) in regions.iter().enumerate() {
+                    if !retired[i] {
+                        granted[i] = pool.grant(&names[i], *weight, *demand, 0).unwrap();
+                    }
+                }
+                for (i, (_, demand)) in regions.iter().enumerate() {
+                    if !retired[i] && granted[i] >= *demand {
+                        prop_assert_eq!(pool.retire(&names[i], granted[i], *demand, 0), Some(0));
+                        retired[i] = true;
+                    }
+                }
+            }
+            let claims: Vec<crate::water_fill::Claim> = regions
+                .iter()
+                .map(|(weight, demand)| crate::water_fill::Claim { weight: *weight, demand: *demand })
+                .collect();
+            let ideal = crate::water_fill::water_fill(limit, &claims);
+            let total: u64 = granted.iter().sum();
+            prop_assert!(total <= limit);
+            let slack = regions.len() as u64 + 1;
+            for i in 0..regions.len() {
+                prop_assert!(
+                    granted[i].abs_diff(ideal[i]) <= slack,
+                    "region {} got {} vs water-fill {} (limit {}, {:?})",
+                    i, granted[i], ideal[i], limit, regions
+                );
+            }
+            let demand: u64 = regions.iter().map(|(_, d)| d).sum();
+            prop_assert!(total + slack >= demand.min(limit));
         }
 
         /// A region asking alone first gets min(want, L); a region whose

@@ -171,6 +171,22 @@ impl WeightedFairEscrow {
         self.budget = self.budget.max(total.min(self.limit));
     }
 
+    /// What the region holds of its pool grant and has not admitted.
+    pub fn unspent(&self) -> u64 {
+        self.budget.saturating_sub(self.total_used())
+    }
+
+    /// The region retired from the pool in `window` keeping `keep_total`
+    /// (a `PoolRelease`): the budget drops to it, never below what was
+    /// already admitted and never above the budget. Another window's
+    /// retirement changes nothing. A later grant raises the budget again.
+    pub fn retire(&mut self, window: WindowBounds, keep_total: u64) {
+        if self.window != Some(window) {
+            return;
+        }
+        self.budget = keep_total.max(self.total_used()).min(self.budget);
+    }
+
     /// The current window, if any request was decided yet.
     pub fn window(&self) -> Option<WindowBounds> {
         self.window

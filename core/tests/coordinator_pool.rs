@@ -1,10 +1,13 @@
-//! `PoolGrant` through `apply`: the reference golden vector, validation, and
-//! the effective limit after a limit change.
+//! `PoolGrant` and `PoolRelease` through `apply`: the reference golden
+//! vector, validation, the effective limit after a limit change, and reclaim.
 
 mod coordinator_support;
 
 use coordinator_support::*;
-use leasehold_core::coordinator::{CommandError, CoordinatorState, Outcome, PoolGrantOutcome};
+use leasehold_core::coordinator::{
+    Command, CommandError, CoordinatorState, Outcome, PoolGrantOutcome, PoolReleaseDisposition,
+    PoolReleaseOutcome,
+};
 use leasehold_core::fair_pool::RegionFairPool;
 
 const T0: u64 = 1_699_999_980_000;
@@ -151,4 +154,71 @@ mod properties {
             }
         }
     }
+}
+
+fn release(k: &str, r: &str, from_total: u64, keep_total: u64, window_start_ms: u64) -> Command {
+    Command::PoolRelease {
+        key: key(k),
+        region: region(r),
+        from_total,
+        keep_total,
+        window_start_ms,
+        request_id: None,
+        caller: leasehold_core::principal::Principal::Anonymous,
+    }
+}
+
+fn released(outcome: &Outcome) -> PoolReleaseOutcome {
+    match outcome {
+        Outcome::PoolRelease(release) => *release,
+        other => panic!("expected a pool release, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_retired_region_frees_its_reserve_for_the_others() {
+    let mut s = CoordinatorState::default();
+    run(&mut s, T0, fair("fed/", 100, 60_000));
+    let start = T0 - T0 % 60_000;
+    assert_eq!(total(&run(&mut s, T0, pool("fed/k", "eu", 1, 1))), 1);
+    assert_eq!(total(&run(&mut s, T0, pool("fed/k", "us", 3, 100))), 75);
+    assert_eq!(total(&run(&mut s, T0, pool("fed/k", "eu", 1, 100))), 25);
+    // A stale view changes nothing and tells the real total.
+    let stale = released(&run(&mut s, T0, release("fed/k", "us", 70, 30, start)));
+    assert_eq!(stale.disposition, PoolReleaseDisposition::StaleTotal);
+    assert_eq!((stale.released, stale.granted_total), (0, 75));
+    // Another window's release changes nothing.
+    let ended = released(&run(&mut s, T0, release("fed/k", "us", 75, 30, start - 60_000)));
+    assert_eq!(ended.disposition, PoolReleaseDisposition::WindowEnded);
+    assert_eq!(total(&run(&mut s, T0, pool("fed/k", "eu", 1, 100))), 25);
+    // us goes idle having spent 30: the 45 it did not spend go to eu.
+    let freed = released(&run(&mut s, T0, release("fed/k", "us", 75, 30, start)));
+    assert_eq!(freed.disposition, PoolReleaseDisposition::Released);
+    assert_eq!((freed.released, freed.granted_total), (45, 30));
+    assert_eq!(total(&run(&mut s, T0, pool("fed/k", "eu", 1, 100))), 70);
+    // us comes back: it rejoins from what it kept; nothing is left.
+    assert_eq!(total(&run(&mut s, T0, pool("fed/k", "us", 3, 100))), 30);
+    let view = s.window_view(&key("fed/k"), T0).expect("policy exists");
+    assert_eq!(view.granted, 100);
+}
+
+#[test]
+fn release_validation() {
+    let mut s = CoordinatorState::default();
+    run(&mut s, 0, fair("f/", 10, 1_000));
+    run(&mut s, 0, counter("c/", 10, 1_000));
+    let before = s.clone();
+    assert!(matches!(
+        run(&mut s, 0, release("f/a", "us", 1, 2, 0)),
+        Outcome::Rejected(CommandError::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        run(&mut s, 0, release("c/a", "us", 0, 0, 0)),
+        Outcome::Rejected(CommandError::WrongKind(_))
+    ));
+    assert!(matches!(
+        run(&mut s, 0, release("x", "us", 0, 0, 0)),
+        Outcome::Rejected(CommandError::NoPolicy(_))
+    ));
+    assert_eq!(s, before, "refusals change nothing");
 }

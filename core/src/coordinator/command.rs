@@ -87,6 +87,28 @@ pub enum Command {
     },
     /// Advance the clock and collect dead windows and sessions; no other effect.
     Tick,
+    /// Region fair pool: the region retires from the current window, keeping
+    /// `keep_total` of its total and handing the rest back to the pool; it
+    /// stops reserving a guarantee until it asks again
+    /// ([`crate::fair_pool::retire`]). Applied only if `from_total` is the
+    /// region's current total and `window_start_ms` the live window.
+    /// (Last in the enum: the encoding of the earlier variants is unchanged.)
+    PoolRelease {
+        /// The budget (a `fair` policy).
+        key: Key,
+        /// The retiring region.
+        region: RegionId,
+        /// The region's total as the region knows it.
+        from_total: u64,
+        /// What it keeps (what it already handed out), ≤ `from_total`.
+        keep_total: u64,
+        /// The window the totals belong to.
+        window_start_ms: u64,
+        /// For exactly-once retries.
+        request_id: Option<RequestId>,
+        /// The authenticated caller: request ids are scoped to it.
+        caller: Principal,
+    },
 }
 
 /// What one command did.
@@ -112,6 +134,8 @@ pub enum Outcome {
     },
     /// The command was refused; the state did not change.
     Rejected(CommandError),
+    /// Result of [`Command::PoolRelease`] (last: earlier encodings unchanged).
+    PoolRelease(PoolReleaseOutcome),
 }
 
 /// A grant from the coordinator, with the window it is valid for.
@@ -163,6 +187,36 @@ pub struct PoolGrantOutcome {
     pub window_end_ms: u64,
     /// The state-machine clock when applied.
     pub coordinator_now_ms: u64,
+}
+
+/// What a [`Command::PoolRelease`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolReleaseOutcome {
+    /// Why the region's total is what it is now.
+    pub disposition: PoolReleaseDisposition,
+    /// Tokens handed back to the pool (0 unless `Released`).
+    pub released: u64,
+    /// The region's total in the live window after the command (its
+    /// current total when the release was refused as stale; 0 when the
+    /// window ended).
+    pub granted_total: u64,
+    /// Start of the key's live window (0 when there is none).
+    pub window_start_ms: u64,
+    /// End of that window (0 when there is none).
+    pub window_end_ms: u64,
+}
+
+/// Why a pool release did what it did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PoolReleaseDisposition {
+    /// The region now holds `keep_total` with weight 0.
+    Released,
+    /// `window_start_ms` is not the live window: nothing to release (what
+    /// the region held died with its window).
+    WindowEnded,
+    /// `from_total` is not the region's total: nothing changed; the answer
+    /// carries the real total.
+    StaleTotal,
 }
 
 /// Why a command was refused. Maps onto gRPC codes at the edge.
@@ -250,6 +304,21 @@ impl Command {
                 hash.text(prefix);
             }
             Command::Tick => hash.tag(6),
+            Command::PoolRelease {
+                key,
+                region,
+                from_total,
+                keep_total,
+                window_start_ms,
+                ..
+            } => {
+                hash.tag(7);
+                hash.text(key.as_str());
+                hash.text(region.as_str());
+                hash.number(*from_total);
+                hash.number(*keep_total);
+                hash.number(*window_start_ms);
+            }
         }
         hash.finish()
     }

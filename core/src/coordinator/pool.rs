@@ -16,11 +16,33 @@
 //! Refused without any state change: `region_weight == 0` (`InvalidArgument`),
 //! no governing policy (`NoPolicy`), a `counter` key (`WrongKind`), a new
 //! region beyond [`super::MAX_REGIONS_PER_WINDOW`] (`InvalidArgument`).
+//!
+//! `PoolRelease` (reclaim): the region's total drops from `from_total` to
+//! `keep_total` and its pool weight to 0 ([`crate::fair_pool::retire`]), in
+//! the live window only. Decision table, first matching row wins:
+//!
+//! | condition | outcome | state change |
+//! |---|---|---|
+//! | `keep_total > from_total` | `Rejected(InvalidArgument)` | none |
+//! | no governing policy | `Rejected(NoPolicy)` | none |
+//! | a `counter` key | `Rejected(WrongKind)` | none |
+//! | `window_start_ms` is not the live window's start | `WindowEnded` | none |
+//! | `from_total` ≠ the region's total | `StaleTotal` (with the real total) | none |
+//! | otherwise | `Released`, `from_total − keep_total` | total = keep, weight = 0 |
+//!
+//! (A region that credited lease grants back through `Reconcile` before a
+//! kind change keeps at least what it credited back.)
+//!
+//! A release never raises a total, so `Σ granted ≤ L` still holds; the
+//! tokens it frees go to the regions that ask next, by weighted max-min over
+//! `L −` what retired regions keep.
 
-use super::command::{CommandError, Outcome, PoolGrantOutcome};
+use super::command::{
+    CommandError, Outcome, PoolGrantOutcome, PoolReleaseDisposition, PoolReleaseOutcome,
+};
 use super::lease::MAX_REGIONS_PER_WINDOW;
 use super::state::CoordinatorState;
-use crate::fair_pool::{next_grant, PoolMember};
+use crate::fair_pool::{next_grant, retire, PoolMember};
 use crate::ids::{Key, RegionId};
 use crate::policy::PolicyKind;
 use crate::shadow;
@@ -87,5 +109,82 @@ impl CoordinatorState {
         let prefix = policy.prefix.clone();
         self.record_shadow(&prefix, verdict.would_deny);
         Outcome::PoolGrant(grant)
+    }
+
+    pub(super) fn pool_release(
+        &mut self,
+        key: &Key,
+        region: &RegionId,
+        from_total: u64,
+        keep_total: u64,
+        window_start_ms: u64,
+    ) -> Outcome {
+        if keep_total > from_total {
+            return Outcome::Rejected(CommandError::InvalidArgument(format!(
+                "keep_total {keep_total} exceeds from_total {from_total}"
+            )));
+        }
+        let Some(policy) = self.policies.lookup(key.as_str()) else {
+            return Outcome::Rejected(CommandError::NoPolicy(key.to_string()));
+        };
+        if policy.kind != PolicyKind::Fair {
+            return Outcome::Rejected(CommandError::WrongKind(
+                "key is counter: use Reconcile".to_string(),
+            ));
+        }
+        let now = self.now_ms;
+        let answer = |disposition, released, granted_total, start, end| {
+            Outcome::PoolRelease(PoolReleaseOutcome {
+                disposition,
+                released,
+                granted_total,
+                window_start_ms: start,
+                window_end_ms: end,
+            })
+        };
+        let Some(record) = self.windows.live_mut(key, now) else {
+            return answer(PoolReleaseDisposition::WindowEnded, 0, 0, 0, 0);
+        };
+        let (start, end) = (record.bounds.start_ms, record.bounds.end_ms);
+        if start != window_start_ms {
+            return answer(PoolReleaseDisposition::WindowEnded, 0, 0, start, end);
+        }
+        let (current, returned) = record.regions.get(region).map_or(
+            (PoolMember::default(), 0),
+            |used| {
+                (
+                    PoolMember {
+                        weight: used.pool_weight,
+                        granted: used.granted,
+                    },
+                    used.returned,
+                )
+            },
+        );
+        // Lease grants a region credited back before a kind change stay
+        // counted: a release never takes the total below them.
+        let keep_total = keep_total.max(returned).min(from_total);
+        let Some(retired) = retire(current, from_total, keep_total) else {
+            return answer(
+                PoolReleaseDisposition::StaleTotal,
+                0,
+                current.granted,
+                start,
+                end,
+            );
+        };
+        let released = from_total - keep_total;
+        if let Some(used) = record.regions.get_mut(region) {
+            used.pool_weight = retired.weight;
+            used.granted = retired.granted;
+            record.granted = record.granted.saturating_sub(released);
+        }
+        answer(
+            PoolReleaseDisposition::Released,
+            released,
+            retired.granted,
+            start,
+            end,
+        )
     }
 }

@@ -149,6 +149,17 @@ impl CoordinatorState {
             } => self.exactly_once(command, caller, request_id.as_ref(), |state| {
                 state.pool_grant(key, region, *region_weight, *want_total)
             }),
+            Command::PoolRelease {
+                key,
+                region,
+                from_total,
+                keep_total,
+                window_start_ms,
+                request_id,
+                caller,
+            } => self.exactly_once(command, caller, request_id.as_ref(), |state| {
+                state.pool_release(key, region, *from_total, *keep_total, *window_start_ms)
+            }),
         }
     }
 
@@ -186,6 +197,7 @@ impl CoordinatorState {
                 let window_end = match &outcome {
                     Outcome::Lease(grant) => grant.window_end_ms,
                     Outcome::PoolGrant(grant) => grant.window_end_ms,
+                    Outcome::PoolRelease(release) => release.window_end_ms,
                     _ => 0,
                 };
                 let retain_until =

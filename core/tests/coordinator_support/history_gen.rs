@@ -39,6 +39,16 @@ pub enum Gen {
         want: u64,
         client: Option<usize>,
     },
+    /// Retire from the pool: `from` is the model's view of the region's
+    /// total (plus `stale`), keeping `keep_pct` % of it.
+    Release {
+        key: usize,
+        region: usize,
+        stale: u64,
+        keep_pct: u64,
+        window: WindowPick,
+        client: Option<usize>,
+    },
     SetPolicy {
         prefix: usize,
         limit: u64,
@@ -70,11 +80,16 @@ fn gen_command() -> impl Strategy<Value = Gen> {
     prop_oneof![
         8 => (0..KEYS.len(), 0..REGIONS.len(), amount.clone(), client.clone())
             .prop_map(|(key, region, tokens, client)| Gen::Lease { key, region, tokens, client }),
-        5 => (0..KEYS.len(), 0..REGIONS.len(), amount, pick, client.clone()).prop_map(
+        5 => (0..KEYS.len(), 0..REGIONS.len(), amount, pick.clone(), client.clone()).prop_map(
             |(key, region, leftover, window, client)| Gen::Reconcile { key, region, leftover, window, client }
         ),
-        5 => (0..KEYS.len(), 0..REGIONS.len(), weight, 0u64..40, client)
+        5 => (0..KEYS.len(), 0..REGIONS.len(), weight, 0u64..40, client.clone())
             .prop_map(|(key, region, weight, want, client)| Gen::Pool { key, region, weight, want, client }),
+        3 => (0..KEYS.len(), 0..REGIONS.len(), prop_oneof![6 => Just(0u64), 1 => 1u64..3],
+              prop_oneof![1 => Just(101u64), 9 => 0u64..=100], pick, client)
+            .prop_map(|(key, region, stale, keep_pct, window, client)| Gen::Release {
+                key, region, stale, keep_pct, window, client,
+            }),
         2 => gen_policy(),
         1 => (0..PREFIXES.len()).prop_map(|prefix| Gen::DeletePolicy { prefix }),
         1 => Just(Gen::Tick),

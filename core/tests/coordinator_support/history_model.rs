@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use leasehold_core::coordinator::{
-    Command, CommandError, CoordinatorState, Outcome, ReconcileDisposition,
+    Command, CommandError, CoordinatorState, Outcome, PoolReleaseDisposition, ReconcileDisposition,
     MAX_RESPONSES_PER_SESSION, SESSION_MIN_RETAIN_MS,
 };
 use leasehold_core::ids::RequestId;
@@ -52,7 +52,8 @@ pub fn request_id_of(command: &Command) -> Option<&RequestId> {
     match command {
         Command::Lease { request_id, .. }
         | Command::Reconcile { request_id, .. }
-        | Command::PoolGrant { request_id, .. } => request_id.as_ref(),
+        | Command::PoolGrant { request_id, .. }
+        | Command::PoolRelease { request_id, .. } => request_id.as_ref(),
         _ => None,
     }
 }
@@ -116,6 +117,37 @@ impl Model {
                 request_id: self.fresh_id(*client),
                 caller: leasehold_core::principal::Principal::Anonymous,
             },
+            Gen::Release {
+                key: k,
+                region: r,
+                stale,
+                keep_pct,
+                window,
+                client,
+            } => {
+                let name = KEYS[*k];
+                let window_start_ms = match window {
+                    WindowPick::Latest => self.latest.get(name).map_or(0, |w| w.0),
+                    WindowPick::Previous => self.previous.get(name).copied().unwrap_or(0),
+                    WindowPick::AlignedBack(n) => (now - now % 500).saturating_sub(n * 500),
+                };
+                let held = self
+                    .windows
+                    .get(&(name.to_string(), window_start_ms))
+                    .and_then(|track| track.regions.get(REGIONS[*r]))
+                    .map_or(0, |used| used.0);
+                let from_total = held + stale;
+                Command::PoolRelease {
+                    key: key(name),
+                    region: region(REGIONS[*r]),
+                    from_total,
+                    // keep_pct 101 asks to keep more than the total: refused.
+                    keep_total: from_total * keep_pct / 100 + u64::from(*keep_pct > 100),
+                    window_start_ms,
+                    request_id: self.fresh_id(*client),
+                    caller: leasehold_core::principal::Principal::Anonymous,
+                }
+            }
             Gen::SetPolicy {
                 prefix,
                 limit,
@@ -308,6 +340,46 @@ impl Model {
                     prop_assert!(used.1 <= used.0, "region returned more than it was granted");
                 }
             }
+            (
+                Command::PoolRelease {
+                    key,
+                    region,
+                    from_total,
+                    keep_total,
+                    window_start_ms,
+                    ..
+                },
+                Outcome::PoolRelease(o),
+            ) => {
+                prop_assert!(keep_total <= from_total);
+                prop_assert_eq!(
+                    self.limit_of(key.as_str()).map(|p| p.kind),
+                    Some(PolicyKind::Fair)
+                );
+                let live = self.live(key.as_str(), now);
+                if live.map(|w| w.0) != Some(*window_start_ms) {
+                    prop_assert_eq!(o.disposition, PoolReleaseDisposition::WindowEnded);
+                    prop_assert_eq!(o.released, 0);
+                } else {
+                    let track = self
+                        .windows
+                        .get_mut(&(key.to_string(), *window_start_ms))
+                        .expect("a live window is tracked");
+                    let held = track.regions.entry(region.to_string()).or_default();
+                    if held.0 == *from_total {
+                        let keep = (*keep_total).max(held.1).min(*from_total);
+                        prop_assert_eq!(o.disposition, PoolReleaseDisposition::Released);
+                        prop_assert_eq!(o.released, from_total - keep);
+                        prop_assert_eq!(o.granted_total, keep);
+                        held.0 = keep;
+                        track.granted -= o.released;
+                    } else {
+                        prop_assert_eq!(o.disposition, PoolReleaseDisposition::StaleTotal);
+                        prop_assert_eq!(o.released, 0);
+                        prop_assert_eq!(o.granted_total, held.0);
+                    }
+                }
+            }
             (Command::SetPolicy(p), outcome) => {
                 let valid = p.validate().is_ok();
                 prop_assert_eq!(
@@ -343,6 +415,12 @@ impl Model {
             Command::PoolGrant {
                 key, region_weight, ..
             } => (key, *region_weight == 0, PolicyKind::Fair),
+            Command::PoolRelease {
+                key,
+                from_total,
+                keep_total,
+                ..
+            } => (key, keep_total > from_total, PolicyKind::Fair),
             Command::Reconcile { key, .. } => {
                 let kind = self.limit_of(key.as_str()).map(|p| p.kind);
                 prop_assert!(matches!(error, CommandError::WrongKind(_)), "{error:?}");
@@ -460,6 +538,7 @@ pub fn classify_retry(
     let window_end = match outcome {
         Outcome::Lease(g) => g.window_end_ms,
         Outcome::PoolGrant(p) => p.window_end_ms,
+        Outcome::PoolRelease(p) => p.window_end_ms,
         _ => 0,
     };
     session.retain_until = session
