@@ -28,8 +28,8 @@ use leasehold_proto::v1::admin_client::AdminClient as AdminRpc;
 use leasehold_proto::v1::coordinator_client::CoordinatorClient as CoordinatorRpc;
 use leasehold_proto::v1::{
     lease_item_result, GetWindowRequest, GetWindowResponse, LeaseBatchRequest, LeaseRequest,
-    LeaseResponse, PoolGrantRequest, PoolGrantResponse, ReconcileRequest, ReconcileResponse,
-    RequestId,
+    LeaseResponse, PoolGrantRequest, PoolGrantResponse, PoolReleaseRequest, PoolReleaseResponse,
+    ReconcileRequest, ReconcileResponse, RequestId,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -369,6 +369,36 @@ impl CoordinatorClient {
         self.call(Target::Leader, move |channel, timeout| {
             let request = with_timeout(request.clone(), timeout);
             async move { CoordinatorRpc::new(channel).pool_grant(request).await }
+        })
+        .await
+    }
+
+    /// Retires `region` from `key`'s pool in `window_start_ms`, keeping
+    /// `keep_total` of `from_total` (reclaim), under an explicit request id
+    /// (from [`next_request_id`](Self::next_request_id)): until the answer
+    /// comes, the caller spends at most `keep_total`, and it retries the
+    /// same id before any other pool call of the key (see the proto).
+    #[tracing::instrument(name = "leasehold.coordinator.pool_release", level = "debug", skip_all, fields(otel.kind = "client", key, region))]
+    pub async fn pool_release_with_id(
+        &self,
+        key: &str,
+        region: &str,
+        from_total: u64,
+        keep_total: u64,
+        window_start_ms: u64,
+        request_id: RequestId,
+    ) -> Result<PoolReleaseResponse, CoordinatorError> {
+        let request = PoolReleaseRequest {
+            key: key.to_string(),
+            region: region.to_string(),
+            from_total,
+            keep_total,
+            window_start_ms,
+            request_id: Some(request_id),
+        };
+        self.call(Target::Leader, move |channel, timeout| {
+            let request = with_timeout(request.clone(), timeout);
+            async move { CoordinatorRpc::new(channel).pool_release(request).await }
         })
         .await
     }

@@ -145,6 +145,12 @@ impl Coordinator for FakeCoordinatorNode {
     ) -> Result<Response<wire::PoolGrantResponse>, Status> {
         Err(Status::unimplemented("fake"))
     }
+    async fn pool_release(
+        &self,
+        _: Request<wire::PoolReleaseRequest>,
+    ) -> Result<Response<wire::PoolReleaseResponse>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
     async fn get_window(
         &self,
         _: Request<wire::GetWindowRequest>,

@@ -110,7 +110,7 @@ fn split_path(path: &str) -> Option<(&str, &str)> {
 /// | Admin `Status`, `ListPolicies` | `Operator`, `Region` |
 /// | Admin, everything else | `Operator` |
 /// | Coordinator `GetWindow` | `Operator`, `Region` |
-/// | Coordinator `Lease`, `Reconcile`, `PoolGrant` | `Region` (its own region: [`authorize_region`]) |
+/// | Coordinator `Lease`, `LeaseBatch`, `Reconcile`, `PoolGrant`, `PoolRelease` | `Region` (its own region: [`authorize_region`]) |
 /// | Monitor (`Watch`, read only) | `Operator`, `Member` |
 /// | Escrow `Status` | `Operator`, `Service` of the node's region |
 /// | Monitor on an escrow node | `Operator` |
@@ -167,7 +167,7 @@ pub fn authorize_call(
     }
 }
 
-/// May `caller` act for `region` (Lease, Reconcile, PoolGrant)? A `Region`
+/// May `caller` act for `region` (Lease, Reconcile, PoolGrant, PoolRelease)? A `Region`
 /// principal only for its own region; the anonymous caller of an insecure
 /// listener always; nobody else.
 pub fn authorize_region(caller: &Principal, region: &str) -> Result<(), Refusal> {
@@ -423,6 +423,10 @@ mod tests {
             ),
             (
                 "/leasehold.v1.Coordinator/PoolGrant",
+                [false, true, false, false],
+            ),
+            (
+                "/leasehold.v1.Coordinator/PoolRelease",
                 [false, true, false, false],
             ),
             (

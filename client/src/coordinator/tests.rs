@@ -102,6 +102,12 @@ impl Coordinator for FakeNode {
     ) -> Result<Response<PoolGrantResponse>, Status> {
         Err(Status::unimplemented("fake"))
     }
+    async fn pool_release(
+        &self,
+        _: Request<PoolReleaseRequest>,
+    ) -> Result<Response<PoolReleaseResponse>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
     async fn get_window(
         &self,
         _: Request<GetWindowRequest>,

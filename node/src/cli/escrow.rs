@@ -21,7 +21,8 @@ pub struct EscrowArgs {
     /// settings.
     #[arg(long, value_name = "FILE", conflicts_with_all = [
         "region", "listen", "coordinators", "batch", "sizer", "eoq", "max_keys",
-        "probe_interval_ms", "idle_evict_ms", "max_holders_per_key", "fair_throttle",
+        "probe_interval_ms", "idle_evict_ms", "pool_release_idle_ms", "shutdown_drain_ms",
+        "max_holders_per_key", "fair_throttle",
     ])]
     pub config: Option<std::path::PathBuf>,
     /// The region this node serves (1..=64 bytes).
@@ -61,6 +62,15 @@ pub struct EscrowArgs {
     /// Release a key's credits after it has been idle this long (ms).
     #[arg(long, default_value_t = 30_000)]
     pub idle_evict_ms: u64,
+    /// Reclaim: a `fair` key without requests for this long hands the
+    /// unspent part of its region's pool grant back while the window is
+    /// current, for busier regions to use (ms; 0: off).
+    #[arg(long, default_value_t = 1_000)]
+    pub pool_release_idle_ms: u64,
+    /// At shutdown, most time spent handing credits back (final reconciles
+    /// and pool releases) before stopping anyway (ms).
+    #[arg(long, default_value_t = 5_000)]
+    pub shutdown_drain_ms: u64,
     /// Most credit holders (caller, client id) per key; a new holder beyond
     /// it is refused until holders' windows end.
     #[arg(long, default_value_t = 4_096)]
@@ -137,6 +147,8 @@ impl EscrowArgs {
         config.max_keys = self.max_keys;
         config.probe_interval_ms = self.probe_interval_ms;
         config.idle_evict_ms = self.idle_evict_ms;
+        config.pool_release_idle_ms = self.pool_release_idle_ms;
+        config.shutdown_drain_ms = self.shutdown_drain_ms;
         config.holder_limits.max_holders = self.max_holders_per_key;
         config.metrics_listen = self.metrics_listen.clone();
         config.security = Some(

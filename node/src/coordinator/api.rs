@@ -114,6 +114,22 @@ impl CoordinatorApi {
         }
     }
 
+    async fn pool_release_call(
+        &self,
+        request: Request<pb::PoolReleaseRequest>,
+    ) -> Result<Response<pb::PoolReleaseResponse>, Status> {
+        self.require_region(&request, &request.get_ref().region)?;
+        let caller = caller(&request);
+        let command = convert::pool_release_command(request.into_inner(), caller)
+            .map_err(|e| self.invalid(e))?;
+        match self.write(command).await? {
+            Outcome::PoolRelease(outcome) => {
+                Ok(Response::new(convert::pool_release_response(&outcome)))
+            }
+            other => Err(unexpected(&other)),
+        }
+    }
+
     async fn get_window_call(
         &self,
         request: Request<pb::GetWindowRequest>,
@@ -282,6 +298,15 @@ impl Coordinator for CoordinatorApi {
         traced(self.pool_grant_call(request).await, |r| {
             r.granted_total == 0
         })
+    }
+
+    #[tracing::instrument(name = "coordinator.pool_release", level = "debug", skip_all, fields(
+        key = %request.get_ref().key, region = %request.get_ref().region))]
+    async fn pool_release(
+        &self,
+        request: Request<pb::PoolReleaseRequest>,
+    ) -> Result<Response<pb::PoolReleaseResponse>, Status> {
+        traced(self.pool_release_call(request).await, |_| false)
     }
 
     #[tracing::instrument(name = "coordinator.get_window", level = "debug", skip_all, fields(

@@ -21,6 +21,8 @@ pub struct NodeMetrics {
     lease_tokens_granted: AtomicU64,
     lease_denials: AtomicU64,
     pool_grants: AtomicU64,
+    pool_releases: AtomicU64,
+    pool_tokens_released: AtomicU64,
     reconciles: AtomicU64,
     tokens_credited_back: AtomicU64,
     policy_changes: AtomicU64,
@@ -90,6 +92,11 @@ impl NodeMetrics {
             }
             Outcome::PoolGrant(_) => {
                 self.pool_grants.fetch_add(1, Ordering::Relaxed);
+            }
+            Outcome::PoolRelease(release) => {
+                self.pool_releases.fetch_add(1, Ordering::Relaxed);
+                self.pool_tokens_released
+                    .fetch_add(release.released, Ordering::Relaxed);
             }
             Outcome::Reconcile(reconcile) => {
                 self.reconciles.fetch_add(1, Ordering::Relaxed);
@@ -168,6 +175,8 @@ impl NodeMetrics {
             ("lease_tokens_granted", read(&self.lease_tokens_granted)),
             ("lease_denials", read(&self.lease_denials)),
             ("pool_grants", read(&self.pool_grants)),
+            ("pool_releases", read(&self.pool_releases)),
+            ("pool_tokens_released", read(&self.pool_tokens_released)),
             ("reconciles", read(&self.reconciles)),
             ("tokens_credited_back", read(&self.tokens_credited_back)),
             ("policy_changes", read(&self.policy_changes)),

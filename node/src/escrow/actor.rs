@@ -2,11 +2,24 @@
 //! key's [`RegionEscrow`] and performs its coordinator calls. Requests for a
 //! key are handled one at a time, so at most one lease is ever in flight and
 //! waiters simply see the credited balance when their turn comes.
+//!
+//! Reclaim (`fair` keys): a key that has seen no request for
+//! `pool_release_idle_ms` while its pool grant is live hands the unspent part
+//! back (`PoolRelease`, keeping what it admitted) so busier regions can use it
+//! this window; so does a key that stops (evicted, or the node shutting
+//! down). The release is compare-and-set on the region's total: the key
+//! spends no more than what it keeps from the moment it sends it, and a
+//! release without a definitive answer is retried with the same request id
+//! before any other pool call of the key (a grant answered in between could
+//! otherwise be released under it). A region at its pool ceiling asks again
+//! after `pool_release_idle_ms` (at most a quarter of the window), since
+//! others may have released meanwhile.
 
 use leasehold_client::coordinator::CoordinatorError;
 use leasehold_core::fair_throttle::CallerId;
 use leasehold_core::principal::Principal;
 use leasehold_proto::refusal::{refusal, refusal_with, Reason, KEY};
+use leasehold_proto::v1 as pb;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -207,6 +220,9 @@ impl KeyHandle {
         tokio::spawn(
             KeyActor {
                 key,
+                last_request_ms: shared.mono_ms(),
+                pending_release: None,
+                release_tried_ms: 0,
                 escrow,
                 shared,
                 mailbox,
@@ -241,6 +257,13 @@ impl KeyHandle {
 
 struct KeyActor {
     key: String,
+    /// When the last request arrived (monotonic ms): eviction and reclaim
+    /// count idleness from it.
+    last_request_ms: u64,
+    /// A pool release sent without a definitive answer yet.
+    pending_release: Option<PendingRelease>,
+    /// When the pending release was last tried (monotonic ms).
+    release_tried_ms: u64,
     escrow: RegionEscrow,
     shared: Arc<EscrowShared>,
     mailbox: mpsc::Receiver<KeyRequest>,
@@ -265,9 +288,29 @@ struct FairState {
     window: WindowBounds,
     /// Local monotonic deadline of the window's pool grant.
     deadline_ms: u64,
-    /// The pool granted less than asked in this window: the region is at
-    /// its ceiling, so it does not ask again before the window ends.
-    pool_exhausted: bool,
+    /// The pool granted less than asked: the region is at its ceiling and
+    /// does not ask again before this local monotonic time (other regions
+    /// may have released meanwhile).
+    exhausted_until_ms: u64,
+    /// The region retired from the pool in this window (a release was
+    /// applied): it holds what it kept and reserves nothing until it asks.
+    retired: bool,
+}
+
+impl FairState {
+    fn at_ceiling(&self, now_ms: u64) -> bool {
+        now_ms < self.exhausted_until_ms
+    }
+}
+
+/// A `PoolRelease` sent and not yet definitively answered: retried as is
+/// (same request id) until it is.
+#[derive(Debug, Clone)]
+struct PendingRelease {
+    request_id: pb::RequestId,
+    from_total: u64,
+    keep_total: u64,
+    window: WindowBounds,
 }
 
 /// Tenant used when a request names none.
@@ -275,12 +318,26 @@ const DEFAULT_TENANT: &str = "default";
 
 impl KeyActor {
     async fn run(mut self) {
-        let idle = Duration::from_millis(self.shared.config.idle_evict_ms.max(1));
+        let _running = self.shared.actor_started();
         loop {
-            match tokio::time::timeout(idle, self.mailbox.recv()).await {
-                Ok(Some(request)) => self.handle(request).await,
+            let wait = self.next_wake();
+            match tokio::time::timeout(wait, self.mailbox.recv()).await {
+                Ok(Some(request)) => {
+                    self.last_request_ms = self.shared.mono_ms();
+                    self.handle(request).await;
+                }
                 Ok(None) => break,
                 Err(_) => {
+                    let now = self.shared.mono_ms();
+                    if self.release_due(now) {
+                        self.release_pool().await;
+                        self.report();
+                        continue;
+                    }
+                    let idle_ms = self.shared.config.idle_evict_ms.max(1);
+                    if now.saturating_sub(self.last_request_ms) < idle_ms {
+                        continue;
+                    }
                     // Idle: stop taking requests, hand credits back, leave the table.
                     self.shared.forget(&self.key);
                     self.mailbox.close();
@@ -294,7 +351,152 @@ impl KeyActor {
         if let Some(back) = self.escrow.return_all(self.shared.mono_ms()) {
             self.shared.reconcile(&self.key, back).await;
         }
+        if self.shared.config.pool_release_idle_ms > 0 {
+            self.release_pool().await;
+        }
         self.report();
+    }
+
+    /// How long the mailbox may stay silent before the actor acts on its
+    /// own: a due pool release, or eviction.
+    fn next_wake(&self) -> Duration {
+        let now = self.shared.mono_ms();
+        let evict_at = self
+            .last_request_ms
+            .saturating_add(self.shared.config.idle_evict_ms.max(1));
+        let wake = self.release_at().map_or(evict_at, |at| at.min(evict_at));
+        Duration::from_millis(wake.saturating_sub(now).max(1))
+    }
+
+    /// When the key's pool release falls due (monotonic ms): a pending one
+    /// a probe interval after its last try; otherwise `pool_release_idle_ms`
+    /// after the last request, while a live, unretired grant is held.
+    fn release_at(&self) -> Option<u64> {
+        let idle_ms = self.shared.config.pool_release_idle_ms;
+        if idle_ms == 0 {
+            return None;
+        }
+        if self.pending_release.is_some() {
+            return Some(
+                self.release_tried_ms
+                    .saturating_add(self.shared.config.probe_interval_ms.max(1)),
+            );
+        }
+        let fair = self.fair.as_ref()?;
+        let now = self.shared.mono_ms();
+        if fair.retired || now >= fair.deadline_ms {
+            return None;
+        }
+        Some(self.last_request_ms.saturating_add(idle_ms))
+    }
+
+    fn release_due(&self, now_ms: u64) -> bool {
+        self.release_at().is_some_and(|at| now_ms >= at)
+    }
+
+    /// Reclaim: retires the region from the key's pool in its live window,
+    /// keeping what it admitted (or retries a pending release).
+    async fn release_pool(&mut self) {
+        if self.pending_release.is_none() {
+            let now = self.shared.mono_ms();
+            let Some(state) = self.fair.as_mut() else {
+                return;
+            };
+            if state.retired || now >= state.deadline_ms {
+                return;
+            }
+            let from_total = state.escrow.budget();
+            let keep_total = state.escrow.total_used().min(from_total);
+            // From now on the key spends no more than it keeps, whatever
+            // becomes of the release.
+            state.escrow.retire(state.window, keep_total);
+            state.exhausted_until_ms = 0;
+            self.pending_release = Some(PendingRelease {
+                request_id: self.shared.client.next_request_id(),
+                from_total,
+                keep_total,
+                window: state.window,
+            });
+        }
+        self.resolve_pending_release().await;
+    }
+
+    /// Sends the pending release (if any) and settles it; true when none is
+    /// pending afterwards.
+    async fn resolve_pending_release(&mut self) -> bool {
+        let Some(pending) = self.pending_release.clone() else {
+            return true;
+        };
+        self.release_tried_ms = self.shared.mono_ms();
+        self.shared.count_call();
+        let answer = self
+            .shared
+            .client
+            .pool_release_with_id(
+                &self.key,
+                self.shared.config.region.as_str(),
+                pending.from_total,
+                pending.keep_total,
+                pending.window.start_ms,
+                pending.request_id.clone(),
+            )
+            .await;
+        match answer {
+            Ok(answer) => {
+                self.pending_release = None;
+                self.escrow.outage_mut().on_answer();
+                let state = self
+                    .fair
+                    .as_mut()
+                    .filter(|state| state.window == pending.window);
+                match pb::PoolReleaseDisposition::try_from(answer.disposition) {
+                    Ok(pb::PoolReleaseDisposition::Released) => {
+                        self.shared.record_pool_release(answer.released);
+                        tracing::debug!(key = %self.key, released = answer.released, kept = answer.granted_total, "pool grant released");
+                        if let Some(state) = state {
+                            state.retired = true;
+                        }
+                    }
+                    Ok(pb::PoolReleaseDisposition::StaleTotal) => {
+                        // The coordinator holds another total for the
+                        // region: that is its grant.
+                        if let Some(state) = state {
+                            state
+                                .escrow
+                                .observe_grant(pending.window, answer.granted_total);
+                        }
+                    }
+                    _ => {}
+                }
+                true
+            }
+            Err(e)
+                if !matches!(e, CoordinatorError::NotLeader { .. })
+                    && matches!(
+                        e.code(),
+                        Code::InvalidArgument
+                            | Code::NotFound
+                            | Code::AlreadyExists
+                            | Code::FailedPrecondition
+                            | Code::Unimplemented
+                            | Code::PermissionDenied
+                            | Code::Unauthenticated
+                    ) =>
+            {
+                // Refused, so not applied (or, for an expired session,
+                // never applied again): the key keeps spending no more than
+                // it kept until the pool tells it its total again.
+                tracing::debug!(key = %self.key, error = %e, "pool release refused");
+                self.pending_release = None;
+                true
+            }
+            Err(e) => {
+                tracing::debug!(key = %self.key, error = %e, "pool release unanswered; retried before any pool call");
+                let now = self.shared.mono_ms();
+                self.escrow.outage_mut().on_failure(now);
+                false
+            }
+        }
     }
 
     async fn handle(&mut self, request: KeyRequest) {
@@ -685,6 +887,9 @@ impl KeyActor {
         want_total: u64,
         outage: OutagePolicy,
     ) -> Result<Option<u64>, Status> {
+        if !self.resolve_pending_release().await {
+            return Ok(None);
+        }
         let sent = self.shared.mono_ms();
         let sent_at = tokio::time::Instant::now();
         self.shared.count_call();
@@ -717,17 +922,32 @@ impl KeyActor {
                     escrow: WeightedFairEscrow::new(limit, self.shared.config.max_tenants),
                     window,
                     deadline_ms,
-                    pool_exhausted: false,
+                    exhausted_until_ms: 0,
+                    retired: false,
                 });
                 if state.window != window {
                     state.window = window;
                     state.deadline_ms = deadline_ms;
-                    state.pool_exhausted = false;
+                    state.exhausted_until_ms = 0;
                 } else {
                     state.deadline_ms = state.deadline_ms.min(deadline_ms);
                 }
+                // Asking again rejoins the pool with the region's weight.
+                state.retired = false;
                 if grant.granted_total < want_total {
-                    state.pool_exhausted = true;
+                    // Other regions release after `pool_release_idle_ms` of
+                    // quiet: look again at that cadence, at most every
+                    // quarter window.
+                    let window_ms = window.end_ms.saturating_sub(window.start_ms);
+                    let re_ask_ms = match self.shared.config.pool_release_idle_ms {
+                        0 => window_ms / 4,
+                        idle_ms => (window_ms / 4).min(idle_ms.max(100)),
+                    };
+                    state.exhausted_until_ms = self
+                        .shared
+                        .mono_ms()
+                        .saturating_add(re_ask_ms.max(1))
+                        .min(state.deadline_ms);
                 }
                 state.escrow.observe_grant(window, grant.granted_total);
                 self.last_window_end_ms = grant.window_end_ms;
@@ -842,11 +1062,17 @@ impl KeyActor {
                 });
             }
             let before = state.escrow.budget();
-            let Some((region_weight, want)) = ask.asked.filter(|_| !state.pool_exhausted) else {
-                // Nothing to ask, or the pool already gave this region all
-                // it can this window.
+            let at_ceiling = state.at_ceiling(now);
+            let Some((region_weight, want)) = ask.asked.filter(|_| !at_ceiling) else {
+                // Nothing to ask, or the pool gave this region all it could
+                // a moment ago: ask again once the ceiling may have moved.
+                let retry_after_ms = if at_ceiling {
+                    state.exhausted_until_ms - now
+                } else {
+                    decision.retry_after_ms
+                };
                 return Ok(Acquired::Denied {
-                    retry_after_ms: decision.retry_after_ms,
+                    retry_after_ms,
                     limit: decision.limit,
                     window_end_ms: window.end_ms,
                     fair_throttled: false,

@@ -59,6 +59,11 @@ pub struct EscrowFile {
     pub probe_interval_ms: Option<u64>,
     /// A key idle this long hands its credits back, ms, ≥ 1.
     pub idle_evict_ms: Option<u64>,
+    /// A `fair` key idle this long hands its unspent pool grant back, ms
+    /// (0: off; default 1000).
+    pub pool_release_idle_ms: Option<u64>,
+    /// At shutdown, most time spent handing credits back, ms (default 5000).
+    pub shutdown_drain_ms: Option<u64>,
     /// Most credit holders per key, ≥ 1.
     pub max_holders_per_key: Option<usize>,
     /// CA bundle (PEM) callers' certificates chain to.
@@ -256,6 +261,10 @@ impl EscrowFile {
         config.max_keys = self.max_keys.unwrap_or(config.max_keys);
         config.probe_interval_ms = self.probe_interval_ms.unwrap_or(config.probe_interval_ms);
         config.idle_evict_ms = self.idle_evict_ms.unwrap_or(config.idle_evict_ms);
+        config.pool_release_idle_ms = self
+            .pool_release_idle_ms
+            .unwrap_or(config.pool_release_idle_ms);
+        config.shutdown_drain_ms = self.shutdown_drain_ms.unwrap_or(config.shutdown_drain_ms);
         config.holder_limits.max_holders = self
             .max_holders_per_key
             .unwrap_or(config.holder_limits.max_holders);

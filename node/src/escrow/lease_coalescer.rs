@@ -254,6 +254,12 @@ mod tests {
         ) -> Result<Response<pb::PoolGrantResponse>, Status> {
             Err(Status::unimplemented("fake"))
         }
+        async fn pool_release(
+            &self,
+            _: Request<pb::PoolReleaseRequest>,
+        ) -> Result<Response<pb::PoolReleaseResponse>, Status> {
+            Err(Status::unimplemented("fake"))
+        }
         async fn get_window(
             &self,
             _: Request<pb::GetWindowRequest>,

@@ -82,6 +82,13 @@ pub struct EscrowConfig {
     pub max_tenants: usize,
     /// A key's actor returns its credits and stops after this long idle.
     pub idle_evict_ms: u64,
+    /// Reclaim: a `fair` key without requests for this long hands the
+    /// unspent part of its pool grant back (`PoolRelease`) while its window
+    /// is current; 0 turns it off (a grant is then kept to the window's end).
+    pub pool_release_idle_ms: u64,
+    /// At shutdown, how long the node may spend handing credits back
+    /// (final reconciles and pool releases) before it stops anyway.
+    pub shutdown_drain_ms: u64,
     /// Bounds of each key's credit holders (caller, client id): holders per
     /// key (a new one beyond it gets `RESOURCE_EXHAUSTED`), answers and
     /// credit entries remembered per holder, how long an answer is kept.
@@ -121,6 +128,8 @@ impl EscrowConfig {
             max_keys: 100_000,
             max_tenants: 10_000,
             idle_evict_ms: 30_000,
+            pool_release_idle_ms: 1_000,
+            shutdown_drain_ms: 5_000,
             holder_limits: HolderLimits::default(),
             policy_refresh_ms: 2_000,
             coordinator_timeout_ms: 1_000,
@@ -253,7 +262,13 @@ where
     if let Some(task) = metrics_task {
         let _ = task.await;
     }
-    shared.return_everything().await;
+    let still_running = shared
+        .return_everything(Duration::from_millis(config.shutdown_drain_ms))
+        .await;
+    if still_running > 0 {
+        tracing::warn!(region = %config.region, keys = still_running, drain_ms = config.shutdown_drain_ms,
+            "escrow node stopped before every key handed its credits back (they die with their windows)");
+    }
     tracing::info!(region = %config.region, "escrow node stopped");
     served.map_err(NodeError::Serve)
 }

@@ -100,7 +100,7 @@ pub fn render(status: &pb::EscrowStatusResponse, observed: &Observations) -> Str
         "Keys with a live actor.",
         status.active_keys as f64,
     );
-    let counters: [(&str, &str, u64); 18] = [
+    let counters: [(&str, &str, u64); 19] = [
         (
             "evicted_keys",
             "Key actors stopped after being idle.",
@@ -190,6 +190,11 @@ pub fn render(status: &pb::EscrowStatusResponse, observed: &Observations) -> Str
             "shadow_would_deny_tokens",
             "Tokens shadow policies served that they would have refused.",
             status.shadow_would_deny_tokens,
+        ),
+        (
+            "pool_tokens_released",
+            "Tokens of fair keys handed back to the region fair pool (reclaim).",
+            status.pool_tokens_released,
         ),
     ];
     for (name, help, value) in counters {

@@ -6,7 +6,7 @@
 //! after `idle_evict_ms`, making room.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use leasehold_client::coordinator::CoordinatorClient;
@@ -69,6 +69,11 @@ pub struct EscrowShared {
     fair_idle_admissions: AtomicU64,
     shadow_would_deny_requests: AtomicU64,
     shadow_would_deny_tokens: AtomicU64,
+    pool_tokens_released: AtomicU64,
+    /// Key actors still running (a stopping node waits for them to hand
+    /// their credits back), and a wake-up when one ends.
+    running_actors: AtomicUsize,
+    actor_ended: tokio::sync::Notify,
     /// Round trips of answered Lease and PoolGrant calls to the coordinator
     /// (client retries included), µs.
     pub lease_round_trip: Histogram,
@@ -102,6 +107,18 @@ impl DenialReason {
             DenialReason::FairThrottled => telemetry::DENIED_FAIR_THROTTLED,
             DenialReason::CoordinatorUnreachable => telemetry::DENIED_COORDINATOR_UNREACHABLE,
         }
+    }
+}
+
+/// A running key actor, counted until it drops (see
+/// [`EscrowShared::return_everything`]).
+#[derive(Debug)]
+pub struct RunningActor(Arc<EscrowShared>);
+
+impl Drop for RunningActor {
+    fn drop(&mut self) {
+        self.0.running_actors.fetch_sub(1, Ordering::AcqRel);
+        self.0.actor_ended.notify_waiters();
     }
 }
 
@@ -149,6 +166,9 @@ impl EscrowShared {
             fair_idle_admissions: AtomicU64::new(0),
             shadow_would_deny_requests: AtomicU64::new(0),
             shadow_would_deny_tokens: AtomicU64::new(0),
+            pool_tokens_released: AtomicU64::new(0),
+            running_actors: AtomicUsize::new(0),
+            actor_ended: tokio::sync::Notify::new(),
             lease_round_trip: Histogram::latency(),
             denials: Default::default(),
         })
@@ -366,7 +386,24 @@ impl EscrowShared {
         }
     }
 
-    /// Counts a PoolGrant or Reconcile call to the coordinator.
+    /// Counts tokens handed back to the region fair pool.
+    pub fn record_pool_release(&self, released: u64) {
+        self.pool_tokens_released
+            .fetch_add(released, Ordering::Relaxed);
+    }
+
+    /// Tokens handed back to the region fair pool since the node started.
+    pub fn pool_tokens_released(&self) -> u64 {
+        self.pool_tokens_released.load(Ordering::Relaxed)
+    }
+
+    /// Registers a running key actor until the guard drops.
+    pub fn actor_started(self: &Arc<Self>) -> RunningActor {
+        self.running_actors.fetch_add(1, Ordering::AcqRel);
+        RunningActor(self.clone())
+    }
+
+    /// Counts a PoolGrant, PoolRelease or Reconcile call to the coordinator.
     pub fn count_call(&self) {
         self.other_calls_sent.fetch_add(1, Ordering::Relaxed);
     }
@@ -409,8 +446,10 @@ impl EscrowShared {
         ))
     }
 
-    /// Stops every actor and hands their credits back (shutdown).
-    pub async fn return_everything(&self) {
+    /// Stops every actor and waits, at most `deadline`, until each has
+    /// handed its credits back (final reconciles, pool releases); returns
+    /// how many were still running when it stopped waiting.
+    pub async fn return_everything(&self, deadline: std::time::Duration) -> usize {
         let handles: Vec<KeyHandle> = self
             .actors
             .lock()
@@ -419,6 +458,17 @@ impl EscrowShared {
             .map(|(_, h)| h)
             .collect();
         drop(handles);
+        let all_ended = async {
+            loop {
+                let ended = self.actor_ended.notified();
+                if self.running_actors.load(Ordering::Acquire) == 0 {
+                    return;
+                }
+                ended.await;
+            }
+        };
+        let _ = tokio::time::timeout(deadline, all_ended).await;
+        self.running_actors.load(Ordering::Acquire)
     }
 
     /// The views of the keys a watch of `target` shows (see
@@ -812,5 +862,6 @@ pub(crate) fn status_of(s: &EscrowShared) -> pb::EscrowStatusResponse {
         fair_throttle_idle_admissions: s.fair_idle_admissions.load(Ordering::Relaxed),
         shadow_would_deny_requests: s.shadow_would_deny_requests.load(Ordering::Relaxed),
         shadow_would_deny_tokens: s.shadow_would_deny_tokens.load(Ordering::Relaxed),
+        pool_tokens_released: s.pool_tokens_released(),
     }
 }

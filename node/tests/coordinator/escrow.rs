@@ -792,3 +792,148 @@ async fn a_fair_key_takes_no_returns_and_holders_are_bounded() -> Result<()> {
     node.stop().await;
     Ok(())
 }
+
+// ---- Reclaim: an idle region's unspent pool grant goes to a busy one ----
+
+/// Admits one token at a time at `rpc` for `tenant` until a denial; returns
+/// the tokens admitted and the last answer.
+async fn admit_until_denied(
+    rpc: &mut EscrowClient<tonic::transport::Channel>,
+    key: &str,
+    tenant: &str,
+) -> Result<(u64, pb::AcquireResponse)> {
+    let mut admitted = 0;
+    loop {
+        let answer = rpc
+            .acquire(pb::AcquireRequest {
+                key: key.into(),
+                tenant: tenant.into(),
+                weight: 1,
+                tokens: 1,
+                request_id: None,
+            })
+            .await?
+            .into_inner();
+        if answer.granted == 0 {
+            return Ok((admitted, answer));
+        }
+        admitted += answer.granted;
+        ensure!(admitted <= 10_000, "admitting never ends at {key}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_region_gives_its_unspent_grant_back_to_a_busy_one() -> Result<()> {
+    const LIMIT: u64 = 400;
+    const QUIET_MS: u64 = 300;
+    let cluster = Cluster::start_initialised(3, |_| {}).await?;
+    cluster
+        .client()?
+        .admin()
+        .set_policy(fair(counter_policy("reclaim/", LIMIT, LONG_WINDOW_MS)))
+        .await?;
+    let reclaiming = |config: &mut EscrowConfig| config.pool_release_idle_ms = QUIET_MS;
+    let us = EscrowNode::start(&cluster, "us", reclaiming).await?;
+    let eu = EscrowNode::start(&cluster, "eu", reclaiming).await?;
+    let (mut us_rpc, mut eu_rpc) = (us.rpc().await?, eu.rpc().await?);
+    // us takes a little, then goes quiet.
+    let mut us_admitted = 0;
+    for _ in 0..10 {
+        us_admitted += us_rpc
+            .acquire(acquire("reclaim/k", 1))
+            .await?
+            .into_inner()
+            .granted;
+    }
+    ensure!(us_admitted == 10, "us admitted {us_admitted} of 10");
+    // eu drains what the pool gives it while us still reserves its half
+    // (or eu's ceiling hides nothing: us may already have released).
+    let (first, _) = admit_until_denied(&mut eu_rpc, "reclaim/k", "default").await?;
+    ensure!(first >= LIMIT / 2 - 16, "eu got only {first} with us active");
+    // us's idle key hands back what it did not admit.
+    let mut released = 0;
+    for _ in 0..100 {
+        released = escrow_status(&mut us_rpc).await?.pool_tokens_released;
+        if released > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    ensure!(released > 0, "the idle region released nothing");
+    // eu, at its ceiling, looks again after the quiet interval and gets it.
+    let mut eu_admitted = first;
+    for _ in 0..50 {
+        let (more, denied) = admit_until_denied(&mut eu_rpc, "reclaim/k", "default").await?;
+        eu_admitted += more;
+        if us_admitted + eu_admitted >= LIMIT - 16 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(denied.retry_after_ms.clamp(50, 1_000))).await;
+    }
+    let window = cluster.client()?.get_window("reclaim/k").await?;
+    ensure!(
+        us_admitted + eu_admitted <= LIMIT && window.granted <= LIMIT,
+        "admitted {us_admitted} + {eu_admitted}, granted {} > {LIMIT}",
+        window.granted
+    );
+    ensure!(
+        eu_admitted >= LIMIT - us_admitted - 16,
+        "eu admitted {eu_admitted}: the idle region's reserve was not reclaimed (released {released})"
+    );
+    // A region that comes back rejoins the pool from what it kept.
+    let back = us_rpc.acquire(acquire("reclaim/k", 1)).await?.into_inner();
+    ensure!(
+        us_admitted + back.granted + eu_admitted <= LIMIT,
+        "the returning region over-admitted"
+    );
+    us.stop().await;
+    eu.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_node_hands_its_credits_back_before_it_returns() -> Result<()> {
+    let cluster = Cluster::start_initialised(3, |_| {}).await?;
+    let admin = cluster.client()?.admin();
+    admin
+        .set_policy(counter_policy("drain/", 1_000, LONG_WINDOW_MS))
+        .await?;
+    admin
+        .set_policy(fair(counter_policy("drainf/", 1_000, LONG_WINDOW_MS)))
+        .await?;
+    // Idle keys never release here: only the shutdown hands anything back.
+    let node = EscrowNode::start(&cluster, "us", |config| {
+        config.batch = 100;
+        config.pool_release_idle_ms = 600_000;
+        config.idle_evict_ms = 600_000;
+    })
+    .await?;
+    let mut rpc = node.rpc().await?;
+    // One admission of the counter key, two of the fair key (its first
+    // pool ask is for the need alone, the second for a batch).
+    for key in ["drain/k", "drainf/k", "drainf/k"] {
+        let got = rpc.acquire(acquire(key, 1)).await?.into_inner().granted;
+        ensure!(got == 1, "{key}: admitted {got}");
+    }
+    let client = cluster.client()?;
+    let before = client.get_window("drain/k").await?;
+    ensure!(before.granted == 100, "counter key leased {}", before.granted);
+    let fair_before = client.get_window("drainf/k").await?;
+    ensure!(fair_before.granted >= 100, "fair key granted {}", fair_before.granted);
+    node.stop().await;
+    // When `stop` returns, the credits are back: nothing left to wait for.
+    let after = client.get_window("drain/k").await?;
+    ensure!(
+        after.granted - after.returned == 1,
+        "counter key: {} granted, {} returned after the stop",
+        after.granted,
+        after.returned
+    );
+    let fair_after = client.get_window("drainf/k").await?;
+    ensure!(
+        fair_after.granted == 2,
+        "fair key: {} still granted after the stop (2 admitted)",
+        fair_after.granted
+    );
+    Ok(())
+}
