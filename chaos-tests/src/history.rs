@@ -159,6 +159,10 @@ pub struct History {
     pub load_end_ms: u64,
     /// Human-readable log of injected faults.
     pub faults: Vec<String>,
+    /// Tokens a (key, window) may exceed L by, because the key's outage
+    /// policy is `fallback` (regions × fallback share, as documented); 0
+    /// under `fail_closed`.
+    pub outage_allowance: u64,
     /// Operator actions (membership changes) that never completed before
     /// the load ended.
     pub unfinished: Vec<String>,
@@ -213,6 +217,12 @@ impl Recorder {
 
     fn with<R>(&self, f: impl FnOnce(&mut History) -> R) -> R {
         f(&mut self.inner.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// Tolerates `tokens` beyond L per (key, window): the fallback share of
+    /// every region ([`History::outage_allowance`]).
+    pub fn allow_outage_excess(&self, tokens: u64) {
+        self.with(|h| h.outage_allowance = tokens);
     }
 
     /// Records an admission.

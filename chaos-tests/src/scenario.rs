@@ -218,6 +218,36 @@ pub fn all() -> Vec<Scenario> {
                 vec![(secs(3), Fault::CutRegion(0)), (secs(6), Fault::HealAll)],
             )
         },
+        // A `fair` key with the `fallback` outage policy: region 0 is cut off
+        // and admits up to its fallback share per window; Σ stays within
+        // L + regions × share, as the policy documents.
+        Scenario {
+            shape: FleetShape {
+                escrow_nodes: 2,
+                fair: true,
+                fallback_tokens_per_region: 20,
+                ..FleetShape::default()
+            },
+            ..base(
+                "fair_pool_region_cut_fallback",
+                vec![(secs(3), Fault::CutRegion(0)), (secs(7), Fault::HealAll)],
+            )
+        },
+        // A `fair` key; region 0 asks only early in each window and goes
+        // quiet: its escrow node hands the unspent grant back (reclaim)
+        // and region 1 takes it, while the leader loses power later on.
+        Scenario {
+            shape: FleetShape {
+                escrow_nodes: 2,
+                fair: true,
+                sparse_region_0: true,
+                ..FleetShape::default()
+            },
+            ..base(
+                "fair_pool_idle_region_reclaim",
+                vec![(secs(6), Fault::PowerLoss(0)), (secs(8), Fault::RestartAll)],
+            )
+        },
         // Demand below L: clients hold credits across every boundary.
         Scenario {
             shape: FleetShape {

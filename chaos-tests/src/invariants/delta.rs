@@ -1,6 +1,8 @@
 //! Δ = 0: for every key and window, Σ admissions labelled with it, over
 //! every client of every region (hostile ones included), ≤ L (DESIGN §2).
-//! Every key of a run has the same policy (limit L).
+//! Every key of a run has the same policy (limit L). A key whose outage
+//! policy is `fallback` may exceed L by the regions' fallback shares
+//! ([`History::outage_allowance`]), exactly what the policy documents.
 //!
 //! Keys governed by a shadow-mode policy are left out, explicitly
 //! ([`History::shadow_keys`]): shadow mode admits beyond L by design and
@@ -14,12 +16,12 @@ pub fn check_delta(history: &History) -> Vec<Violation> {
     history
         .enforced_per_key_window()
         .into_iter()
-        .filter(|(_, admitted)| *admitted > history.limit)
+        .filter(|(_, admitted)| *admitted > history.limit + history.outage_allowance)
         .map(|((key, start), admitted)| Violation {
             invariant: "delta",
             detail: format!(
-                "key {key} window {start}: {admitted} admitted > limit {}",
-                history.limit
+                "key {key} window {start}: {admitted} admitted > limit {} (+ outage allowance {})",
+                history.limit, history.outage_allowance
             ),
         })
         .collect()

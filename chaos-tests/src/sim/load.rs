@@ -128,6 +128,9 @@ pub(crate) async fn observe_window(
     }
 }
 
+/// How long into each window the clients of a sparse region ask.
+const SPARSE_ACTIVE_MS: u64 = 100;
+
 /// Adds the control host and the client hosts to `sim`; returns the flag
 /// the control host sets once the cluster is formed and the policy set.
 #[allow(clippy::too_many_arguments)]
@@ -173,19 +176,17 @@ pub fn spawn_clients(
                     Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
                 }
             }
-            let policy = pb::Policy {
-                prefix: "chaos/".into(),
-                limit: shape.limit,
-                window_ms: shape.window_ms,
-                kind: if shape.fair {
-                    pb::PolicyKind::Fair
-                } else {
-                    pb::PolicyKind::Counter
-                } as i32,
-                outage: pb::OutageMode::FailClosed as i32,
-                fallback_tokens_per_region: 0,
-                shadow: false,
+            let policy = if shape.fair {
+                leasehold_core::policy::Policy::fair("chaos/", shape.limit, shape.window_ms)
+            } else {
+                leasehold_core::policy::Policy::counter("chaos/", shape.limit, shape.window_ms)
             };
+            let policy = pb::Policy::from(match shape.fallback_tokens_per_region {
+                0 => policy,
+                share => policy.with_outage(leasehold_core::policy::OutagePolicy::Fallback {
+                    tokens_per_region: share,
+                }),
+            });
             while admin.set_policy(policy.clone()).await.is_err() {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
@@ -213,6 +214,8 @@ pub fn spawn_clients(
             shape.window_ms,
             shape.escrow_nodes,
         );
+        // Region 0's clients of a sparse fleet ask only early in each window.
+        let sparse = shape.sparse_region_0 && escrow_nodes > 0 && index % escrow_nodes == 0;
         let client_seed = seed.wrapping_mul(31).wrapping_add(index as u64);
         sim.client(client_host(index), async move {
             let mut rng = rand::rngs::StdRng::seed_from_u64(client_seed);
@@ -266,6 +269,12 @@ pub fn spawn_clients(
             config.fresh_incarnation = false;
             let limiter = Limiter::with_shared_source(source, config)?;
             while sim_now_ms() < load_end_ms {
+                let into_window = sim_now_ms() % window_ms;
+                if sparse && into_window >= SPARSE_ACTIVE_MS.min(window_ms / 2) {
+                    let jitter = rng.gen_range(0..20);
+                    tokio::time::sleep(Duration::from_millis(window_ms - into_window + jitter)).await;
+                    continue;
+                }
                 match limiter.check_labelled(KEY, 1).await {
                     Ok(admission) => {
                         if let (true, Some(window_start_ms)) =

@@ -78,6 +78,17 @@ pub struct FleetShape {
     /// (reserve 0). FAIR only turns admissions into denials, so Δ = 0 must
     /// still hold (needs escrow nodes).
     pub fair_throttle: bool,
+    /// Escrow nodes' reclaim: a `fair` key idle this long hands its unspent
+    /// pool grant back (0: off).
+    pub pool_release_idle_ms: u64,
+    /// Region 0's clients ask only in the first 100 ms of each window and
+    /// then fall silent until the next: a region that joins the pool,
+    /// takes a little and goes idle (what reclaim is for).
+    pub sparse_region_0: bool,
+    /// The key's outage policy: `fallback` with this many tokens per region
+    /// per window (0: `fail_closed`). The Δ oracle then allows the window
+    /// `escrow_nodes ×` this beyond L, as the policy documents.
+    pub fallback_tokens_per_region: u64,
 }
 
 impl Default for FleetShape {
@@ -93,6 +104,9 @@ impl Default for FleetShape {
             fair: false,
             hostile_clients: 0,
             fair_throttle: false,
+            pool_release_idle_ms: 150,
+            sparse_region_0: false,
+            fallback_tokens_per_region: 0,
         }
     }
 }
@@ -157,6 +171,9 @@ pub fn run(scenario: &Scenario, seed: u64, weakening: Weakening) -> RunOutcome {
     let shape = scenario.shape.clone();
     leasehold_raft_store::seed_election_rng(seed);
     let recorder = Recorder::new(shape.limit, shape.window_ms);
+    recorder.allow_outage_excess(
+        shape.fallback_tokens_per_region * u64::try_from(shape.escrow_nodes.max(1)).unwrap_or(1),
+    );
     let disks: Arc<Mutex<HashMap<u64, PowerLossDisk>>> = Arc::default();
     let leader = Arc::new(AtomicU64::new(0));
     let options = PowerLossOptions {
@@ -209,6 +226,7 @@ pub fn run(scenario: &Scenario, seed: u64, weakening: Weakening) -> RunOutcome {
     for index in 0..shape.escrow_nodes {
         let members = members.clone();
         let fair_throttle = shape.fair_throttle;
+        let pool_release_idle_ms = shape.pool_release_idle_ms;
         sim.host(escrow_host(index), move || {
             let members = members.clone();
             async move {
@@ -221,6 +239,7 @@ pub fn run(scenario: &Scenario, seed: u64, weakening: Weakening) -> RunOutcome {
                 config.probe_interval_ms = 500;
                 config.policy_refresh_ms = 500;
                 config.coordinator_timeout_ms = 1_000;
+                config.pool_release_idle_ms = pool_release_idle_ms;
                 if fair_throttle {
                     let mut rule = leasehold_node::escrow::FairThrottleRule::new("chaos/");
                     // Rotate within the run, so rotation is exercised too.
