@@ -1,10 +1,13 @@
 //! The `leasehold.v1` wire schema: generated messages, clients and servers
 //! for the Coordinator, Admin, Raft, Escrow and Monitor services, plus the metadata
 //! keys used for leader hints, the catalogue of refusal reasons
-//! ([`refusal`]) and the encoded descriptor set served by gRPC reflection.
-//! Only schema, generated code and the wire's shared vocabulary live here.
+//! ([`refusal`]), the conversions between wire messages and
+//! `leasehold-core` types ([`convert`]) and the encoded descriptor set
+//! served by gRPC reflection. Only schema, generated code and the wire's
+//! shared vocabulary live here.
 #![allow(missing_docs)]
 
+pub mod convert;
 pub mod refusal;
 
 /// The encoded `FileDescriptorSet` of `leasehold.proto`, for gRPC
