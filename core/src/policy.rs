@@ -75,6 +75,49 @@ pub enum PolicyError {
 }
 
 impl Policy {
+    /// A counter policy: keys starting with `prefix` lease first come, first
+    /// served from `limit` tokens per window of `window_ms`; escrow nodes
+    /// fail closed during an outage; enforced (not shadow). Not validated:
+    /// see [`Policy::validate`].
+    pub fn counter(prefix: impl Into<String>, limit: u64, window_ms: u64) -> Self {
+        Self::of_kind(PolicyKind::Counter, prefix, limit, window_ms)
+    }
+
+    /// A fair policy: as [`Policy::counter`], but the window is shared by
+    /// the region fair pool and weighted-fair escrow inside each region.
+    pub fn fair(prefix: impl Into<String>, limit: u64, window_ms: u64) -> Self {
+        Self::of_kind(PolicyKind::Fair, prefix, limit, window_ms)
+    }
+
+    /// A policy of `kind`, otherwise as [`Policy::counter`].
+    pub fn of_kind(
+        kind: PolicyKind,
+        prefix: impl Into<String>,
+        limit: u64,
+        window_ms: u64,
+    ) -> Self {
+        Policy {
+            prefix: prefix.into(),
+            limit,
+            window_ms,
+            kind,
+            outage: OutagePolicy::FailClosed,
+            shadow: false,
+        }
+    }
+
+    /// This policy with `outage` as its outage behaviour.
+    #[must_use]
+    pub fn with_outage(self, outage: OutagePolicy) -> Self {
+        Policy { outage, ..self }
+    }
+
+    /// This policy in shadow mode (`true`) or enforced (`false`).
+    #[must_use]
+    pub fn with_shadow(self, shadow: bool) -> Self {
+        Policy { shadow, ..self }
+    }
+
     /// Checks every field; a policy that passes can be applied without overflow.
     pub fn validate(&self) -> Result<(), PolicyError> {
         if self.limit == 0 || self.limit > MAX_LIMIT {
@@ -169,14 +212,44 @@ mod tests {
     use proptest::prelude::*;
 
     fn policy(prefix: &str, limit: u64) -> Policy {
-        Policy {
-            prefix: prefix.to_string(),
-            limit,
-            window_ms: 1000,
-            kind: PolicyKind::Counter,
-            outage: OutagePolicy::FailClosed,
-            shadow: false,
-        }
+        Policy::counter(prefix, limit, 1000)
+    }
+
+    #[test]
+    fn constructors_set_what_they_name_and_default_the_rest() {
+        let counter = Policy::counter("api/", 10, 1000);
+        assert_eq!(
+            counter,
+            Policy {
+                prefix: "api/".to_string(),
+                limit: 10,
+                window_ms: 1000,
+                kind: PolicyKind::Counter,
+                outage: OutagePolicy::FailClosed,
+                shadow: false,
+            }
+        );
+        assert_eq!(
+            Policy::fair("api/", 10, 1000),
+            Policy {
+                kind: PolicyKind::Fair,
+                ..counter.clone()
+            }
+        );
+        assert_eq!(
+            Policy::of_kind(PolicyKind::Fair, "api/", 10, 1000),
+            Policy::fair("api/", 10, 1000)
+        );
+        let fallback = OutagePolicy::Fallback {
+            tokens_per_region: 3,
+        };
+        let tuned = counter.clone().with_outage(fallback).with_shadow(true);
+        assert_eq!((tuned.outage, tuned.shadow), (fallback, true));
+        assert_eq!(tuned.validate(), Ok(()));
+        assert_eq!(
+            Policy::counter("", 0, 1000).validate(),
+            Err(PolicyError::Limit(0))
+        );
     }
 
     #[test]

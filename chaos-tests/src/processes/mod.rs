@@ -25,7 +25,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::{Context, Result};
 use leasehold_client::coordinator::{AdminClient, CoordinatorClient};
 use leasehold_client::transport::{Dialer, TcpDialer};
-use leasehold_proto::v1 as pb;
+use leasehold_core::policy::Policy;
 use std::sync::Arc;
 use tonic::Code;
 
@@ -223,15 +223,7 @@ async fn form_cluster(fleet: &Fleet, options: &ProcessOptions) -> Result<Coordin
             Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
         }
     }
-    let policy = pb::Policy {
-        prefix: "chaos/".into(),
-        limit: options.limit,
-        window_ms: options.window_ms,
-        kind: pb::PolicyKind::Counter as i32,
-        outage: pb::OutageMode::FailClosed as i32,
-        fallback_tokens_per_region: 0,
-        shadow: false,
-    };
+    let policy = Policy::counter("chaos/", options.limit, options.window_ms);
     loop {
         match admin.set_policy(policy.clone()).await {
             Ok(()) => break,

@@ -131,10 +131,13 @@ impl AdminClient {
             .await
     }
 
-    /// Inserts or replaces the policy with `policy.prefix`.
-    pub async fn set_policy(&self, policy: Policy) -> Result<(), CoordinatorError> {
+    /// Inserts or replaces the policy with `policy.prefix`: a core policy
+    /// (e.g. `leasehold_core::policy::Policy::counter("api/", 100, 1_000)`)
+    /// or a wire one. The leader validates it; an invalid field is refused
+    /// with [`CoordinatorError::InvalidArgument`].
+    pub async fn set_policy(&self, policy: impl Into<Policy>) -> Result<(), CoordinatorError> {
         let request = SetPolicyRequest {
-            policy: Some(policy),
+            policy: Some(policy.into()),
         };
         self.client
             .call(Target::Leader, move |channel, timeout| {

@@ -8,8 +8,7 @@ use std::time::Duration;
 
 use clap::Args;
 use leasehold_client::coordinator::{CoordinatorClient, LeaseItem};
-use leasehold_core::policy::MAX_LIMIT;
-use leasehold_proto::v1 as pb;
+use leasehold_core::policy::{Policy, MAX_LIMIT};
 use serde_json::json;
 use tokio::time::Instant;
 
@@ -211,15 +210,7 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
         .map(|_| args.client.client())
         .collect::<Result<Vec<_>, _>>()?;
     if !args.no_setup {
-        let policy = pb::Policy {
-            prefix: args.key.clone(),
-            limit: MAX_LIMIT,
-            window_ms: 60_000,
-            kind: pb::PolicyKind::Counter as i32,
-            outage: pb::OutageMode::FailClosed as i32,
-            fallback_tokens_per_region: 0,
-            shadow: false,
-        };
+        let policy = Policy::counter(args.key.clone(), MAX_LIMIT, 60_000);
         clients[0].admin().set_policy(policy).await?;
     }
     let report = measure(clients, &args).await;

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use clap::{Args, Subcommand};
 use leasehold_client::coordinator::{AdminClient, CoordinatorError};
+use leasehold_core::policy::Policy;
 use leasehold_proto::v1 as pb;
 use serde_json::json;
 
@@ -118,21 +119,15 @@ pub fn parse_policy(raw: &str) -> Result<pb::Policy, String> {
     let (limit, window_ms) = rest
         .split_once('/')
         .ok_or_else(|| format!("expected LIMIT/WINDOW_MS, got {rest:?}"))?;
-    Ok(pb::Policy {
-        prefix: prefix.to_string(),
-        limit: limit
-            .trim()
-            .parse()
-            .map_err(|_| format!("limit {limit:?} is not a number"))?,
-        window_ms: window_ms
-            .trim()
-            .parse()
-            .map_err(|_| format!("window {window_ms:?} is not a number"))?,
-        kind: pb::PolicyKind::Counter as i32,
-        outage: pb::OutageMode::FailClosed as i32,
-        fallback_tokens_per_region: 0,
-        shadow: false,
-    })
+    let limit = limit
+        .trim()
+        .parse()
+        .map_err(|_| format!("limit {limit:?} is not a number"))?;
+    let window_ms = window_ms
+        .trim()
+        .parse()
+        .map_err(|_| format!("window {window_ms:?} is not a number"))?;
+    Ok(Policy::counter(prefix, limit, window_ms).into())
 }
 
 /// Runs `leasehold cluster …`.

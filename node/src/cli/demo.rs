@@ -18,6 +18,7 @@ use leasehold_client::{
     EscrowSource, EscrowSourceOptions, LeaseOptions, LeaseSizing, Limiter, LimiterConfig, Mode,
 };
 use leasehold_core::ids::{ClientId, RegionId, TenantId};
+use leasehold_core::policy::Policy;
 use leasehold_core::water_fill::{water_fill, Claim};
 use leasehold_proto::v1 as pb;
 use leasehold_proto::v1::escrow_client::EscrowClient;
@@ -425,18 +426,11 @@ pub async fn run(args: DemoArgs) -> Result<(), CliError> {
     let result = async {
         let admin = cluster.admin()?;
         prepare(&admin, &cluster.members).await?;
-        for (prefix, kind) in [("demo-counter/", pb::PolicyKind::Counter), ("demo-fair/", pb::PolicyKind::Fair)] {
-            admin
-                .set_policy(pb::Policy {
-                    prefix: prefix.into(),
-                    limit: args.limit,
-                    window_ms: args.window_ms,
-                    kind: kind as i32,
-                    outage: pb::OutageMode::FailClosed as i32,
-                    fallback_tokens_per_region: 0,
-                    shadow: false,
-                })
-                .await?;
+        for policy in [
+            Policy::counter("demo-counter/", args.limit, args.window_ms),
+            Policy::fair("demo-fair/", args.limit, args.window_ms),
+        ] {
+            admin.set_policy(policy).await?;
         }
         println!("Leasehold demo: 3 coordinator members on ports {}-{}, escrow nodes eu/us/ap; data in {}", args.base_port, args.base_port + 2, data_dir.display());
         let (stop, stopped) = watch::channel(false);

@@ -15,6 +15,7 @@ use clap::Args;
 use leasehold_client::coordinator::{AdminClient, CoordinatorClient, RetryOptions};
 use leasehold_client::transport::Dialer;
 use leasehold_core::ids::RegionId;
+use leasehold_core::policy::Policy;
 use leasehold_core::principal::Principal;
 use leasehold_proto::v1 as pb;
 use tokio::sync::watch;
@@ -279,15 +280,7 @@ pub async fn prepare(
     let policies = admin.list_policies().await?;
     if !policies.iter().any(|p| p.prefix == DEMO_PREFIX) {
         admin
-            .set_policy(pb::Policy {
-                prefix: DEMO_PREFIX.to_string(),
-                limit: DEMO_LIMIT,
-                window_ms: DEMO_WINDOW_MS,
-                kind: pb::PolicyKind::Counter as i32,
-                outage: pb::OutageMode::FailClosed as i32,
-                fallback_tokens_per_region: 0,
-                shadow: false,
-            })
+            .set_policy(Policy::counter(DEMO_PREFIX, DEMO_LIMIT, DEMO_WINDOW_MS))
             .await?;
     }
     Ok(status)

@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, Subcommand, ValueEnum};
+use leasehold_core::policy::{OutagePolicy, Policy};
 use leasehold_proto::v1 as pb;
 use serde_json::json;
 
@@ -127,22 +128,16 @@ impl SetArgs {
                     "--fallback-tokens needs --outage fallback".into(),
                 ));
             }
-            OutageArg::FailClosed => pb::OutageMode::FailClosed,
-            OutageArg::Fallback => pb::OutageMode::Fallback,
+            OutageArg::FailClosed => OutagePolicy::FailClosed,
+            OutageArg::Fallback => OutagePolicy::Fallback {
+                tokens_per_region: self.fallback_tokens,
+            },
         };
-        let kind = match self.kind {
-            KindArg::Counter => pb::PolicyKind::Counter,
-            KindArg::Fair => pb::PolicyKind::Fair,
+        let policy = match self.kind {
+            KindArg::Counter => Policy::counter(self.prefix.clone(), self.limit, self.window_ms),
+            KindArg::Fair => Policy::fair(self.prefix.clone(), self.limit, self.window_ms),
         };
-        Ok(pb::Policy {
-            prefix: self.prefix.clone(),
-            limit: self.limit,
-            window_ms: self.window_ms,
-            kind: kind as i32,
-            outage: outage as i32,
-            fallback_tokens_per_region: self.fallback_tokens,
-            shadow: self.shadow,
-        })
+        Ok(policy.with_outage(outage).with_shadow(self.shadow).into())
     }
 }
 

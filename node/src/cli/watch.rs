@@ -362,13 +362,11 @@ mod tests {
     fn window(key: &str, granted: u64, returned: u64, shadow: bool) -> pb::GetWindowResponse {
         pb::GetWindowResponse {
             key: key.into(),
-            policy: Some(pb::Policy {
-                prefix: "api/".into(),
-                limit: 1_000,
-                window_ms: 60_000,
-                shadow,
-                ..Default::default()
-            }),
+            policy: Some(
+                leasehold_core::policy::Policy::counter("api/", 1_000, 60_000)
+                    .with_shadow(shadow)
+                    .into(),
+            ),
             limit: 1_000,
             window_start_ms: 60_000,
             window_end_ms: 120_000,

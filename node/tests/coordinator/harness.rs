@@ -7,6 +7,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use leasehold_client::coordinator::{AdminClient, CoordinatorClient, RetryOptions};
 use leasehold_client::transport::{SystemClock, TcpDialer};
+use leasehold_core::policy::Policy;
 use leasehold_node::coordinator::{open_stores, run_coordinator};
 use leasehold_node::{NodeConfig, NodeError};
 use leasehold_proto::v1 as pb;
@@ -216,15 +217,7 @@ impl Cluster {
 
 /// A counter policy for `prefix`.
 pub fn counter_policy(prefix: &str, limit: u64, window_ms: u64) -> pb::Policy {
-    pb::Policy {
-        prefix: prefix.to_string(),
-        limit,
-        window_ms,
-        kind: pb::PolicyKind::Counter as i32,
-        outage: pb::OutageMode::FailClosed as i32,
-        fallback_tokens_per_region: 0,
-        shadow: false,
-    }
+    Policy::counter(prefix, limit, window_ms).into()
 }
 
 /// A window long enough that a test never crosses its end.
