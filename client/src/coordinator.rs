@@ -60,6 +60,9 @@ pub struct LeaseItem {
 }
 use error::classify;
 pub use error::CoordinatorError;
+/// The leader a member names when it refuses with `NOT_LEADER` (carried by
+/// [`CoordinatorError::NotLeader`]).
+pub use leasehold_proto::LeaderHint;
 use session::{SessionGuard, SessionPool};
 
 /// Deadlines and retry budget of a [`CoordinatorClient`].
@@ -544,7 +547,11 @@ impl CoordinatorClient {
             let mut pause = true;
             match &error {
                 CoordinatorError::NotLeader {
-                    leader_addr: Some(leader),
+                    hint:
+                        LeaderHint {
+                            leader_addr: Some(leader),
+                            ..
+                        },
                     ..
                 } if target == Target::Leader
                     && unresolvable_hints
@@ -564,7 +571,11 @@ impl CoordinatorClient {
                     pause = false;
                 }
                 CoordinatorError::NotLeader {
-                    leader_addr: Some(leader),
+                    hint:
+                        LeaderHint {
+                            leader_addr: Some(leader),
+                            ..
+                        },
                     ..
                 } if target == Target::Leader => {
                     self.follow_hint(leader);

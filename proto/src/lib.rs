@@ -1,6 +1,6 @@
 //! The `leasehold.v1` wire schema: generated messages, clients and servers
 //! for the Coordinator, Admin, Raft, Escrow and Monitor services, plus the metadata
-//! keys used for leader hints, the catalogue of refusal reasons
+//! keys used for leader hints ([`LeaderHint`]), the catalogue of refusal reasons
 //! ([`refusal`]), the conversions between wire messages and
 //! `leasehold-core` types ([`convert`]) and the encoded descriptor set
 //! served by gRPC reflection. Only schema, generated code and the wire's
@@ -8,7 +8,10 @@
 #![allow(missing_docs)]
 
 pub mod convert;
+pub mod leader_hint;
 pub mod refusal;
+
+pub use leader_hint::LeaderHint;
 
 /// The encoded `FileDescriptorSet` of `leasehold.proto`, for gRPC
 /// reflection (`grpcurl`, `grpc_cli`, Postman discover the services).

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use leasehold_proto::refusal::{self, Reason};
-use leasehold_proto::{LEADER_ADDR_METADATA, LEADER_ID_METADATA};
+use leasehold_proto::LeaderHint;
 use tonic::{Code, Status};
 
 use crate::transport::DialError;
@@ -40,12 +40,14 @@ pub enum CoordinatorError {
     },
     /// The node is not the leader; the hint names the one it believes is.
     /// Returned only when the retry budget ran out while following hints.
-    #[error("not the leader ({message}); leader id {leader_id:?} at {leader_addr:?}")]
+    #[error(
+        "not the leader ({message}); leader id {:?} at {:?}",
+        .hint.leader_id,
+        .hint.leader_addr
+    )]
     NotLeader {
-        /// The leader's node id, if known.
-        leader_id: Option<u64>,
-        /// The leader's `host:port`, if known.
-        leader_addr: Option<String>,
+        /// The leader the node named (id and `host:port`, each if known).
+        hint: LeaderHint,
         /// The server's message.
         message: String,
     },
@@ -145,7 +147,7 @@ impl CoordinatorError {
     }
 }
 
-/// Maps a gRPC status to a typed error, reading the leader hint metadata.
+/// Maps a gRPC status to a typed error, reading the leader hint.
 pub(crate) fn classify(addr: &str, status: Status) -> CoordinatorError {
     let message = status.message().to_string();
     match status.code() {
@@ -153,22 +155,10 @@ pub(crate) fn classify(addr: &str, status: Status) -> CoordinatorError {
         Code::NotFound => CoordinatorError::NotFound(message),
         Code::AlreadyExists => CoordinatorError::AlreadyExists(message),
         Code::FailedPrecondition => {
-            let metadata = status.metadata();
-            let leader_id = metadata
-                .get(LEADER_ID_METADATA)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.parse().ok());
-            let leader_addr = metadata
-                .get(LEADER_ADDR_METADATA)
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_string);
+            let hint = LeaderHint::from_status(&status);
             let reason = refusal::reason_of(&status);
-            if leader_id.is_some() || leader_addr.is_some() || reason == Some(Reason::NotLeader) {
-                CoordinatorError::NotLeader {
-                    leader_id,
-                    leader_addr,
-                    message,
-                }
+            if !hint.is_empty() || reason == Some(Reason::NotLeader) {
+                CoordinatorError::NotLeader { hint, message }
             } else {
                 CoordinatorError::FailedPrecondition { reason, message }
             }

@@ -7,13 +7,11 @@ use std::time::Duration;
 
 use leasehold_proto::v1::coordinator_server::{Coordinator, CoordinatorServer};
 use leasehold_proto::v1::*;
-use tonic::metadata::MetadataValue;
 use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status};
 
 use super::*;
 use crate::transport::TcpDialer;
-use leasehold_proto::{LEADER_ADDR_METADATA, LEADER_ID_METADATA};
 
 /// What a fake node answers to its next lease.
 #[derive(Clone)]
@@ -54,16 +52,11 @@ impl Coordinator for FakeNode {
                 ..Default::default()
             })),
             Script::NotLeader { id, addr } => {
+                // Metadata only, no ErrorInfo: the client reads either.
                 let mut status = Status::failed_precondition(format!(
                     "not the leader; leader is {id} at {addr}"
                 ));
-                status.metadata_mut().insert(
-                    LEADER_ID_METADATA,
-                    MetadataValue::try_from(id.to_string()).unwrap(),
-                );
-                status
-                    .metadata_mut()
-                    .insert(LEADER_ADDR_METADATA, MetadataValue::try_from(addr).unwrap());
+                LeaderHint::new(Some(id), Some(addr)).attach(&mut status);
                 Err(status)
             }
             Script::Unavailable => Err(Status::unavailable("no quorum")),

@@ -112,8 +112,8 @@ fn describe_coordinator(
         CoordinatorError::FailedPrecondition { .. } => {
             Failure::new("failed_precondition", message, EXIT_FAILED)
         }
-        CoordinatorError::NotLeader { leader_addr, .. } => {
-            let hint = match leader_addr {
+        CoordinatorError::NotLeader { hint, .. } => {
+            let hint = match &hint.leader_addr {
                 Some(addr) => format!(
                     "the leader is said to be at {addr}, which did not answer from here: {EVERY_ENDPOINT}"
                 ),
@@ -193,6 +193,7 @@ fn describe_coordinator(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use leasehold_client::coordinator::LeaderHint;
     use proptest::prelude::*;
 
     fn endpoints() -> Vec<String> {
@@ -255,8 +256,7 @@ mod tests {
             }),
             (proptest::option::of(text), text).prop_map(|(leader_addr, message)| {
                 CoordinatorError::NotLeader {
-                    leader_id: None,
-                    leader_addr,
+                    hint: LeaderHint::new(None, leader_addr),
                     message,
                 }
             }),

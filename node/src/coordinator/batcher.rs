@@ -17,6 +17,7 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 use leasehold_client::transport::WallClock;
 use leasehold_core::coordinator::{Command, Outcome, Proposal, ProposalResult};
+use leasehold_proto::LeaderHint;
 use tokio::sync::{mpsc, oneshot, watch, Semaphore};
 use tracing::Instrument;
 
@@ -25,11 +26,12 @@ use super::metrics::NodeMetrics;
 /// Why a proposal did not produce outcomes.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ProposeError {
-    /// This member is not the leader; `leader` is `(id, addr)` when known.
+    /// This member is not the leader; `leader` names the one it believes
+    /// in (empty when it knows none).
     #[error("not the leader")]
     NotLeader {
         /// The leader this member believes in.
-        leader: Option<(u64, String)>,
+        leader: LeaderHint,
     },
     /// The proposal was not committed before its deadline (no quorum?).
     /// It may still commit later; a retry with the same request id is safe.
@@ -262,7 +264,7 @@ mod tests {
                 tokio::time::sleep(Duration::from_millis(5)).await;
                 if fail {
                     Err(ProposeError::NotLeader {
-                        leader: Some((2, "n2:7100".into())),
+                        leader: LeaderHint::new(Some(2), Some("n2:7100".into())),
                     })
                 } else {
                     Ok(result)
@@ -363,7 +365,7 @@ mod tests {
         assert_eq!(
             error,
             ProposeError::NotLeader {
-                leader: Some((2, "n2:7100".into()))
+                leader: LeaderHint::new(Some(2), Some("n2:7100".into()))
             }
         );
     }

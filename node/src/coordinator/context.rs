@@ -10,6 +10,7 @@ use futures::future::BoxFuture;
 use leasehold_client::transport::WallClock;
 use leasehold_core::coordinator::{Command, Outcome, Proposal, ProposalResult};
 use leasehold_proto::refusal::{refusal, Reason};
+use leasehold_proto::LeaderHint;
 use leasehold_raft_store::{Node, NodeId, Raft, StateReader};
 use openraft::error::{CheckIsLeaderError, ClientWriteError, ForwardToLeader, RaftError};
 use tonic::Status;
@@ -106,10 +107,11 @@ impl NodeContext {
 
 /// The gRPC error for openraft's "forward to leader".
 pub fn forward_status(forward: &ForwardToLeader<NodeId, Node>) -> Status {
-    let leader = forward
-        .leader_id
-        .map(|id| (id, forward.leader_node.as_ref().map(|n| n.addr.clone())));
-    not_leader_status(leader, true)
+    let hint = LeaderHint::new(
+        forward.leader_id,
+        forward.leader_node.as_ref().map(|n| n.addr.clone()),
+    );
+    not_leader_status(&hint, true)
 }
 
 /// Proposes through `Raft::client_write`, bounded by the proposal timeout.
@@ -139,11 +141,13 @@ impl Proposer for RaftProposer {
                     Ok(response.data)
                 }
                 Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(forward)))) => {
-                    Err(ProposeError::NotLeader {
-                        leader: forward
-                            .leader_id
-                            .zip(forward.leader_node.map(|node| node.addr)),
-                    })
+                    // A leader is named only with its address.
+                    let leader = forward
+                        .leader_id
+                        .zip(forward.leader_node.map(|node| node.addr))
+                        .map(|(id, addr)| LeaderHint::new(Some(id), Some(addr)))
+                        .unwrap_or_default();
+                    Err(ProposeError::NotLeader { leader })
                 }
                 Ok(Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e)))) => {
                     Err(ProposeError::Unavailable(e.to_string()))

@@ -6,11 +6,10 @@
 //! With no leader known it answers `UNAVAILABLE` at once.
 
 use leasehold_core::coordinator::CommandError;
-use leasehold_proto::refusal::{refusal, refusal_with, Reason, KEY, LEADER_ADDR, LEADER_ID};
-use leasehold_proto::{LEADER_ADDR_METADATA, LEADER_ID_METADATA};
+use leasehold_proto::refusal::{refusal, refusal_with, Reason, KEY};
+use leasehold_proto::LeaderHint;
 use leasehold_raft_store::{NodeId, Raft, RaftMetrics};
 use openraft::ServerState;
-use tonic::metadata::MetadataValue;
 use tonic::Status;
 
 use super::batcher::ProposeError;
@@ -64,31 +63,14 @@ impl LeaderView {
     }
 }
 
-/// The error for a request that needs the leader, given who leads.
-pub fn not_leader_status(leader: Option<(NodeId, Option<String>)>, initialized: bool) -> Status {
-    match leader {
-        Some((id, addr)) => {
-            let addr_text = addr.clone().unwrap_or_default();
-            let mut details = vec![(LEADER_ID, id.to_string())];
-            if !addr_text.is_empty() {
-                details.push((LEADER_ADDR, addr_text.clone()));
-            }
-            let mut status = refusal_with(
-                Reason::NotLeader,
-                format!(
-                    "this member is not the leader; the leader is node {id} at {}",
-                    if addr_text.is_empty() { "an unknown address" } else { addr_text.as_str() }
-                ),
-                details,
-            );
-            if let Ok(value) = MetadataValue::try_from(id.to_string()) {
-                status.metadata_mut().insert(LEADER_ID_METADATA, value);
-            }
-            if let Some(value) = addr.and_then(|a| MetadataValue::try_from(a).ok()) {
-                status.metadata_mut().insert(LEADER_ADDR_METADATA, value);
-            }
-            status
-        }
+/// The error for a request that needs the leader, given the leader this
+/// member names (an empty hint: none is known).
+pub fn not_leader_status(hint: &LeaderHint, initialized: bool) -> Status {
+    match hint.leader_id {
+        Some(id) => hint.not_leader(format!(
+            "this member is not the leader; the leader is node {id} at {}",
+            hint.leader_addr.as_deref().unwrap_or("an unknown address")
+        )),
         None if !initialized => refusal(
             Reason::NotInitialized,
             "this member is not initialised and knows no leader; run `leasehold cluster init` or add it to a cluster",
@@ -106,11 +88,11 @@ pub fn require_leader(raft: &Raft, metrics: &NodeMetrics) -> Result<(), Status> 
         LeaderView::Me => Ok(()),
         LeaderView::Other { id, addr } => {
             metrics.record_rejection(Rejection::NotLeader);
-            Err(not_leader_status(Some((id, addr)), true))
+            Err(not_leader_status(&LeaderHint::new(Some(id), addr), true))
         }
         LeaderView::Unknown { initialized } => {
             metrics.record_rejection(Rejection::Unavailable);
-            Err(not_leader_status(None, initialized))
+            Err(not_leader_status(&LeaderHint::default(), initialized))
         }
     }
 }
@@ -120,7 +102,7 @@ pub fn propose_error_status(error: ProposeError, metrics: &NodeMetrics) -> Statu
     match error {
         ProposeError::NotLeader { leader } => {
             metrics.record_rejection(Rejection::NotLeader);
-            not_leader_status(leader.map(|(id, addr)| (id, Some(addr))), true)
+            not_leader_status(&leader, true)
         }
         ProposeError::Timeout(ms) => {
             metrics.record_rejection(Rejection::Unavailable);
@@ -168,22 +150,25 @@ mod tests {
 
     #[test]
     fn hint_carries_id_and_address_in_metadata_and_message() {
-        let status = not_leader_status(Some((2, Some("127.0.0.1:7102".into()))), true);
+        let hint = LeaderHint::new(Some(2), Some("127.0.0.1:7102".into()));
+        let status = not_leader_status(&hint, true);
         assert_eq!(status.code(), Code::FailedPrecondition);
-        assert_eq!(status.metadata().get(LEADER_ID_METADATA).unwrap(), "2");
-        assert_eq!(
-            status.metadata().get(LEADER_ADDR_METADATA).unwrap(),
-            "127.0.0.1:7102"
-        );
+        assert_eq!(LeaderHint::from_metadata(status.metadata()), hint);
+        assert_eq!(LeaderHint::from_error_info(&status), hint);
         assert!(status.message().contains("node 2 at 127.0.0.1:7102"));
+        let id_only = not_leader_status(&LeaderHint::new(Some(2), None), true);
+        assert!(id_only.message().contains("node 2 at an unknown address"));
     }
 
     #[test]
     fn no_leader_is_unavailable_and_says_whether_initialised() {
-        let fresh = not_leader_status(None, false);
+        let fresh = not_leader_status(&LeaderHint::default(), false);
         assert_eq!(fresh.code(), Code::Unavailable);
         assert!(fresh.message().contains("not initialised"));
-        assert_eq!(not_leader_status(None, true).code(), Code::Unavailable);
+        assert_eq!(
+            not_leader_status(&LeaderHint::default(), true).code(),
+            Code::Unavailable
+        );
     }
 
     #[test]

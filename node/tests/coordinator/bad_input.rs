@@ -7,7 +7,7 @@ use leasehold_proto::refusal::{self, reason_of, Reason};
 use leasehold_proto::v1 as pb;
 use leasehold_proto::v1::admin_client::AdminClient as AdminRpc;
 use leasehold_proto::v1::coordinator_client::CoordinatorClient as CoordinatorRpc;
-use leasehold_proto::{LEADER_ADDR_METADATA, LEADER_ID_METADATA};
+use leasehold_proto::LeaderHint;
 use tonic::transport::Channel;
 use tonic::Code;
 
@@ -309,25 +309,13 @@ async fn followers_answer_with_a_leader_hint() -> Result<()> {
             .unwrap_err(),
     ] {
         ensure!(checked_reason(&status) == Reason::NotLeader, "{status:?}");
-        ensure!(
-            refusal::detail(&status, refusal::LEADER_ADDR) == Some(cluster.addr(leader))
-                && refusal::detail(&status, refusal::LEADER_ID) == Some(leader.to_string()),
-            "{status:?}"
-        );
-        ensure!(
-            status
-                .metadata()
-                .get(LEADER_ID_METADATA)
-                .map(|v| v.to_str().ok())
-                == Some(Some(leader.to_string().as_str()))
-        );
         let addr = cluster.addr(leader);
+        let hint = LeaderHint::new(Some(leader), Some(addr.clone()));
+        // Both places the proto documents: ErrorInfo and trailing metadata.
+        ensure!(LeaderHint::from_error_info(&status) == hint, "{status:?}");
         ensure!(
-            status
-                .metadata()
-                .get(LEADER_ADDR_METADATA)
-                .map(|v| v.to_str().ok())
-                == Some(Some(addr.as_str()))
+            LeaderHint::from_metadata(status.metadata()) == hint,
+            "{status:?}"
         );
         ensure!(status.message().contains(&addr));
     }
