@@ -100,10 +100,9 @@ where
             let runtime = runtime.clone();
             std::thread::spawn(move || {
                 let _entered = runtime.enter();
-                let mut index = thread * 7;
-                for _ in 0..iterations {
+                let first = thread * 7;
+                for (index, _) in (first..).zip(0..iterations) {
                     check(&keys[index % keys.len()]);
-                    index += 1;
                 }
             })
         })

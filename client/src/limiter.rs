@@ -3,9 +3,11 @@
 //!
 //! The mode-specific paths live in private submodules: `leased` (local
 //! credits, coalesced refills, prefetch), `remote` (strict and cached-deny),
-//! `idle` (returning idle credits, key eviction) and `keys` (the bounded
-//! per-key table).
+//! `idle` (returning idle credits, key eviction), `keys` (the bounded
+//! per-key table) and `credit_lane` (the lock-free per-key credits a check
+//! with credits held spends).
 
+mod credit_lane;
 mod idle;
 mod keys;
 mod leased;
@@ -52,13 +54,15 @@ impl std::fmt::Debug for Limiter {
 pub(crate) struct Inner {
     source: Arc<dyn CreditSource>,
     config: LimiterConfig,
-    keys: Mutex<KeyTable>,
+    keys: KeyTable,
     denials: Mutex<HashMap<String, CachedDenial>>,
     stats: StatsCounters,
     /// The client id of this limiter's request ids (its incarnation).
     client_id: ClientId,
     next_seq: AtomicU64,
     sweeper_started: AtomicBool,
+    /// The instant the credit lanes count their nanoseconds from.
+    clock_origin: tokio::time::Instant,
 }
 
 impl Limiter {
@@ -83,12 +87,13 @@ impl Limiter {
             inner: Arc::new(Inner {
                 source,
                 config,
-                keys: Mutex::new(KeyTable::new(max_keys)),
+                keys: KeyTable::new(max_keys),
                 denials: Mutex::new(HashMap::new()),
                 stats: StatsCounters::default(),
                 client_id,
                 next_seq: AtomicU64::new(1),
                 sweeper_started: AtomicBool::new(false),
+                clock_origin: tokio::time::Instant::now(),
             }),
         })
     }
@@ -105,36 +110,48 @@ impl Limiter {
         key: &'a str,
         cost: u64,
     ) -> impl Future<Output = Result<Decision, ClientError>> + Send + 'a {
-        let labelled = self.check_labelled(key, cost);
-        async move { labelled.await.map(|a| a.decision) }
+        self.checking(key, cost, |admission| admission.decision)
     }
 
     /// Like [`check`](Self::check), also reporting the window an admission
     /// is labelled with.
     ///
     /// In leased mode with enough live credits held, the check is decided on
-    /// its first poll with no allocation, timer or await (the common case,
-    /// measured by `benches/check.rs`); anything else runs the full path.
+    /// its first poll with no allocation, lock, timer or await (the common
+    /// case, measured by `benches/check.rs`); anything else runs the full
+    /// path.
     pub fn check_labelled<'a>(
         &'a self,
         key: &'a str,
         cost: u64,
     ) -> impl Future<Output = Result<Admission, ClientError>> + Send + 'a {
+        self.checking(key, cost, |admission| admission)
+    }
+
+    /// The check future, answering `report(admission)`: decided on the
+    /// first poll when the key's lane holds the credits, else the boxed
+    /// full path.
+    #[inline]
+    fn checking<'a, T: 'a>(
+        &'a self,
+        key: &'a str,
+        cost: u64,
+        report: fn(Admission) -> T,
+    ) -> impl Future<Output = Result<T, ClientError>> + Send + 'a {
         let mut full_path: Option<BoxFuture<'a, Result<Admission, ClientError>>> = None;
         std::future::poll_fn(move |cx| {
             let full = match &mut full_path {
                 Some(full) => full,
                 None => {
-                    let inner = &self.inner;
-                    if let Some(admission) = inner.spend_held_credits(key, cost) {
-                        bump(&inner.stats.admitted, 1);
-                        bump(&inner.stats.admitted_tokens, cost);
-                        return Poll::Ready(Ok(admission));
+                    // Counted in the key's lane; folded into the
+                    // counters when they are read.
+                    if let Some(admission) = self.inner.spend_held_credits(key, cost) {
+                        return Poll::Ready(Ok(report(admission)));
                     }
                     full_path.insert(Box::pin(self.check_full_path(key, cost)))
                 }
             };
-            full.as_mut().poll(cx)
+            full.as_mut().poll(cx).map(|result| result.map(report))
         })
     }
 
@@ -181,6 +198,7 @@ impl Limiter {
             crate::Mode::Strict => "strict",
             crate::Mode::CachedDeny => "cached_deny",
         };
+        self.inner.fold_lane_counters();
         self.inner.stats.write_metrics(doc, mode);
     }
 
@@ -193,6 +211,7 @@ impl Limiter {
 
     /// A snapshot of this limiter's counters.
     pub fn stats(&self) -> LimiterStats {
+        self.inner.fold_lane_counters();
         self.inner.stats.snapshot()
     }
 

@@ -20,6 +20,13 @@
 //! - **Late grants are dropped.** A grant that arrives at or after its own
 //!   deadline, or that belongs to an older window than the credits already
 //!   held, is not credited.
+//! - **Loans are repaid before anything else.** [`CreditWallet::lend`] moves
+//!   live credits out to a spender that works without the wallet (the
+//!   limiter's lock-free per-key credit cell), which may spend them only
+//!   before the loan's deadline; [`CreditWallet::repay`] takes back what it
+//!   did not spend and counts the rest as spent. While a loan is out, the
+//!   conservation law reads `balance + lent = credited − spent − expired −
+//!   withdrawn`; callers repay before any other operation.
 
 /// A monotonic instant the wallet can compare and advance by milliseconds.
 pub trait MonotonicTime: Copy + Ord {
@@ -135,6 +142,17 @@ pub struct Withdrawal {
     pub window: WindowLabel,
 }
 
+/// Credits lent out of the wallet (see [`CreditWallet::lend`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Loan<T> {
+    /// Tokens lent.
+    pub tokens: u64,
+    /// The window they belong to (the label of every admission they pay).
+    pub window: WindowLabel,
+    /// They may be spent only strictly before this instant.
+    pub deadline: T,
+}
+
 /// Running totals of a wallet, for conservation checks and metrics.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct WalletTotals {
@@ -159,6 +177,7 @@ pub struct CreditWallet<T> {
     served_in_window: u64,
     in_flight: Option<u64>,
     next_ticket: u64,
+    lent: u64,
     totals: WalletTotals,
 }
 
@@ -178,6 +197,7 @@ impl<T: MonotonicTime> CreditWallet<T> {
             served_in_window: 0,
             in_flight: None,
             next_ticket: 0,
+            lent: 0,
             totals: WalletTotals::default(),
         }
     }
@@ -222,6 +242,11 @@ impl<T: MonotonicTime> CreditWallet<T> {
     /// Running totals.
     pub fn totals(&self) -> WalletTotals {
         self.totals
+    }
+
+    /// Tokens out on loan (0 when no loan is outstanding).
+    pub fn lent(&self) -> u64 {
+        self.lent
     }
 
     /// Whether a refill ticket is outstanding.
@@ -331,6 +356,45 @@ impl<T: MonotonicTime> CreditWallet<T> {
             tokens: terms.granted,
             closed_window_served,
         }
+    }
+
+    /// Lends up to `max_tokens` live credits (`None` when a loan is already
+    /// out, or nothing live is held at `now`). The borrower may spend them
+    /// only strictly before the loan's deadline, and must hand back what is
+    /// left with [`repay`](Self::repay) before the wallet is used again.
+    pub fn lend(&mut self, now: T, max_tokens: u64) -> Option<Loan<T>> {
+        self.expire(now);
+        if self.lent > 0 || self.balance == 0 || !self.live(now) {
+            return None;
+        }
+        let window = self.window?;
+        let deadline = self.deadline?;
+        let tokens = self.balance.min(max_tokens);
+        if tokens == 0 {
+            return None;
+        }
+        self.balance -= tokens;
+        self.lent = tokens;
+        Some(Loan {
+            tokens,
+            window,
+            deadline,
+        })
+    }
+
+    /// Ends the outstanding loan: `unspent` tokens (capped at the loan)
+    /// come back, the rest are counted as spent in the current window; then
+    /// credits dead at `now` are dropped. Returns the tokens the loan spent
+    /// (0 when no loan was out).
+    pub fn repay(&mut self, unspent: u64, now: T) -> u64 {
+        let lent = std::mem::take(&mut self.lent);
+        let unspent = unspent.min(lent);
+        let spent = lent - unspent;
+        self.balance = self.balance.saturating_add(unspent);
+        self.totals.spent = self.totals.spent.saturating_add(spent);
+        self.served_in_window = self.served_in_window.saturating_add(spent);
+        self.expire(now);
+        spent
     }
 
     /// Takes every live credit out of the wallet (to give it back to the

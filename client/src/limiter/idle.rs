@@ -51,25 +51,27 @@ impl Inner {
     /// the first error (credits whose return failed are forfeited: safe).
     pub(super) async fn return_idle(&self, idle_for: Duration) -> Result<u64, ClientError> {
         let now = Instant::now();
-        let cells = lock(&self.keys).snapshot();
+        let now_ns = self.nanos_since_origin(now).unwrap_or(0);
+        let idle_ns = u64::try_from(idle_for.as_nanos()).unwrap_or(u64::MAX);
         let mut withdrawals: Vec<(String, Withdrawal)> = Vec::new();
         let mut forget = Vec::new();
-        for (key, cell) in cells {
+        for cell in self.keys.snapshot() {
             let mut state = lock(&cell.state);
-            if state.pending.is_some() || now.saturating_duration_since(state.last_use) < idle_for {
+            let idle = now_ns.saturating_sub(cell.lane.last_use_ns()) >= idle_ns;
+            if state.pending.is_some() || !idle {
                 continue;
             }
+            self.settle_lane(&cell, &mut state, now);
             if let Some(w) = state.wallet.withdraw_all(now) {
-                withdrawals.push((key.clone(), w));
+                withdrawals.push((cell.key.to_string(), w));
             }
             self.report_expired(&mut state);
             drop(state);
-            forget.push((key, cell));
+            forget.push(cell);
         }
-        {
-            let mut table = lock(&self.keys);
-            for (key, cell) in &forget {
-                table.remove_if_same(key, cell);
+        for cell in &forget {
+            if self.keys.remove_if_same(cell) {
+                self.retire_cell(cell);
             }
         }
         let mut accepted_total = 0;

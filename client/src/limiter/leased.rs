@@ -19,6 +19,7 @@ use futures::FutureExt;
 use leasehold_core::ids::Key;
 use tokio::time::Instant;
 
+use super::credit_lane::MAX_LANE_TOKENS;
 use super::keys::{KeyCell, KeyState, PendingRefill, RefillReport};
 use super::{lock, Inner};
 use crate::config::{LeaseOptions, Mode};
@@ -31,10 +32,13 @@ use crate::wallet::{
 };
 
 impl Inner {
-    /// The whole check when `key` already holds enough live credits: no key
-    /// allocation, no timer, no await. `None` sends the check down the full
-    /// path (not leased mode, a zero cost, a key never seen, or too few live
-    /// credits), which decides it from scratch.
+    /// The whole check when `key` already holds enough live credits: one
+    /// shard read lock, one clock read and one compare-and-swap on the key's
+    /// [`CreditLane`] — no key allocation, no mutex, no timer, no await.
+    /// `None` sends the check down the full path (not leased mode, a zero
+    /// cost, a key never seen, or too few live credits in the lane), which
+    /// decides it from scratch.
+    #[inline]
     pub(super) fn spend_held_credits(self: &Arc<Self>, key: &str, cost: u64) -> Option<Admission> {
         let Mode::Leased(options) = &self.config.mode else {
             return None;
@@ -43,25 +47,98 @@ impl Inner {
             return None;
         }
         // Only keys that passed validation are in the table.
-        let cell = lock(&self.keys).get(key)?;
-        let now = Instant::now();
-        let mut state = lock(&cell.state);
-        let SpendOutcome::Spent { remaining, window } = state.wallet.spend(now, cost) else {
-            return None;
-        };
-        state.last_use = now;
-        self.report_expired(&mut state);
-        if options.low_water > 0 && remaining <= options.low_water && state.pending.is_none() {
-            if let Ok(key) = Key::new(key) {
-                let tokens = state.sizer.size();
-                // Fire and forget: the task credits the grant itself.
-                drop(self.start_refill(&cell, &mut state, &key, tokens, now, true));
+        let (spend, prefetch_cell) = self.keys.with_cell(key, |cell| {
+            if !cell.lane.may_cover(cost) {
+                return None;
             }
+            let now_ns = self.nanos_since_origin(Instant::now())?;
+            let spend = cell.lane.try_spend(cost, now_ns)?;
+            let prefetch = options.low_water > 0 && spend.remaining <= options.low_water;
+            Some((spend, prefetch.then(|| Arc::clone(cell))))
+        })??;
+        if let Some(cell) = prefetch_cell {
+            self.prefetch(&cell);
         }
         Some(Admission {
-            decision: allowed(window.limit, remaining, window.end_ms),
-            window_start_ms: Some(window.start_ms),
+            decision: allowed(spend.window.limit, spend.remaining, spend.window.end_ms),
+            window_start_ms: Some(spend.window.start_ms),
         })
+    }
+
+    /// Starts a background refill of `cell` unless one is in flight.
+    #[cold]
+    fn prefetch(self: &Arc<Self>, cell: &Arc<KeyCell>) {
+        let Ok(key) = Key::new(&*cell.key) else {
+            return;
+        };
+        let mut state = lock(&cell.state);
+        if state.pending.is_none() {
+            let tokens = state.sizer.size();
+            // Fire and forget: the task credits the grant itself.
+            drop(self.start_refill(cell, &mut state, &key, tokens, Instant::now(), true));
+        }
+    }
+
+    /// Nanoseconds from this limiter's clock origin to `t` (`None` before
+    /// the origin or past `u64`: the lane is then not used).
+    #[inline]
+    pub(super) fn nanos_since_origin(&self, t: Instant) -> Option<u64> {
+        let since = t.checked_duration_since(self.clock_origin)?;
+        since
+            .as_secs()
+            .checked_mul(1_000_000_000)?
+            .checked_add(u64::from(since.subsec_nanos()))
+    }
+
+    /// Takes the key's lent credits back into its wallet (what the lane
+    /// spent is counted as admitted tokens). Every use of the wallet starts
+    /// with this.
+    pub(super) fn settle_lane(&self, cell: &KeyCell, state: &mut KeyState, now: Instant) {
+        if state.wallet.lent() == 0 {
+            return;
+        }
+        let unspent = cell.lane.drain();
+        let spent = state.wallet.repay(unspent, now);
+        bump(&self.stats.admitted_tokens, spent);
+        self.report_expired(state);
+    }
+
+    /// Lends the key's live credits to its lane, so that the next checks
+    /// spend them without the mutex. Every use of the wallet ends with this.
+    pub(super) fn lend_to_lane(&self, cell: &KeyCell, state: &mut KeyState, now: Instant) {
+        let Some(loan) = state.wallet.lend(now, MAX_LANE_TOKENS) else {
+            return;
+        };
+        match self.nanos_since_origin(loan.deadline) {
+            Some(deadline_ns) => {
+                let reserve = state.wallet.balance(now);
+                cell.lane
+                    .publish(loan.tokens, reserve, deadline_ns, loan.window);
+            }
+            None => {
+                state.wallet.repay(loan.tokens, now);
+            }
+        }
+    }
+
+    /// Settles a cell that left the table and adds its lock-free
+    /// admissions to the counters.
+    pub(super) fn retire_cell(&self, cell: &KeyCell) {
+        let mut state = lock(&cell.state);
+        self.settle_lane(cell, &mut state, Instant::now());
+        bump(&self.stats.admitted, cell.lane.take_admitted());
+    }
+
+    /// Brings the counters up to date with the lock-free admissions of
+    /// every key (settling and re-lending each key's credits).
+    pub(super) fn fold_lane_counters(&self) {
+        for cell in self.keys.snapshot() {
+            let mut state = lock(&cell.state);
+            let now = Instant::now();
+            self.settle_lane(&cell, &mut state, now);
+            bump(&self.stats.admitted, cell.lane.take_admitted());
+            self.lend_to_lane(&cell, &mut state, now);
+        }
     }
 
     pub(super) async fn check_leased(
@@ -77,46 +154,22 @@ impl Inner {
             let now = Instant::now();
             let waiting = {
                 let mut state = lock(&cell.state);
-                state.last_use = now;
-                let spent = state.wallet.spend(now, cost);
-                self.report_expired(&mut state);
-                match spent {
-                    SpendOutcome::Spent { remaining, window } => {
-                        if options.low_water > 0
-                            && remaining <= options.low_water
-                            && state.pending.is_none()
-                        {
-                            let tokens = state.sizer.size();
-                            // Fire and forget: the task credits the grant itself.
-                            drop(self.start_refill(&cell, &mut state, &key, tokens, now, true));
-                        }
-                        return Ok(Admission {
-                            decision: allowed(window.limit, remaining, window.end_ms),
-                            window_start_ms: Some(window.start_ms),
-                        });
-                    }
-                    SpendOutcome::Short { balance } => {
-                        if let Some(denial) = cached_empty_grant(&mut state, balance, now) {
-                            return Ok(Admission {
-                                decision: denial,
-                                window_start_ms: None,
-                            });
-                        }
-                        let exhausted = last_refill.is_some_and(|r| r.granted == 0);
-                        if exhausted || round == options.max_refill_rounds {
-                            return Ok(Admission {
-                                decision: self.denial(&state.wallet, balance, last_refill, now),
-                                window_start_ms: None,
-                            });
-                        }
-                        match &state.pending {
-                            Some(pending) => pending.clone(),
-                            None => {
-                                let tokens = state.sizer.size().max(cost.saturating_sub(balance));
-                                self.start_refill(&cell, &mut state, &key, tokens, now, false)
-                            }
-                        }
-                    }
+                self.settle_lane(&cell, &mut state, now);
+                let last_round = round == options.max_refill_rounds;
+                let step = self.leased_round(
+                    &cell,
+                    &mut state,
+                    &key,
+                    cost,
+                    options,
+                    now,
+                    last_refill,
+                    last_round,
+                );
+                self.lend_to_lane(&cell, &mut state, now);
+                match step {
+                    Round::Decided(admission) => return Ok(admission),
+                    Round::Wait(pending) => pending,
                 }
             };
             last_refill = Some(waiting.await?);
@@ -125,6 +178,64 @@ impl Inner {
         Err(ClientError::Protocol(
             "refill loop ended without a decision".into(),
         ))
+    }
+    /// One round of a leased check, with the key's wallet settled: spend,
+    /// or decide a denial, or name the refill to wait for.
+    #[allow(clippy::too_many_arguments)]
+    fn leased_round(
+        self: &Arc<Self>,
+        cell: &Arc<KeyCell>,
+        state: &mut KeyState,
+        key: &Key,
+        cost: u64,
+        options: &LeaseOptions,
+        now: Instant,
+        last_refill: Option<RefillReport>,
+        last_round: bool,
+    ) -> Round {
+        if let Some(now_ns) = self.nanos_since_origin(now) {
+            cell.lane.touch(now_ns);
+        }
+        let spent = state.wallet.spend(now, cost);
+        self.report_expired(state);
+        match spent {
+            SpendOutcome::Spent { remaining, window } => {
+                if options.low_water > 0
+                    && remaining <= options.low_water
+                    && state.pending.is_none()
+                {
+                    let tokens = state.sizer.size();
+                    // Fire and forget: the task credits the grant itself.
+                    drop(self.start_refill(cell, state, key, tokens, now, true));
+                }
+                Round::Decided(Admission {
+                    decision: allowed(window.limit, remaining, window.end_ms),
+                    window_start_ms: Some(window.start_ms),
+                })
+            }
+            SpendOutcome::Short { balance } => {
+                if let Some(denial) = cached_empty_grant(state, balance, now) {
+                    return Round::Decided(Admission {
+                        decision: denial,
+                        window_start_ms: None,
+                    });
+                }
+                let exhausted = last_refill.is_some_and(|r| r.granted == 0);
+                if exhausted || last_round {
+                    return Round::Decided(Admission {
+                        decision: self.denial(&state.wallet, balance, last_refill, now),
+                        window_start_ms: None,
+                    });
+                }
+                Round::Wait(match &state.pending {
+                    Some(pending) => pending.clone(),
+                    None => {
+                        let tokens = state.sizer.size().max(cost.saturating_sub(balance));
+                        self.start_refill(cell, state, key, tokens, now, false)
+                    }
+                })
+            }
+        }
     }
 
     /// The denial for a check that could not be served.
@@ -155,14 +266,18 @@ impl Inner {
 
     /// The cell of `key`, created on first use.
     fn cell(&self, key: &Key, options: &LeaseOptions) -> Arc<KeyCell> {
-        lock(&self.keys).get_or_insert(key.as_str(), || KeyState {
+        let now_ns = self.nanos_since_origin(Instant::now()).unwrap_or(0);
+        let (cell, evicted) = self.keys.get_or_insert(key.as_str(), now_ns, || KeyState {
             wallet: CreditWallet::new(),
             pending: None,
             sizer: options.sizing.sizer(),
-            last_use: Instant::now(),
             expired_reported: 0,
             empty_until: None,
-        })
+        });
+        if let Some(evicted) = evicted {
+            self.retire_cell(&evicted);
+        }
+        cell
     }
 
     /// Counts credits that died unspent since the last report.
@@ -219,6 +334,7 @@ impl Inner {
             inner.stats.record_backend_answer(&answer, sent.elapsed());
             let arrived = Instant::now();
             let mut state = lock(&task_cell.state);
+            inner.settle_lane(&task_cell, &mut state, arrived);
             state.pending = None;
             let checked = answer.and_then(|grant| checked_terms(grant, tokens).map(|t| (grant, t)));
             let report = match checked {
@@ -254,6 +370,7 @@ impl Inner {
                 remember_empty_grant(&mut state, r, arrived);
             }
             inner.report_expired(&mut state);
+            inner.lend_to_lane(&task_cell, &mut state, arrived);
             report
         });
         let pending: PendingRefill = async move {
@@ -291,9 +408,23 @@ impl Inner {
     }
 
     pub(super) fn local_balance(&self, key: &str) -> u64 {
-        let cell = lock(&self.keys).get(key);
-        cell.map_or(0, |c| lock(&c.state).wallet.balance(Instant::now()))
+        let Some(cell) = self.keys.get(key) else {
+            return 0;
+        };
+        let mut state = lock(&cell.state);
+        let now = Instant::now();
+        self.settle_lane(&cell, &mut state, now);
+        let balance = state.wallet.balance(now);
+        self.lend_to_lane(&cell, &mut state, now);
+        balance
     }
+}
+
+/// What one round of a leased check decided.
+enum Round {
+    Decided(Admission),
+    /// Wait for this refill, then try again.
+    Wait(PendingRefill),
 }
 
 /// Validates a grant against what was asked and converts it for the

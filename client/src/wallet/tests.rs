@@ -19,6 +19,12 @@ enum Step {
     Abandon,
     Spend(u64),
     Withdraw,
+    /// Lend up to this many live credits to an outside spender.
+    Lend(u64),
+    /// The outside spender spends from its loan.
+    SpendFromLoan(u64),
+    /// The outside spender hands back what it did not spend.
+    Repay,
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -30,6 +36,9 @@ fn step() -> impl Strategy<Value = Step> {
         1 => Just(Step::Abandon),
         5 => (0u64..12).prop_map(Step::Spend),
         1 => Just(Step::Withdraw),
+        2 => (1u64..40).prop_map(Step::Lend),
+        4 => (0u64..12).prop_map(Step::SpendFromLoan),
+        1 => Just(Step::Repay),
     ]
 }
 
@@ -58,7 +67,21 @@ proptest! {
         let mut ticket: Option<RefillTicket<u64>> = None;
         let mut credited_seen = 0u64;
         let mut spent_seen = 0u64;
+        // The outstanding loan and what its spender has not spent yet.
+        let mut loan: Option<(Loan<u64>, u64)> = None;
         for step in steps {
+            // The protocol: a loan is repaid before any other wallet use.
+            let uses_wallet = matches!(
+                step,
+                Step::Deliver { .. } | Step::Spend(_) | Step::Withdraw | Step::Repay | Step::Lend(_)
+            );
+            if uses_wallet {
+                if let Some((lent, unspent)) = loan.take() {
+                    let spent = wallet.repay(unspent, now);
+                    prop_assert_eq!(spent, lent.tokens - unspent);
+                    prop_assert_eq!(wallet.lent(), 0);
+                }
+            }
             match step {
                 Step::Advance(dt) => now += dt,
                 Step::BeginRefill => {
@@ -121,15 +144,40 @@ proptest! {
                     }
                     prop_assert_eq!(wallet.balance(now), 0);
                 }
+                Step::Lend(max) => {
+                    let live = wallet.balance(now);
+                    match wallet.lend(now, max) {
+                        Some(lent) => {
+                            prop_assert_eq!(lent.tokens, live.min(max));
+                            prop_assert_eq!(Some(lent.deadline), wallet.deadline());
+                            prop_assert_eq!(wallet.balance, live - lent.tokens);
+                            loan = Some((lent, lent.tokens));
+                        }
+                        None => prop_assert_eq!(live, 0),
+                    }
+                }
+                Step::SpendFromLoan(cost) => {
+                    if let Some((lent, unspent)) = &mut loan {
+                        // The borrower's rule: enough left, strictly before the deadline.
+                        if *unspent >= cost && now < lent.deadline {
+                            *unspent -= cost;
+                            spent_seen += cost;
+                            prop_assert!(now < lent.window.end_ms - offset,
+                                "spent at {} a lent credit of a window ending at {}", now, lent.window.end_ms - offset);
+                        }
+                    }
+                }
+                Step::Repay => {}
             }
             let t = wallet.totals();
-            // Conservation: balance = credited − spent − expired − withdrawn.
+            let spent_on_loan = loan.map_or(0, |(lent, unspent)| lent.tokens - unspent);
+            // Conservation: balance + lent = credited − spent − expired − withdrawn.
             prop_assert_eq!(
                 t.credited,
-                t.spent + t.expired + t.withdrawn + wallet.balance
+                t.spent + t.expired + t.withdrawn + wallet.balance + wallet.lent()
             );
             prop_assert_eq!(t.credited, credited_seen);
-            prop_assert_eq!(t.spent, spent_seen);
+            prop_assert_eq!(t.spent + spent_on_loan, spent_seen);
             prop_assert!(t.spent <= t.credited);
         }
     }
