@@ -58,6 +58,9 @@ mod fair_gate;
 
 mod outage_gate;
 
+mod fair_key;
+
+pub use fair_key::{FairKey, FairStep, PendingRelease, PoolAnswer, ReleaseAnswer};
 pub use outage_gate::OutageGate;
 
 pub use fair_gate::{EscrowFairGate, FairGateCounters, GateVerdict};

@@ -154,6 +154,11 @@ impl WeightedFairEscrow {
         }
     }
 
+    /// The key's limit L (from the first grant).
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
     /// The region's budget (pool grant) for the current window.
     pub fn budget(&self) -> u64 {
         self.budget

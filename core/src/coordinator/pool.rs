@@ -149,18 +149,19 @@ impl CoordinatorState {
         if start != window_start_ms {
             return answer(PoolReleaseDisposition::WindowEnded, 0, 0, start, end);
         }
-        let (current, returned) = record.regions.get(region).map_or(
-            (PoolMember::default(), 0),
-            |used| {
-                (
-                    PoolMember {
-                        weight: used.pool_weight,
-                        granted: used.granted,
-                    },
-                    used.returned,
-                )
-            },
-        );
+        let (current, returned) =
+            record
+                .regions
+                .get(region)
+                .map_or((PoolMember::default(), 0), |used| {
+                    (
+                        PoolMember {
+                            weight: used.pool_weight,
+                            granted: used.granted,
+                        },
+                        used.returned,
+                    )
+                });
         // Lease grants a region credited back before a kind change stay
         // counted: a release never takes the total below them.
         let keep_total = keep_total.max(returned).min(from_total);

@@ -3,7 +3,8 @@
 //! before anything is proposed, so bad input never reaches the log.
 
 use leasehold_core::coordinator::{
-    Command, LeaseGrant, PoolGrantOutcome, ReconcileDisposition, ReconcileOutcome, WindowView,
+    Command, LeaseGrant, PoolGrantOutcome, PoolReleaseDisposition, PoolReleaseOutcome,
+    ReconcileDisposition, ReconcileOutcome, WindowView,
 };
 use leasehold_core::ids::{ClientId, Key, RegionId, RequestId};
 use leasehold_core::policy::Policy;
@@ -165,6 +166,44 @@ pub fn window_response(key: &Key, view: &WindowView) -> pb::GetWindowResponse {
         coordinator_now_ms: view.coordinator_now_ms,
         would_deny_tokens: view.shadow.would_deny_tokens,
         would_deny_requests: view.shadow.would_deny_requests,
+    }
+}
+
+/// A pool release request of `caller` as a command: `keep_total ≤ from_total`.
+pub fn pool_release_command(
+    request: pb::PoolReleaseRequest,
+    caller: Principal,
+) -> Result<Command, Status> {
+    if request.keep_total > request.from_total {
+        return Err(invalid_field(
+            "keep_total",
+            "keep_total must not exceed from_total",
+        ));
+    }
+    Ok(Command::PoolRelease {
+        key: key(&request.key)?,
+        region: region(&request.region)?,
+        from_total: request.from_total,
+        keep_total: request.keep_total,
+        window_start_ms: request.window_start_ms,
+        request_id: request_id(request.request_id)?,
+        caller,
+    })
+}
+
+/// A pool release outcome on the wire.
+pub fn pool_release_response(outcome: &PoolReleaseOutcome) -> pb::PoolReleaseResponse {
+    let disposition = match outcome.disposition {
+        PoolReleaseDisposition::Released => pb::PoolReleaseDisposition::Released,
+        PoolReleaseDisposition::WindowEnded => pb::PoolReleaseDisposition::WindowEnded,
+        PoolReleaseDisposition::StaleTotal => pb::PoolReleaseDisposition::StaleTotal,
+    };
+    pb::PoolReleaseResponse {
+        disposition: disposition as i32,
+        released: outcome.released,
+        granted_total: outcome.granted_total,
+        window_start_ms: outcome.window_start_ms,
+        window_end_ms: outcome.window_end_ms,
     }
 }
 

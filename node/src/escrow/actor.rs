@@ -3,17 +3,15 @@
 //! key are handled one at a time, so at most one lease is ever in flight and
 //! waiters simply see the credited balance when their turn comes.
 //!
-//! Reclaim (`fair` keys): a key that has seen no request for
-//! `pool_release_idle_ms` while its pool grant is live hands the unspent part
-//! back (`PoolRelease`, keeping what it admitted) so busier regions can use it
-//! this window; so does a key that stops (evicted, or the node shutting
-//! down). The release is compare-and-set on the region's total: the key
-//! spends no more than what it keeps from the moment it sends it, and a
-//! release without a definitive answer is retried with the same request id
-//! before any other pool call of the key (a grant answered in between could
-//! otherwise be released under it). A region at its pool ceiling asks again
-//! after `pool_release_idle_ms` (at most a quarter of the window), since
-//! others may have released meanwhile.
+//! `fair` keys follow [`FairKey`] (core, sans IO: the pool grant, its
+//! deadline, ask sizing, the ceiling and reclaim); the actor performs the
+//! `PoolGrant` and `PoolRelease` calls it asks for. Reclaim: a key that has
+//! seen no request for `pool_release_idle_ms` while its grant is live
+//! releases what it did not admit, and so does a key that stops (evicted,
+//! or the node shutting down). A pending release is resent (same request
+//! id) before any other pool call of the key. A region at its pool ceiling
+//! asks again after `pool_release_idle_ms` (at most a quarter window),
+//! since others may have released meanwhile.
 
 use leasehold_client::coordinator::CoordinatorError;
 use leasehold_core::fair_throttle::CallerId;
@@ -24,13 +22,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold_core::escrow::{
-    Admission, CoordinatorGrant, EscrowCounters, FairGateCounters, GateVerdict, Holder, HolderBook,
-    HolderCounters, HolderHeld, HolderRefusal, RegionEscrow, ReturnClaim, ReturnSettled, Served,
+    Admission, CoordinatorGrant, EscrowCounters, FairGateCounters, FairKey, FairStep, GateVerdict,
+    Holder, HolderBook, HolderCounters, HolderHeld, HolderRefusal, PoolAnswer, RegionEscrow,
+    ReleaseAnswer, ReturnClaim, ReturnSettled, Served,
 };
 use leasehold_core::ids::TenantId;
 use leasehold_core::policy::{OutagePolicy, Policy, PolicyKind};
 use leasehold_core::sizer::{EoqParams, LeaseSizer};
-use leasehold_core::wfe::{RecordedAsk, WeightedFairEscrow};
 use leasehold_core::window::WindowBounds;
 use tokio::sync::{mpsc, oneshot};
 use tonic::{Code, Status};
@@ -221,7 +219,6 @@ impl KeyHandle {
             KeyActor {
                 key,
                 last_request_ms: shared.mono_ms(),
-                pending_release: None,
                 release_tried_ms: 0,
                 escrow,
                 shared,
@@ -260,9 +257,7 @@ struct KeyActor {
     /// When the last request arrived (monotonic ms): eviction and reclaim
     /// count idleness from it.
     last_request_ms: u64,
-    /// A pool release sent without a definitive answer yet.
-    pending_release: Option<PendingRelease>,
-    /// When the pending release was last tried (monotonic ms).
+    /// When the pending pool release was last tried (monotonic ms).
     release_tried_ms: u64,
     escrow: RegionEscrow,
     shared: Arc<EscrowShared>,
@@ -276,41 +271,11 @@ struct KeyActor {
     /// Who holds which credits; the answers given per request id.
     book: HolderBook<Acquired>,
     reported_holders: HolderCounters,
-    fair: Option<FairState>,
+    /// The `fair` key's state, once the key turned out to be fair.
+    fair: Option<FairKey<pb::RequestId>>,
     /// The key's fair throttle, when a `fair_throttle` rule fronts it.
     fair_throttle: Option<KeyFairThrottle>,
     reported_fair: FairGateCounters,
-}
-
-/// The weighted-fair escrow of a `fair` key and the pool grant it runs on.
-struct FairState {
-    escrow: WeightedFairEscrow,
-    window: WindowBounds,
-    /// Local monotonic deadline of the window's pool grant.
-    deadline_ms: u64,
-    /// The pool granted less than asked: the region is at its ceiling and
-    /// does not ask again before this local monotonic time (other regions
-    /// may have released meanwhile).
-    exhausted_until_ms: u64,
-    /// The region retired from the pool in this window (a release was
-    /// applied): it holds what it kept and reserves nothing until it asks.
-    retired: bool,
-}
-
-impl FairState {
-    fn at_ceiling(&self, now_ms: u64) -> bool {
-        now_ms < self.exhausted_until_ms
-    }
-}
-
-/// A `PoolRelease` sent and not yet definitively answered: retried as is
-/// (same request id) until it is.
-#[derive(Debug, Clone)]
-struct PendingRelease {
-    request_id: pb::RequestId,
-    from_total: u64,
-    keep_total: u64,
-    window: WindowBounds,
 }
 
 /// Tenant used when a request names none.
@@ -372,22 +337,13 @@ impl KeyActor {
     /// a probe interval after its last try; otherwise `pool_release_idle_ms`
     /// after the last request, while a live, unretired grant is held.
     fn release_at(&self) -> Option<u64> {
-        let idle_ms = self.shared.config.pool_release_idle_ms;
-        if idle_ms == 0 {
-            return None;
-        }
-        if self.pending_release.is_some() {
-            return Some(
-                self.release_tried_ms
-                    .saturating_add(self.shared.config.probe_interval_ms.max(1)),
-            );
-        }
-        let fair = self.fair.as_ref()?;
-        let now = self.shared.mono_ms();
-        if fair.retired || now >= fair.deadline_ms {
-            return None;
-        }
-        Some(self.last_request_ms.saturating_add(idle_ms))
+        self.fair.as_ref()?.release_at(
+            self.last_request_ms,
+            self.shared.config.pool_release_idle_ms,
+            self.release_tried_ms,
+            self.shared.config.probe_interval_ms,
+            self.shared.mono_ms(),
+        )
     }
 
     fn release_due(&self, now_ms: u64) -> bool {
@@ -397,26 +353,14 @@ impl KeyActor {
     /// Reclaim: retires the region from the key's pool in its live window,
     /// keeping what it admitted (or retries a pending release).
     async fn release_pool(&mut self) {
-        if self.pending_release.is_none() {
-            let now = self.shared.mono_ms();
-            let Some(state) = self.fair.as_mut() else {
-                return;
-            };
-            if state.retired || now >= state.deadline_ms {
-                return;
+        let now = self.shared.mono_ms();
+        let request_id = self.shared.client.next_request_id();
+        if let Some(fair) = self.fair.as_mut() {
+            if fair.pending_release().is_none() {
+                // From now on the key spends no more than it keeps,
+                // whatever becomes of the release.
+                fair.begin_release(request_id, now);
             }
-            let from_total = state.escrow.budget();
-            let keep_total = state.escrow.total_used().min(from_total);
-            // From now on the key spends no more than it keeps, whatever
-            // becomes of the release.
-            state.escrow.retire(state.window, keep_total);
-            state.exhausted_until_ms = 0;
-            self.pending_release = Some(PendingRelease {
-                request_id: self.shared.client.next_request_id(),
-                from_total,
-                keep_total,
-                window: state.window,
-            });
         }
         self.resolve_pending_release().await;
     }
@@ -424,7 +368,12 @@ impl KeyActor {
     /// Sends the pending release (if any) and settles it; true when none is
     /// pending afterwards.
     async fn resolve_pending_release(&mut self) -> bool {
-        let Some(pending) = self.pending_release.clone() else {
+        let Some(pending) = self
+            .fair
+            .as_ref()
+            .and_then(|fair| fair.pending_release())
+            .cloned()
+        else {
             return true;
         };
         self.release_tried_ms = self.shared.mono_ms();
@@ -443,30 +392,24 @@ impl KeyActor {
             .await;
         match answer {
             Ok(answer) => {
-                self.pending_release = None;
                 self.escrow.outage_mut().on_answer();
-                let state = self
-                    .fair
-                    .as_mut()
-                    .filter(|state| state.window == pending.window);
-                match pb::PoolReleaseDisposition::try_from(answer.disposition) {
+                let settled = match pb::PoolReleaseDisposition::try_from(answer.disposition) {
                     Ok(pb::PoolReleaseDisposition::Released) => {
                         self.shared.record_pool_release(answer.released);
                         tracing::debug!(key = %self.key, released = answer.released, kept = answer.granted_total, "pool grant released");
-                        if let Some(state) = state {
-                            state.retired = true;
+                        ReleaseAnswer::Released {
+                            released: answer.released,
                         }
                     }
-                    Ok(pb::PoolReleaseDisposition::StaleTotal) => {
-                        // The coordinator holds another total for the
-                        // region: that is its grant.
-                        if let Some(state) = state {
-                            state
-                                .escrow
-                                .observe_grant(pending.window, answer.granted_total);
-                        }
-                    }
-                    _ => {}
+                    // The coordinator holds another total for the region:
+                    // that is its grant.
+                    Ok(pb::PoolReleaseDisposition::StaleTotal) => ReleaseAnswer::StaleTotal {
+                        granted_total: answer.granted_total,
+                    },
+                    _ => ReleaseAnswer::WindowEnded,
+                };
+                if let Some(fair) = self.fair.as_mut() {
+                    fair.on_release_answer(settled);
                 }
                 true
             }
@@ -487,7 +430,9 @@ impl KeyActor {
                 // never applied again): the key keeps spending no more than
                 // it kept until the pool tells it its total again.
                 tracing::debug!(key = %self.key, error = %e, "pool release refused");
-                self.pending_release = None;
+                if let Some(fair) = self.fair.as_mut() {
+                    fair.on_release_refused();
+                }
                 true
             }
             Err(e) => {
@@ -537,16 +482,19 @@ impl KeyActor {
     /// Publishes the key's [`KeyView`] for watchers.
     fn publish_view(&mut self) {
         let limit = self.shared.policy_for(&self.key).map_or(0, |p| p.limit);
-        let view = match &self.fair {
-            Some(fair) => KeyView {
-                window: Some(fair.window),
+        let fair = self
+            .fair
+            .as_ref()
+            .and_then(|fair| Some((fair.window()?, fair.escrow()?)));
+        let view = match fair {
+            Some((window, escrow)) => KeyView {
+                window: Some(window),
                 limit,
-                granted: fair.escrow.budget(),
+                granted: escrow.budget(),
                 held: 0,
-                region_weight: fair.escrow.region_weight(),
-                tenant_count: fair.escrow.tenant_count() as u64,
-                tenants: fair
-                    .escrow
+                region_weight: escrow.region_weight(),
+                tenant_count: escrow.tenant_count() as u64,
+                tenants: escrow
                     .tenants()
                     .take(MAX_VIEWED_TENANTS)
                     .map(|(tenant, weight, used)| (tenant.to_string(), weight, used))
@@ -916,40 +864,30 @@ impl KeyActor {
                     start_ms: grant.window_start_ms,
                     end_ms: grant.window_end_ms,
                 };
-                let deadline_ms = sent.saturating_add(grant.remaining_lifetime_ms);
-                let limit = grant.limit;
-                let state = self.fair.get_or_insert_with(|| FairState {
-                    escrow: WeightedFairEscrow::new(limit, self.shared.config.max_tenants),
-                    window,
-                    deadline_ms,
-                    exhausted_until_ms: 0,
-                    retired: false,
-                });
-                if state.window != window {
-                    state.window = window;
-                    state.deadline_ms = deadline_ms;
-                    state.exhausted_until_ms = 0;
-                } else {
-                    state.deadline_ms = state.deadline_ms.min(deadline_ms);
-                }
-                // Asking again rejoins the pool with the region's weight.
-                state.retired = false;
-                if grant.granted_total < want_total {
-                    // Other regions release after `pool_release_idle_ms` of
-                    // quiet: look again at that cadence, at most every
-                    // quarter window.
-                    let window_ms = window.end_ms.saturating_sub(window.start_ms);
-                    let re_ask_ms = match self.shared.config.pool_release_idle_ms {
-                        0 => window_ms / 4,
-                        idle_ms => (window_ms / 4).min(idle_ms.max(100)),
-                    };
-                    state.exhausted_until_ms = self
-                        .shared
-                        .mono_ms()
-                        .saturating_add(re_ask_ms.max(1))
-                        .min(state.deadline_ms);
-                }
-                state.escrow.observe_grant(window, grant.granted_total);
+                // Other regions release after `pool_release_idle_ms` of
+                // quiet: at the ceiling, look again at that cadence, at
+                // most every quarter window.
+                let window_ms = window.end_ms.saturating_sub(window.start_ms);
+                let re_ask_ms = match self.shared.config.pool_release_idle_ms {
+                    0 => window_ms / 4,
+                    idle_ms => (window_ms / 4).min(idle_ms.max(100)),
+                };
+                let max_tenants = self.shared.config.max_tenants;
+                let now = self.shared.mono_ms();
+                self.fair
+                    .get_or_insert_with(|| FairKey::new(max_tenants))
+                    .on_pool_answer(
+                        PoolAnswer {
+                            granted_total: grant.granted_total,
+                            limit: grant.limit,
+                            window,
+                            remaining_lifetime_ms: grant.remaining_lifetime_ms,
+                        },
+                        want_total,
+                        sent,
+                        now,
+                        re_ask_ms,
+                    );
                 self.last_window_end_ms = grant.window_end_ms;
                 Ok(Some(grant.granted_total))
             }
@@ -1001,7 +939,7 @@ impl KeyActor {
     }
 
     /// One weighted-fair decision of `cost` tokens for `tenant`, over the
-    /// region's pool grant; an admission hands out `cost` credits.
+    /// region's pool grant ([`FairKey`] decides; this performs its asks).
     async fn acquire_fair(
         &mut self,
         policy: &Policy,
@@ -1009,97 +947,54 @@ impl KeyActor {
         weight: u64,
         cost: u64,
     ) -> Result<Acquired, Status> {
-        let now = self.shared.mono_ms();
-        let live = self.fair.as_ref().is_some_and(|f| now < f.deadline_ms);
-        if !live {
-            // No live pool grant: ask for one, at most once per probe
-            // interval while the coordinator is unreachable. (No warm start
-            // from the last window, unlike counter keys: a region joins the
-            // pool's active set with its first ask, so a large first ask
-            // made before the other regions have joined would take budget
-            // their guarantees should reserve — measured in `leasehold
-            // demo`, 24 % off the max-min ideal.)
-            let answered = if self.escrow.outage_mut().may_call(now) {
-                self.pool_grant(weight, cost, policy.outage).await?
-            } else {
-                None
-            };
-            if answered.is_none() {
-                return Ok(self.fair_outage(policy, cost));
-            }
-        }
+        let max_tenants = self.shared.config.max_tenants;
         for _ in 0..leasehold_core::wfe::MAX_POOL_ASKS_PER_CHECK {
-            let Some(state) = self.fair.as_mut() else {
-                break;
-            };
             let now = self.shared.mono_ms();
-            if now >= state.deadline_ms {
-                break;
-            }
-            let remaining = state.deadline_ms - now;
-            let coordinator_now = state.window.end_ms.saturating_sub(remaining);
-            let window = state.window;
-            let mut ask = RecordedAsk {
-                current: state.escrow.budget(),
-                asked: None,
-            };
-            let decision =
-                state
-                    .escrow
-                    .check(tenant, weight, cost, window, coordinator_now, &mut ask);
-            if decision.allowed {
-                let served = Served {
-                    granted: cost,
-                    window_start_ms: window.start_ms,
-                    window_end_ms: window.end_ms,
-                    remaining_lifetime_ms: remaining,
-                    from_fallback: false,
-                };
-                return Ok(Acquired::Credits {
-                    served,
-                    limit: decision.limit,
-                    shadow_would_deny: false,
-                });
-            }
-            let before = state.escrow.budget();
-            let at_ceiling = state.at_ceiling(now);
-            let Some((region_weight, want)) = ask.asked.filter(|_| !at_ceiling) else {
-                // Nothing to ask, or the pool gave this region all it could
-                // a moment ago: ask again once the ceiling may have moved.
-                let retry_after_ms = if at_ceiling {
-                    state.exhausted_until_ms - now
-                } else {
-                    decision.retry_after_ms
-                };
-                return Ok(Acquired::Denied {
+            let lease_size = self.escrow.lease_size();
+            let step = self
+                .fair
+                .get_or_insert_with(|| FairKey::new(max_tenants))
+                .decide(tenant, weight, cost, lease_size, now);
+            let (region_weight, want_total) = match step {
+                FairStep::Admit { served, limit } => {
+                    return Ok(Acquired::Credits {
+                        served,
+                        limit,
+                        shadow_would_deny: false,
+                    })
+                }
+                FairStep::Deny {
                     retry_after_ms,
-                    limit: decision.limit,
-                    window_end_ms: window.end_ms,
-                    fair_throttled: false,
-                });
-            };
-            // Ask for a batch beyond the immediate need (the key's lease
-            // size), so the pool is not asked once per request.
-            let want = want
-                .max(before.saturating_add(self.escrow.lease_size()))
-                .min(policy.limit.max(want));
-            // More of the pool: at most once per probe interval while the
-            // coordinator is unreachable.
-            let now = self.shared.mono_ms();
-            if !self.escrow.outage_mut().may_call(now) {
-                return Ok(self.fair_outage(policy, cost));
-            }
-            match self.pool_grant(region_weight, want, policy.outage).await? {
-                Some(total) if total > before => continue,
-                None => return Ok(self.fair_outage(policy, cost)),
-                Some(_) => {
+                    limit,
+                    window_end_ms,
+                } => {
                     return Ok(Acquired::Denied {
-                        retry_after_ms: decision.retry_after_ms,
-                        limit: decision.limit,
-                        window_end_ms: window.end_ms,
+                        retry_after_ms,
+                        limit,
+                        window_end_ms,
                         fair_throttled: false,
                     })
                 }
+                FairStep::Join {
+                    region_weight,
+                    want_total,
+                }
+                | FairStep::Ask {
+                    region_weight,
+                    want_total,
+                } => (region_weight, want_total.min(policy.limit.max(cost))),
+            };
+            // At most one pool call per probe interval while the
+            // coordinator is unreachable.
+            if !self.escrow.outage_mut().may_call(now) {
+                return Ok(self.fair_outage(policy, cost));
+            }
+            if self
+                .pool_grant(region_weight, want_total, policy.outage)
+                .await?
+                .is_none()
+            {
+                return Ok(self.fair_outage(policy, cost));
             }
         }
         Ok(Acquired::Denied {

@@ -1,0 +1,345 @@
+//! One `fair` key at an escrow node, sans IO: the region's pool grant for
+//! the current window, the weighted-fair split of it among tenants
+//! ([`WeightedFairEscrow`]), how much to ask the region fair pool for and
+//! when, and reclaim (`PoolRelease`).
+//!
+//! The caller (the node's key actor, or a simulation) performs what a
+//! decision asks for — a `PoolGrant` or a `PoolRelease` — and feeds the
+//! answer back; this module never waits and never reads a clock.
+//!
+//! Rules:
+//! - **Deadline**: a pool grant lives until the local monotonic time the
+//!   call was sent plus the lifetime the coordinator returned; without a
+//!   live grant the key must join the pool again ([`FairStep::Join`], for
+//!   the request's need alone: a large first ask before other regions have
+//!   joined would take budget their guarantees should reserve).
+//! - **Batching**: when short, the key asks for a batch beyond the need
+//!   (`lease_size`), never beyond L.
+//! - **Ceiling**: a grant of less than asked means the region is at its
+//!   fair ceiling: the key denies without asking until `re_ask_ms` later
+//!   (other regions may release meanwhile), and says so in `retry_after_ms`.
+//! - **Reclaim**: [`FairKey::begin_release`] lowers the budget to what was
+//!   admitted *before* the release is sent, and the release stays pending
+//!   until a definitive answer; the caller must resend it (same request id)
+//!   before any other pool call ([`FairKey::pending_release`]): a grant
+//!   answered between a lost release and its retry could otherwise be
+//!   released under the key. A `STALE_TOTAL` answer carries the region's
+//!   real total, which becomes the budget; `RELEASED` marks the key retired
+//!   until its next ask.
+
+use crate::decision::Decision;
+use crate::ids::TenantId;
+use crate::wfe::{RecordedAsk, WeightedFairEscrow};
+use crate::window::WindowBounds;
+
+use super::Served;
+
+/// What a decision needs next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FairStep {
+    /// Admitted: hand out these credits.
+    Admit {
+        /// The credits.
+        served: Served,
+        /// The tenant's ceiling in the window.
+        limit: u64,
+    },
+    /// Denied by the weighted-fair rules or the pool ceiling.
+    Deny {
+        /// When asking again may help, ms.
+        retry_after_ms: u64,
+        /// The tenant's ceiling in the window.
+        limit: u64,
+        /// End of the window (coordinator ms).
+        window_end_ms: u64,
+    },
+    /// No live grant: join the pool with this ask (or, unreachable, follow
+    /// the key's outage policy), then decide again.
+    Join {
+        /// The region's weight.
+        region_weight: u64,
+        /// The total to ask for.
+        want_total: u64,
+    },
+    /// Short of budget: ask the pool for this total, then decide again.
+    Ask {
+        /// The region's weight.
+        region_weight: u64,
+        /// The total to ask for.
+        want_total: u64,
+    },
+}
+
+/// A pool grant as answered by the coordinator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolAnswer {
+    /// The region's total for the window.
+    pub granted_total: u64,
+    /// The key's limit.
+    pub limit: u64,
+    /// The window.
+    pub window: WindowBounds,
+    /// The window's remaining lifetime, counted from the send.
+    pub remaining_lifetime_ms: u64,
+}
+
+/// A pool release as answered by the coordinator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReleaseAnswer {
+    /// Applied: `released` tokens went back to the pool.
+    Released {
+        /// Tokens handed back.
+        released: u64,
+    },
+    /// Not applied: the region's total is `granted_total`.
+    StaleTotal {
+        /// The region's real total.
+        granted_total: u64,
+    },
+    /// Not applied: the window is over.
+    WindowEnded,
+}
+
+/// A release sent and not yet definitively answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PendingRelease<Id> {
+    /// Its request id: every resend carries it.
+    pub request_id: Id,
+    /// The region's total as the key knew it.
+    pub from_total: u64,
+    /// What the key keeps (what it admitted).
+    pub keep_total: u64,
+    /// The window of those totals.
+    pub window: WindowBounds,
+}
+
+#[derive(Debug, Clone)]
+struct Granted {
+    escrow: WeightedFairEscrow,
+    window: WindowBounds,
+    deadline_ms: u64,
+    exhausted_until_ms: u64,
+    retired: bool,
+}
+
+/// One fair key's state at an escrow node (see the module doc).
+#[derive(Debug, Clone)]
+pub struct FairKey<Id> {
+    max_tenants: usize,
+    granted: Option<Granted>,
+    pending: Option<PendingRelease<Id>>,
+}
+
+impl<Id: Clone> FairKey<Id> {
+    /// A key that has asked nothing yet; at most `max_tenants` tenants tracked.
+    pub fn new(max_tenants: usize) -> Self {
+        FairKey {
+            max_tenants,
+            granted: None,
+            pending: None,
+        }
+    }
+
+    /// Decides `cost` tokens for `tenant` (weight ≥ 1) at monotonic
+    /// `now_ms`; `lease_size` is the batch to ask beyond the need.
+    pub fn decide(
+        &mut self,
+        tenant: &TenantId,
+        weight: u64,
+        cost: u64,
+        lease_size: u64,
+        now_ms: u64,
+    ) -> FairStep {
+        let (weight, cost) = (weight.max(1), cost.max(1));
+        let Some(state) = self.granted.as_mut().filter(|g| now_ms < g.deadline_ms) else {
+            return FairStep::Join {
+                region_weight: weight,
+                want_total: cost,
+            };
+        };
+        let remaining = state.deadline_ms - now_ms;
+        let coordinator_now = state.window.end_ms.saturating_sub(remaining);
+        let window = state.window;
+        let mut ask = RecordedAsk {
+            current: state.escrow.budget(),
+            asked: None,
+        };
+        let decision: Decision =
+            state
+                .escrow
+                .check(tenant, weight, cost, window, coordinator_now, &mut ask);
+        if decision.allowed {
+            return FairStep::Admit {
+                served: Served {
+                    granted: cost,
+                    window_start_ms: window.start_ms,
+                    window_end_ms: window.end_ms,
+                    remaining_lifetime_ms: remaining,
+                    from_fallback: false,
+                },
+                limit: decision.limit,
+            };
+        }
+        let at_ceiling = now_ms < state.exhausted_until_ms;
+        match ask.asked.filter(|_| !at_ceiling) {
+            Some((region_weight, want)) => {
+                let limit = state.escrow.limit();
+                let want_total = want
+                    .max(state.escrow.budget().saturating_add(lease_size))
+                    .min(limit.max(want));
+                FairStep::Ask {
+                    region_weight,
+                    want_total,
+                }
+            }
+            None => FairStep::Deny {
+                retry_after_ms: if at_ceiling {
+                    state.exhausted_until_ms - now_ms
+                } else {
+                    decision.retry_after_ms
+                },
+                limit: decision.limit,
+                window_end_ms: window.end_ms,
+            },
+        }
+    }
+
+    /// Feeds a pool grant answered for an ask of `want_total` sent at
+    /// monotonic `sent_ms`, arriving at `now_ms`; at the ceiling the key
+    /// asks again no sooner than `re_ask_ms` later. Returns the budget.
+    pub fn on_pool_answer(
+        &mut self,
+        answer: PoolAnswer,
+        want_total: u64,
+        sent_ms: u64,
+        now_ms: u64,
+        re_ask_ms: u64,
+    ) -> u64 {
+        let deadline_ms = sent_ms.saturating_add(answer.remaining_lifetime_ms);
+        let max_tenants = self.max_tenants;
+        let state = self.granted.get_or_insert_with(|| Granted {
+            escrow: WeightedFairEscrow::new(answer.limit, max_tenants),
+            window: answer.window,
+            deadline_ms,
+            exhausted_until_ms: 0,
+            retired: false,
+        });
+        if state.window != answer.window {
+            state.window = answer.window;
+            state.deadline_ms = deadline_ms;
+            state.exhausted_until_ms = 0;
+        } else {
+            state.deadline_ms = state.deadline_ms.min(deadline_ms);
+        }
+        // Asking again rejoins the pool with the region's weight.
+        state.retired = false;
+        if answer.granted_total < want_total {
+            state.exhausted_until_ms = now_ms
+                .saturating_add(re_ask_ms.max(1))
+                .min(state.deadline_ms);
+        }
+        state
+            .escrow
+            .observe_grant(answer.window, answer.granted_total);
+        state.escrow.budget()
+    }
+
+    /// When reclaim falls due (monotonic ms): a pending release one probe
+    /// interval after `tried_ms`; otherwise `idle_ms` after the key's last
+    /// request, while a live grant is held and not yet released. `None`
+    /// when `idle_ms` is 0 (reclaim off) or nothing is held.
+    pub fn release_at(
+        &self,
+        last_request_ms: u64,
+        idle_ms: u64,
+        tried_ms: u64,
+        probe_interval_ms: u64,
+        now_ms: u64,
+    ) -> Option<u64> {
+        if idle_ms == 0 {
+            return None;
+        }
+        if self.pending.is_some() {
+            return Some(tried_ms.saturating_add(probe_interval_ms.max(1)));
+        }
+        let state = self.granted.as_ref()?;
+        if state.retired || now_ms >= state.deadline_ms {
+            return None;
+        }
+        Some(last_request_ms.saturating_add(idle_ms))
+    }
+
+    /// Starts reclaiming the live grant under `request_id`: the budget drops
+    /// to what was admitted at once, and the release is pending until
+    /// answered. `None` (nothing to send) when a release is already
+    /// pending, no live grant is held, or it was released already.
+    pub fn begin_release(&mut self, request_id: Id, now_ms: u64) -> Option<&PendingRelease<Id>> {
+        if self.pending.is_some() {
+            return None;
+        }
+        let state = self
+            .granted
+            .as_mut()
+            .filter(|g| !g.retired && now_ms < g.deadline_ms)?;
+        let from_total = state.escrow.budget();
+        let keep_total = state.escrow.total_used().min(from_total);
+        state.escrow.retire(state.window, keep_total);
+        state.exhausted_until_ms = 0;
+        self.pending = Some(PendingRelease {
+            request_id,
+            from_total,
+            keep_total,
+            window: state.window,
+        });
+        self.pending.as_ref()
+    }
+
+    /// The release that must be resent before any other pool call.
+    pub fn pending_release(&self) -> Option<&PendingRelease<Id>> {
+        self.pending.as_ref()
+    }
+
+    /// Settles the pending release with the coordinator's answer.
+    pub fn on_release_answer(&mut self, answer: ReleaseAnswer) {
+        let Some(pending) = self.pending.take() else {
+            return;
+        };
+        let Some(state) = self.granted.as_mut().filter(|g| g.window == pending.window) else {
+            return;
+        };
+        match answer {
+            ReleaseAnswer::Released { .. } => state.retired = true,
+            ReleaseAnswer::StaleTotal { granted_total } => {
+                state.escrow.observe_grant(pending.window, granted_total);
+            }
+            ReleaseAnswer::WindowEnded => {}
+        }
+    }
+
+    /// Drops the pending release after a definitive refusal (not applied,
+    /// or never applied again): the budget stays at what was kept until
+    /// the pool answers a grant.
+    pub fn on_release_refused(&mut self) {
+        self.pending = None;
+    }
+
+    /// The weighted-fair escrow of the current grant, if any.
+    pub fn escrow(&self) -> Option<&WeightedFairEscrow> {
+        self.granted.as_ref().map(|g| &g.escrow)
+    }
+
+    /// The window of the current grant, if any.
+    pub fn window(&self) -> Option<WindowBounds> {
+        self.granted.as_ref().map(|g| g.window)
+    }
+
+    /// Whether a live grant is held at `now_ms`.
+    pub fn is_live(&self, now_ms: u64) -> bool {
+        self.granted
+            .as_ref()
+            .is_some_and(|g| now_ms < g.deadline_ms)
+    }
+}
+
+#[cfg(test)]
+mod tests;
