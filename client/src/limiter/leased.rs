@@ -508,3 +508,118 @@ pub(super) fn millis_until(now: Instant, deadline: Instant) -> u64 {
     let ms = left.as_nanos().div_ceil(1_000_000);
     u64::try_from(ms).unwrap_or(u64::MAX).max(1)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+
+    use futures::future::BoxFuture;
+    use futures::FutureExt;
+    use leasehold_core::ids::ClientId;
+
+    use crate::source::{CheckReply, CheckRequest, CreditSource, Grant, ReturnRequest};
+    use crate::{
+        AcquireRequest, ClientError, LeaseOptions, LeaseSizing, Limiter, LimiterConfig, Mode,
+    };
+
+    /// A source with a fixed pool of tokens for one long window.
+    struct Pool {
+        left: AtomicU64,
+    }
+
+    impl CreditSource for Pool {
+        fn acquire(&self, request: AcquireRequest) -> BoxFuture<'_, Result<Grant, ClientError>> {
+            let granted = self
+                .left
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |left| {
+                    Some(left - left.min(request.tokens))
+                })
+                .map_or(0, |left| left.min(request.tokens));
+            async move {
+                Ok(Grant {
+                    granted,
+                    limit: 1 << 20,
+                    window_start_ms: 0,
+                    window_end_ms: 3_600_000,
+                    remaining_lifetime_ms: 3_600_000,
+                    retry_after_ms: if granted == 0 { 1 } else { 0 },
+                })
+            }
+            .boxed()
+        }
+
+        fn check(&self, _request: CheckRequest) -> BoxFuture<'_, Result<CheckReply, ClientError>> {
+            async { Err(ClientError::Protocol("leased mode only".into())) }.boxed()
+        }
+
+        fn give_back(&self, request: ReturnRequest) -> BoxFuture<'_, Result<u64, ClientError>> {
+            async move { Ok(request.tokens) }.boxed()
+        }
+    }
+
+    /// OS threads checking one key at once — lock-free spends racing the
+    /// refills and settlements of the slow path — never admit more tokens
+    /// than the pool granted, and the counters agree with what they saw.
+    #[test]
+    fn threads_spending_one_key_never_overdraw_its_credits() {
+        const POOL: u64 = 20_000;
+        const THREADS: u64 = 4;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let options = LeaseOptions {
+            sizing: LeaseSizing::Fixed(97),
+            low_water: 5,
+            ..LeaseOptions::default()
+        };
+        let config = LimiterConfig::new(
+            Mode::Leased(options),
+            ClientId::new("lane-test").expect("client id"),
+        );
+        let pool = Pool {
+            left: AtomicU64::new(POOL),
+        };
+        let limiter = Limiter::new(pool, config).expect("limiter");
+        let admitted_tokens = Arc::new(AtomicU64::new(0));
+        let admitted_checks = Arc::new(AtomicU64::new(0));
+        let threads: Vec<_> = (0..THREADS)
+            .map(|thread| {
+                let limiter = limiter.clone();
+                let handle = runtime.handle().clone();
+                let admitted_tokens = Arc::clone(&admitted_tokens);
+                let admitted_checks = Arc::clone(&admitted_checks);
+                std::thread::spawn(move || {
+                    let _entered = handle.enter();
+                    let cost = 1 + thread % 2;
+                    let mut denials_in_a_row = 0;
+                    while denials_in_a_row < 50 {
+                        let decision =
+                            futures::executor::block_on(limiter.check("hot", cost)).expect("check");
+                        if decision.allowed {
+                            denials_in_a_row = 0;
+                            admitted_tokens.fetch_add(cost, Ordering::Relaxed);
+                            admitted_checks.fetch_add(1, Ordering::Relaxed);
+                        } else {
+                            denials_in_a_row += 1;
+                            std::thread::yield_now();
+                        }
+                    }
+                })
+            })
+            .collect();
+        for thread in threads {
+            thread.join().expect("thread");
+        }
+        let spent = admitted_tokens.load(Ordering::Relaxed);
+        assert!(spent <= POOL, "admitted {spent} tokens of {POOL}");
+        assert!(spent + 1 >= POOL, "only {spent} of {POOL} tokens admitted");
+        let stats = limiter.stats();
+        assert_eq!(stats.admitted_tokens, spent);
+        assert_eq!(stats.admitted, admitted_checks.load(Ordering::Relaxed));
+        assert!(stats.tokens_leased <= POOL);
+        assert_eq!(limiter.local_balance("hot"), stats.tokens_leased - spent);
+    }
+}
