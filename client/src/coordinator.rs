@@ -29,7 +29,7 @@ use leasehold_proto::v1::coordinator_client::CoordinatorClient as CoordinatorRpc
 use leasehold_proto::v1::{
     lease_item_result, GetWindowRequest, GetWindowResponse, LeaseBatchRequest, LeaseRequest,
     LeaseResponse, PoolGrantRequest, PoolGrantResponse, PoolReleaseRequest, PoolReleaseResponse,
-    ReconcileRequest, ReconcileResponse, RequestId,
+    ReconcileRequest, ReconcileResponse, RequestId, TenantDemand,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -353,13 +353,30 @@ impl CoordinatorClient {
     }
 
     /// Raises `region`'s fair-pool grant of `key` towards `want_total`.
-    #[tracing::instrument(name = "leasehold.coordinator.pool_grant", level = "debug", skip_all, fields(otel.kind = "client", key, region, want_total))]
     pub async fn pool_grant(
         &self,
         key: &str,
         region: &str,
         region_weight: u64,
         want_total: u64,
+    ) -> Result<PoolGrantResponse, CoordinatorError> {
+        self.pool_grant_reporting(key, region, region_weight, want_total, 0, Vec::new())
+            .await
+    }
+
+    /// [`pool_grant`](Self::pool_grant) with a report of the region's
+    /// tenants' demand in the window starting at `demand_window_start_ms`;
+    /// the answer's `tenant_demands` are their totals over all regions (see
+    /// the proto's `PoolGrantRequest.tenant_demands`).
+    #[tracing::instrument(name = "leasehold.coordinator.pool_grant", level = "debug", skip_all, fields(otel.kind = "client", key, region, want_total))]
+    pub async fn pool_grant_reporting(
+        &self,
+        key: &str,
+        region: &str,
+        region_weight: u64,
+        want_total: u64,
+        demand_window_start_ms: u64,
+        tenant_demands: Vec<TenantDemand>,
     ) -> Result<PoolGrantResponse, CoordinatorError> {
         let mut session = self.checkout_session();
         let request = PoolGrantRequest {
@@ -368,6 +385,8 @@ impl CoordinatorClient {
             region_weight,
             want_total,
             request_id: Some(session.request_id()),
+            tenant_demands,
+            demand_window_start_ms,
         };
         self.call(Target::Leader, move |channel, timeout| {
             let request = with_timeout(request.clone(), timeout);

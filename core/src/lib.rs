@@ -10,6 +10,7 @@
 //! - [`shadow`]: shadow mode: decisions computed and counted as would-deny, never enforced.
 //! - [`coordinator`]: the L3 state machine: commands, responses, `apply`.
 //! - [`fair_pool`]: the region fair pool arithmetic (weighted max-min across regions).
+//! - [`demand_board`]: the leader's hint of tenants' demand across regions (weight split).
 //! - [`fair_throttle`]: constant-memory fair throttling of many anonymous callers (stochastic fair BLUE).
 //! - [`decision`]: the `Decision` type and its combine algebra.
 //! - [`admission`]: the axes of unified admission (GCRA, token bucket,
@@ -25,6 +26,7 @@
 pub mod admission;
 pub mod coordinator;
 pub mod decision;
+pub mod demand_board;
 pub mod escrow;
 pub mod fair_pool;
 pub mod fair_throttle;

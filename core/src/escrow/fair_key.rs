@@ -26,13 +26,30 @@
 //!   released under the key. A `STALE_TOTAL` answer carries the region's
 //!   real total, which becomes the budget; `RELEASED` marks the key retired
 //!   until its next ask.
+//! - **Demand split**: the key counts what each tenant asks for per window
+//!   ([`FairKey::note_demand`]), reports the previous window's counts with
+//!   its pool asks ([`FairKey::demand_report`]) and learns each tenant's
+//!   total over all regions ([`FairKey::on_tenant_demands`], from
+//!   [`crate::demand_board`]). A tenant declared with weight `w` then
+//!   weighs `w · d_{t,r} / d_t` here (its share of its own demand), in
+//!   thousandths ([`WEIGHT_SCALE`]) so the split stays exact: a tenant
+//!   active in several regions is not served k-fold. Without totals a
+//!   tenant weighs its full weight, as before. Weights are hints for
+//!   fairness; no weight can make the pool grant past L.
+
+use std::collections::BTreeMap;
 
 use crate::decision::Decision;
+use crate::demand_board::MAX_REPORTED_TENANTS;
 use crate::ids::TenantId;
 use crate::wfe::{RecordedAsk, WeightedFairEscrow};
 use crate::window::WindowBounds;
 
 use super::Served;
+
+/// Tenant and region weights are used in thousandths of the declared
+/// weight, so that a demand-proportional share keeps three digits.
+pub const WEIGHT_SCALE: u64 = 1_000;
 
 /// What a decision needs next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -128,6 +145,12 @@ pub struct FairKey<Id> {
     max_tenants: usize,
     granted: Option<Granted>,
     pending: Option<PendingRelease<Id>>,
+    /// Tokens each tenant asked for in the current window.
+    demand: BTreeMap<TenantId, u64>,
+    /// The previous window's start and its demand counts.
+    previous: Option<(u64, BTreeMap<TenantId, u64>)>,
+    /// Each tenant's demand over all regions in the previous window.
+    totals: BTreeMap<TenantId, u64>,
 }
 
 impl<Id: Clone> FairKey<Id> {
@@ -137,6 +160,55 @@ impl<Id: Clone> FairKey<Id> {
             max_tenants,
             granted: None,
             pending: None,
+            demand: BTreeMap::new(),
+            previous: None,
+            totals: BTreeMap::new(),
+        }
+    }
+
+    /// Counts `cost` tokens asked for by `tenant` in the current window
+    /// (once per request, admitted or not; at most `max_tenants` tenants).
+    pub fn note_demand(&mut self, tenant: &TenantId, cost: u64) {
+        if let Some(d) = self.demand.get_mut(tenant) {
+            *d = d.saturating_add(cost);
+        } else if self.demand.len() < self.max_tenants {
+            self.demand.insert(tenant.clone(), cost);
+        }
+    }
+
+    /// The previous window's demand to report with a pool ask: its start
+    /// and at most [`MAX_REPORTED_TENANTS`] tenants, the largest first.
+    pub fn demand_report(&self) -> Option<(u64, Vec<(TenantId, u64)>)> {
+        let (start, counts) = self.previous.as_ref()?;
+        let mut largest: Vec<(TenantId, u64)> =
+            counts.iter().map(|(t, d)| (t.clone(), *d)).collect();
+        largest.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        largest.truncate(MAX_REPORTED_TENANTS);
+        Some((*start, largest))
+    }
+
+    /// Takes the tenants' demand totals over all regions for the window
+    /// starting at `window_start_ms` (ignored unless it is the previous one).
+    pub fn on_tenant_demands(&mut self, window_start_ms: u64, totals: Vec<(TenantId, u64)>) {
+        if self.previous.as_ref().map(|(s, _)| *s) == Some(window_start_ms) {
+            self.totals.extend(totals);
+        }
+    }
+
+    /// The weight `tenant` declared as `weight` has here, in thousandths:
+    /// its share of its own demand when the totals are known.
+    pub fn split_weight(&self, tenant: &TenantId, weight: u64) -> u64 {
+        let scaled = weight.max(1).saturating_mul(WEIGHT_SCALE);
+        let own = self
+            .previous
+            .as_ref()
+            .and_then(|(_, counts)| counts.get(tenant).copied());
+        match (own, self.totals.get(tenant).copied()) {
+            (Some(own), Some(total)) if own > 0 && total > own => {
+                let share = u128::from(scaled) * u128::from(own) / u128::from(total);
+                u64::try_from(share).unwrap_or(scaled).max(1)
+            }
+            _ => scaled,
         }
     }
 
@@ -150,7 +222,8 @@ impl<Id: Clone> FairKey<Id> {
         lease_size: u64,
         now_ms: u64,
     ) -> FairStep {
-        let (weight, cost) = (weight.max(1), cost.max(1));
+        let cost = cost.max(1);
+        let weight = self.split_weight(tenant, weight);
         let Some(state) = self.granted.as_mut().filter(|g| now_ms < g.deadline_ms) else {
             return FairStep::Join {
                 region_weight: weight,
@@ -225,6 +298,11 @@ impl<Id: Clone> FairKey<Id> {
             retired: false,
         });
         if state.window != answer.window {
+            if state.window.start_ms < answer.window.start_ms {
+                let counts = std::mem::take(&mut self.demand);
+                self.previous = Some((state.window.start_ms, counts));
+                self.totals.clear();
+            }
             state.window = answer.window;
             state.deadline_ms = deadline_ms;
             state.exhausted_until_ms = 0;

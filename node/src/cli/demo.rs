@@ -279,13 +279,14 @@ async fn fair_phase(certs: &Path, args: &DemoArgs, escrow: &[String]) -> Result<
     let until = windows.last().copied().unwrap_or(start) + args.window_ms;
     let calls_before = coordinator_calls(certs, escrow).await;
     let calls_at_first = calls_at(certs, escrow, windows.first().copied().unwrap_or(start));
-    // (region, tenant, weight declared in that region, global weight)
-    // beta spans eu and ap with equal demand: its weight 2 is split 1 + 1.
+    // (region, tenant, weight declared there): beta declares its whole
+    // weight 2 in eu and in ap; the escrow nodes split it by where its
+    // demand is (the previous window's, summed by the leader).
     let tenants: [(usize, &str, u64); 4] = [
         (0, "alpha", 3),
-        (0, "beta", 1),
+        (0, "beta", 2),
         (1, "gamma", 2),
-        (2, "beta", 1),
+        (2, "beta", 2),
     ];
     let global: [(&str, u64); 3] = [("alpha", 3), ("beta", 2), ("gamma", 2)];
     let mut tasks = Vec::new();
@@ -312,7 +313,7 @@ async fn fair_phase(certs: &Path, args: &DemoArgs, escrow: &[String]) -> Result<
     let calls_after = coordinator_calls(certs, escrow).await;
     let calls_at_first = calls_at_first.await.unwrap_or(calls_before);
     let map = t.lock().unwrap_or_else(PoisonError::into_inner).clone();
-    println!("\n== fair key demo-fair/chat: L = {}, tenants alpha(w3, eu), beta(w2 split eu/ap), gamma(w2, us) ==", args.limit);
+    println!("\n== fair key demo-fair/chat: L = {}, tenants alpha(w3, eu), beta(w2 in eu and ap, split by demand), gamma(w2, us) ==", args.limit);
     println!(
         "{:<16} {:>9} {:>18} {:>18} {:>18} {:>10}",
         "window", "admitted", "alpha got/ideal", "beta got/ideal", "gamma got/ideal", "max dev"

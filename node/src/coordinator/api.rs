@@ -15,6 +15,7 @@
 use std::sync::Arc;
 
 use leasehold_core::coordinator::{Command, Outcome};
+use leasehold_core::demand_board::DemandBoard;
 use leasehold_proto::refusal::{invalid_field, item_refusal, refusal, Reason};
 use leasehold_proto::v1 as pb;
 use leasehold_proto::v1::coordinator_server::Coordinator;
@@ -31,12 +32,18 @@ use crate::telemetry;
 #[derive(Clone)]
 pub struct CoordinatorApi {
     node: Arc<NodeContext>,
+    /// Tenants' demand reported with pool asks (a hint held while leading;
+    /// see `leasehold_core::demand_board`).
+    demand_board: Arc<std::sync::Mutex<DemandBoard>>,
 }
 
 impl CoordinatorApi {
     /// The API over a member's shared context.
     pub fn new(node: Arc<NodeContext>) -> Self {
-        Self { node }
+        Self {
+            node,
+            demand_board: Arc::default(),
+        }
     }
 
     fn invalid(&self, status: Status) -> Status {
@@ -106,10 +113,33 @@ impl CoordinatorApi {
     ) -> Result<Response<pb::PoolGrantResponse>, Status> {
         self.require_region(&request, &request.get_ref().region)?;
         let caller = caller(&request);
-        let command = convert::pool_grant_command(request.into_inner(), caller)
-            .map_err(|e| self.invalid(e))?;
+        let demands = convert::tenant_demands(request.get_ref()).map_err(|e| self.invalid(e))?;
+        let request = request.into_inner();
+        let demand_window = request.demand_window_start_ms;
+        let command = convert::pool_grant_command(request, caller).map_err(|e| self.invalid(e))?;
+        let (key, region) = match &command {
+            Command::PoolGrant { key, region, .. } => (key.clone(), region.clone()),
+            _ => return Err(refusal(Reason::Internal, "not a pool grant")),
+        };
         match self.write(command).await? {
-            Outcome::PoolGrant(grant) => Ok(Response::new(convert::pool_grant_response(&grant))),
+            Outcome::PoolGrant(grant) => {
+                let mut response = convert::pool_grant_response(&grant);
+                if !demands.is_empty() {
+                    let totals = self
+                        .demand_board
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .report(&key, demand_window, &region, &demands);
+                    response.tenant_demands = totals
+                        .into_iter()
+                        .map(|(tenant, demand)| pb::TenantDemand {
+                            tenant: tenant.to_string(),
+                            demand,
+                        })
+                        .collect();
+                }
+                Ok(Response::new(response))
+            }
             other => Err(unexpected(&other)),
         }
     }

@@ -6,7 +6,7 @@ use leasehold_core::coordinator::{
     Command, LeaseGrant, PoolGrantOutcome, PoolReleaseDisposition, PoolReleaseOutcome,
     ReconcileDisposition, ReconcileOutcome, WindowView,
 };
-use leasehold_core::ids::{ClientId, Key, RegionId, RequestId};
+use leasehold_core::ids::{ClientId, Key, RegionId, RequestId, TenantId};
 use leasehold_core::policy::Policy;
 use leasehold_core::principal::Principal;
 use leasehold_proto::refusal::invalid_field;
@@ -118,6 +118,35 @@ pub fn lease_response(grant: &LeaseGrant) -> pb::LeaseResponse {
     }
 }
 
+/// A pool grant's demand report: at most
+/// [`MAX_REPORTED_TENANTS`](leasehold_core::demand_board::MAX_REPORTED_TENANTS)
+/// valid, distinct tenants.
+pub fn tenant_demands(request: &pb::PoolGrantRequest) -> Result<Vec<(TenantId, u64)>, Status> {
+    use leasehold_core::demand_board::MAX_REPORTED_TENANTS;
+    if request.tenant_demands.len() > MAX_REPORTED_TENANTS {
+        return Err(invalid_field(
+            "tenant_demands",
+            format!("at most {MAX_REPORTED_TENANTS} tenant demands per request"),
+        ));
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    request
+        .tenant_demands
+        .iter()
+        .map(|d| {
+            let tenant = TenantId::new(d.tenant.clone())
+                .map_err(|e| invalid_field("tenant_demands", format!("tenant: {e}")))?;
+            if !seen.insert(tenant.clone()) {
+                return Err(invalid_field(
+                    "tenant_demands",
+                    format!("tenant {:?} reported twice", d.tenant),
+                ));
+            }
+            Ok((tenant, d.demand))
+        })
+        .collect()
+}
+
 /// A pool grant on the wire, with its relative lifetime.
 pub fn pool_grant_response(grant: &PoolGrantOutcome) -> pb::PoolGrantResponse {
     pb::PoolGrantResponse {
@@ -127,6 +156,7 @@ pub fn pool_grant_response(grant: &PoolGrantOutcome) -> pb::PoolGrantResponse {
         window_end_ms: grant.window_end_ms,
         coordinator_now_ms: grant.coordinator_now_ms,
         remaining_lifetime_ms: grant.window_end_ms.saturating_sub(grant.coordinator_now_ms),
+        tenant_demands: Vec::new(),
     }
 }
 
@@ -263,6 +293,7 @@ mod tests {
             region_weight: weight,
             want_total: want,
             request_id: None,
+            ..Default::default()
         };
         assert_eq!(
             pool_grant_command(pool(0, 1), Principal::Anonymous)

@@ -24,7 +24,7 @@ use std::time::Duration;
 use leasehold_core::escrow::{
     Admission, CoordinatorGrant, EscrowCounters, FairGateCounters, FairKey, FairStep, GateVerdict,
     Holder, HolderBook, HolderCounters, HolderHeld, HolderRefusal, PoolAnswer, RegionEscrow,
-    ReleaseAnswer, ReturnClaim, ReturnSettled, Served,
+    ReleaseAnswer, ReturnClaim, ReturnSettled, Served, WEIGHT_SCALE,
 };
 use leasehold_core::ids::TenantId;
 use leasehold_core::policy::{OutagePolicy, Policy, PolicyKind};
@@ -278,6 +278,15 @@ struct KeyActor {
     reported_fair: FairGateCounters,
 }
 
+/// A weight in thousandths ([`WEIGHT_SCALE`]) shown in the units tenants
+/// declare, rounded to the nearest (at least 1 when not 0).
+fn declared_units(scaled: u64) -> u64 {
+    if scaled == 0 {
+        return 0;
+    }
+    (scaled.saturating_add(WEIGHT_SCALE / 2) / WEIGHT_SCALE).max(1)
+}
+
 /// Tenant used when a request names none.
 const DEFAULT_TENANT: &str = "default";
 
@@ -492,12 +501,14 @@ impl KeyActor {
                 limit,
                 granted: escrow.budget(),
                 held: 0,
-                region_weight: escrow.region_weight(),
+                region_weight: declared_units(escrow.region_weight()),
                 tenant_count: escrow.tenant_count() as u64,
                 tenants: escrow
                     .tenants()
                     .take(MAX_VIEWED_TENANTS)
-                    .map(|(tenant, weight, used)| (tenant.to_string(), weight, used))
+                    .map(|(tenant, weight, used)| {
+                        (tenant.to_string(), declared_units(weight), used)
+                    })
                     .collect(),
             },
             None => {
@@ -841,14 +852,28 @@ impl KeyActor {
         let sent = self.shared.mono_ms();
         let sent_at = tokio::time::Instant::now();
         self.shared.count_call();
+        let (demand_window, demands) = self
+            .fair
+            .as_ref()
+            .and_then(|fair| fair.demand_report())
+            .unwrap_or_default();
+        let demands = demands
+            .into_iter()
+            .map(|(tenant, demand)| pb::TenantDemand {
+                tenant: tenant.to_string(),
+                demand,
+            })
+            .collect();
         let answer = self
             .shared
             .client
-            .pool_grant(
+            .pool_grant_reporting(
                 &self.key,
                 self.shared.config.region.as_str(),
                 region_weight,
                 want_total,
+                demand_window,
+                demands,
             )
             .await;
         if answer.is_ok() {
@@ -874,20 +899,25 @@ impl KeyActor {
                 };
                 let max_tenants = self.shared.config.max_tenants;
                 let now = self.shared.mono_ms();
-                self.fair
-                    .get_or_insert_with(|| FairKey::new(max_tenants))
-                    .on_pool_answer(
-                        PoolAnswer {
-                            granted_total: grant.granted_total,
-                            limit: grant.limit,
-                            window,
-                            remaining_lifetime_ms: grant.remaining_lifetime_ms,
-                        },
-                        want_total,
-                        sent,
-                        now,
-                        re_ask_ms,
-                    );
+                let totals = grant
+                    .tenant_demands
+                    .iter()
+                    .filter_map(|d| Some((TenantId::new(d.tenant.clone()).ok()?, d.demand)))
+                    .collect();
+                let fair = self.fair.get_or_insert_with(|| FairKey::new(max_tenants));
+                fair.on_tenant_demands(demand_window, totals);
+                fair.on_pool_answer(
+                    PoolAnswer {
+                        granted_total: grant.granted_total,
+                        limit: grant.limit,
+                        window,
+                        remaining_lifetime_ms: grant.remaining_lifetime_ms,
+                    },
+                    want_total,
+                    sent,
+                    now,
+                    re_ask_ms,
+                );
                 self.last_window_end_ms = grant.window_end_ms;
                 Ok(Some(grant.granted_total))
             }
@@ -948,6 +978,9 @@ impl KeyActor {
         cost: u64,
     ) -> Result<Acquired, Status> {
         let max_tenants = self.shared.config.max_tenants;
+        self.fair
+            .get_or_insert_with(|| FairKey::new(max_tenants))
+            .note_demand(tenant, cost);
         for _ in 0..leasehold_core::wfe::MAX_POOL_ASKS_PER_CHECK {
             let now = self.shared.mono_ms();
             let lease_size = self.escrow.lease_size();

@@ -110,6 +110,7 @@ async fn each_bad_request_gets_its_code_and_changes_nothing() -> Result<()> {
         region_weight: 1,
         want_total: 5,
         request_id: None,
+        ..Default::default()
     };
     ensure!(
         reason(api.pool_grant(pool.clone()).await) == Reason::WrongKeyKind,
@@ -124,6 +125,32 @@ async fn each_bad_request_gets_its_code_and_changes_nothing() -> Result<()> {
             .await
         ) == Code::InvalidArgument
     );
+    // A demand report beyond its bounds names its field.
+    let many = (0..65)
+        .map(|i| pb::TenantDemand {
+            tenant: format!("t{i}"),
+            demand: 1,
+        })
+        .collect();
+    let twice = vec![
+        pb::TenantDemand {
+            tenant: "t".into(),
+            demand: 1,
+        };
+        2
+    ];
+    for tenant_demands in [many, twice] {
+        let refused = api
+            .pool_grant(pb::PoolGrantRequest {
+                tenant_demands,
+                ..pool.clone()
+            })
+            .await;
+        ensure!(
+            reason(refused) == Reason::InvalidField,
+            "a bad demand report was not refused as INVALID_FIELD"
+        );
+    }
 
     let bad_policies = [
         counter_policy("p/", 0, 1000),

@@ -358,3 +358,80 @@ fn a_release_retried_after_a_grant_would_over_admit() {
     );
     assert!(outcome(true) <= 10);
 }
+
+/// A tenant's demand of one window is reported in the next, and the totals
+/// the pool answers split its weight by its share of its demand.
+#[test]
+fn a_spanning_tenant_weighs_its_share_of_its_demand() {
+    let mut key: FairKey<u64> = FairKey::new(8);
+    let answer = |start: u64, now: u64| PoolAnswer {
+        granted_total: 100,
+        limit: 1_000,
+        window: WindowBounds {
+            start_ms: start,
+            end_ms: start + WINDOW_MS,
+        },
+        remaining_lifetime_ms: start + WINDOW_MS - now,
+    };
+    key.on_pool_answer(answer(0, 10), 10, 10, 10, RE_ASK_MS);
+    key.note_demand(&tenant(1), 30);
+    key.note_demand(&tenant(2), 10);
+    key.note_demand(&tenant(1), 10);
+    // Nothing to report before a window has ended; full weights.
+    assert_eq!(key.demand_report(), None);
+    assert_eq!(key.split_weight(&tenant(1), 2), 2 * WEIGHT_SCALE);
+    key.on_pool_answer(
+        answer(WINDOW_MS, WINDOW_MS + 5),
+        10,
+        WINDOW_MS + 5,
+        WINDOW_MS + 5,
+        RE_ASK_MS,
+    );
+    assert_eq!(
+        key.demand_report(),
+        Some((0, vec![(tenant(1), 40), (tenant(2), 10)]))
+    );
+    // Totals for another window change nothing.
+    key.on_tenant_demands(WINDOW_MS, vec![(tenant(1), 80)]);
+    assert_eq!(key.split_weight(&tenant(1), 2), 2 * WEIGHT_SCALE);
+    // t1 asked here for 40 of its 80: half its weight; t2 only here: all of it.
+    key.on_tenant_demands(0, vec![(tenant(1), 80), (tenant(2), 10)]);
+    assert_eq!(key.split_weight(&tenant(1), 2), WEIGHT_SCALE);
+    assert_eq!(key.split_weight(&tenant(2), 3), 3 * WEIGHT_SCALE);
+    assert_eq!(key.split_weight(&tenant(3), 1), WEIGHT_SCALE);
+    // The region weight asked for carries the split weight.
+    match key.decide(&tenant(1), 2, 200, LEASE_SIZE, WINDOW_MS + 6) {
+        FairStep::Ask { region_weight, .. } => assert_eq!(region_weight, WEIGHT_SCALE),
+        other => panic!("expected an ask, got {other:?}"),
+    }
+}
+
+proptest! {
+    /// The split weights of one tenant over the regions that reported it
+    /// add up to its declared weight (in thousandths, within rounding).
+    #[test]
+    fn split_weights_add_up_to_the_declared_weight(
+        weight in 1u64..1_000,
+        demands in proptest::collection::vec(1u64..10_000, 1..6),
+    ) {
+        let total: u64 = demands.iter().sum();
+        let mut sum = 0;
+        for own in &demands {
+            let mut key: FairKey<u64> = FairKey::new(8);
+            let answer = |start: u64| PoolAnswer {
+                granted_total: 1,
+                limit: 1,
+                window: WindowBounds { start_ms: start, end_ms: start + WINDOW_MS },
+                remaining_lifetime_ms: WINDOW_MS,
+            };
+            key.on_pool_answer(answer(0), 1, 0, 0, RE_ASK_MS);
+            key.note_demand(&tenant(0), *own);
+            key.on_pool_answer(answer(WINDOW_MS), 1, WINDOW_MS, WINDOW_MS, RE_ASK_MS);
+            key.on_tenant_demands(0, vec![(tenant(0), total)]);
+            sum += key.split_weight(&tenant(0), weight);
+        }
+        let declared = weight * WEIGHT_SCALE;
+        prop_assert!(sum <= declared + demands.len() as u64 && sum + demands.len() as u64 >= declared,
+            "shares {} vs declared {}", sum, declared);
+    }
+}

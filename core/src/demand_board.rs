@@ -1,0 +1,181 @@
+//! The leader's board of tenants' demand across regions, for the
+//! demand-proportional weight split of `fair` keys ([`crate::wfe::split_weight`]).
+//!
+//! Each region reports, with its pool asks, the tokens each of its tenants
+//! asked for in one window (`d_{t,r}`); the board adds them up per (key,
+//! window, tenant) over the regions (`d_t`) and answers the totals, so a
+//! region weighs a tenant active in several regions by `w_t · d_{t,r} / d_t`
+//! instead of its full weight everywhere.
+//!
+//! A hint, not state: it lives in the leader's memory only (never
+//! replicated) and never bounds an admission, so losing it (a leader
+//! change) costs one window of less exact weights, never budget. Bounded:
+//! at most [`MAX_BOARD_WINDOWS`] (key, window) entries (the oldest windows
+//! go first), [`MAX_BOARD_TENANTS`] tenants and [`MAX_BOARD_REGIONS`]
+//! regions per entry (reports beyond them are not counted).
+
+use std::collections::BTreeMap;
+
+use crate::ids::{Key, RegionId, TenantId};
+
+/// Most (key, window) entries kept.
+pub const MAX_BOARD_WINDOWS: usize = 16_384;
+/// Most tenants counted per (key, window).
+pub const MAX_BOARD_TENANTS: usize = 1_024;
+/// Most regions counted per (key, window, tenant).
+pub const MAX_BOARD_REGIONS: usize = 64;
+/// Most tenants one report may carry.
+pub const MAX_REPORTED_TENANTS: usize = 64;
+
+type Entry = BTreeMap<TenantId, BTreeMap<RegionId, u64>>;
+
+/// See the module doc.
+#[derive(Debug, Default, Clone)]
+pub struct DemandBoard {
+    entries: BTreeMap<(u64, Key), Entry>,
+}
+
+impl DemandBoard {
+    /// Records `region`'s report of `demands` for `key`'s window starting
+    /// at `window_start_ms` (replacing the region's earlier report of the
+    /// same tenants there) and returns, per reported tenant, its demand
+    /// summed over every region that reported it.
+    pub fn report(
+        &mut self,
+        key: &Key,
+        window_start_ms: u64,
+        region: &RegionId,
+        demands: &[(TenantId, u64)],
+    ) -> Vec<(TenantId, u64)> {
+        let id = (window_start_ms, key.clone());
+        if !self.entries.contains_key(&id) && self.entries.len() >= MAX_BOARD_WINDOWS {
+            // The oldest window goes first; a report older than every kept
+            // one is not kept at all.
+            match self.entries.keys().next() {
+                Some(oldest) if *oldest < id => {
+                    let oldest = oldest.clone();
+                    self.entries.remove(&oldest);
+                }
+                _ => return demands.to_vec(),
+            }
+        }
+        let entry = self.entries.entry(id).or_default();
+        for (tenant, demand) in demands.iter().take(MAX_REPORTED_TENANTS) {
+            if !entry.contains_key(tenant) && entry.len() >= MAX_BOARD_TENANTS {
+                continue;
+            }
+            let regions = entry.entry(tenant.clone()).or_default();
+            if regions.contains_key(region) || regions.len() < MAX_BOARD_REGIONS {
+                regions.insert(region.clone(), *demand);
+            }
+        }
+        demands
+            .iter()
+            .map(|(tenant, own)| {
+                let total = entry.get(tenant).map_or(*own, |regions| {
+                    regions
+                        .values()
+                        .fold(0u64, |sum, d| sum.saturating_add(*d))
+                        .max(*own)
+                });
+                (tenant.clone(), total)
+            })
+            .collect()
+    }
+
+    /// (key, window) entries held.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether nothing is held.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn tenant(i: usize) -> TenantId {
+        TenantId::new(format!("t{i}")).unwrap()
+    }
+
+    fn region(i: usize) -> RegionId {
+        RegionId::new(format!("r{i}")).unwrap()
+    }
+
+    #[test]
+    fn totals_add_regions_and_a_new_report_replaces_the_old() {
+        let mut board = DemandBoard::default();
+        let key = Key::new("k").unwrap();
+        assert_eq!(
+            board.report(&key, 0, &region(0), &[(tenant(1), 30)]),
+            [(tenant(1), 30)]
+        );
+        assert_eq!(
+            board.report(&key, 0, &region(1), &[(tenant(1), 10), (tenant(2), 5)]),
+            [(tenant(1), 40), (tenant(2), 5)]
+        );
+        // r0 reports again for the same window: replaced, not added.
+        assert_eq!(
+            board.report(&key, 0, &region(0), &[(tenant(1), 20)]),
+            [(tenant(1), 30)]
+        );
+        // Another window, another key: separate.
+        assert_eq!(
+            board.report(&key, 1_000, &region(0), &[(tenant(1), 7)]),
+            [(tenant(1), 7)]
+        );
+        let other = Key::new("other").unwrap();
+        assert_eq!(
+            board.report(&other, 0, &region(2), &[(tenant(1), 1)]),
+            [(tenant(1), 1)]
+        );
+    }
+
+    proptest! {
+        /// Whatever is reported, the answer for a tenant is at least the
+        /// reporter's own demand and exactly the sum of the latest reports
+        /// of every region (within the bounds), and the board stays bounded.
+        #[test]
+        fn the_total_is_the_sum_of_each_regions_latest_report(
+            reports in proptest::collection::vec(
+                (0usize..4, 0usize..3, 0u64..3, 0u64..1_000), 1..80),
+        ) {
+            let mut board = DemandBoard::default();
+            let key = Key::new("k").unwrap();
+            let mut latest: BTreeMap<(u64, usize, usize), u64> = BTreeMap::new();
+            for (r, t, window, demand) in reports {
+                let start = window * 1_000;
+                let answer = board.report(&key, start, &region(r), &[(tenant(t), demand)]);
+                latest.insert((start, t, r), demand);
+                let expected: u64 = latest
+                    .iter()
+                    .filter(|((s, tt, _), _)| *s == start && *tt == t)
+                    .map(|(_, d)| d)
+                    .sum();
+                prop_assert_eq!(answer, vec![(tenant(t), expected)]);
+                prop_assert!(board.len() <= 3);
+            }
+        }
+    }
+
+    #[test]
+    fn the_board_keeps_the_newest_windows() {
+        let mut board = DemandBoard::default();
+        let key = Key::new("k").unwrap();
+        for w in 0..(MAX_BOARD_WINDOWS as u64 + 10) {
+            board.report(&key, w * 10, &region(0), &[(tenant(0), 1)]);
+        }
+        assert_eq!(board.len(), MAX_BOARD_WINDOWS);
+        // The oldest are gone: a report there is answered but not kept.
+        assert_eq!(
+            board.report(&key, 0, &region(1), &[(tenant(0), 5)]),
+            [(tenant(0), 5)]
+        );
+        assert_eq!(board.len(), MAX_BOARD_WINDOWS);
+    }
+}
