@@ -1,18 +1,21 @@
 //! The static-split baseline: every region gets a fixed share of the limit
 //! and admits from it locally, with no coordination at all.
 //!
-//! With `K` regions and limit `L`, region `i` (in sorted region order) gets
-//! `floor(L/K) + (i < L mod K ? 1 : 0)`: the shares sum to exactly `L`, so
-//! the baseline never over-admits (Δ = 0), but a busy region is capped at
-//! its share while idle regions strand theirs — the utilisation cost that
-//! leasing removes. Sorting makes every participant compute the same split
-//! whatever order it lists the regions in. Windows here are epoch-aligned
-//! on the local [`WallClock`]; the baseline exists for comparison only.
+//! The shares come from [`leasehold_core::static_partition`], the one rule
+//! every process uses: with `K` regions and limit `L`, the region of rank
+//! `i` in sorted region order gets `floor(L/K) + (i < L mod K ? 1 : 0)`.
+//! The shares sum to exactly `L`, so the baseline never over-admits
+//! (Δ = 0), but a busy region is capped at its share while idle regions
+//! strand theirs — the utilisation cost that leasing removes. Ranking by
+//! sorted id makes every participant compute the same split whatever order
+//! it lists the regions in. Windows here are epoch-aligned on the local
+//! [`WallClock`]; the baseline exists for comparison only.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use leasehold_core::ids::{Key, RegionId};
+use leasehold_core::static_partition as core_partition;
 use leasehold_core::window::WindowBounds;
 
 use crate::decision::{allowed, denied, Admission, Decision};
@@ -20,38 +23,22 @@ use crate::error::{ClientError, ConfigError};
 use crate::limiter::lock;
 use crate::transport::WallClock;
 
-/// Splits `limit` evenly over `regions` in sorted order, the remainder going
-/// one token each to the first regions. Returns `(region, share)` pairs in
-/// sorted region order; the shares sum to `limit`.
+/// Splits `limit` over `regions` by the core rule
+/// ([`leasehold_core::static_partition::static_partition`]): even shares,
+/// the remainder one token each to the first regions in sorted order.
+/// Returns `(region, share)` pairs in sorted region order; the shares sum
+/// to `limit`.
 ///
 /// Errors: no regions, a duplicate region, or fewer tokens than regions
 /// (some region would get nothing).
 pub fn split(limit: u64, regions: &[RegionId]) -> Result<Vec<(RegionId, u64)>, ConfigError> {
-    let mut sorted = regions.to_vec();
-    sorted.sort();
-    if sorted.is_empty() {
-        return Err(ConfigError(
-            "a static partition needs at least one region".into(),
-        ));
-    }
-    if let Some(pair) = sorted.windows(2).find(|p| p[0] == p[1]) {
-        return Err(ConfigError(format!("region {} is listed twice", pair[0])));
-    }
-    let k = u64::try_from(sorted.len()).unwrap_or(u64::MAX);
-    if limit < k {
-        return Err(ConfigError(format!(
-            "limit {limit} is smaller than the {k} regions"
-        )));
-    }
-    let (base, remainder) = (limit / k, limit % k);
-    Ok(sorted
+    let mut shares: Vec<(RegionId, u64)> = core_partition::static_partition(limit, regions)
+        .map_err(|e| ConfigError(e.to_string()))?
         .into_iter()
-        .zip(0u64..)
-        .map(|(region, i)| {
-            let share = base + u64::from(i < remainder);
-            (region, share)
-        })
-        .collect())
+        .map(|slice| (slice.region, slice.tokens))
+        .collect();
+    shares.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(shares)
 }
 
 /// One region's static share of a limit, enforced locally per key.
@@ -180,6 +167,28 @@ mod tests {
             shuffled.reverse();
             prop_assert_eq!(split(limit, &regions(n)), split(limit, &shuffled));
         }
+    }
+
+    #[test]
+    fn shares_match_the_core_rule_whatever_the_listing_order() {
+        let named: Vec<RegionId> = ["us", "eu", "ap"]
+            .iter()
+            .map(|n| RegionId::new(*n).expect("valid"))
+            .collect();
+        let shares = split(11, &named).expect("valid split");
+        let expected: Vec<(RegionId, u64)> = [("ap", 4), ("eu", 4), ("us", 3)]
+            .iter()
+            .map(|(n, s)| (RegionId::new(*n).expect("valid"), *s))
+            .collect();
+        assert_eq!(shares, expected);
+        for slice in core_partition::static_partition(11, &named).expect("valid") {
+            let clock = Arc::new(FixedClock(std::sync::atomic::AtomicU64::new(0)));
+            let p = StaticPartition::new(11, 1_000, &named, &slice.region, clock).expect("valid");
+            assert_eq!(p.share(), slice.tokens, "{}", slice.region);
+        }
+        let stranger = RegionId::new("sa").expect("valid");
+        let clock = Arc::new(FixedClock(std::sync::atomic::AtomicU64::new(0)));
+        assert!(StaticPartition::new(11, 1_000, &named, &stranger, clock).is_err());
     }
 
     #[test]
