@@ -9,10 +9,14 @@
 //!   credits die with their window, exactly-once, hostile callers get
 //!   refusals, liveness, utilisation), each unit-tested on synthetic
 //!   histories that break it.
+//! - [`plan`]: the plain data a run is described by (fleet shape, faults,
+//!   scenario); `sim` runs them and `scenario` names them, so `scenario`
+//!   depends on `sim` and not the reverse.
 //! - [`sim`]: the turmoil fleet: real coordinator members on power-loss
 //!   disks, real leased client limiters, hostile clients speaking the wire
 //!   protocol directly, simulated network and clocks.
-//! - [`scenario`]: named fault schedules, seeded runs, reports.
+//! - [`scenario`]: the catalogue of named scenarios, seeded runs (on
+//!   [`sim`]), reports.
 //! - [`processes`]: the same checks against real `leasehold` processes on
 //!   loopback (`kill -9`, `SIGSTOP` / `SIGCONT`, restarts, concurrent load).
 //!
@@ -22,6 +26,7 @@
 
 pub mod history;
 pub mod invariants;
+pub mod plan;
 pub mod processes;
 pub mod scenario;
 pub mod sim;

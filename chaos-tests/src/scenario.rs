@@ -5,85 +5,10 @@ use std::time::Duration;
 
 use crate::history::History;
 use crate::invariants::{check_all, hostile_probes_checked, max_ratio, utilisation, Violation};
-use crate::sim::{self, FleetShape, MembershipAction, Weakening, SIM_EPOCH_MS};
+use crate::sim::{self, Weakening, SIM_EPOCH_MS};
 
-/// One injected fault. Member `0` means "the current leader".
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Fault {
-    /// Cut a member off from every other host (both directions).
-    Isolate(u64),
-    /// Repair every partition made by `Isolate`.
-    HealAll,
-    /// Crash a member and drop its unflushed writes (power loss).
-    PowerLoss(u64),
-    /// Power loss on every member at once.
-    PowerLossAll,
-    /// Restart every member that is down.
-    RestartAll,
-    /// Hold a member's messages to the other members for a while.
-    Pause {
-        /// Which member.
-        member: u64,
-        /// For how long.
-        for_ms: u64,
-    },
-    /// Release a paused member (scheduled by `Pause`).
-    Resume(u64),
-    /// Cut escrow node `n` (a region) off from every member.
-    CutRegion(usize),
-    /// A member's messages to the other members are dropped, while it still
-    /// hears them (one-way partition; 0 = the current leader).
-    MuteOneWay(u64),
-    /// Every link, each simulated tick, breaks with this probability (per
-    /// mille), dropping the messages in flight, and is repaired the next
-    /// tick; `HealAll` ends it.
-    Loss(u32),
-    /// Every message (members, escrow nodes, clients) is delayed by up to
-    /// this many milliseconds instead of 15; `HealAll` ends it.
-    Delay(u64),
-    /// The current leader and the fewest other members that still leave it
-    /// in a minority are cut off from the rest of the members (clients
-    /// still reach both sides); `HealAll` repairs it.
-    SplitLeaderMinority,
-    /// A membership change, carried out through the admin API by an
-    /// operator host while the load runs.
-    Membership(MembershipAction),
-}
-
-/// A named scenario.
-#[derive(Debug, Clone)]
-pub struct Scenario {
-    /// Name used on the command line.
-    pub name: &'static str,
-    /// Fleet shape.
-    pub shape: FleetShape,
-    /// Faults, at times counted from the start of the load.
-    pub faults: Vec<(Duration, Fault)>,
-    /// Per-member wall-clock offsets (ahead of real time), by member id − 1.
-    pub member_clock_offsets_ms: Vec<u64>,
-    /// Per-member clock drift in parts per million, by member id − 1.
-    pub member_clock_drift_ppm: Vec<i64>,
-    /// After the last heal, admissions must resume within this.
-    pub liveness_bound_ms: u64,
-}
-
-impl Scenario {
-    /// The wall-clock offset of member `id`.
-    pub fn clock_offset_ms(&self, id: u64) -> u64 {
-        usize::try_from(id.saturating_sub(1))
-            .ok()
-            .and_then(|i| self.member_clock_offsets_ms.get(i).copied())
-            .unwrap_or(0)
-    }
-
-    /// The clock drift of member `id`, parts per million.
-    pub fn clock_drift_ppm(&self, id: u64) -> i64 {
-        usize::try_from(id.saturating_sub(1))
-            .ok()
-            .and_then(|i| self.member_clock_drift_ppm.get(i).copied())
-            .unwrap_or(0)
-    }
-}
+pub use crate::plan::{Fault, Scenario};
+use crate::plan::{FleetShape, MembershipAction};
 
 fn secs(s: u64) -> Duration {
     Duration::from_secs(s)

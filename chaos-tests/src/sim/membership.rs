@@ -13,18 +13,7 @@ use leasehold_client::transport::Dialer;
 
 use super::{member_addr, sim_now_ms, sim_retry_options, SimDialer};
 use crate::history::Recorder;
-
-/// One membership change for the operator host to carry out.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MembershipAction {
-    /// Every spare member joins as a learner, then becomes a voter.
-    JoinSpares,
-    /// Voter `id` (0: the current leader) is removed from the cluster.
-    RemoveVoter(u64),
-    /// The current leader steps down (admin `StepDown`) and another voter
-    /// is elected.
-    StepDown,
-}
+use crate::plan::MembershipAction;
 
 /// The driver's side: actions are queued here at their fault times.
 pub type ActionQueue = Arc<Mutex<VecDeque<MembershipAction>>>;

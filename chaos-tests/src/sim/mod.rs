@@ -26,13 +26,13 @@ use leasehold_client::transport::Dialer;
 use leasehold_node::{run_coordinator, NodeConfig};
 use leasehold_raft_store::{open_with_engine, PowerLossDisk, PowerLossOptions};
 
+pub use crate::plan::{FleetShape, MembershipAction};
 pub use clock::{sim_now_ms, SkewedClock, SIM_EPOCH_MS};
 pub use load::Weakening;
-pub use membership::MembershipAction;
 pub use net::{incoming, SimDialer};
 
 use crate::history::{History, Recorder};
-use crate::scenario::{Fault, Scenario};
+use crate::plan::{Fault, Scenario};
 
 /// The key every client spends from.
 pub const KEY: &str = "chaos/budget";
@@ -46,81 +46,9 @@ pub fn escrow_host(index: usize) -> String {
     format!("e{index}")
 }
 
-/// Shape of one simulated run.
-#[derive(Debug, Clone)]
-pub struct FleetShape {
-    /// Coordinator members that form the cluster (3 or 5).
-    pub members: u64,
-    /// Further member hosts, started uninitialised, that join only when a
-    /// [`MembershipAction::JoinSpares`] fault adds them (ids after `members`).
-    pub spare_members: u64,
-    /// Client hosts (regions), each with one leased limiter.
-    pub clients: usize,
-    /// L.
-    pub limit: u64,
-    /// Window length.
-    pub window_ms: u64,
-    /// How long clients generate load, simulated.
-    pub load: Duration,
-    /// Regional escrow nodes between clients and the cluster (0: clients
-    /// lease from the coordinator directly). Client `c` uses node `c % n`.
-    pub escrow_nodes: usize,
-    /// The key's policy is `fair`: escrow nodes draw their region's share
-    /// of L from the coordinator's region fair pool (weighted max-min)
-    /// instead of leasing batches (needs escrow nodes).
-    pub fair: bool,
-    /// Hostile client hosts ([`hostile`]) beside the honest ones: they
-    /// reuse request ids with changed payloads and across restarts, flood
-    /// sessions and (with escrow nodes) give back more than they hold.
-    pub hostile_clients: usize,
-    /// Escrow nodes front the key with a fair throttle (FAIR), seeded from
-    /// the run's seed: node 0 plain, the others also with idle capacity
-    /// (reserve 0). FAIR only turns admissions into denials, so Δ = 0 must
-    /// still hold (needs escrow nodes).
-    pub fair_throttle: bool,
-    /// Escrow nodes' reclaim: a `fair` key idle this long hands its unspent
-    /// pool grant back (0: off).
-    pub pool_release_idle_ms: u64,
-    /// Region 0's clients ask only in the first 100 ms of each window and
-    /// then fall silent until the next: a region that joins the pool,
-    /// takes a little and goes idle (what reclaim is for).
-    pub sparse_region_0: bool,
-    /// The key's outage policy: `fallback` with this many tokens per region
-    /// per window (0: `fail_closed`). The Δ oracle then allows the window
-    /// `escrow_nodes ×` this beyond L, as the policy documents.
-    pub fallback_tokens_per_region: u64,
-}
-
-impl Default for FleetShape {
-    fn default() -> Self {
-        FleetShape {
-            members: 3,
-            spare_members: 0,
-            clients: 4,
-            limit: 120,
-            window_ms: 1_000,
-            load: Duration::from_secs(12),
-            escrow_nodes: 0,
-            fair: false,
-            hostile_clients: 0,
-            fair_throttle: false,
-            pool_release_idle_ms: 150,
-            sparse_region_0: false,
-            fallback_tokens_per_region: 0,
-        }
-    }
-}
-
 /// Member host name.
 pub fn member_host(id: u64) -> String {
     format!("n{id}")
-}
-
-impl FleetShape {
-    /// Every member host id, the initial voters first, then the spares.
-    pub fn member_ids(&self) -> std::ops::RangeInclusive<u64> {
-        1..=self.members + self.spare_members
-    }
 }
 
 pub(crate) fn member_addr(id: u64) -> String {
