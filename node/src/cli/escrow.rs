@@ -22,7 +22,7 @@ pub struct EscrowArgs {
     #[arg(long, value_name = "FILE", conflicts_with_all = [
         "region", "listen", "coordinators", "batch", "sizer", "eoq", "max_keys",
         "probe_interval_ms", "idle_evict_ms", "pool_release_idle_ms", "shutdown_drain_ms",
-        "max_holders_per_key", "fair_throttle",
+        "max_holders_per_key", "max_tenant_weight", "fair_throttle",
     ])]
     pub config: Option<std::path::PathBuf>,
     /// The region this node serves (1..=64 bytes).
@@ -75,6 +75,11 @@ pub struct EscrowArgs {
     /// it is refused until holders' windows end.
     #[arg(long, default_value_t = 4_096)]
     pub max_holders_per_key: usize,
+    /// Largest tenant weight an Acquire or Check may declare (≥ 1); a
+    /// request above it is refused (INVALID_ARGUMENT, field `weight`), so
+    /// no service can claim most of its region's fair share.
+    #[arg(long, default_value_t = crate::escrow::DEFAULT_MAX_TENANT_WEIGHT)]
+    pub max_tenant_weight: u64,
     /// Mutual TLS material (the region's certificate), or --insecure.
     #[command(flatten)]
     pub tls: ServerTlsArgs,
@@ -150,6 +155,7 @@ impl EscrowArgs {
         config.pool_release_idle_ms = self.pool_release_idle_ms;
         config.shutdown_drain_ms = self.shutdown_drain_ms;
         config.holder_limits.max_holders = self.max_holders_per_key;
+        config.max_tenant_weight = self.max_tenant_weight;
         config.metrics_listen = self.metrics_listen.clone();
         config.security = Some(
             Security::choose(

@@ -66,6 +66,9 @@ pub struct EscrowFile {
     pub shutdown_drain_ms: Option<u64>,
     /// Most credit holders per key, ≥ 1.
     pub max_holders_per_key: Option<usize>,
+    /// Largest tenant weight an Acquire or Check may declare, ≥ 1 (default
+    /// 1000).
+    pub max_tenant_weight: Option<u64>,
     /// CA bundle (PEM) callers' certificates chain to.
     pub tls_ca: Option<PathBuf>,
     /// The region's certificate (PEM).
@@ -176,6 +179,7 @@ impl EscrowFile {
                 "max_holders_per_key",
                 self.max_holders_per_key.map(|v| v as u128),
             ),
+            ("max_tenant_weight", self.max_tenant_weight.map(u128::from)),
         ];
         for (key, value) in at_least_one {
             if value == Some(0) {
@@ -268,6 +272,7 @@ impl EscrowFile {
         config.holder_limits.max_holders = self
             .max_holders_per_key
             .unwrap_or(config.holder_limits.max_holders);
+        config.max_tenant_weight = self.max_tenant_weight.unwrap_or(config.max_tenant_weight);
         config.security = match security {
             Some(security) => Some(security),
             None => Some(
@@ -362,7 +367,7 @@ mod tests {
     fn a_complete_file_builds_the_config_and_flags_replace_its_tls() {
         let file: EscrowFile = toml::from_str(
             "region = \"eu\"\nlisten = \"0.0.0.0:7200\"\ncoordinators = [\"n1:7100\"]\n\
-             batch = 8\nsizer = \"eoq\"\ninsecure = true\n\
+             batch = 8\nsizer = \"eoq\"\nmax_tenant_weight = 50\ninsecure = true\n\
              [fair_throttle]\nprefixes = [\"api/\"]\nlevels = 4\n",
         )
         .unwrap();
@@ -371,6 +376,7 @@ mod tests {
         assert_eq!(config.region.as_str(), "eu");
         assert_eq!(config.batch, 8);
         assert_eq!(config.sizer, SizerKind::Eoq);
+        assert_eq!(config.max_tenant_weight, 50);
         assert_eq!(config.security, Some(Security::Insecure));
         assert_eq!(config.fair_throttle[0].config.levels, 4);
         let files = crate::tls::TlsFiles {
@@ -388,6 +394,7 @@ mod tests {
     fn every_problem_is_listed_and_the_config_refused() {
         let file: EscrowFile = toml::from_str(
             "listen = \"nowhere\"\ncoordinators = [\"n1\"]\nbatch = 0\nsizer = \"psychic\"\n\
+             max_tenant_weight = 0\n\
              tls_ca = \"/ca.pem\"\n[fair_throttle]\nprefixes = [\"\", \"a\", \"a\"]\nlevels = 0\n",
         )
         .unwrap();
@@ -402,6 +409,7 @@ mod tests {
             "coordinators",
             "batch",
             "sizer",
+            "max_tenant_weight",
             "tls_ca",
             "fair_throttle.prefixes",
             "fair_throttle",

@@ -55,6 +55,9 @@ use crate::tls::{
 pub use fair_throttle::FairThrottleRule;
 use service::{EscrowApi, EscrowShared};
 
+/// The default bound on a tenant's declared weight ([`EscrowConfig::max_tenant_weight`]).
+pub const DEFAULT_MAX_TENANT_WEIGHT: u64 = 1_000;
+
 /// Configuration of one escrow node.
 #[derive(Debug, Clone)]
 pub struct EscrowConfig {
@@ -80,6 +83,12 @@ pub struct EscrowConfig {
     /// Most tenants tracked per `fair` key; the oldest is evicted beyond it
     /// and its use keeps counting, so a tenant flood cannot over-admit.
     pub max_tenants: usize,
+    /// The largest tenant `weight` an Acquire or Check may declare (≥ 1).
+    /// A request above it is refused with `INVALID_ARGUMENT` (reason
+    /// `INVALID_FIELD`, field `weight`) before anything is admitted, so one
+    /// service cannot declare its way to nearly all of its region's fair
+    /// share, nor inflate its region's pool weight (Σ tenant weights).
+    pub max_tenant_weight: u64,
     /// A key's actor returns its credits and stops after this long idle.
     pub idle_evict_ms: u64,
     /// Reclaim: a `fair` key without requests for this long hands the
@@ -127,6 +136,7 @@ impl EscrowConfig {
             probe_interval_ms: 1_000,
             max_keys: 100_000,
             max_tenants: 10_000,
+            max_tenant_weight: DEFAULT_MAX_TENANT_WEIGHT,
             idle_evict_ms: 30_000,
             pool_release_idle_ms: 1_000,
             shutdown_drain_ms: 5_000,
@@ -153,6 +163,9 @@ impl EscrowConfig {
         }
         if self.max_keys == 0 {
             return bad("max-keys", "must be at least 1");
+        }
+        if self.max_tenant_weight == 0 {
+            return bad("max-tenant-weight", "must be at least 1");
         }
         if self.holder_limits.max_holders == 0 {
             return bad("max-holders-per-key", "must be at least 1");
@@ -300,5 +313,32 @@ pub async fn serve_escrow(
             let incoming = TlsIncoming::new(incoming, tls, DEFAULT_HANDSHAKE_TIMEOUT);
             run_escrow(config, incoming, dialer, Arc::new(SystemClock), shutdown).await
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> EscrowConfig {
+        EscrowConfig::new(
+            RegionId::new("eu").expect("valid region"),
+            "127.0.0.1:0".into(),
+            vec!["127.0.0.1:7100".into()],
+        )
+    }
+
+    #[test]
+    fn max_tenant_weight_defaults_to_1000_and_must_be_at_least_1() {
+        let mut config = config();
+        assert_eq!(config.max_tenant_weight, 1_000);
+        assert!(config.validate().is_ok());
+        config.max_tenant_weight = 0;
+        let error = config.validate().expect_err("a zero bound is refused");
+        assert!(error.to_string().contains("max-tenant-weight"), "{error}");
+        config.max_tenant_weight = 1;
+        assert!(config.validate().is_ok());
+        config.max_tenant_weight = u64::MAX;
+        assert!(config.validate().is_ok());
     }
 }

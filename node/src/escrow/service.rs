@@ -574,6 +574,15 @@ impl EscrowApi {
     ) -> Result<Acquired, Status> {
         let tenant = tenant_from_wire(tenant)?;
         let weight = weight.max(1);
+        let max_weight = self.shared.config.max_tenant_weight;
+        if weight > max_weight {
+            return Err(invalid_field(
+                "weight",
+                format!(
+                    "weight {weight} exceeds this escrow node's max_tenant_weight ({max_weight})"
+                ),
+            ));
+        }
         let key = Key::new(key).map_err(|e| invalid_field("key", e.to_string()))?;
         if tokens == 0 {
             return Err(invalid_field("tokens", "tokens must be at least 1"));

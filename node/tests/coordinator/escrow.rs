@@ -11,6 +11,7 @@ use leasehold_client::{
 };
 use leasehold_core::ids::{ClientId, RegionId};
 use leasehold_node::escrow::{run_escrow, EscrowConfig};
+use leasehold_proto::refusal;
 use leasehold_proto::v1 as pb;
 use leasehold_proto::v1::escrow_client::EscrowClient;
 use tokio::sync::oneshot;
@@ -935,5 +936,105 @@ async fn a_stopping_node_hands_its_credits_back_before_it_returns() -> Result<()
         "fair key: {} still granted after the stop (2 admitted)",
         fair_after.granted
     );
+    Ok(())
+}
+
+// ---- Declared tenant weights are bounded ----
+
+/// Asserts `result` is the refusal of an over-bound `weight`:
+/// `INVALID_ARGUMENT`, reason `INVALID_FIELD`, field `weight`.
+fn ensure_weight_refused<T: std::fmt::Debug>(
+    result: Result<tonic::Response<T>, tonic::Status>,
+    what: &str,
+) -> Result<()> {
+    let status = match result {
+        Ok(answer) => anyhow::bail!("{what}: expected a refusal, got {answer:?}"),
+        Err(status) => status,
+    };
+    ensure!(status.code() == Code::InvalidArgument, "{what}: {status:?}");
+    ensure!(
+        refusal::reason_of(&status) == Some(refusal::Reason::InvalidField),
+        "{what}: {status:?}"
+    );
+    ensure!(
+        refusal::detail(&status, refusal::FIELD).as_deref() == Some("weight"),
+        "{what}: {status:?}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_weight_above_the_bound_is_refused_and_admits_nothing() -> Result<()> {
+    const LIMIT: u64 = 100;
+    const BOUND: u64 = 10;
+    let cluster = Cluster::start_initialised(3, |_| {}).await?;
+    let admin = cluster.client()?.admin();
+    admin
+        .set_policy(fair(counter_policy("weighed/", LIMIT, LONG_WINDOW_MS)))
+        .await?;
+    admin
+        .set_policy(counter_policy("weighedc/", LIMIT, LONG_WINDOW_MS))
+        .await?;
+    let node = EscrowNode::start(&cluster, "us", |config| {
+        config.max_tenant_weight = BOUND;
+    })
+    .await?;
+    let mut rpc = node.rpc().await?;
+    let ask = |key: &str, weight: u64| pb::AcquireRequest {
+        key: key.into(),
+        tenant: "greedy".into(),
+        weight,
+        tokens: 1,
+        request_id: Some(pb::RequestId {
+            client_id: "greedy".into(),
+            seq: weight,
+        }),
+    };
+    let check = |key: &str, weight: u64| pb::CheckRequest {
+        key: key.into(),
+        tenant: "greedy".into(),
+        weight,
+        cost: 1,
+    };
+    // Above the bound: refused on a fair key and on a counter key alike,
+    // by Acquire and by Check.
+    for weight in [BOUND + 1, u64::MAX] {
+        for key in ["weighed/k", "weighedc/k"] {
+            ensure_weight_refused(
+                rpc.acquire(ask(key, weight)).await,
+                &format!("Acquire {key} weight {weight}"),
+            )?;
+            ensure_weight_refused(
+                rpc.check(check(key, weight)).await,
+                &format!("Check {key} weight {weight}"),
+            )?;
+        }
+    }
+    // Nothing was admitted, nor asked of the coordinator: no key actor
+    // even started.
+    let status = escrow_status(&mut rpc).await?;
+    ensure!(
+        status.active_keys == 0 && status.coordinator_calls == 0 && status.tokens_served == 0,
+        "refused requests left traces: {status:?}"
+    );
+    // The bound itself, and 0 (which means 1), are accepted.
+    for weight in [BOUND, 0] {
+        let got = rpc.acquire(ask("weighed/k", weight)).await?.into_inner();
+        ensure!(got.granted == 1, "weight {weight}: {got:?}");
+        let checked = rpc.check(check("weighed/k", weight)).await?.into_inner();
+        ensure!(
+            checked.decision.is_some_and(|d| d.allowed),
+            "weight {weight}: {checked:?}"
+        );
+    }
+    let got = rpc.acquire(ask("weighedc/k", BOUND)).await?.into_inner();
+    ensure!(got.granted == 1, "counter key at the bound: {got:?}");
+    let window = cluster.client()?.get_window("weighed/k").await?;
+    ensure!(
+        window.granted >= 4 && window.granted <= LIMIT,
+        "fair key granted {}",
+        window.granted
+    );
+    node.stop().await;
     Ok(())
 }
