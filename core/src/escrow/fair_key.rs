@@ -15,9 +15,12 @@
 //!   joined would take budget their guarantees should reserve).
 //! - **Batching**: when short, the key asks for a batch beyond the need
 //!   (`lease_size`), never beyond L.
+//! - **Batching**: the step beyond the need is the larger of `lease_size`
+//!   and a quarter of what the key admitted in the previous window.
 //! - **Ceiling**: a grant of less than asked means the region is at its
 //!   fair ceiling: the key denies without asking until `re_ask_ms` later
-//!   (other regions may release meanwhile), and says so in `retry_after_ms`.
+//!   (other regions may release meanwhile), twice as long after each look
+//!   that raised nothing, and says so in `retry_after_ms`.
 //! - **Reclaim**: [`FairKey::begin_release`] lowers the budget to what was
 //!   admitted *before* the release is sent, and the release stays pending
 //!   until a definitive answer; the caller must resend it (same request id)
@@ -136,6 +139,9 @@ struct Granted {
     window: WindowBounds,
     deadline_ms: u64,
     exhausted_until_ms: u64,
+    /// Asks at the ceiling in a row that raised nothing: the next waits
+    /// `re_ask_ms` doubled that many times.
+    fruitless_re_asks: u32,
     retired: bool,
 }
 
@@ -151,6 +157,8 @@ pub struct FairKey<Id> {
     previous: Option<(u64, BTreeMap<TenantId, u64>)>,
     /// Each tenant's demand over all regions in the previous window.
     totals: BTreeMap<TenantId, u64>,
+    /// Tokens admitted in the previous window: asks step by a quarter of it.
+    previous_used: u64,
 }
 
 impl<Id: Clone> FairKey<Id> {
@@ -163,6 +171,7 @@ impl<Id: Clone> FairKey<Id> {
             demand: BTreeMap::new(),
             previous: None,
             totals: BTreeMap::new(),
+            previous_used: 0,
         }
     }
 
@@ -256,9 +265,12 @@ impl<Id: Clone> FairKey<Id> {
         let at_ceiling = now_ms < state.exhausted_until_ms;
         match ask.asked.filter(|_| !at_ceiling) {
             Some((region_weight, want)) => {
+                // A batch beyond the need: the lease size, or a quarter of
+                // what the last window admitted, whichever is larger.
                 let limit = state.escrow.limit();
+                let step = lease_size.max(self.previous_used / 4);
                 let want_total = want
-                    .max(state.escrow.budget().saturating_add(lease_size))
+                    .max(state.escrow.budget().saturating_add(step))
                     .min(limit.max(want));
                 FairStep::Ask {
                     region_weight,
@@ -295,6 +307,7 @@ impl<Id: Clone> FairKey<Id> {
             window: answer.window,
             deadline_ms,
             exhausted_until_ms: 0,
+            fruitless_re_asks: 0,
             retired: false,
         });
         if state.window != answer.window {
@@ -302,19 +315,29 @@ impl<Id: Clone> FairKey<Id> {
                 let counts = std::mem::take(&mut self.demand);
                 self.previous = Some((state.window.start_ms, counts));
                 self.totals.clear();
+                self.previous_used = state.escrow.total_used();
             }
             state.window = answer.window;
             state.deadline_ms = deadline_ms;
             state.exhausted_until_ms = 0;
+            state.fruitless_re_asks = 0;
         } else {
             state.deadline_ms = state.deadline_ms.min(deadline_ms);
         }
         // Asking again rejoins the pool with the region's weight.
         state.retired = false;
+        if answer.granted_total > state.escrow.budget() {
+            state.fruitless_re_asks = 0;
+        } else if state.exhausted_until_ms > 0 {
+            state.fruitless_re_asks = state.fruitless_re_asks.saturating_add(1);
+        }
         if answer.granted_total < want_total {
-            state.exhausted_until_ms = now_ms
-                .saturating_add(re_ask_ms.max(1))
-                .min(state.deadline_ms);
+            // At the ceiling: look again later, twice as late after each
+            // look that found nothing.
+            let wait = re_ask_ms
+                .max(1)
+                .saturating_mul(1u64 << state.fruitless_re_asks.min(16));
+            state.exhausted_until_ms = now_ms.saturating_add(wait).min(state.deadline_ms);
         }
         state
             .escrow

@@ -1038,3 +1038,59 @@ async fn a_weight_above_the_bound_is_refused_and_admits_nothing() -> Result<()> 
     node.stop().await;
     Ok(())
 }
+
+// ---- Demand split: a tenant active in two regions is not served twice ----
+
+/// `beta` (weight 2) asks as much in `us` as in `eu`; `alpha` (weight 2)
+/// only in `us`. With the demand split the regions weigh 2 + 1 and 1 (in
+/// thousandths: 3000 and 1000); with `beta`'s full weight everywhere they
+/// would weigh 4000 and 2000.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_in_two_regions_weighs_its_share_of_its_demand_in_each() -> Result<()> {
+    let cluster = Cluster::start_initialised(3, |_| {}).await?;
+    cluster
+        .client()?
+        .admin()
+        .set_policy(fair(counter_policy("split/", 1_000_000, 500)))
+        .await?;
+    let us = EscrowNode::start(&cluster, "us", |_| {}).await?;
+    let eu = EscrowNode::start(&cluster, "eu", |_| {}).await?;
+    let (mut us_rpc, mut eu_rpc) = (us.rpc().await?, eu.rpc().await?);
+    let ask = |tenant: &str| pb::AcquireRequest {
+        key: "split/k".into(),
+        tenant: tenant.into(),
+        weight: 2,
+        tokens: 1,
+        request_id: None,
+    };
+    let client = cluster.client()?;
+    let started = std::time::Instant::now();
+    let mut last = Vec::new();
+    while started.elapsed() < Duration::from_secs(20) {
+        for _ in 0..20 {
+            us_rpc.acquire(ask("alpha")).await?;
+            us_rpc.acquire(ask("beta")).await?;
+            eu_rpc.acquire(ask("beta")).await?;
+        }
+        let window = client.get_window("split/k").await?;
+        last = window
+            .regions
+            .iter()
+            .map(|r| (r.region.clone(), r.pool_weight))
+            .collect::<Vec<_>>();
+        let weight = |name: &str| {
+            window
+                .regions
+                .iter()
+                .find(|r| r.region == name)
+                .map_or(0, |r| r.pool_weight)
+        };
+        let (us_weight, eu_weight) = (weight("us"), weight("eu"));
+        if eu_weight > 0 && us_weight.abs_diff(3 * eu_weight) * 20 <= us_weight {
+            us.stop().await;
+            eu.stop().await;
+            return Ok(());
+        }
+    }
+    anyhow::bail!("region weights never reached 3:1: last {last:?}")
+}
