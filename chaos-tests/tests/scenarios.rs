@@ -41,9 +41,9 @@ fn assert_holds(scenario: &Scenario) -> ScenarioReport {
             "{name}: no duplicated request to check exactly-once on"
         );
     }
-    let bound = 1.0 + scenario.shape.fallback_tokens_per_region as f64
-        * scenario.shape.escrow_nodes as f64
-        / scenario.shape.limit as f64;
+    let bound = 1.0
+        + scenario.shape.fallback_tokens_per_region as f64 * scenario.shape.escrow_nodes as f64
+            / scenario.shape.limit as f64;
     assert!(
         report.max_ratio <= bound,
         "{name}: max ratio {} > {bound}",
@@ -55,7 +55,11 @@ fn assert_holds(scenario: &Scenario) -> ScenarioReport {
         // Saturating load: the healthy stretch uses (nearly) all of L. A
         // sparse region leaves its reserve unused until its node releases
         // it, after `pool_release_idle_ms` of quiet, in every window.
-        let floor = if scenario.shape.sparse_region_0 { 0.8 } else { 0.9 };
+        let floor = if scenario.shape.sparse_region_0 {
+            0.8
+        } else {
+            0.9
+        };
         assert!(
             report.utilisation >= floor,
             "{name}: utilisation {}",
@@ -169,7 +173,10 @@ fn fair_pool_region_cut_fallback() {
     let share = scenario.shape.fallback_tokens_per_region;
     assert!(!inside.is_empty(), "no window lies wholly inside the cut");
     for (start, admitted) in &inside {
-        assert!(*admitted <= share, "window {start}: cut region admitted {admitted} > {share}");
+        assert!(
+            *admitted <= share,
+            "window {start}: cut region admitted {admitted} > {share}"
+        );
     }
     assert!(inside.iter().any(|(_, admitted)| *admitted > 0));
 }

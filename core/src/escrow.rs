@@ -60,9 +60,7 @@ mod outage_gate;
 
 mod fair_key;
 
-pub use fair_key::{
-    FairKey, FairStep, PendingRelease, PoolAnswer, ReleaseAnswer, WEIGHT_SCALE,
-};
+pub use fair_key::{FairKey, FairStep, PendingRelease, PoolAnswer, ReleaseAnswer, WEIGHT_SCALE};
 pub use outage_gate::OutageGate;
 
 pub use fair_gate::{EscrowFairGate, FairGateCounters, GateVerdict};

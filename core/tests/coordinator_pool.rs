@@ -188,7 +188,11 @@ fn a_retired_region_frees_its_reserve_for_the_others() {
     assert_eq!(stale.disposition, PoolReleaseDisposition::StaleTotal);
     assert_eq!((stale.released, stale.granted_total), (0, 75));
     // Another window's release changes nothing.
-    let ended = released(&run(&mut s, T0, release("fed/k", "us", 75, 30, start - 60_000)));
+    let ended = released(&run(
+        &mut s,
+        T0,
+        release("fed/k", "us", 75, 30, start - 60_000),
+    ));
     assert_eq!(ended.disposition, PoolReleaseDisposition::WindowEnded);
     assert_eq!(total(&run(&mut s, T0, pool("fed/k", "eu", 1, 100))), 25);
     // us goes idle having spent 30: the 45 it did not spend go to eu.

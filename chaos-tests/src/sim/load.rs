@@ -272,7 +272,8 @@ pub fn spawn_clients(
                 let into_window = sim_now_ms() % window_ms;
                 if sparse && into_window >= SPARSE_ACTIVE_MS.min(window_ms / 2) {
                     let jitter = rng.gen_range(0..20);
-                    tokio::time::sleep(Duration::from_millis(window_ms - into_window + jitter)).await;
+                    tokio::time::sleep(Duration::from_millis(window_ms - into_window + jitter))
+                        .await;
                     continue;
                 }
                 match limiter.check_labelled(KEY, 1).await {

@@ -850,7 +850,10 @@ async fn an_idle_region_gives_its_unspent_grant_back_to_a_busy_one() -> Result<(
     // eu drains what the pool gives it while us still reserves its half
     // (or eu's ceiling hides nothing: us may already have released).
     let (first, _) = admit_until_denied(&mut eu_rpc, "reclaim/k", "default").await?;
-    ensure!(first >= LIMIT / 2 - 16, "eu got only {first} with us active");
+    ensure!(
+        first >= LIMIT / 2 - 16,
+        "eu got only {first} with us active"
+    );
     // us's idle key hands back what it did not admit.
     let mut released = 0;
     for _ in 0..100 {
@@ -869,7 +872,10 @@ async fn an_idle_region_gives_its_unspent_grant_back_to_a_busy_one() -> Result<(
         if us_admitted + eu_admitted >= LIMIT - 16 {
             break;
         }
-        tokio::time::sleep(Duration::from_millis(denied.retry_after_ms.clamp(50, 1_000))).await;
+        tokio::time::sleep(Duration::from_millis(
+            denied.retry_after_ms.clamp(50, 1_000),
+        ))
+        .await;
     }
     let window = cluster.client()?.get_window("reclaim/k").await?;
     ensure!(
@@ -918,9 +924,17 @@ async fn a_stopping_node_hands_its_credits_back_before_it_returns() -> Result<()
     }
     let client = cluster.client()?;
     let before = client.get_window("drain/k").await?;
-    ensure!(before.granted == 100, "counter key leased {}", before.granted);
+    ensure!(
+        before.granted == 100,
+        "counter key leased {}",
+        before.granted
+    );
     let fair_before = client.get_window("drainf/k").await?;
-    ensure!(fair_before.granted >= 100, "fair key granted {}", fair_before.granted);
+    ensure!(
+        fair_before.granted >= 100,
+        "fair key granted {}",
+        fair_before.granted
+    );
     node.stop().await;
     // When `stop` returns, the credits are back: nothing left to wait for.
     let after = client.get_window("drain/k").await?;
