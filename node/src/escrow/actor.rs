@@ -988,22 +988,24 @@ impl KeyActor {
                 .fair
                 .get_or_insert_with(|| FairKey::new(max_tenants))
                 .decide(tenant, weight, cost, lease_size, now);
+            // Answers carry the key's limit L (the proto's contract), not
+            // the tenant's ceiling in the region.
             let (region_weight, want_total) = match step {
-                FairStep::Admit { served, limit } => {
+                FairStep::Admit { served, .. } => {
                     return Ok(Acquired::Credits {
                         served,
-                        limit,
+                        limit: policy.limit,
                         shadow_would_deny: false,
                     })
                 }
                 FairStep::Deny {
                     retry_after_ms,
-                    limit,
                     window_end_ms,
+                    ..
                 } => {
                     return Ok(Acquired::Denied {
                         retry_after_ms,
-                        limit,
+                        limit: policy.limit,
                         window_end_ms,
                         fair_throttled: false,
                     })

@@ -890,6 +890,11 @@ async fn an_idle_region_gives_its_unspent_grant_back_to_a_busy_one() -> Result<(
     // A region that comes back rejoins the pool from what it kept.
     let back = us_rpc.acquire(acquire("reclaim/k", 1)).await?.into_inner();
     ensure!(
+        back.limit == LIMIT,
+        "a fair key answers its limit L, not a tenant's ceiling: {}",
+        back.limit
+    );
+    ensure!(
         us_admitted + back.granted + eu_admitted <= LIMIT,
         "the returning region over-admitted"
     );
