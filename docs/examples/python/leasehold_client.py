@@ -313,6 +313,72 @@ def run(cluster):
         grpc.StatusCode.PERMISSION_DENIED, "NOT_PERMITTED",
     ).reason)
 
+    # A `fair` key: the region fair pool. Region eu asks for a total,
+    # hands back what it did not use (PoolRelease, compare-and-set on its
+    # total), and a retry of the release gets the first answer.
+    fair_key = f"pyf/chat-{secrets.token_hex(4)}"
+    cluster.on_leader(OPERATOR, rpc.AdminStub, "SetPolicy", pb.SetPolicyRequest(
+        policy=pb.Policy(prefix="pyf/", limit=100, window_ms=60_000, kind=pb.POLICY_KIND_FAIR)
+    ))
+
+    def fair_window():
+        return cluster.on_leader(
+            REGION_IDENTITY, rpc.CoordinatorStub, "GetWindow", pb.GetWindowRequest(key=fair_key)
+        )
+
+    ahead = fair_window()
+    left_ms = ahead.window_end_ms - ahead.coordinator_now_ms
+    if left_ms < 10_000:
+        print(f"  the fair window ends in {left_ms} ms: waiting for the next one")
+        time.sleep(left_ms / 1000 + 0.2)
+
+    def pool_grant(want, seq, demands=()):
+        return cluster.on_leader(REGION_IDENTITY, rpc.CoordinatorStub, "PoolGrant", pb.PoolGrantRequest(
+            key=fair_key, region=REGION, region_weight=1000, want_total=want,
+            request_id=pb.RequestId(client_id=client_id, seq=seq),
+            tenant_demands=[pb.TenantDemand(tenant=t, demand=d) for t, d in demands],
+            demand_window_start_ms=ahead.window_start_ms - 60_000,
+        ))
+
+    def pool_release(from_total, keep_total, window_start_ms, seq):
+        return cluster.on_leader(REGION_IDENTITY, rpc.CoordinatorStub, "PoolRelease", pb.PoolReleaseRequest(
+            key=fair_key, region=REGION, from_total=from_total, keep_total=keep_total,
+            window_start_ms=window_start_ms,
+            request_id=pb.RequestId(client_id=client_id, seq=seq),
+        ))
+
+    grant = pool_grant(60, seq=10, demands=[("beta", 25)])
+    check(grant.granted_total == 60, f"PoolGrant 60 alone in the pool: total {grant.granted_total}")
+    check(
+        [(d.tenant, d.demand) for d in grant.tenant_demands] == [("beta", 25)],
+        "the demand report is answered with the tenant's total over the regions that reported it",
+    )
+    released = pool_release(60, 20, grant.window_start_ms, seq=11)
+    check(
+        released.disposition == pb.POOL_RELEASE_DISPOSITION_RELEASED
+        and released.released == 40 and released.granted_total == 20,
+        f"PoolRelease 60 -> keep 20: released {released.released}, total {released.granted_total}",
+    )
+    check(pool_release(60, 20, grant.window_start_ms, seq=11) == released,
+          "a retried release gets the first answer")
+    stale = pool_release(60, 0, grant.window_start_ms, seq=12)
+    check(
+        stale.disposition == pb.POOL_RELEASE_DISPOSITION_STALE_TOTAL and stale.granted_total == 20,
+        f"a release from a stale total changes nothing and tells the real one ({stale.granted_total})",
+    )
+    eu_pool = [r for r in fair_window().regions if r.region == REGION]
+    check(
+        len(eu_pool) == 1 and eu_pool[0].granted == 20 and eu_pool[0].pool_weight == 0,
+        "GetWindow: the retired region holds what it kept, with pool weight 0",
+    )
+    rejoined = pool_grant(100, seq=13)
+    check(rejoined.granted_total == 100, f"asking again rejoins the pool: total {rejoined.granted_total}")
+    expect_refusal(
+        "PoolRelease keeping more than its total",
+        lambda: pool_release(100, 101, grant.window_start_ms, seq=14),
+        grpc.StatusCode.INVALID_ARGUMENT, "INVALID_FIELD", {"field": "keep_total"},
+    )
+
     print(
         f"PASS: the Python client behaved as the proto says "
         f"({len(set(endpoints))} member(s) given, leased 100 of 100 then a denial, "
