@@ -7,7 +7,18 @@
 //!   shortages wait on it; its grant is credited exactly once, by
 //!   [`RegionEscrow::on_grant_for`] with that ticket's id. A grant for any
 //!   other id (a duplicate delivery, a lease already given up) is ignored:
-//!   neither credited nor returned, which can only strand capacity.
+//!   neither credited nor returned, which can only strand capacity. The caller
+//!   reports each ticket's outcome once, by its id: a grant
+//!   ([`RegionEscrow::on_grant_for`]), a failure
+//!   ([`RegionEscrow::on_lease_failed_for`]) or a refusal
+//!   ([`RegionEscrow::on_lease_refused_for`]).
+//! - A refused lease (the coordinator answered with an error about the
+//!   request itself — no policy, a wrong key kind, an invalid argument) is
+//!   cleared so the next shortage may send a lease at once: it is neither a
+//!   failure nor an outage (no probe interval, `leases_failed` unchanged,
+//!   and as an answer it ends an outage in progress), nor a grant (nothing
+//!   credited, the window not marked exhausted). It stays counted in
+//!   `leases_sent` only.
 //! - Credits die with their window, on the coordinator's timeline: the local
 //!   deadline is the monotonic time the lease was *sent* plus the remaining
 //!   lifetime the coordinator returned (DESIGN §4). Nothing is served at or
@@ -275,8 +286,10 @@ impl RegionEscrow {
     /// The lease to send now for a shortage of `want` tokens, if any: none
     /// while one is in flight, or while an outage waits for its next probe.
     /// Its size is `max(want, lease_size())`. The caller must report the
-    /// result with [`on_grant_for`](Self::on_grant_for) or
-    /// [`on_lease_failed_for`](Self::on_lease_failed_for) and the ticket's id.
+    /// result with [`on_grant_for`](Self::on_grant_for),
+    /// [`on_lease_failed_for`](Self::on_lease_failed_for) or
+    /// [`on_lease_refused_for`](Self::on_lease_refused_for) and the ticket's
+    /// id.
     pub fn send_lease(&mut self, want: u64, now_ms: u64) -> Option<LeaseTicket> {
         if self.in_flight.is_some() {
             return None;
@@ -301,13 +314,6 @@ impl RegionEscrow {
         Some(ticket)
     }
 
-    /// [`send_lease`](Self::send_lease) returning only the token count, for
-    /// callers that report the result with [`on_grant`](Self::on_grant) /
-    /// [`on_lease_failed`](Self::on_lease_failed).
-    pub fn lease_to_send(&mut self, want: u64, now_ms: u64) -> Option<u64> {
-        self.send_lease(want, now_ms).map(|t| t.tokens)
-    }
-
     /// Whether a lease is outstanding.
     pub fn lease_in_flight(&self) -> bool {
         self.in_flight.is_some()
@@ -316,13 +322,6 @@ impl RegionEscrow {
     /// The outstanding lease, if any.
     pub fn outstanding_lease(&self) -> Option<LeaseTicket> {
         self.in_flight
-    }
-
-    /// A grant arrived for the outstanding lease (see
-    /// [`on_grant_for`](Self::on_grant_for)); ignored if none is outstanding.
-    pub fn on_grant(&mut self, grant: CoordinatorGrant, now_ms: u64) -> Option<Reconcile> {
-        let id = self.in_flight.map_or(0, |t| t.id);
-        self.on_grant_for(id, grant, now_ms)
     }
 
     /// A grant arrived for lease `lease_id`. Credits it once, or returns it
@@ -397,14 +396,6 @@ impl RegionEscrow {
         None
     }
 
-    /// The outstanding lease failed (see
-    /// [`on_lease_failed_for`](Self::on_lease_failed_for)).
-    pub fn on_lease_failed(&mut self, now_ms: u64) {
-        if let Some(ticket) = self.in_flight {
-            self.on_lease_failed_for(ticket.id, now_ms);
-        }
-    }
-
     /// Lease `lease_id` failed (unreachable, timeout, no quorum): the
     /// coordinator counts as unreachable and is probed again only after
     /// `probe_interval_ms`. Ignored if that lease is not outstanding.
@@ -415,6 +406,22 @@ impl RegionEscrow {
         self.in_flight = None;
         self.counters.leases_failed += 1;
         self.outage.on_failure(now_ms);
+    }
+
+    /// The coordinator refused lease `lease_id` (no policy for the key, a
+    /// wrong key kind, an invalid argument): the lease is cleared, so the
+    /// next shortage may send one at once. Not a failure — no probe
+    /// interval, `leases_failed` unchanged — and, being an answer, it ends
+    /// an outage in progress; nothing is credited and the window is not
+    /// marked exhausted; credits dead at `now_ms` are dropped, as on a
+    /// grant. Ignored if that lease is not outstanding.
+    pub fn on_lease_refused_for(&mut self, lease_id: u64, now_ms: u64) {
+        if self.in_flight.map(|t| t.id) != Some(lease_id) {
+            return;
+        }
+        self.in_flight = None;
+        self.outage.on_answer();
+        self.expire(now_ms);
     }
 
     /// While the coordinator is unreachable: serve from the fallback share

@@ -1,5 +1,5 @@
 //! The region escrow's rules seen from its caller (the escrow node's actor):
-//! lease tickets, duplicate and stale grants, idle returns, the outage
+//! lease tickets, duplicate and stale grants, refused leases, idle returns, the outage
 //! fallback's lifetime, the lease sizer and the status snapshot.
 
 use std::collections::BTreeMap;
@@ -39,8 +39,11 @@ fn a_grant_delivered_twice_is_credited_once() {
     let counters = e.counters();
     assert_eq!(counters.tokens_credited, 10);
     assert_eq!(counters.unexpected_grants, 1);
-    // Without a lease outstanding, the untagged form ignores grants too.
-    assert_eq!(e.on_grant(grant(10, EPOCH_WINDOW, 900), 6), None);
+    // Without a lease outstanding, a grant for any id is ignored too.
+    assert_eq!(
+        e.on_grant_for(ticket.id + 1, grant(10, EPOCH_WINDOW, 900), 6),
+        None
+    );
     assert_eq!(e.balance(7), 10);
 }
 
@@ -69,8 +72,8 @@ fn a_grant_for_a_lease_given_up_is_not_credited_to_the_next_lease() {
 #[test]
 fn idle_credits_go_back_to_their_window_while_it_is_current() {
     let mut e = RegionEscrow::new(10, 500, OutagePolicy::FailClosed);
-    e.lease_to_send(1, 0);
-    e.on_grant(grant(10, EPOCH_WINDOW, 900), 10);
+    let ticket = e.send_lease(1, 0).unwrap();
+    e.on_grant_for(ticket.id, grant(10, EPOCH_WINDOW, 900), 10);
     e.serve(3, 20).unwrap();
     assert_eq!(
         e.return_all(30),
@@ -85,8 +88,8 @@ fn idle_credits_go_back_to_their_window_while_it_is_current() {
     // nothing of that window any more.
     assert_eq!(e.take_back(2, EPOCH_WINDOW, 32), 0);
     // Once the credits are dead there is nothing to return.
-    e.lease_to_send(1, 40);
-    e.on_grant(grant(5, EPOCH_WINDOW, 100), 45);
+    let ticket = e.send_lease(1, 40).unwrap();
+    e.on_grant_for(ticket.id, grant(5, EPOCH_WINDOW, 100), 45);
     assert_eq!(e.return_all(140), None);
 }
 
@@ -99,8 +102,8 @@ fn fallback_credits_live_only_for_the_rest_of_their_wall_clock_window() {
             tokens_per_region: 4,
         },
     );
-    e.lease_to_send(1, 0);
-    e.on_lease_failed(0);
+    let ticket = e.send_lease(1, 0).unwrap();
+    e.on_lease_failed_for(ticket.id, 0);
     let served = e.serve_outage_at(3, 10_250, 1_000).unwrap();
     assert_eq!(served.window_start_ms, 10_000);
     assert_eq!(served.remaining_lifetime_ms, 750);
@@ -115,11 +118,11 @@ fn fallback_credits_live_only_for_the_rest_of_their_wall_clock_window() {
 #[test]
 fn fail_closed_serves_what_it_holds_then_denies() {
     let mut e = RegionEscrow::new(5, 1_000, OutagePolicy::FailClosed);
-    e.lease_to_send(1, 0);
-    e.on_grant(grant(5, EPOCH_WINDOW, 900), 1);
+    let ticket = e.send_lease(1, 0).unwrap();
+    e.on_grant_for(ticket.id, grant(5, EPOCH_WINDOW, 900), 1);
     e.serve(4, 2).unwrap();
-    assert!(e.lease_to_send(5, 3).is_some());
-    e.on_lease_failed(4);
+    let ticket = e.send_lease(5, 3).unwrap();
+    e.on_lease_failed_for(ticket.id, 4);
     assert_eq!(
         e.serve(5, 5).unwrap().granted,
         1,
@@ -129,9 +132,9 @@ fn fail_closed_serves_what_it_holds_then_denies() {
     assert!(e.serve_outage_at(1, 99_999, 1_000).is_none());
     assert_eq!(e.counters().outage_denials, 1);
     // No lease before the probe is due, and the retry hint says when it is.
-    assert!(e.lease_to_send(1, 500).is_none());
+    assert!(e.send_lease(1, 500).is_none());
     assert_eq!(e.retry_after_ms(500), 504);
-    assert!(e.lease_to_send(1, 1_004).is_some());
+    assert!(e.send_lease(1, 1_004).is_some());
 }
 
 #[test]
@@ -165,7 +168,7 @@ fn the_escrow_feeds_its_sizer_each_windows_served_demand() {
     let mut fixed = RegionEscrow::new(8, 500, OutagePolicy::FailClosed);
     fixed.set_batch(0);
     assert_eq!(fixed.lease_size(), 1);
-    assert_eq!(fixed.lease_to_send(3, 0), Some(3));
+    assert_eq!(fixed.send_lease(3, 0).map(|t| t.tokens), Some(3));
 }
 
 #[test]
@@ -197,6 +200,7 @@ enum Event {
         lifetime: u64,
     },
     Fail,
+    Refuse,
     Serve(u64),
     ReturnIdle,
     Advance(u64),
@@ -214,6 +218,7 @@ fn event() -> impl Strategy<Value = Event> {
             }
         ),
         Just(Event::Fail),
+        Just(Event::Refuse),
         (1u64..10).prop_map(Event::Serve),
         Just(Event::ReturnIdle),
         (0u64..300).prop_map(Event::Advance),
@@ -223,10 +228,10 @@ fn event() -> impl Strategy<Value = Event> {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]
 
-    /// Whatever the caller delivers (replays, grants for failed leases),
-    /// each lease is credited at most once, what is served and returned per
-    /// window never exceeds what was credited, and nothing is served at or
-    /// after the deadline of the lease that brought it.
+    /// Whatever the caller delivers (replays, grants for failed or refused
+    /// leases), each lease is credited at most once, what is served and
+    /// returned per window never exceeds what was credited, and nothing is
+    /// served at or after the deadline of the lease that brought it.
     #[test]
     fn each_lease_is_credited_at_most_once(events in proptest::collection::vec(event(), 1..150)) {
         let mut e = RegionEscrow::new(6, 150, OutagePolicy::FailClosed);
@@ -260,7 +265,17 @@ proptest! {
                         }
                     }
                 }
-                Event::Fail => e.on_lease_failed(now),
+                // The caller reports the last lease it sent; ignored once answered.
+                Event::Fail => {
+                    if let Some(t) = sent.last() {
+                        e.on_lease_failed_for(t.id, now);
+                    }
+                }
+                Event::Refuse => {
+                    if let Some(t) = sent.last() {
+                        e.on_lease_refused_for(t.id, now);
+                    }
+                }
                 Event::Serve(n) => {
                     if let Some(s) = e.serve(n, now) {
                         prop_assert!(now < deadline.get(&s.window_start_ms).copied().unwrap_or(0));

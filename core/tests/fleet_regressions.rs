@@ -145,8 +145,8 @@ fn admitted_during_outage(k: usize, outage: OutagePolicy, held: u64) -> Vec<u64>
                 per_window[window] += s.granted;
                 continue;
             }
-            if escrow.send_lease(3, now).is_some() {
-                escrow.on_lease_failed(now);
+            if let Some(ticket) = escrow.send_lease(3, now) {
+                escrow.on_lease_failed_for(ticket.id, now);
             }
             if let Some(s) = escrow.serve_outage_at(3, wall, WINDOW_MS) {
                 assert!(s.from_fallback);

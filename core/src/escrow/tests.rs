@@ -15,12 +15,13 @@ fn grant(granted: u64, window_start_ms: u64, lifetime: u64) -> CoordinatorGrant 
 #[test]
 fn one_lease_in_flight_and_its_grant_is_credited_once() {
     let mut e = RegionEscrow::new(10, 500, OutagePolicy::FailClosed);
-    assert_eq!(e.lease_to_send(3, 0), Some(10));
+    let ticket = e.send_lease(3, 0).unwrap();
+    assert_eq!(ticket.tokens, 10);
     // Concurrent shortages while the lease is out do not send another.
     for _ in 0..50 {
-        assert_eq!(e.lease_to_send(3, 1), None);
+        assert_eq!(e.send_lease(3, 1), None);
     }
-    assert_eq!(e.on_grant(grant(10, 0, 900), 5), None);
+    assert_eq!(e.on_grant_for(ticket.id, grant(10, 0, 900), 5), None);
     // The 50 waiters re-check the balance: 10 tokens in all, not 10 each.
     let served: u64 = (0..50)
         .filter_map(|_| e.serve(1, 6))
@@ -33,9 +34,9 @@ fn one_lease_in_flight_and_its_grant_is_credited_once() {
 #[test]
 fn a_late_grant_is_returned_to_its_own_window_not_credited_to_the_next() {
     let mut e = RegionEscrow::new(10, 500, OutagePolicy::FailClosed);
-    e.lease_to_send(1, 0);
+    let ticket = e.send_lease(1, 0).unwrap();
     // Lifetime 100 ms from the send at 0: dead on arrival at 150.
-    let back = e.on_grant(grant(10, 0, 100), 150);
+    let back = e.on_grant_for(ticket.id, grant(10, 0, 100), 150);
     assert_eq!(
         back,
         Some(Reconcile {
@@ -45,11 +46,11 @@ fn a_late_grant_is_returned_to_its_own_window_not_credited_to_the_next() {
     );
     assert_eq!(e.balance(150), 0);
     // A stale grant for an older window than the one held is not credited either.
-    e.lease_to_send(1, 200);
-    e.on_grant(grant(10, 1_000, 900), 210);
-    e.lease_to_send(1, 220);
+    let ticket = e.send_lease(1, 200).unwrap();
+    e.on_grant_for(ticket.id, grant(10, 1_000, 900), 210);
+    let ticket = e.send_lease(1, 220).unwrap();
     assert_eq!(
-        e.on_grant(grant(7, 0, 900), 230),
+        e.on_grant_for(ticket.id, grant(7, 0, 900), 230),
         Some(Reconcile {
             window_start_ms: 0,
             leftover: 7
@@ -61,8 +62,8 @@ fn a_late_grant_is_returned_to_its_own_window_not_credited_to_the_next() {
 #[test]
 fn credits_die_at_the_send_time_plus_lifetime() {
     let mut e = RegionEscrow::new(10, 500, OutagePolicy::FailClosed);
-    e.lease_to_send(1, 1_000);
-    e.on_grant(grant(10, 0, 300), 1_050);
+    let ticket = e.send_lease(1, 1_000).unwrap();
+    e.on_grant_for(ticket.id, grant(10, 0, 300), 1_050);
     let s = e.serve(2, 1_100).unwrap();
     assert_eq!(
         s.remaining_lifetime_ms, 200,
@@ -75,14 +76,14 @@ fn credits_die_at_the_send_time_plus_lifetime() {
 #[test]
 fn fail_closed_probes_on_a_cadence_and_denies_meanwhile() {
     let mut e = RegionEscrow::new(10, 500, OutagePolicy::FailClosed);
-    e.lease_to_send(1, 0);
-    e.on_lease_failed(10);
+    let ticket = e.send_lease(1, 0).unwrap();
+    e.on_lease_failed_for(ticket.id, 10);
     assert!(e.coordinator_unreachable());
-    assert_eq!(e.lease_to_send(1, 100), None);
+    assert_eq!(e.send_lease(1, 100), None);
     assert!(e.serve_outage(1, 0, 1_000).is_none());
     assert!(e.retry_after_ms(100) >= 400);
-    assert!(e.lease_to_send(1, 510).is_some(), "one probe per interval");
-    e.on_grant(grant(10, 0, 900), 520);
+    let probe = e.send_lease(1, 510).expect("one probe per interval");
+    e.on_grant_for(probe.id, grant(10, 0, 900), 520);
     assert!(!e.coordinator_unreachable());
 }
 
@@ -95,8 +96,8 @@ fn fallback_admits_at_most_its_share_per_window() {
             tokens_per_region: 5,
         },
     );
-    e.lease_to_send(1, 0);
-    e.on_lease_failed(0);
+    let ticket = e.send_lease(1, 0).unwrap();
+    e.on_lease_failed_for(ticket.id, 0);
     let first: u64 = (0..10)
         .filter_map(|_| e.serve_outage(1, 0, 1_000))
         .map(|s| s.granted)
@@ -131,32 +132,31 @@ fn shadow_credits_last_the_rest_of_the_local_window_and_are_not_returnable() {
 #[test]
 fn a_partial_grant_means_the_window_is_exhausted() {
     let mut e = RegionEscrow::new(10, 50, OutagePolicy::FailClosed);
-    assert_eq!(e.lease_to_send(1, 0), Some(10));
-    e.on_grant(grant(4, 0, 1_000), 5);
+    let ticket = e.send_lease(1, 0).unwrap();
+    assert_eq!(ticket.tokens, 10);
+    e.on_grant_for(ticket.id, grant(4, 0, 1_000), 5);
     e.serve(4, 6);
-    assert_eq!(e.lease_to_send(1, 7), None, "the window had only 4 left");
+    assert_eq!(e.send_lease(1, 7), None, "the window had only 4 left");
     assert_eq!(e.retry_after_ms(7), 993);
     // A full grant leaves the window open to more leases.
-    assert_eq!(e.lease_to_send(1, 1_000), Some(10));
-    e.on_grant(grant(10, 1_000, 1_000), 1_001);
+    let ticket = e.send_lease(1, 1_000).unwrap();
+    assert_eq!(ticket.tokens, 10);
+    e.on_grant_for(ticket.id, grant(10, 1_000, 1_000), 1_001);
     e.serve(10, 1_002);
-    assert_eq!(e.lease_to_send(1, 1_003), Some(10));
+    assert_eq!(e.send_lease(1, 1_003).map(|t| t.tokens), Some(10));
 }
 
 #[test]
 fn an_exhausted_window_is_not_asked_again_before_its_deadline() {
     let mut e = RegionEscrow::new(10, 50, OutagePolicy::FailClosed);
-    assert!(e.lease_to_send(1, 100).is_some());
+    let ticket = e.send_lease(1, 100).unwrap();
     // Nothing left in the window; its credits would have lived until 100 + 600.
-    assert_eq!(e.on_grant(grant(0, 0, 600), 110), None);
+    assert_eq!(e.on_grant_for(ticket.id, grant(0, 0, 600), 110), None);
     for now in [111, 300, 699] {
-        assert_eq!(e.lease_to_send(1, now), None, "asked again at {now}");
+        assert_eq!(e.send_lease(1, now), None, "asked again at {now}");
         assert_eq!(e.retry_after_ms(now), 700 - now);
     }
-    assert!(
-        e.lease_to_send(1, 700).is_some(),
-        "the next window is asked"
-    );
+    assert!(e.send_lease(1, 700).is_some(), "the next window is asked");
     assert_eq!(e.counters().leases_sent, 2);
 }
 
@@ -173,8 +173,9 @@ fn eoq_escrow() -> RegionEscrow {
 #[test]
 fn a_learning_sizer_asks_the_next_window_for_what_the_last_one_kept() {
     let mut e = eoq_escrow();
-    assert_eq!(e.lease_to_send(1, 0), Some(16));
-    e.on_grant(grant(300, 0, 1_000), 1);
+    let ticket = e.send_lease(1, 0).unwrap();
+    assert_eq!(ticket.tokens, 16);
+    e.on_grant_for(ticket.id, grant(300, 0, 1_000), 1);
     let served: u64 = (0..90)
         .filter_map(|_| e.serve(1, 10))
         .map(|s| s.granted)
@@ -183,29 +184,74 @@ fn a_learning_sizer_asks_the_next_window_for_what_the_last_one_kept() {
     assert_eq!(e.take_back(10, 0, 20), 10);
     // Still in the window: top-ups are sized by the learner alone.
     e.serve(210, 30);
-    assert_eq!(e.lease_to_send(1, 40), Some(16));
-    e.on_grant(grant(0, 0, 960), 41);
+    let ticket = e.send_lease(1, 40).unwrap();
+    assert_eq!(ticket.tokens, 16);
+    e.on_grant_for(ticket.id, grant(0, 0, 960), 41);
     // The next window (credits died at 1 000) starts with what this one
     // kept: 90 + 210 served, 10 taken back.
-    assert_eq!(e.lease_to_send(1, 1_000), Some(290));
+    assert_eq!(e.send_lease(1, 1_000).map(|t| t.tokens), Some(290));
 }
 
 #[test]
 fn the_warm_start_is_capped_and_skips_windows_that_are_not_adjacent() {
     let mut e = eoq_escrow();
-    e.lease_to_send(1, 0);
-    e.on_grant(grant(1_000, 0, 1_000), 1);
+    let ticket = e.send_lease(1, 0).unwrap();
+    e.on_grant_for(ticket.id, grant(1_000, 0, 1_000), 1);
     e.serve(1_000, 10);
     // Capped by the learner's largest size.
-    assert_eq!(e.lease_to_send(1, 1_000), Some(500));
-    e.on_grant(grant(500, 1_000, 1_000), 1_001);
+    let ticket = e.send_lease(1, 1_000).unwrap();
+    assert_eq!(ticket.tokens, 500);
+    e.on_grant_for(ticket.id, grant(500, 1_000, 1_000), 1_001);
     e.serve(400, 1_010);
     // A window later than the next one: no warm start.
-    assert_eq!(e.lease_to_send(1, 3_500), Some(e.lease_size()));
+    let size = e.lease_size();
+    assert_eq!(e.send_lease(1, 3_500).map(|t| t.tokens), Some(size));
     // A fixed batch never warm-starts.
     let mut fixed = RegionEscrow::new(10, 50, OutagePolicy::FailClosed);
-    fixed.lease_to_send(1, 0);
-    fixed.on_grant(grant(100, 0, 1_000), 1);
+    let ticket = fixed.send_lease(1, 0).unwrap();
+    fixed.on_grant_for(ticket.id, grant(100, 0, 1_000), 1);
     fixed.serve(100, 10);
-    assert_eq!(fixed.lease_to_send(1, 1_000), Some(10));
+    assert_eq!(fixed.send_lease(1, 1_000).map(|t| t.tokens), Some(10));
+}
+
+#[test]
+fn a_refused_lease_is_cleared_without_a_failure_or_an_outage() {
+    let mut e = RegionEscrow::new(10, 500, OutagePolicy::FailClosed);
+    let ticket = e.send_lease(3, 0).unwrap();
+    let before = e.counters();
+    e.on_lease_refused_for(ticket.id, 5);
+    assert!(!e.lease_in_flight());
+    assert!(!e.coordinator_unreachable(), "a refusal is an answer");
+    // Nothing to wait for: neither a probe interval nor an exhausted window.
+    assert_eq!(e.retry_after_ms(5), 1);
+    assert_eq!(e.balance(5), 0);
+    assert_eq!(e.counters(), before, "only the send was counted");
+    assert_eq!(before.leases_sent, 1);
+    assert_eq!(before.leases_failed, 0);
+    let next = e.send_lease(3, 6).expect("a new lease may go out at once");
+    assert_ne!(next.id, ticket.id);
+    // A refusal for a lease that is no longer outstanding changes nothing,
+    // and the grant of the refused lease is not credited to the next one.
+    e.on_lease_refused_for(ticket.id, 7);
+    assert!(e.lease_in_flight());
+    assert_eq!(e.on_grant_for(ticket.id, grant(10, 0, 900), 8), None);
+    assert_eq!(e.balance(8), 0);
+    assert_eq!(e.on_grant_for(next.id, grant(10, 0, 900), 9), None);
+    assert_eq!(e.balance(9), 10);
+}
+
+#[test]
+fn a_refused_probe_ends_an_outage() {
+    let mut e = RegionEscrow::new(10, 500, OutagePolicy::FailClosed);
+    let ticket = e.send_lease(1, 0).unwrap();
+    e.on_lease_failed_for(ticket.id, 10);
+    assert!(e.coordinator_unreachable());
+    let probe = e.send_lease(1, 510).unwrap();
+    e.on_lease_refused_for(probe.id, 520);
+    assert!(!e.coordinator_unreachable(), "the coordinator answered");
+    assert_eq!(e.counters().leases_failed, 1, "the refusal is no failure");
+    assert!(
+        e.send_lease(1, 521).is_some(),
+        "no probe interval after a refusal"
+    );
 }

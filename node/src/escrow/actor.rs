@@ -746,12 +746,12 @@ impl KeyActor {
             });
         }
         let mut retry_after_ms = None;
-        if let Some(lease_tokens) = self.escrow.lease_to_send(tokens, now) {
+        if let Some(ticket) = self.escrow.send_lease(tokens, now) {
             let sent = tokio::time::Instant::now();
             let result = self
                 .shared
                 .leases
-                .lease(&self.key, self.shared.config.region.as_str(), lease_tokens)
+                .lease(&self.key, self.shared.config.region.as_str(), ticket.tokens)
                 .await;
             if result.is_ok() {
                 self.shared.lease_round_trip.record_duration(sent.elapsed());
@@ -759,7 +759,7 @@ impl KeyActor {
             let arrived = self.shared.mono_ms();
             match result {
                 Ok(grant) => {
-                    tracing::debug!(key = %self.key, asked = lease_tokens, granted = grant.granted, window_start_ms = grant.window_start_ms, "lease answered");
+                    tracing::debug!(key = %self.key, asked = ticket.tokens, granted = grant.granted, window_start_ms = grant.window_start_ms, "lease answered");
                     self.shared
                         .set_reachable(true, &self.key, policy.outage, None);
                     self.last_window_end_ms = grant.window_end_ms;
@@ -773,7 +773,7 @@ impl KeyActor {
                         remaining_lifetime_ms: grant.remaining_lifetime_ms,
                     };
                     let credited_before = self.escrow.counters().tokens_credited;
-                    let back = self.escrow.on_grant(grant, arrived);
+                    let back = self.escrow.on_grant_for(ticket.id, grant, arrived);
                     let credited = self.escrow.counters().tokens_credited - credited_before;
                     self.note_credited(grant.window_start_ms, credited);
                     if let Some(back) = back {
@@ -786,14 +786,8 @@ impl KeyActor {
                         Code::NotFound | Code::InvalidArgument | Code::FailedPrecondition
                     ) =>
                 {
-                    // Not an outage: the cluster answered. Clear the in-flight lease.
-                    let cleared = CoordinatorGrant {
-                        granted: 0,
-                        window_start_ms: 0,
-                        window_end_ms: 0,
-                        remaining_lifetime_ms: 0,
-                    };
-                    self.escrow.on_grant(cleared, arrived);
+                    // Not an outage: the cluster answered and refused the lease.
+                    self.escrow.on_lease_refused_for(ticket.id, arrived);
                     return Err(relayed(&self.key, &e));
                 }
                 Err(e) => {
@@ -801,7 +795,7 @@ impl KeyActor {
                     let error = e.to_string();
                     self.shared
                         .set_reachable(false, &self.key, policy.outage, Some(&error));
-                    self.escrow.on_lease_failed(arrived);
+                    self.escrow.on_lease_failed_for(ticket.id, arrived);
                 }
             }
             if let Some(served) = self.escrow.serve(tokens, self.shared.mono_ms()) {
