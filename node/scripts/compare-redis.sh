@@ -5,6 +5,11 @@
 #
 #   redis, no persistence   redis-server --save '' --appendonly no, Lua lease script
 #   redis, AOF fsync always redis-server --appendonly yes --appendfsync always
+#   etcd, 3 members         (when `etcd` is installed: Debian `etcd-server`)
+#                           three etcd processes on loopback, fsync on; an
+#                           optimistic Txn per lease (compare mod_revision,
+#                           put the new count, else read back and retry),
+#                           N leases in flight over one HTTP/2 connection
 #   leasehold, 3 members    three `leasehold serve` processes on loopback,
 #                           fsync on, plaintext (like the Redis runs); N
 #                           callers with one Lease each, and the same N
@@ -12,7 +17,8 @@
 #
 # Needs redis-server (Debian package `redis-server`), a release build and
 # jq:
-#   cargo build --release -p leasehold-node --bin leasehold --example redis_lease_load
+#   cargo build --release -p leasehold-node --bin leasehold --example redis_lease_load \
+#     --example etcd_lease_load
 #   node/scripts/compare-redis.sh [IN_FLIGHT...]        (default: 1 16 256 1024)
 # Prints one JSON line per run; docs/benchmarks.md has the table.
 set -euo pipefail
@@ -21,6 +27,7 @@ LEVELS=("${@:-1 16 256 1024}")
 read -r -a LEVELS <<<"${LEVELS[*]}"
 BIN="${LEASEHOLD_BIN:-target/release/leasehold}"
 LOAD="${REDIS_LOAD_BIN:-target/release/examples/redis_lease_load}"
+ETCD_LOAD="${ETCD_LOAD_BIN:-target/release/examples/etcd_lease_load}"
 DURATION="${DURATION:-5}"
 KEYS="${KEYS:-1000}"
 BASE_PORT="${BASE_PORT:-7501}"
@@ -51,6 +58,22 @@ redis() { # name port flags...
 redis redis-no-persistence 6391 --appendonly no
 redis redis-aof-always 6392 --appendonly yes --appendfsync always
 
+ETCD=0
+if command -v etcd >/dev/null && [ -x "$ETCD_LOAD" ]; then
+  ETCD=1
+  cluster="e1=http://127.0.0.1:2491,e2=http://127.0.0.1:2492,e3=http://127.0.0.1:2493"
+  for i in 1 2 3; do
+    etcd --name "e$i" --data-dir "$WORK/etcd-$i" \
+      --listen-client-urls "http://127.0.0.1:239$i" --advertise-client-urls "http://127.0.0.1:239$i" \
+      --listen-peer-urls "http://127.0.0.1:249$i" --initial-advertise-peer-urls "http://127.0.0.1:249$i" \
+      --initial-cluster "$cluster" --initial-cluster-state new >"$WORK/etcd-$i.log" 2>&1 &
+    PIDS+=($!)
+  done
+  sleep 3
+else
+  echo "etcd or $ETCD_LOAD missing: etcd left out" >&2
+fi
+
 addr() { echo "127.0.0.1:$((BASE_PORT + $1 - 1))"; }
 ENDPOINTS="$(addr 1),$(addr 2),$(addr 3)"
 for id in 1 2 3; do
@@ -69,6 +92,10 @@ for n in "${LEVELS[@]}"; do
       --duration-secs "$DURATION" |
       jq -c --arg t "${target%%:*}" '{target: $t, in_flight, leases_per_sec, p50_ms: .latency_ms.p50, p99_ms: .latency_ms.p99}'
   done
+  if [ "$ETCD" = 1 ]; then
+    "$ETCD_LOAD" --endpoint 127.0.0.1:2391 --in-flight "$n" --keys "$KEYS" --duration-secs "$DURATION" |
+      jq -c '{target: "etcd-3-members", in_flight, leases_per_sec, p50_ms: .latency_ms.p50, p99_ms: .latency_ms.p99, txn_attempts}'
+  fi
   # The same number of leases in flight: N callers with one Lease each,
   # and ceil(N / 64) callers with LeaseBatch calls of min(N, 64) leases.
   batch=$(( n < 64 ? n : 64 ))
