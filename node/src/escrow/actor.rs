@@ -35,7 +35,7 @@ use tonic::{Code, Status};
 use tracing::Instrument;
 
 use super::fair_throttle::{caller_id, rule_for, KeyFairThrottle};
-use super::service::EscrowShared;
+use super::shared::EscrowShared;
 
 /// Largest lease the EOQ sizer may ask for: past this, one region's lease
 /// strands more of a window than it saves in round trips.
@@ -188,8 +188,10 @@ pub struct KeyHandle {
 }
 
 impl KeyHandle {
-    /// Starts the actor of `key`.
-    pub fn spawn(key: String, shared: Arc<EscrowShared>) -> Self {
+    /// Starts the actor of `key`; `on_idle` is called with the key when the
+    /// actor stops taking requests because it has been idle (the table
+    /// forgets it).
+    pub fn spawn(key: String, shared: Arc<EscrowShared>, on_idle: OnIdle) -> Self {
         let (sender, mailbox) = mpsc::channel(KEY_MAILBOX_CAPACITY);
         let view = Arc::new(std::sync::Mutex::new(KeyView::default()));
         let eoq = EoqParams {
@@ -218,6 +220,7 @@ impl KeyHandle {
         tokio::spawn(
             KeyActor {
                 key,
+                on_idle,
                 last_request_ms: shared.mono_ms(),
                 release_tried_ms: 0,
                 escrow,
@@ -252,8 +255,12 @@ impl KeyHandle {
     }
 }
 
+/// What an idle actor calls with its key as it stops taking requests.
+pub type OnIdle = Arc<dyn Fn(&str) + Send + Sync>;
+
 struct KeyActor {
     key: String,
+    on_idle: OnIdle,
     /// When the last request arrived (monotonic ms): eviction and reclaim
     /// count idleness from it.
     last_request_ms: u64,
@@ -313,7 +320,7 @@ impl KeyActor {
                         continue;
                     }
                     // Idle: stop taking requests, hand credits back, leave the table.
-                    self.shared.forget(&self.key);
+                    (self.on_idle)(&self.key);
                     self.mailbox.close();
                     while let Some(request) = self.mailbox.recv().await {
                         self.handle(request).await;

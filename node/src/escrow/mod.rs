@@ -26,6 +26,8 @@ pub mod lease_coalescer;
 pub mod outage;
 pub mod prometheus;
 pub mod service;
+pub mod shared;
+pub mod table;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -53,7 +55,9 @@ use crate::tls::{
     DEFAULT_RELOAD_INTERVAL,
 };
 pub use fair_throttle::FairThrottleRule;
-use service::{EscrowApi, EscrowShared};
+use service::EscrowApi;
+use shared::EscrowShared;
+use table::KeyTable;
 
 /// The default bound on a tenant's declared weight ([`EscrowConfig::max_tenant_weight`]).
 pub const DEFAULT_MAX_TENANT_WEIGHT: u64 = 1_000;
@@ -206,17 +210,19 @@ where
     let client = CoordinatorClient::with_options(&config.coordinators, dialer, options)
         .map_err(|e| NodeError::Invalid(format!("escrow coordinator: {e}")))?;
     let shared = EscrowShared::new(config.clone(), client, clock.clone());
+    let table = KeyTable::new(shared.clone());
     let limits = config.limits;
     let incoming = bounded_incoming(incoming, &limits, shared.connections.clone());
-    let refresher = tokio::spawn(service::refresh_policies(shared.clone()));
+    let refresher = tokio::spawn(shared::refresh_policies(shared.clone()));
     let (metrics_stop, metrics_stopped) = tokio::sync::watch::channel(false);
     let metrics_task = match &config.metrics_listen {
         Some(addr) => {
-            let metrics_shared = shared.clone();
+            let metrics_table = table.clone();
             let render: crate::metrics_http::Render = Arc::new(move || {
+                let shared = &metrics_table.shared;
                 prometheus::render(
-                    &service::status_of(&metrics_shared),
-                    &prometheus::Observations::of(&metrics_shared),
+                    &shared::status_of(shared, metrics_table.active_keys()),
+                    &prometheus::Observations::of(shared),
                 )
             });
             Some(crate::metrics_http::spawn_metrics_listener(addr, render, metrics_stopped).await?)
@@ -241,7 +247,7 @@ where
         let _ = closing_tx.send(true);
     };
     let monitor = MonitorApi::new(
-        Arc::new(EscrowSampler::new(shared.clone())),
+        Arc::new(EscrowSampler::new(table.clone())),
         clock,
         Arc::new(WatchSlots::default()),
         closing,
@@ -259,7 +265,7 @@ where
         .add_service(reflection.max_decoding_message_size(limits.max_request_bytes))
         .add_service(reflection_v1alpha.max_decoding_message_size(limits.max_request_bytes))
         .add_service(
-            EscrowServer::new(EscrowApi::new(shared.clone()))
+            EscrowServer::new(EscrowApi::new(table.clone()))
                 .max_decoding_message_size(limits.max_request_bytes)
                 .max_encoding_message_size(MAX_RESPONSE_BYTES),
         )
@@ -275,7 +281,7 @@ where
     if let Some(task) = metrics_task {
         let _ = task.await;
     }
-    let still_running = shared
+    let still_running = table
         .return_everything(Duration::from_millis(config.shutdown_drain_ms))
         .await;
     if still_running > 0 {

@@ -8,7 +8,7 @@
 use leasehold_core::metrics::HistogramSnapshot;
 use leasehold_proto::v1 as pb;
 
-use super::service::{DenialReason, EscrowShared};
+use super::shared::{DenialReason, EscrowShared};
 use crate::metrics_http::{Exposition, MetricKind};
 
 /// What the metrics show beyond `Escrow.Status`.

@@ -14,30 +14,31 @@ use super::watch::{Sample, Sampler, View};
 use super::{WatchTarget, MAX_COUNTED_KEYS, MAX_WATCHED_KEYS};
 use crate::coordinator::convert::policy_to_wire;
 use crate::escrow::actor::KeyView;
-use crate::escrow::service::EscrowShared;
+use crate::escrow::table::KeyTable;
 
 /// Samples an escrow node's keys.
 pub struct EscrowSampler {
-    shared: Arc<EscrowShared>,
+    table: Arc<KeyTable>,
 }
 
 impl EscrowSampler {
-    /// A sampler of the node behind `shared`.
-    pub fn new(shared: Arc<EscrowShared>) -> Self {
-        Self { shared }
+    /// A sampler of the node whose keys `table` holds.
+    pub fn new(table: Arc<KeyTable>) -> Self {
+        Self { table }
     }
 }
 
 impl Sampler for EscrowSampler {
     fn sample<'a>(&'a self, target: &'a WatchTarget, _now_ms: u64) -> BoxFuture<'a, Sample> {
         let (views, matching) = self
-            .shared
+            .table
             .key_views(target, MAX_WATCHED_KEYS, MAX_COUNTED_KEYS);
-        let region = self.shared.config.region.to_string();
+        let shared = &self.table.shared;
+        let region = shared.config.region.to_string();
         let mut windows = Vec::new();
         let mut tenants = Vec::new();
         for (key, view) in views {
-            let policy = self.shared.policy_for(&key).map(|p| policy_to_wire(&p));
+            let policy = shared.policy_for(&key).map(|p| policy_to_wire(&p));
             let (window, key_tenants) = window_of(&key, policy, view, &region);
             windows.push(window);
             tenants.extend(key_tenants);
