@@ -13,10 +13,9 @@
 //!   live grant the key must join the pool again ([`FairStep::Join`], for
 //!   the request's need alone: a large first ask before other regions have
 //!   joined would take budget their guarantees should reserve).
-//! - **Batching**: when short, the key asks for a batch beyond the need
-//!   (`lease_size`), never beyond L.
-//! - **Batching**: the step beyond the need is the larger of `lease_size`
-//!   and a quarter of what the key admitted in the previous window.
+//! - **Batching**: when short, the key asks for a batch beyond the need,
+//!   never beyond L: the larger of `lease_size` and a quarter of what the
+//!   key admitted in the previous window.
 //! - **Ceiling**: a grant of less than asked means the region is at its
 //!   fair ceiling: the key denies without asking until `re_ask_ms` later
 //!   (other regions may release meanwhile), twice as long after each look
