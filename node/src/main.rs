@@ -10,6 +10,10 @@ use leasehold_node::cli::output::OutputFormat;
 use leasehold_node::cli::{failure, run, Cli};
 use leasehold_node::logging::{self, LogOptions};
 
+/// How long a command exporting traces lets its tasks finish before the
+/// exporter flushes at exit.
+const TRACE_SETTLE: std::time::Duration = std::time::Duration::from_millis(100);
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Runtime::new() {
@@ -33,6 +37,13 @@ fn main() -> ExitCode {
     }
     let client_args = cli.command.client_args().cloned();
     let result = runtime.block_on(run(cli));
+    if guard.exports_traces() {
+        // A span closes when its last holder lets go, and a command's
+        // spans can still be held by tasks it spawned (a connection's
+        // request buffer): let them run before the exporter flushes, or a
+        // busy machine exports a short command's trace without its spans.
+        runtime.block_on(tokio::time::sleep(TRACE_SETTLE));
+    }
     drop(guard);
     match result {
         Ok(()) => ExitCode::SUCCESS,

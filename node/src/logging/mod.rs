@@ -126,6 +126,13 @@ pub struct LogGuard {
     pub warnings: Vec<String>,
 }
 
+impl LogGuard {
+    /// Whether spans are exported (an OTLP endpoint is set).
+    pub fn exports_traces(&self) -> bool {
+        self.telemetry.is_some()
+    }
+}
+
 impl Drop for LogGuard {
     fn drop(&mut self) {
         self.repeats.flush();
