@@ -137,19 +137,28 @@ fn busy_region_share(scenario: &Scenario, seed: u64) -> f64 {
 }
 
 /// Region 0 joins each window's pool, takes a little and falls silent;
-/// its escrow node hands the rest back, so region 1 (saturating) gets more
-/// than the half of L its weight guarantees. With reclaim off, the idle
-/// region's reserve strands the other half: the same run cannot.
+/// its escrow node hands the rest back, so region 1 (saturating) gets
+/// most of L. With reclaim off, the idle region's reserve strands what it
+/// does not use: the same run gets far less.
 #[test]
 fn fair_pool_idle_region_reclaim() {
     let mut scenario = scenario::by_name("fair_pool_idle_region_reclaim").expect("known scenario");
     assert_holds(&scenario);
-    let with_reclaim = busy_region_share(&scenario, 1);
+    let mean = |scenario: &Scenario| {
+        (1..=SEEDS)
+            .map(|seed| busy_region_share(scenario, seed))
+            .sum::<f64>()
+            / SEEDS as f64
+    };
+    let with_reclaim = mean(&scenario);
     scenario.shape.pool_release_idle_ms = 0;
-    let without = busy_region_share(&scenario, 1);
+    let without = mean(&scenario);
     eprintln!("busy region's share of L: {with_reclaim:.3} with reclaim, {without:.3} without");
+    // Without reclaim the busy region gets its guarantee (half of L with
+    // equal weights; a little more once the demand split weighs the quiet
+    // region by the little it asks); with reclaim, most of the rest.
     assert!(
-        with_reclaim >= 0.6 && without <= 0.55,
+        with_reclaim >= 0.62 && with_reclaim - without >= 0.1,
         "busy region's share of L: {with_reclaim:.3} with reclaim, {without:.3} without"
     );
 }
