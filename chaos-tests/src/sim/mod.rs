@@ -168,6 +168,8 @@ pub fn run(scenario: &Scenario, seed: u64, weakening: Weakening) -> RunOutcome {
                 config.policy_refresh_ms = 500;
                 config.coordinator_timeout_ms = 1_000;
                 config.pool_release_idle_ms = pool_release_idle_ms;
+                // Seeded like everything else in the run, so a seed replays.
+                config.coordinator_rng_seed = Some(seed.wrapping_mul(7).wrapping_add(index as u64));
                 if fair_throttle {
                     let mut rule = leasehold_node::escrow::FairThrottleRule::new("chaos/");
                     // Rotate within the run, so rotation is exercised too.

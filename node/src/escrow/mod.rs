@@ -123,6 +123,10 @@ pub struct EscrowConfig {
     /// Seed of the fair throttles' random source (hash seeds and draws);
     /// `None`: the OS's. Simulations set it so that a seed replays.
     pub fair_throttle_rng_seed: Option<u64>,
+    /// Seed of the coordinator client's random choices (which member it
+    /// tries first, retry jitter); `None`: the OS's. Simulations set it so
+    /// that a seed replays.
+    pub coordinator_rng_seed: Option<u64>,
     /// `host:port` of the Prometheus `/metrics` listener (plain HTTP; none
     /// when unset).
     pub metrics_listen: Option<String>,
@@ -151,6 +155,7 @@ impl EscrowConfig {
             security: None,
             fair_throttle: Vec::new(),
             fair_throttle_rng_seed: None,
+            coordinator_rng_seed: None,
             metrics_listen: None,
         }
     }
@@ -207,8 +212,11 @@ where
         backoff_base: Duration::from_millis(10),
         backoff_max: Duration::from_millis(100),
     };
-    let client = CoordinatorClient::with_options(&config.coordinators, dialer, options)
-        .map_err(|e| NodeError::Invalid(format!("escrow coordinator: {e}")))?;
+    let client = match config.coordinator_rng_seed {
+        Some(seed) => CoordinatorClient::with_seed(&config.coordinators, dialer, options, seed),
+        None => CoordinatorClient::with_options(&config.coordinators, dialer, options),
+    }
+    .map_err(|e| NodeError::Invalid(format!("escrow coordinator: {e}")))?;
     let shared = EscrowShared::new(config.clone(), client, clock.clone());
     let table = KeyTable::new(shared.clone());
     let limits = config.limits;
