@@ -19,9 +19,13 @@
 //! ```
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
+
+#[path = "support/load.rs"]
+mod load;
+use load::{parse_load_args, percentile_ms};
 use serde_json::json;
 use tokio::task::JoinSet;
 use tonic::transport::Channel;
@@ -129,48 +133,6 @@ mod etcd {
     pub const RESULT_EQUAL: i32 = 0;
 }
 
-struct Args {
-    endpoint: String,
-    in_flight: usize,
-    keys: u64,
-    duration: Duration,
-    limit: u64,
-    window_ms: u64,
-    tokens: u64,
-}
-
-fn parse_args() -> Result<Args> {
-    let mut args = Args {
-        endpoint: "127.0.0.1:2379".into(),
-        in_flight: 1,
-        keys: 1_000,
-        duration: Duration::from_secs(5),
-        limit: 1 << 48,
-        window_ms: 60_000,
-        tokens: 1,
-    };
-    let mut words = std::env::args().skip(1);
-    while let Some(flag) = words.next() {
-        let value = words
-            .next()
-            .with_context(|| format!("{flag} needs a value"))?;
-        match flag.as_str() {
-            "--endpoint" => args.endpoint = value,
-            "--in-flight" => args.in_flight = value.parse()?,
-            "--keys" => args.keys = value.parse()?,
-            "--duration-secs" => args.duration = Duration::from_secs(value.parse()?),
-            "--limit" => args.limit = value.parse()?,
-            "--window-ms" => args.window_ms = value.parse()?,
-            "--tokens" => args.tokens = value.parse()?,
-            other => bail!("unknown flag {other}"),
-        }
-    }
-    if args.in_flight == 0 || args.keys == 0 || args.window_ms == 0 {
-        bail!("--in-flight, --keys and --window-ms must be at least 1");
-    }
-    Ok(args)
-}
-
 /// The transaction that takes `tokens` from a window counter last seen at
 /// `mod_revision` holding `used` (0 and revision 0: not created yet).
 fn lease_txn(key: &[u8], seen: (i64, u64), tokens: u64, limit: u64) -> (etcd::TxnRequest, u64) {
@@ -228,20 +190,12 @@ async fn txn(channel: &Channel, request: etcd::TxnRequest) -> Result<etcd::TxnRe
         .into_inner())
 }
 
-fn percentile_ms(sorted_us: &[u64], q: f64) -> f64 {
-    if sorted_us.is_empty() {
-        return 0.0;
-    }
-    let rank = ((q * sorted_us.len() as f64).ceil() as usize).clamp(1, sorted_us.len());
-    sorted_us[rank - 1] as f64 / 1_000.0
-}
-
 /// One caller: leases on its share of the keys until `until`; returns
 /// (leases, tokens granted, attempts, latencies in µs).
 async fn caller(
     channel: Channel,
     first_key: u64,
-    args: std::sync::Arc<Args>,
+    args: std::sync::Arc<load::LoadArgs>,
     until: Instant,
 ) -> Result<(u64, u64, u64, Vec<u64>)> {
     let mut seen: HashMap<Vec<u8>, (i64, u64)> = HashMap::new();
@@ -275,12 +229,12 @@ async fn caller(
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<()> {
-    let args = std::sync::Arc::new(parse_args()?);
-    let channel = Channel::from_shared(format!("http://{}", args.endpoint))?
+    let args = std::sync::Arc::new(parse_load_args("endpoint", "127.0.0.1:2379")?);
+    let channel = Channel::from_shared(format!("http://{}", args.target))?
         .tcp_nodelay(true)
         .connect()
         .await
-        .with_context(|| format!("connect to etcd at {}", args.endpoint))?;
+        .with_context(|| format!("connect to etcd at {}", args.target))?;
     let started = Instant::now();
     let until = started + args.duration;
     let mut callers = JoinSet::new();
@@ -302,7 +256,7 @@ async fn main() -> Result<()> {
         "{}",
         json!({
             "target": "etcd",
-            "endpoint": args.endpoint,
+            "endpoint": args.target,
             "in_flight": args.in_flight,
             "keys": args.keys,
             "duration_secs": elapsed,

@@ -17,9 +17,13 @@
 //! `node/scripts/compare-redis.sh` runs the whole matrix.
 
 use std::collections::VecDeque;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
+
+#[path = "support/load.rs"]
+mod load;
+use load::{parse_load_args, percentile_ms};
 use serde_json::json;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
@@ -44,48 +48,6 @@ if granted > 0 then
 end
 return granted
 "#;
-
-struct Args {
-    addr: String,
-    in_flight: usize,
-    keys: u64,
-    duration: Duration,
-    limit: u64,
-    window_ms: u64,
-    tokens: u64,
-}
-
-fn parse_args() -> Result<Args> {
-    let mut args = Args {
-        addr: "127.0.0.1:6379".into(),
-        in_flight: 1,
-        keys: 1_000,
-        duration: Duration::from_secs(5),
-        limit: 1 << 48,
-        window_ms: 60_000,
-        tokens: 1,
-    };
-    let mut words = std::env::args().skip(1);
-    while let Some(flag) = words.next() {
-        let value = words
-            .next()
-            .with_context(|| format!("{flag} needs a value"))?;
-        match flag.as_str() {
-            "--addr" => args.addr = value,
-            "--in-flight" => args.in_flight = value.parse()?,
-            "--keys" => args.keys = value.parse()?,
-            "--duration-secs" => args.duration = Duration::from_secs(value.parse()?),
-            "--limit" => args.limit = value.parse()?,
-            "--window-ms" => args.window_ms = value.parse()?,
-            "--tokens" => args.tokens = value.parse()?,
-            other => bail!("unknown flag {other}"),
-        }
-    }
-    if args.in_flight == 0 || args.keys == 0 || args.window_ms == 0 {
-        bail!("--in-flight, --keys and --window-ms must be at least 1");
-    }
-    Ok(args)
-}
 
 /// One RESP command (an array of bulk strings).
 fn command(parts: &[&str]) -> Vec<u8> {
@@ -119,20 +81,12 @@ async fn read_reply<R: tokio::io::AsyncBufRead + Unpin>(reader: &mut R) -> Resul
     }
 }
 
-fn percentile_ms(sorted_us: &[u64], q: f64) -> f64 {
-    if sorted_us.is_empty() {
-        return 0.0;
-    }
-    let rank = ((q * sorted_us.len() as f64).ceil() as usize).clamp(1, sorted_us.len());
-    sorted_us[rank - 1] as f64 / 1_000.0
-}
-
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<()> {
-    let args = parse_args()?;
-    let stream = TcpStream::connect(&args.addr)
+    let args = parse_load_args("addr", "127.0.0.1:6379")?;
+    let stream = TcpStream::connect(&args.target)
         .await
-        .with_context(|| format!("connect to redis at {}", args.addr))?;
+        .with_context(|| format!("connect to redis at {}", args.target))?;
     stream.set_nodelay(true)?;
     let (reader, mut writer) = stream.into_split();
     let mut reader = BufReader::new(reader);
@@ -179,7 +133,7 @@ async fn main() -> Result<()> {
         "{}",
         json!({
             "target": "redis",
-            "addr": args.addr,
+            "addr": args.target,
             "in_flight": args.in_flight,
             "keys": args.keys,
             "duration_secs": elapsed,

@@ -89,11 +89,7 @@ impl Model {
                 client,
             } => {
                 let name = KEYS[*k];
-                let window_start_ms = match window {
-                    WindowPick::Latest => self.latest.get(name).map_or(0, |w| w.0),
-                    WindowPick::Previous => self.previous.get(name).copied().unwrap_or(0),
-                    WindowPick::AlignedBack(n) => (now - now % 500).saturating_sub(n * 500),
-                };
+                let window_start_ms = self.pick_window(name, window, now);
                 Command::Reconcile {
                     key: key(name),
                     region: region(REGIONS[*r]),
@@ -126,11 +122,7 @@ impl Model {
                 client,
             } => {
                 let name = KEYS[*k];
-                let window_start_ms = match window {
-                    WindowPick::Latest => self.latest.get(name).map_or(0, |w| w.0),
-                    WindowPick::Previous => self.previous.get(name).copied().unwrap_or(0),
-                    WindowPick::AlignedBack(n) => (now - now % 500).saturating_sub(n * 500),
-                };
+                let window_start_ms = self.pick_window(name, window, now);
                 let held = self
                     .windows
                     .get(&(name.to_string(), window_start_ms))
@@ -180,6 +172,15 @@ impl Model {
         };
         self.issued.push(command.clone());
         command
+    }
+
+    /// The window start a generated command names, given the run so far.
+    fn pick_window(&self, name: &str, pick: &WindowPick, now: u64) -> u64 {
+        match pick {
+            WindowPick::Latest => self.latest.get(name).map_or(0, |w| w.0),
+            WindowPick::Previous => self.previous.get(name).copied().unwrap_or(0),
+            WindowPick::AlignedBack(n) => (now - now % 500).saturating_sub(n * 500),
+        }
     }
 
     fn limit_of(&self, key: &str) -> Option<&Policy> {
