@@ -10,7 +10,8 @@
 //! A hint, not state: it lives in the leader's memory only (never
 //! replicated) and never bounds an admission, so losing it (a leader
 //! change) costs one window of less exact weights, never budget. Bounded:
-//! at most [`MAX_BOARD_WINDOWS`] (key, window) entries (the oldest windows
+//! at most [`MAX_BOARD_WINDOWS`] (key, window) entries and
+//! [`MAX_BOARD_CELLS`] (tenant, region) counts in all (the oldest windows
 //! go first), [`MAX_BOARD_TENANTS`] tenants and [`MAX_BOARD_REGIONS`]
 //! regions per entry (reports beyond them are not counted).
 
@@ -24,6 +25,8 @@ pub const MAX_BOARD_WINDOWS: usize = 16_384;
 pub const MAX_BOARD_TENANTS: usize = 1_024;
 /// Most regions counted per (key, window, tenant).
 pub const MAX_BOARD_REGIONS: usize = 64;
+/// Most (tenant, region) counts held over every entry.
+pub const MAX_BOARD_CELLS: usize = 65_536;
 /// Most tenants one report may carry.
 pub const MAX_REPORTED_TENANTS: usize = 64;
 
@@ -33,6 +36,8 @@ type Entry = BTreeMap<TenantId, BTreeMap<RegionId, u64>>;
 #[derive(Debug, Default, Clone)]
 pub struct DemandBoard {
     entries: BTreeMap<(u64, Key), Entry>,
+    /// (tenant, region) counts over every entry.
+    cells: usize,
 }
 
 impl DemandBoard {
@@ -54,9 +59,22 @@ impl DemandBoard {
             match self.entries.keys().next() {
                 Some(oldest) if *oldest < id => {
                     let oldest = oldest.clone();
-                    self.entries.remove(&oldest);
+                    let dropped = self.entries.remove(&oldest).unwrap_or_default();
+                    self.cells -= dropped.values().map(BTreeMap::len).sum::<usize>();
                 }
                 _ => return demands.to_vec(),
+            }
+        }
+        // Room for this report's new counts: older windows go first.
+        let wanted = demands.len().min(MAX_REPORTED_TENANTS);
+        while self.cells + wanted > MAX_BOARD_CELLS {
+            match self.entries.keys().next() {
+                Some(oldest) if *oldest < id => {
+                    let oldest = oldest.clone();
+                    let dropped = self.entries.remove(&oldest).unwrap_or_default();
+                    self.cells -= dropped.values().map(BTreeMap::len).sum::<usize>();
+                }
+                _ => break,
             }
         }
         let entry = self.entries.entry(id).or_default();
@@ -65,8 +83,11 @@ impl DemandBoard {
                 continue;
             }
             let regions = entry.entry(tenant.clone()).or_default();
-            if regions.contains_key(region) || regions.len() < MAX_BOARD_REGIONS {
+            if regions.contains_key(region) {
                 regions.insert(region.clone(), *demand);
+            } else if regions.len() < MAX_BOARD_REGIONS && self.cells < MAX_BOARD_CELLS {
+                regions.insert(region.clone(), *demand);
+                self.cells += 1;
             }
         }
         demands
@@ -86,6 +107,11 @@ impl DemandBoard {
     /// (key, window) entries held.
     pub fn len(&self) -> usize {
         self.entries.len()
+    }
+
+    /// (tenant, region) counts held over every entry.
+    pub fn cells(&self) -> usize {
+        self.cells
     }
 
     /// Whether nothing is held.
@@ -159,8 +185,29 @@ mod tests {
                     .sum();
                 prop_assert_eq!(answer, vec![(tenant(t), expected)]);
                 prop_assert!(board.len() <= 3);
+                prop_assert_eq!(board.cells(), latest.len());
             }
         }
+    }
+
+    #[test]
+    fn the_counts_stay_bounded_and_the_newest_windows_stay() {
+        let mut board = DemandBoard::default();
+        let report: Vec<(TenantId, u64)> =
+            (0..MAX_REPORTED_TENANTS).map(|t| (tenant(t), 1)).collect();
+        let windows = MAX_BOARD_CELLS / MAX_REPORTED_TENANTS + 5;
+        for w in 0..windows {
+            let key = Key::new(format!("k{w}")).unwrap();
+            board.report(&key, w as u64, &region(0), &report);
+            assert!(board.cells() <= MAX_BOARD_CELLS);
+        }
+        assert_eq!(board.cells(), MAX_BOARD_CELLS);
+        // The newest window is kept and counted.
+        let newest = Key::new(format!("k{}", windows - 1)).unwrap();
+        assert_eq!(
+            board.report(&newest, windows as u64 - 1, &region(1), &[(tenant(0), 2)]),
+            [(tenant(0), 3)]
+        );
     }
 
     #[test]

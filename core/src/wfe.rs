@@ -176,11 +176,6 @@ impl WeightedFairEscrow {
         self.budget = self.budget.max(total.min(self.limit));
     }
 
-    /// What the region holds of its pool grant and has not admitted.
-    pub fn unspent(&self) -> u64 {
-        self.budget.saturating_sub(self.total_used())
-    }
-
     /// The region retired from the pool in `window` keeping `keep_total`
     /// (a `PoolRelease`): the budget drops to it, never below what was
     /// already admitted and never above the budget. Another window's

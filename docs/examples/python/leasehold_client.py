@@ -331,6 +331,7 @@ def run(cluster):
     if left_ms < 10_000:
         print(f"  the fair window ends in {left_ms} ms: waiting for the next one")
         time.sleep(left_ms / 1000 + 0.2)
+        ahead = fair_window()
 
     def pool_grant(want, seq, demands=()):
         return cluster.on_leader(REGION_IDENTITY, rpc.CoordinatorStub, "PoolGrant", pb.PoolGrantRequest(

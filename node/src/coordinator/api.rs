@@ -124,7 +124,11 @@ impl CoordinatorApi {
         match self.write(command).await? {
             Outcome::PoolGrant(grant) => {
                 let mut response = convert::pool_grant_response(&grant);
-                if !demands.is_empty() {
+                // Only the window right before the granted one is counted:
+                // what a region asked for then weighs its tenants now.
+                let window_ms = grant.window_end_ms.saturating_sub(grant.window_start_ms);
+                let previous = grant.window_start_ms.checked_sub(window_ms);
+                if !demands.is_empty() && previous == Some(demand_window) {
                     let totals = self
                         .demand_board
                         .lock()

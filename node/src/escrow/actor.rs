@@ -370,12 +370,11 @@ impl KeyActor {
     /// keeping what it admitted (or retries a pending release).
     async fn release_pool(&mut self) {
         let now = self.shared.mono_ms();
-        let request_id = self.shared.client.next_request_id();
         if let Some(fair) = self.fair.as_mut() {
             if fair.pending_release().is_none() {
                 // From now on the key spends no more than it keeps,
                 // whatever becomes of the release.
-                fair.begin_release(request_id, now);
+                fair.begin_release(self.shared.client.next_request_id(), now);
             }
         }
         self.resolve_pending_release().await;

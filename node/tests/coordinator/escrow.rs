@@ -1113,3 +1113,44 @@ async fn a_tenant_in_two_regions_weighs_its_share_of_its_demand_in_each() -> Res
     }
     anyhow::bail!("region weights never reached 3:1: last {last:?}")
 }
+
+/// The leader counts a demand report only for the window right before the
+/// granted one: a report naming any other window (a hostile region pinning
+/// far-future windows in the board, or a stale one) gets no totals.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demand_reports_count_only_for_the_window_before_the_grant() -> Result<()> {
+    let cluster = Cluster::start_initialised(3, |_| {}).await?;
+    let client = cluster.client()?;
+    client
+        .admin()
+        .set_policy(fair(counter_policy("report/", 1_000, LONG_WINDOW_MS)))
+        .await?;
+    let report = || {
+        vec![pb::TenantDemand {
+            tenant: "t".into(),
+            demand: 5,
+        }]
+    };
+    let grant = client.pool_grant("report/k", "us", 1_000, 1).await?;
+    for wrong in [u64::MAX, grant.window_start_ms, 0] {
+        let answer = client
+            .pool_grant_reporting("report/k", "us", 1_000, 1, wrong, report())
+            .await?;
+        ensure!(
+            answer.tenant_demands.is_empty(),
+            "a report for window {wrong} was counted: {:?}",
+            answer.tenant_demands
+        );
+    }
+    let previous = grant.window_start_ms - LONG_WINDOW_MS;
+    let answer = client
+        .pool_grant_reporting("report/k", "us", 1_000, 1, previous, report())
+        .await?;
+    let totals: Vec<(String, u64)> = answer
+        .tenant_demands
+        .iter()
+        .map(|d| (d.tenant.clone(), d.demand))
+        .collect();
+    ensure!(totals == [("t".to_string(), 5)], "totals {totals:?}");
+    Ok(())
+}
