@@ -59,10 +59,7 @@ impl CreditSource for CoordinatorSource {
     fn acquire(&self, request: AcquireRequest) -> BoxFuture<'_, Result<Grant, ClientError>> {
         async move {
             reject_tenant(&request.tenant)?;
-            let id = wire::RequestId {
-                client_id: request.request_id.client.as_str().to_string(),
-                seq: request.request_id.seq,
-            };
+            let id = wire::RequestId::from(&request.request_id);
             self.lease(request.key.as_str(), request.tokens, id).await
         }
         .boxed()

@@ -198,7 +198,7 @@ impl EscrowSource {
             tenant: tenant_name(request.tenant.as_ref()),
             weight: request.weight,
             tokens: request.tokens,
-            request_id: Some(request_id_to_wire(&request.request_id)),
+            request_id: Some(wire::RequestId::from(&request.request_id)),
         };
         let response = self
             .with_retries(
@@ -222,7 +222,7 @@ impl EscrowSource {
             tenant: tenant_name(request.tenant.as_ref()),
             tokens: request.tokens,
             window_start_ms: request.window_start_ms,
-            request_id: Some(request_id_to_wire(&request.request_id)),
+            request_id: Some(wire::RequestId::from(&request.request_id)),
         };
         let response = self
             .with_retries(
@@ -232,13 +232,6 @@ impl EscrowSource {
             )
             .await?;
         Ok(response.accepted)
-    }
-}
-
-fn request_id_to_wire(id: &leasehold_core::ids::RequestId) -> wire::RequestId {
-    wire::RequestId {
-        client_id: id.client.as_str().to_string(),
-        seq: id.seq,
     }
 }
 

@@ -26,7 +26,6 @@ use leasehold_proto::v1 as pb;
 use serde::{Deserialize, Serialize};
 
 use crate::config_check::{FieldPath, Problem};
-use crate::coordinator::convert::policy_to_wire;
 
 /// A policy file.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -119,7 +118,7 @@ impl PolicyFile {
             .policy
             .iter()
             .filter_map(|entry| entry.to_policy().ok())
-            .map(|policy| policy_to_wire(&policy))
+            .map(|policy| pb::Policy::from(&policy))
             .collect())
     }
 }

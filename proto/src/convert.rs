@@ -7,6 +7,9 @@
 //! Reading a wire message may fail: [`InvalidField`] then names the field
 //! at fault as `leasehold.proto` spells it (e.g. `policy.limit`), and turns
 //! into the `INVALID_ARGUMENT` / `INVALID_FIELD` refusal servers answer.
+//!
+//! Policies are converted here; the Coordinator service's requests, answers
+//! and shared pieces (request ids, tenant demands) in [`coordinator`].
 
 use std::fmt;
 
@@ -15,6 +18,8 @@ use tonic::Status;
 
 use crate::refusal::invalid_field;
 use crate::v1 as pb;
+
+pub mod coordinator;
 
 /// A field of a wire message that breaks a documented rule or limit.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -128,6 +133,13 @@ impl TryFrom<&pb::Policy> for Policy {
     fn try_from(raw: &pb::Policy) -> Result<Self, Self::Error> {
         Policy::try_from(raw.clone())
     }
+}
+
+/// A message's required `policy`: a validated core policy, or the field
+/// `policy` named when it is missing.
+pub fn required_policy(raw: Option<pb::Policy>) -> Result<Policy, InvalidField> {
+    let raw = raw.ok_or_else(|| InvalidField::new("policy", "policy is required"))?;
+    Policy::try_from(raw)
 }
 
 impl From<&Policy> for pb::Policy {
@@ -368,6 +380,20 @@ mod tests {
             assert_eq!((error.field(), error.message()), (field, message));
             assert_eq!(error.to_string(), message);
         }
+    }
+
+    #[test]
+    fn a_missing_required_policy_names_the_field() {
+        let error = required_policy(None).unwrap_err();
+        assert_eq!(
+            (error.field(), error.message()),
+            ("policy", "policy is required")
+        );
+        let policy = counter("p/", 5, 100);
+        assert_eq!(required_policy(Some(pb::Policy::from(&policy))), Ok(policy));
+        let zero = pb::Policy::from(&counter("p/", 5, 100));
+        let error = required_policy(Some(pb::Policy { limit: 0, ..zero })).unwrap_err();
+        assert_eq!(error.field(), "policy.limit");
     }
 
     #[test]

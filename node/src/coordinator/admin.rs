@@ -18,6 +18,7 @@ use std::sync::Arc;
 use leasehold_client::transport::normalize_addr;
 use leasehold_core::coordinator::{Command, Outcome};
 use leasehold_core::ids::MAX_KEY_BYTES;
+use leasehold_proto::convert::required_policy;
 use leasehold_proto::refusal::{invalid_field, refusal, Reason};
 use leasehold_proto::v1 as pb;
 use leasehold_proto::v1::admin_server::Admin;
@@ -26,7 +27,6 @@ use openraft::error::{ClientWriteError, InitializeError, RaftError};
 use tonic::{Request, Response, Status};
 
 use super::context::{forward_status, NodeContext};
-use super::convert;
 use super::leader::{command_error_status, LeaderView};
 
 /// Stops heartbeats and this member's election timer until another member
@@ -335,7 +335,7 @@ impl Admin for AdminApi {
         &self,
         request: Request<pb::SetPolicyRequest>,
     ) -> Result<Response<pb::SetPolicyResponse>, Status> {
-        let policy = convert::policy_from_wire(request.into_inner().policy)?;
+        let policy = required_policy(request.into_inner().policy)?;
         match self.policy_write(Command::SetPolicy(policy)).await? {
             Outcome::PolicySet => Ok(Response::new(pb::SetPolicyResponse {})),
             other => Err(refusal(
@@ -374,7 +374,7 @@ impl Admin for AdminApi {
         self.node.linearizable_read().await?;
         let policies = self.node.state.read(|state| state.policies());
         Ok(Response::new(pb::ListPoliciesResponse {
-            policies: policies.iter().map(convert::policy_to_wire).collect(),
+            policies: policies.iter().map(pb::Policy::from).collect(),
         }))
     }
 }

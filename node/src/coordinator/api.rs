@@ -16,13 +16,14 @@ use std::sync::Arc;
 
 use leasehold_core::coordinator::{Command, Outcome};
 use leasehold_core::demand_board::DemandBoard;
-use leasehold_proto::refusal::{invalid_field, item_refusal, refusal, Reason};
+use leasehold_proto::convert::coordinator as convert;
+use leasehold_proto::convert::InvalidField;
+use leasehold_proto::refusal::{item_refusal, refusal, Reason};
 use leasehold_proto::v1 as pb;
 use leasehold_proto::v1::coordinator_server::Coordinator;
 use tonic::{Request, Response, Status};
 
 use super::context::NodeContext;
-use super::convert;
 use super::leader::command_error_status;
 use super::metrics::Rejection;
 use crate::auth::{authorize_region, caller, PeerInfo};
@@ -46,11 +47,12 @@ impl CoordinatorApi {
         }
     }
 
-    fn invalid(&self, status: Status) -> Status {
+    /// The `INVALID_ARGUMENT` refusal of `error`, counted.
+    fn invalid(&self, error: InvalidField) -> Status {
         self.node
             .metrics
             .record_rejection(Rejection::InvalidArgument);
-        status
+        Status::from(error)
     }
 
     /// Refuses unless the caller may act for `region`.
@@ -88,7 +90,7 @@ impl CoordinatorApi {
         self.node.require_leader()?;
         self.node.metrics.record_lease_request(tokens);
         match self.write(command).await? {
-            Outcome::Lease(grant) => Ok(Response::new(convert::lease_response(&grant))),
+            Outcome::Lease(grant) => Ok(Response::new(pb::LeaseResponse::from(&grant))),
             other => Err(unexpected(&other)),
         }
     }
@@ -102,7 +104,7 @@ impl CoordinatorApi {
         let command = convert::reconcile_command(request.into_inner(), caller)
             .map_err(|e| self.invalid(e))?;
         match self.write(command).await? {
-            Outcome::Reconcile(outcome) => Ok(Response::new(convert::reconcile_response(&outcome))),
+            Outcome::Reconcile(outcome) => Ok(Response::new(pb::ReconcileResponse::from(&outcome))),
             other => Err(unexpected(&other)),
         }
     }
@@ -113,7 +115,8 @@ impl CoordinatorApi {
     ) -> Result<Response<pb::PoolGrantResponse>, Status> {
         self.require_region(&request, &request.get_ref().region)?;
         let caller = caller(&request);
-        let demands = convert::tenant_demands(request.get_ref()).map_err(|e| self.invalid(e))?;
+        let demands = convert::tenant_demands(&request.get_ref().tenant_demands)
+            .map_err(|e| self.invalid(e))?;
         let request = request.into_inner();
         let demand_window = request.demand_window_start_ms;
         let command = convert::pool_grant_command(request, caller).map_err(|e| self.invalid(e))?;
@@ -123,7 +126,7 @@ impl CoordinatorApi {
         };
         match self.write(command).await? {
             Outcome::PoolGrant(grant) => {
-                let mut response = convert::pool_grant_response(&grant);
+                let mut response = pb::PoolGrantResponse::from(&grant);
                 // Only the window right before the granted one is counted:
                 // what a region asked for then weighs its tenants now.
                 let window_ms = grant.window_end_ms.saturating_sub(grant.window_start_ms);
@@ -134,13 +137,7 @@ impl CoordinatorApi {
                         .lock()
                         .unwrap_or_else(std::sync::PoisonError::into_inner)
                         .report(&key, demand_window, &region, &demands);
-                    response.tenant_demands = totals
-                        .into_iter()
-                        .map(|(tenant, demand)| pb::TenantDemand {
-                            tenant: tenant.to_string(),
-                            demand,
-                        })
-                        .collect();
+                    response.tenant_demands = convert::tenant_demands_to_wire(&totals);
                 }
                 Ok(Response::new(response))
             }
@@ -158,7 +155,7 @@ impl CoordinatorApi {
             .map_err(|e| self.invalid(e))?;
         match self.write(command).await? {
             Outcome::PoolRelease(outcome) => {
-                Ok(Response::new(convert::pool_release_response(&outcome)))
+                Ok(Response::new(pb::PoolReleaseResponse::from(&outcome)))
             }
             other => Err(unexpected(&other)),
         }
@@ -210,7 +207,7 @@ impl CoordinatorApi {
         let peer = request.extensions().get::<PeerInfo>().cloned();
         let items = request.into_inner().items;
         if items.is_empty() || items.len() > MAX_BATCH_ITEMS {
-            return Err(self.invalid(invalid_field(
+            return Err(self.invalid(InvalidField::new(
                 "items",
                 format!(
                     "a batch holds 1 to {MAX_BATCH_ITEMS} items, not {}",
@@ -238,7 +235,7 @@ impl CoordinatorApi {
                     slots.push(BatchSlot::Proposed(commands.len()));
                     commands.push(command);
                 }
-                Err(status) => slots.push(BatchSlot::Refused(self.invalid(status))),
+                Err(error) => slots.push(BatchSlot::Refused(self.invalid(error))),
             }
         }
         // Submitted together, so group commit carries them in as few
@@ -260,7 +257,7 @@ impl CoordinatorApi {
                     }
                     BatchSlot::Proposed(n) => match &outcomes[n] {
                         Outcome::Lease(grant) => {
-                            pb::lease_item_result::Result::Granted(convert::lease_response(grant))
+                            pb::lease_item_result::Result::Granted(pb::LeaseResponse::from(grant))
                         }
                         Outcome::Rejected(error) => pb::lease_item_result::Result::Refused(
                             item_refusal(&command_error_status(error)),

@@ -10,8 +10,7 @@
 //!
 //! Layout: [`context`] (what handlers share), [`api`] and [`admin`] (the two
 //! public services), [`batcher`] (group commit), [`leader`] (leader view and
-//! hints), [`convert`] (wire ↔ core with validation), [`network`] and
-//! [`raft_service`] (the peer transport), [`metrics`] (counters), `tasks`
+//! hints), [`network`] and [`raft_service`] (the peer transport), [`metrics`] (counters), `tasks`
 //! (health and clock ticks), [`status_log`] and [`peer_links`] (one log
 //! line per change of leader, membership or peer link).
 
@@ -19,7 +18,6 @@ pub mod admin;
 pub mod api;
 pub mod batcher;
 pub mod context;
-pub mod convert;
 pub mod leader;
 pub mod metrics;
 pub mod network;

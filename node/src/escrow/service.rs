@@ -4,8 +4,9 @@
 use std::sync::Arc;
 
 use leasehold_core::escrow::{Holder, ReturnClaim};
-use leasehold_core::ids::{ClientId, Key, TenantId};
+use leasehold_core::ids::{Key, TenantId};
 use leasehold_core::principal::Principal;
+use leasehold_proto::convert::coordinator::optional_request_id;
 use leasehold_proto::refusal::invalid_field;
 use leasehold_proto::v1 as pb;
 use leasehold_proto::{REASON_FAIR_THROTTLED, REASON_METADATA};
@@ -95,15 +96,11 @@ fn holder_request(
     caller: Principal,
     raw: Option<pb::RequestId>,
 ) -> Result<Option<HolderRequest>, Status> {
-    let Some(id) = raw else {
-        return Ok(None);
-    };
-    let client = ClientId::new(id.client_id)
-        .map_err(|e| invalid_field("request_id.client_id", format!("request_id: {e}")))?;
-    Ok(Some(HolderRequest {
+    let id = optional_request_id(raw)?;
+    Ok(id.map(|id| HolderRequest {
         holder: Holder {
             principal: caller,
-            client,
+            client: id.client,
         },
         seq: id.seq,
     }))

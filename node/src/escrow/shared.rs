@@ -19,7 +19,6 @@ use tokio::time::Instant;
 use super::lease_coalescer::LeaseCoalescer;
 use super::outage::{describe_outage, OutageChange, OutageCounters, OutageTracker};
 use super::EscrowConfig;
-use crate::coordinator::convert::policy_from_wire;
 use crate::net::ConnectionCounters;
 use crate::telemetry;
 
@@ -417,7 +416,7 @@ impl EscrowShared {
             Ok(list) => {
                 let mut table = PolicyTable::default();
                 for raw in list {
-                    match policy_from_wire(Some(raw)) {
+                    match Policy::try_from(raw) {
                         Ok(policy) => {
                             let _ = table.set(policy);
                         }

@@ -12,7 +12,6 @@ use leasehold_proto::v1 as pb;
 
 use super::watch::{Sample, Sampler, View};
 use super::{WatchTarget, MAX_COUNTED_KEYS, MAX_WATCHED_KEYS};
-use crate::coordinator::convert::policy_to_wire;
 use crate::escrow::actor::KeyView;
 use crate::escrow::table::KeyTable;
 
@@ -38,7 +37,7 @@ impl Sampler for EscrowSampler {
         let mut windows = Vec::new();
         let mut tenants = Vec::new();
         for (key, view) in views {
-            let policy = shared.policy_for(&key).map(|p| policy_to_wire(&p));
+            let policy = shared.policy_for(&key).map(|p| pb::Policy::from(&p));
             let (window, key_tenants) = window_of(&key, policy, view, &region);
             windows.push(window);
             tenants.extend(key_tenants);

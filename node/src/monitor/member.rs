@@ -7,12 +7,12 @@ use futures::future::BoxFuture;
 use futures::FutureExt;
 use leasehold_core::coordinator::CoordinatorState;
 use leasehold_core::ids::Key;
+use leasehold_proto::convert::coordinator::window_response;
 use leasehold_proto::v1 as pb;
 
 use super::watch::{Sample, Sampler, View};
 use super::{WatchTarget, MAX_COUNTED_KEYS, MAX_WATCHED_KEYS};
 use crate::coordinator::context::NodeContext;
-use crate::coordinator::convert;
 use crate::coordinator::leader::LeaderView;
 
 /// Samples a member's applied state.
@@ -57,7 +57,7 @@ fn sample(state: &CoordinatorState, target: &WatchTarget, wall_now: u64) -> View
     let now = state.now_ms().max(wall_now);
     let window_of = |key: &Key| {
         state.window_view(key, now).ok().map(|view| {
-            let mut window = convert::window_response(key, &view);
+            let mut window = window_response(key, &view);
             window.coordinator_now_ms = 0;
             window
         })
