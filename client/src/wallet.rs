@@ -17,9 +17,13 @@
 //! - **Conservation.** `balance = credited − spent − expired − withdrawn` at
 //!   all times; in particular `Σ spent ≤ Σ credited` and the balance is never
 //!   negative (it is a `u64` and every subtraction is checked first).
-//! - **Late grants are dropped.** A grant that arrives at or after its own
-//!   deadline, or that belongs to an older window than the credits already
-//!   held, is not credited.
+//! - **Late grants are dropped.** Whether a grant is credited, and until
+//!   when, is decided by the rule every tier shares
+//!   ([`leasehold_core::window_credit`]): a grant that arrives at or after
+//!   its own deadline, or that belongs to an older window than the credits
+//!   already held, is not credited, and the wallet drops it; one for the
+//!   window held joins its credits under the earlier live deadline; one for
+//!   a newer window replaces them.
 //! - **Loans are repaid before anything else.** [`CreditWallet::lend`] moves
 //!   live credits out to a spender that works without the wallet (the
 //!   limiter's lock-free per-key credit cell), which may spend them only
@@ -28,28 +32,12 @@
 //!   conservation law reads `balance + lent = credited − spent − expired −
 //!   withdrawn`; callers repay before any other operation.
 
-/// A monotonic instant the wallet can compare and advance by milliseconds.
-pub trait MonotonicTime: Copy + Ord {
-    /// This instant plus `ms` milliseconds. On overflow an implementation
-    /// must return an instant no later than the true sum (saturating or
-    /// `self`), so that a deadline is never pushed later than it should be.
-    fn plus_millis(self, ms: u64) -> Self;
-}
+use leasehold_core::window_credit::{grant_fate, ArrivingGrant, GrantFate, HeldWindow};
 
-impl MonotonicTime for u64 {
-    fn plus_millis(self, ms: u64) -> Self {
-        self.saturating_add(ms)
-    }
-}
-
-impl MonotonicTime for tokio::time::Instant {
-    fn plus_millis(self, ms: u64) -> Self {
-        // On overflow, `self`: the credits are then dead on arrival, which is
-        // the conservative choice.
-        self.checked_add(std::time::Duration::from_millis(ms))
-            .unwrap_or(self)
-    }
-}
+/// A monotonic instant the wallet can compare and advance by milliseconds
+/// (the shared rule's time, implemented for `u64` milliseconds,
+/// `tokio::time::Instant` and `std::time::Instant`).
+pub use leasehold_core::window_credit::MonotonicTime;
 
 /// The coordinator window some credits belong to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -293,52 +281,60 @@ impl<T: MonotonicTime> CreditWallet<T> {
         }
     }
 
-    /// Credits the grant of `ticket`'s refill, arriving at `now`.
-    ///
-    /// The grant's deadline is `ticket.sent_at + remaining_lifetime_ms`. It is
-    /// dropped if `now` is at or past that deadline, or if it belongs to an
-    /// older window than the one held. A grant for a newer window replaces
-    /// the old credits (they are dead by then: the coordinator applied the
-    /// new grant after the old window ended).
+    /// Credits the grant of `ticket`'s refill, arriving at `now`, as the
+    /// shared rule decides ([`grant_fate`]): its deadline is
+    /// `ticket.sent_at + remaining_lifetime_ms`; it is dropped if `now` is at
+    /// or past that deadline, or if it belongs to an older window than the
+    /// one held (its last window, even once its credits died). A grant for
+    /// the window held joins its credits (and may lower its limit); one for
+    /// a newer window replaces the old credits (they are dead by then: the
+    /// coordinator applied the new grant after the old window ended).
     pub fn credit(&mut self, ticket: RefillTicket<T>, terms: GrantTerms, now: T) -> CreditOutcome {
         if self.in_flight == Some(ticket.seq) {
             self.in_flight = None;
         }
         self.expire(now);
-        let deadline = ticket.sent_at.plus_millis(terms.remaining_lifetime_ms);
-        if let Some(held) = self.window {
-            if terms.window.start_ms < held.start_ms {
+        let held = self
+            .window
+            .zip(self.deadline)
+            .map(|(window, deadline)| HeldWindow {
+                window_start_ms: window.start_ms,
+                deadline,
+            });
+        let arriving = ArrivingGrant {
+            window_start_ms: terms.window.start_ms,
+            sent_at: ticket.sent_at,
+            remaining_lifetime_ms: terms.remaining_lifetime_ms,
+        };
+        let mut closed_window_served = None;
+        match grant_fate(held, arriving, now) {
+            GrantFate::OlderWindow => {
                 self.totals.dropped = self.totals.dropped.saturating_add(terms.granted);
                 return CreditOutcome::DroppedStaleWindow {
                     tokens: terms.granted,
                 };
             }
-        }
-        if now >= deadline {
-            self.totals.dropped = self.totals.dropped.saturating_add(terms.granted);
-            return CreditOutcome::DroppedLate {
-                tokens: terms.granted,
-            };
-        }
-        let mut closed_window_served = None;
-        match self.window {
-            Some(held) if held.start_ms == terms.window.start_ms => {
-                // Same window: both deadlines are at or before its end, so
-                // the later one is as safe as the earlier.
-                self.deadline = Some(self.deadline.map_or(deadline, |d| d.max(deadline)));
-                if terms.window.limit < held.limit {
+            GrantFate::Late => {
+                self.totals.dropped = self.totals.dropped.saturating_add(terms.granted);
+                return CreditOutcome::DroppedLate {
+                    tokens: terms.granted,
+                };
+            }
+            GrantFate::SameWindow { deadline } => {
+                self.deadline = Some(deadline);
+                if let Some(held) = self.window.filter(|held| terms.window.limit < held.limit) {
                     self.window = Some(WindowLabel {
                         limit: terms.window.limit,
                         ..held
                     });
                 }
             }
-            previous => {
-                if previous.is_some() {
+            GrantFate::NewWindow { deadline } => {
+                if self.window.is_some() {
                     closed_window_served = Some(self.served_in_window);
                 }
                 if self.balance > 0 {
-                    // Unreachable in real time (see above) but never carried.
+                    // Unreachable in real time (the held window is over) but never carried.
                     self.totals.expired = self.totals.expired.saturating_add(self.balance);
                     self.balance = 0;
                 }

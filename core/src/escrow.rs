@@ -19,14 +19,17 @@
 //!   and as an answer it ends an outage in progress), nor a grant (nothing
 //!   credited, the window not marked exhausted). It stays counted in
 //!   `leases_sent` only.
-//! - Credits die with their window, on the coordinator's timeline: the local
-//!   deadline is the monotonic time the lease was *sent* plus the remaining
-//!   lifetime the coordinator returned (DESIGN §4). Nothing is served at or
-//!   after it, and what is served carries the lifetime that remains.
+//! - Credits die with their window, on the coordinator's timeline, by the
+//!   rule every tier shares ([`crate::window_credit`]): the local deadline is
+//!   the monotonic time the lease was *sent* plus the remaining lifetime the
+//!   coordinator returned (DESIGN §4). Nothing is served at or after it, and
+//!   what is served carries the lifetime that remains.
 //! - A grant for a newer window replaces the held credits (the old window is
-//!   over on the coordinator). A grant that arrives already dead, or for an
-//!   older window than the one held, is not credited: it is handed back to
-//!   its own window ([`Reconcile`]), which the coordinator forfeits or credits.
+//!   over on the coordinator); one for the window held joins them under the
+//!   earlier deadline. A grant that arrives already dead, or for an older
+//!   window than the one held, is not credited: the escrow hands it back to
+//!   its own window ([`Reconcile`]), which the coordinator forfeits or
+//!   credits. (Dead credits are forgotten, so only live ones are "held".)
 //! - Idle credits can be returned early while their window is current.
 //! - Outage ([`OutageGate`], the same rules for fair keys): after a failed
 //!   lease the escrow does not ask again until `probe_interval_ms` has
@@ -60,6 +63,7 @@
 
 use crate::policy::OutagePolicy;
 use crate::sizer::LeaseSizer;
+use crate::window_credit::{grant_fate, local_deadline, ArrivingGrant, GrantFate, HeldWindow};
 
 mod types;
 
@@ -325,9 +329,11 @@ impl RegionEscrow {
     }
 
     /// A grant arrived for lease `lease_id`. Credits it once, or returns it
-    /// to its own window when it cannot be credited (arrived at or after its
-    /// deadline, or for an older window than the one held). A grant for a
-    /// lease that is not outstanding is ignored and counted.
+    /// to its own window when the shared rule
+    /// ([`grant_fate`](crate::window_credit::grant_fate)) does not credit it
+    /// (arrived at or after its deadline, or for an older window than the
+    /// one held). A grant for a lease that is not outstanding is ignored and
+    /// counted.
     pub fn on_grant_for(
         &mut self,
         lease_id: u64,
@@ -345,39 +351,42 @@ impl RegionEscrow {
         self.in_flight = None;
         self.outage.on_answer();
         self.expire(now_ms);
-        let deadline_ms = sent_at_ms.saturating_add(grant.remaining_lifetime_ms);
+        let deadline_ms = local_deadline(sent_at_ms, grant.remaining_lifetime_ms);
         if grant.granted < asked && now_ms < deadline_ms {
             self.exhausted_until_ms = Some(deadline_ms);
         }
         if grant.granted == 0 {
             return None;
         }
-        let stale = self
-            .held
-            .is_some_and(|h| grant.window_start_ms < h.window_start_ms);
-        if now_ms >= deadline_ms || stale {
-            self.counters.tokens_not_credited += grant.granted;
-            return Some(Reconcile {
-                window_start_ms: grant.window_start_ms,
-                leftover: grant.granted,
-            });
-        }
-        match self.held.as_mut() {
-            Some(h) if h.window_start_ms == grant.window_start_ms => {
+        let held = self.held.map(|h| HeldWindow {
+            window_start_ms: h.window_start_ms,
+            deadline: h.deadline_ms,
+        });
+        let arriving = ArrivingGrant {
+            window_start_ms: grant.window_start_ms,
+            sent_at: sent_at_ms,
+            remaining_lifetime_ms: grant.remaining_lifetime_ms,
+        };
+        let not_credited = Reconcile {
+            window_start_ms: grant.window_start_ms,
+            leftover: grant.granted,
+        };
+        match (grant_fate(held, arriving, now_ms), self.held.as_mut()) {
+            (GrantFate::OlderWindow | GrantFate::Late, _) => {
+                self.counters.tokens_not_credited += grant.granted;
+                return Some(not_credited);
+            }
+            (GrantFate::SameWindow { deadline }, Some(h)) => {
                 let Some(balance) = h.balance.checked_add(grant.granted) else {
                     // Cannot happen with grants ≤ L; refusing to credit is safe.
                     self.counters.tokens_not_credited += grant.granted;
-                    return Some(Reconcile {
-                        window_start_ms: grant.window_start_ms,
-                        leftover: grant.granted,
-                    });
+                    return Some(not_credited);
                 };
                 h.balance = balance;
+                h.deadline_ms = deadline;
                 self.counters.tokens_credited += grant.granted;
-                // Keep the earlier (safer) deadline.
-                h.deadline_ms = h.deadline_ms.min(deadline_ms);
             }
-            _ => {
+            (GrantFate::SameWindow { deadline } | GrantFate::NewWindow { deadline }, _) => {
                 self.counters.tokens_credited += grant.granted;
                 if let Some(old) = self.held {
                     self.counters.tokens_expired += old.balance;
@@ -387,7 +396,7 @@ impl RegionEscrow {
                     window_start_ms: grant.window_start_ms,
                     window_end_ms: grant.window_end_ms,
                     balance: grant.granted,
-                    deadline_ms,
+                    deadline_ms: deadline,
                     served: 0,
                     taken_back: 0,
                 });

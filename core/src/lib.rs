@@ -15,6 +15,7 @@
 //! - [`decision`]: the `Decision` type and its combine algebra.
 //! - [`admission`]: the axes of unified admission (GCRA, token bucket,
 //!   adaptive concurrency), the binding axis, bid-price admission.
+//! - [`window_credit`]: the one rule by which L1 and L2 credit a window's grant.
 //! - [`escrow`]: the rules of one region's escrow for one key (L2, sans IO).
 //! - [`wfe`]: in-region weighted-fair escrow over a region's pool grant.
 //! - [`sizer`]: the online EOQ lease-size learner.
@@ -41,3 +42,4 @@ pub mod static_partition;
 pub mod water_fill;
 pub mod wfe;
 pub mod window;
+pub mod window_credit;

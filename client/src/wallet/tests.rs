@@ -3,6 +3,7 @@
 //! their flight.
 
 use super::*;
+use leasehold_core::window_credit::{grant_fate, ArrivingGrant, GrantFate, HeldWindow};
 use proptest::prelude::*;
 
 /// One step of a random history. Times are milliseconds of real time.
@@ -348,4 +349,97 @@ fn refills_are_coalesced() {
     assert!(wallet.begin_refill(0).is_none());
     wallet.abandon(t);
     assert!(wallet.begin_refill(0).is_some());
+}
+
+fn label(window: u64) -> WindowLabel {
+    WindowLabel {
+        start_ms: window * 1_000,
+        end_ms: (window + 1) * 1_000,
+        limit: 100,
+    }
+}
+
+proptest! {
+    /// Whatever the wallet holds, a second grant is credited, dropped as
+    /// late or dropped as stale exactly as the shared window-credit rule
+    /// decides, and credited tokens die at the rule's deadline.
+    #[test]
+    fn the_wallet_credits_by_the_shared_window_rule(
+        first in (0u64..4, 0u64..1_500, 0u64..500),
+        second in (0u64..4, 0u64..1_500, 0u64..1_000, 0u64..1_000),
+        granted in 1u64..50,
+    ) {
+        let (first_window, first_lifetime, first_latency) = first;
+        let (second_window, second_lifetime, pause, second_latency) = second;
+        let mut wallet: CreditWallet<u64> = CreditWallet::new();
+        let t = wallet.begin_refill(0).expect("first refill");
+        wallet.credit(
+            t,
+            GrantTerms { granted, window: label(first_window), remaining_lifetime_ms: first_lifetime },
+            first_latency,
+        );
+        let sent = first_latency + pause;
+        let now = sent + second_latency;
+        let held = wallet.window().zip(wallet.deadline()).map(|(w, deadline)| HeldWindow {
+            window_start_ms: w.start_ms,
+            deadline,
+        });
+        let fate = grant_fate(
+            held,
+            ArrivingGrant {
+                window_start_ms: label(second_window).start_ms,
+                sent_at: sent,
+                remaining_lifetime_ms: second_lifetime,
+            },
+            now,
+        );
+        let t = wallet.begin_refill(sent).expect("second refill");
+        let outcome = wallet.credit(
+            t,
+            GrantTerms { granted, window: label(second_window), remaining_lifetime_ms: second_lifetime },
+            now,
+        );
+        match fate {
+            GrantFate::OlderWindow => {
+                prop_assert_eq!(outcome, CreditOutcome::DroppedStaleWindow { tokens: granted })
+            }
+            GrantFate::Late => prop_assert_eq!(outcome, CreditOutcome::DroppedLate { tokens: granted }),
+            GrantFate::SameWindow { deadline } | GrantFate::NewWindow { deadline } => {
+                let credited = matches!(outcome, CreditOutcome::Credited { tokens, .. } if tokens == granted);
+                prop_assert!(credited, "{:?}", outcome);
+                prop_assert_eq!(wallet.deadline(), Some(deadline));
+                prop_assert!(wallet.balance(now) >= granted);
+                prop_assert_eq!(wallet.balance(deadline), 0);
+            }
+        }
+    }
+}
+
+#[test]
+fn a_grant_for_the_window_held_never_extends_its_credits() {
+    let mut wallet: CreditWallet<u64> = CreditWallet::new();
+    let t = wallet.begin_refill(0).expect("first refill");
+    wallet.credit(
+        t,
+        GrantTerms {
+            granted: 3,
+            window: label(0),
+            remaining_lifetime_ms: 500,
+        },
+        10,
+    );
+    let t = wallet.begin_refill(100).expect("second refill");
+    wallet.credit(
+        t,
+        GrantTerms {
+            granted: 4,
+            window: label(0),
+            remaining_lifetime_ms: 800,
+        },
+        110,
+    );
+    // 0 + 500 and 100 + 800: the earlier deadline holds for all seven.
+    assert_eq!(wallet.deadline(), Some(500));
+    assert_eq!(wallet.balance(499), 7);
+    assert_eq!(wallet.balance(500), 0);
 }

@@ -255,3 +255,60 @@ fn a_refused_probe_ends_an_outage() {
         "no probe interval after a refusal"
     );
 }
+
+mod window_credit_rule {
+    use super::*;
+    use crate::window_credit::{grant_fate, ArrivingGrant, GrantFate, HeldWindow};
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Whatever the escrow holds, a second grant is credited or handed
+        /// back to its own window exactly as the shared window-credit rule
+        /// decides, and credited tokens die at the rule's deadline.
+        #[test]
+        fn the_escrow_credits_by_the_shared_window_rule(
+            first in (0u64..4, 0u64..1_500, 0u64..500),
+            second in (0u64..4, 0u64..1_500, 0u64..1_000, 0u64..1_000),
+            granted in 1u64..50,
+        ) {
+            let (first_window, first_lifetime, first_latency) = first;
+            let (second_window, second_lifetime, pause, second_latency) = second;
+            let mut e = RegionEscrow::new(1, 500, OutagePolicy::FailClosed);
+            let ticket = e.send_lease(1, 0).expect("first lease");
+            e.on_grant_for(ticket.id, grant(granted, first_window * 1_000, first_lifetime), first_latency);
+            let sent = first_latency + pause;
+            let now = sent + second_latency;
+            let ticket = e.send_lease(1, sent).expect("second lease");
+            // What the escrow holds when the grant lands (dead credits are
+            // forgotten then).
+            let before = e.status(now);
+            let held = before.window_start_ms.map(|window_start_ms| HeldWindow {
+                window_start_ms,
+                deadline: now + before.remaining_lifetime_ms,
+            });
+            let fate = grant_fate(
+                held,
+                ArrivingGrant {
+                    window_start_ms: second_window * 1_000,
+                    sent_at: sent,
+                    remaining_lifetime_ms: second_lifetime,
+                },
+                now,
+            );
+            let back = e.on_grant_for(ticket.id, grant(granted, second_window * 1_000, second_lifetime), now);
+            match fate {
+                GrantFate::OlderWindow | GrantFate::Late => {
+                    prop_assert_eq!(back, Some(Reconcile { window_start_ms: second_window * 1_000, leftover: granted }));
+                }
+                GrantFate::SameWindow { deadline } | GrantFate::NewWindow { deadline } => {
+                    prop_assert_eq!(back, None);
+                    let after = e.status(now);
+                    prop_assert_eq!(after.window_start_ms, Some(second_window * 1_000));
+                    prop_assert_eq!(now + after.remaining_lifetime_ms, deadline);
+                    prop_assert!(after.balance >= granted);
+                    prop_assert_eq!(e.balance(deadline), 0);
+                }
+            }
+        }
+    }
+}
