@@ -56,6 +56,11 @@
 //! - Fair throttle (optional, per key): [`EscrowFairGate`] runs before these
 //!   rules and can only turn an admission into a denial.
 //!
+//! [`machine::KeyMachine`] puts one key's rules together — counter and fair
+//! keys, tenants, outage policies, shadow, throttle, reclaim and sizing —
+//! behind one `handle(event, now) → actions`, which the node's key actor
+//! and simulations both drive.
+//!
 //! Times here are the caller's monotonic milliseconds; window bounds are the
 //! coordinator's epoch milliseconds and are only compared with each other.
 //! The one exception is the outage fallback, which has no coordinator window
@@ -74,6 +79,8 @@ mod fair_gate;
 mod outage_gate;
 
 mod fair_key;
+
+pub mod machine;
 
 pub use fair_key::{FairKey, FairStep, PendingRelease, PoolAnswer, ReleaseAnswer, WEIGHT_SCALE};
 pub use outage_gate::OutageGate;
