@@ -154,11 +154,13 @@ fn fair_pool_idle_region_reclaim() {
     scenario.shape.pool_release_idle_ms = 0;
     let without = mean(&scenario);
     eprintln!("busy region's share of L: {with_reclaim:.3} with reclaim, {without:.3} without");
-    // Without reclaim the busy region gets its guarantee (half of L with
-    // equal weights; a little more once the demand split weighs the quiet
-    // region by the little it asks); with reclaim, most of the rest.
+    // Without reclaim the busy region gets its guarantee: half of L with
+    // equal weights, more once the demand split (over the settled window
+    // two back, which every region has reported) weighs the quiet region
+    // by the little it asks — 0.82 of L in seeds 1–2. With reclaim, most
+    // of the rest: 0.89.
     assert!(
-        with_reclaim >= 0.62 && with_reclaim - without >= 0.1,
+        with_reclaim >= 0.85 && with_reclaim - without >= 0.05,
         "busy region's share of L: {with_reclaim:.3} with reclaim, {without:.3} without"
     );
 }

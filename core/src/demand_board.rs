@@ -104,6 +104,30 @@ impl DemandBoard {
             .collect()
     }
 
+    /// The totals over every region that reported `window_start_ms` of
+    /// `key`, for those of `tenants` that any region reported (read-only).
+    /// Asked for a window every active region has reported by now (the
+    /// one before the latest), these totals are settled.
+    pub fn totals(
+        &self,
+        key: &Key,
+        window_start_ms: u64,
+        tenants: &[TenantId],
+    ) -> Vec<(TenantId, u64)> {
+        let Some(entry) = self.entries.get(&(window_start_ms, key.clone())) else {
+            return Vec::new();
+        };
+        tenants
+            .iter()
+            .take(MAX_REPORTED_TENANTS)
+            .filter_map(|tenant| {
+                let regions = entry.get(tenant)?;
+                let total = regions.values().fold(0u64, |sum, d| sum.saturating_add(*d));
+                Some((tenant.clone(), total))
+            })
+            .collect()
+    }
+
     /// (key, window) entries held.
     pub fn len(&self) -> usize {
         self.entries.len()
@@ -160,6 +184,22 @@ mod tests {
             board.report(&other, 0, &region(2), &[(tenant(1), 1)]),
             [(tenant(1), 1)]
         );
+    }
+
+    #[test]
+    fn settled_totals_read_what_every_region_reported() {
+        let mut board = DemandBoard::default();
+        let key = Key::new("k").unwrap();
+        board.report(&key, 0, &region(0), &[(tenant(1), 30)]);
+        board.report(&key, 0, &region(1), &[(tenant(1), 10), (tenant(2), 5)]);
+        assert_eq!(
+            board.totals(&key, 0, &[tenant(1), tenant(2), tenant(3)]),
+            [(tenant(1), 40), (tenant(2), 5)]
+        );
+        assert!(board.totals(&key, 1_000, &[tenant(1)]).is_empty());
+        assert!(board
+            .totals(&Key::new("other").unwrap(), 0, &[tenant(1)])
+            .is_empty());
     }
 
     proptest! {

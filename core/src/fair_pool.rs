@@ -53,21 +53,27 @@ pub struct PoolMember {
     pub granted: u64,
 }
 
-/// The asking region's new total grant (see the module doc for the formula).
-///
-/// `asker` carries the asker's refreshed weight and current total; `others`
-/// yields every *other* active region (iterated twice, so it must be `Clone`;
-/// callers pass them in sorted region order). The result is `asker.granted`
-/// when `want_total <= asker.granted` (grants never shrink), and otherwise lies
-/// in `[asker.granted, max(asker.granted, L − others_hold)]`.
-pub fn next_grant<I>(limit: u64, asker: PoolMember, want_total: u64, others: I) -> u64
+/// Where a region stands in a window's pool, from the pool's state: what
+/// the pool reserves for it and the most it could hold if it asked now.
+/// Both are hints to the region (they change as others join, ask and
+/// retire); only [`next_grant`] moves budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct PoolStanding {
+    /// `g_r = floor(W_r · (L − kept) / ΣW)`: the region's guarantee among
+    /// the active regions (0 for a retired region).
+    pub guarantee: u64,
+    /// `max(granted_r, L − others_hold)`: asking for this total now would
+    /// grant exactly it; asking for more grants no more.
+    pub ceiling: u64,
+}
+
+/// The asker's [`PoolStanding`] with `asker`'s weight and total among
+/// `others` (every other active region, as for [`next_grant`]).
+pub fn standing<I>(limit: u64, asker: PoolMember, others: I) -> PoolStanding
 where
     I: IntoIterator<Item = PoolMember>,
     I::IntoIter: Clone,
 {
-    if want_total <= asker.granted {
-        return asker.granted;
-    }
     let others = others.into_iter();
     let total_weight: u128 =
         others.clone().map(|m| u128::from(m.weight)).sum::<u128>() + u128::from(asker.weight);
@@ -83,8 +89,28 @@ where
     let free = u128::from(limit).saturating_sub(others_hold);
     // free <= limit, so it fits in u64.
     let free = u64::try_from(free).unwrap_or(limit);
-    let ceiling = asker.granted.max(free);
-    want_total.min(ceiling)
+    PoolStanding {
+        guarantee: guarantee(base, asker.weight, total_weight),
+        ceiling: asker.granted.max(free),
+    }
+}
+
+/// The asking region's new total grant (see the module doc for the formula).
+///
+/// `asker` carries the asker's refreshed weight and current total; `others`
+/// yields every *other* active region (iterated twice, so it must be `Clone`;
+/// callers pass them in sorted region order). The result is `asker.granted`
+/// when `want_total <= asker.granted` (grants never shrink), and otherwise lies
+/// in `[asker.granted, max(asker.granted, L − others_hold)]`.
+pub fn next_grant<I>(limit: u64, asker: PoolMember, want_total: u64, others: I) -> u64
+where
+    I: IntoIterator<Item = PoolMember>,
+    I::IntoIter: Clone,
+{
+    if want_total <= asker.granted {
+        return asker.granted;
+    }
+    want_total.min(standing(limit, asker, others).ceiling)
 }
 
 /// `g = floor(weight · limit / total_weight)`, zero when `total_weight` is zero.
@@ -203,6 +229,18 @@ impl RegionFairPool {
         self.regions
             .insert(region.clone(), PoolMember { weight, granted });
         Ok(granted)
+    }
+
+    /// Where `region` stands in the current window ([`standing`]); `None`
+    /// when it has not joined it.
+    pub fn standing(&self, region: &RegionId) -> Option<PoolStanding> {
+        let asker = *self.regions.get(region)?;
+        let others = self
+            .regions
+            .iter()
+            .filter(|(id, _)| *id != region)
+            .map(|(_, m)| *m);
+        Some(standing(self.limit, asker, others))
     }
 
     /// Retires `region` in the window containing `now_ms`, keeping
@@ -438,6 +476,38 @@ mod tests {
             }
             let demand: u64 = regions.iter().map(|(_, d)| d).sum();
             prop_assert!(total + slack >= demand.min(limit));
+        }
+
+        /// The standing is exact: asking for the ceiling grants exactly
+        /// it, and asking for more grants no more; a guarantee nobody
+        /// encroaches on is within the ceiling.
+        #[test]
+        fn standing_predicts_the_grant(
+            limit in 1u64..1000,
+            members in proptest::collection::vec((0u64..10, 0u64..400), 0..5),
+            asker_weight in 1u64..10,
+            asker_granted in 0u64..400,
+            extra in 0u64..500,
+        ) {
+            let others: Vec<PoolMember> = members
+                .iter()
+                .map(|(weight, granted)| PoolMember { weight: *weight, granted: *granted })
+                .collect();
+            let asker = PoolMember { weight: asker_weight, granted: asker_granted };
+            let s = standing(limit, asker, others.clone());
+            prop_assert!(s.ceiling >= asker_granted);
+            prop_assert_eq!(next_grant(limit, asker, s.ceiling, others.clone()), s.ceiling);
+            prop_assert_eq!(next_grant(limit, asker, s.ceiling + extra, others.clone()), s.ceiling);
+            // With no retired region and every other region holding at most
+            // its guarantee, the asker's guarantee is within its reach.
+            let total_weight: u128 = others.iter().map(|m| u128::from(m.weight)).sum::<u128>()
+                + u128::from(asker_weight);
+            let within = others.iter().all(|m| {
+                m.weight > 0 && m.granted <= guarantee(limit, m.weight, total_weight)
+            });
+            if within {
+                prop_assert!(s.ceiling >= s.guarantee);
+            }
         }
 
         /// A region asking alone first gets min(want, L); a region whose

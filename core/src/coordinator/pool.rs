@@ -42,12 +42,42 @@ use super::command::{
 };
 use super::lease::MAX_REGIONS_PER_WINDOW;
 use super::state::CoordinatorState;
-use crate::fair_pool::{next_grant, retire, PoolMember};
+use crate::fair_pool::{next_grant, retire, standing, PoolMember, PoolStanding};
 use crate::ids::{Key, RegionId};
 use crate::policy::PolicyKind;
 use crate::shadow;
 
 impl CoordinatorState {
+    /// Where `region` stands in `key`'s live pool window (read-only): its
+    /// guarantee and the most it could hold if it asked now, with the
+    /// window's start. `None` when the window starting at
+    /// `window_start_ms` is not live or the region has not joined it.
+    pub fn pool_standing(
+        &self,
+        key: &Key,
+        region: &RegionId,
+        window_start_ms: u64,
+    ) -> Option<PoolStanding> {
+        let record = self.windows.live(key, self.now_ms)?;
+        if record.bounds.start_ms != window_start_ms {
+            return None;
+        }
+        let used = record.regions.get(region)?;
+        let asker = PoolMember {
+            weight: used.pool_weight,
+            granted: used.granted,
+        };
+        let others = record
+            .regions
+            .iter()
+            .filter(|(id, _)| *id != region)
+            .map(|(_, used)| PoolMember {
+                weight: used.pool_weight,
+                granted: used.granted,
+            });
+        Some(standing(record.limit, asker, others))
+    }
+
     pub(super) fn pool_grant(
         &mut self,
         key: &Key,

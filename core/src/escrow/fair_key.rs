@@ -10,16 +10,31 @@
 //! Rules:
 //! - **Deadline**: a pool grant lives until the local monotonic time the
 //!   call was sent plus the lifetime the coordinator returned; without a
-//!   live grant the key must join the pool again ([`FairStep::Join`], for
-//!   the request's need alone: a large first ask before other regions have
-//!   joined would take budget their guarantees should reserve).
+//!   live grant the key must join the pool again ([`FairStep::Join`]).
+//! - **Warm start**: a key that held a grant in the window right before
+//!   expects to need `min(previous admissions + step, previous guarantee)`
+//!   — its guarantee being what the pool reserved for it as of its last
+//!   answer ([`PoolStanding`]). It joins for half of that and asks for the
+//!   whole with its next ask, so steady demand costs two pool calls per
+//!   window instead of a ramp. Half, because a guarantee heard early in a
+//!   window (before other regions joined) can be too large: a join of
+//!   the whole would let the first region of a window take what regions
+//!   joining a moment later are owed, and the demo's weighted shares then
+//!   drift by 7–15 %; by the second ask the others have joined and the
+//!   pool's ceiling protects them. The join declares the region's weight
+//!   as the requester's plus the other tenants of that window. A key
+//!   without such a history joins for the request's need alone.
 //! - **Batching**: when short, the key asks for a batch beyond the need,
-//!   never beyond L: the larger of `lease_size` and a quarter of what the
-//!   key admitted in the previous window.
-//! - **Ceiling**: a grant of less than asked means the region is at its
-//!   fair ceiling: the key denies without asking until `re_ask_ms` later
-//!   (other regions may release meanwhile), twice as long after each look
-//!   that raised nothing, and says so in `retry_after_ms`.
+//!   never beyond L: the largest of `lease_size`, a quarter of what the
+//!   key admitted in the previous window (`step`) and half its budget.
+//! - **Ceiling**: a grant of less than asked, or a grant that the answer's
+//!   standing says is all the region could hold now (`ceiling ≤ granted`),
+//!   means the region is at its fair ceiling: the key denies without
+//!   asking until `re_ask_ms` later (other regions may release
+//!   meanwhile), twice as long after each look that raised nothing — a
+//!   count that carries into the next window, so a region held at its
+//!   share by steady competition stops looking every window — and says so
+//!   in `retry_after_ms`. A look that raises the total resets the count.
 //! - **Reclaim**: [`FairKey::begin_release`] lowers the budget to what was
 //!   admitted *before* the release is sent, and the release stays pending
 //!   until a definitive answer; the caller must resend it (same request id)
@@ -29,11 +44,16 @@
 //!   real total, which becomes the budget; `RELEASED` marks the key retired
 //!   until its next ask.
 //! - **Demand split**: the key counts what each tenant asks for per window
-//!   ([`FairKey::note_demand`]), reports the previous window's counts with
-//!   its pool asks ([`FairKey::demand_report`]) and learns each tenant's
-//!   total over all regions ([`FairKey::on_tenant_demands`], from
-//!   [`crate::demand_board`]). A tenant declared with weight `w` then
-//!   weighs `w · d_{t,r} / d_t` here (its share of its own demand), in
+//!   ([`FairKey::note_demand`]), reports the last ended window's counts with
+//!   its pool asks ([`FairKey::demand_report`]; a join reports the window
+//!   that just ended) and learns each tenant's total over all regions for
+//!   the window before that one ([`FairKey::on_tenant_demands`], the
+//!   *settled* totals of [`crate::demand_board`]: every region active then
+//!   has reported it with its first call since, where the latest window's
+//!   totals still miss the regions that have not asked yet — and with one
+//!   call per window, a region joining early would never hear the rest).
+//!   A tenant declared with weight `w` then weighs `w · d_{t,r} / d_t`
+//!   here, over that settled window (its share of its own demand), in
 //!   thousandths ([`WEIGHT_SCALE`]) so the split stays exact: a tenant
 //!   active in several regions is not served k-fold. Without totals a
 //!   tenant weighs its full weight, as before. Weights are hints for
@@ -43,6 +63,7 @@ use std::collections::BTreeMap;
 
 use crate::decision::Decision;
 use crate::demand_board::MAX_REPORTED_TENANTS;
+use crate::fair_pool::PoolStanding;
 use crate::ids::TenantId;
 use crate::wfe::{RecordedAsk, WeightedFairEscrow};
 use crate::window::WindowBounds;
@@ -100,6 +121,9 @@ pub struct PoolAnswer {
     pub window: WindowBounds,
     /// The window's remaining lifetime, counted from the send.
     pub remaining_lifetime_ms: u64,
+    /// Where the region stands in the pool after the grant, when the
+    /// coordinator said.
+    pub standing: Option<PoolStanding>,
 }
 
 /// A pool release as answered by the coordinator.
@@ -138,9 +162,8 @@ struct Granted {
     window: WindowBounds,
     deadline_ms: u64,
     exhausted_until_ms: u64,
-    /// Asks at the ceiling in a row that raised nothing: the next waits
-    /// `re_ask_ms` doubled that many times.
-    fruitless_re_asks: u32,
+    /// The region's guarantee as of the latest answer in this window.
+    guarantee: Option<u64>,
     retired: bool,
 }
 
@@ -152,12 +175,21 @@ pub struct FairKey<Id> {
     pending: Option<PendingRelease<Id>>,
     /// Tokens each tenant asked for in the current window.
     demand: BTreeMap<TenantId, u64>,
-    /// The previous window's start and its demand counts.
+    /// The previous window's start and its demand counts (reported).
     previous: Option<(u64, BTreeMap<TenantId, u64>)>,
-    /// Each tenant's demand over all regions in the previous window.
-    totals: BTreeMap<TenantId, u64>,
+    /// The window before that and its counts: what the split weighs.
+    settled: Option<(u64, BTreeMap<TenantId, u64>)>,
+    /// Each tenant's demand over all regions in a window (the settled one,
+    /// when it matches).
+    totals: Option<(u64, BTreeMap<TenantId, u64>)>,
     /// Tokens admitted in the previous window: asks step by a quarter of it.
     previous_used: u64,
+    /// What the last join expected to need (the warm start): the join asks
+    /// half of it, the first ask after it the rest.
+    warm_target: u64,
+    /// Looks at the ceiling in a row that raised nothing (across windows):
+    /// the next waits `re_ask_ms` doubled that many times.
+    fruitless_re_asks: u32,
 }
 
 impl<Id: Clone> FairKey<Id> {
@@ -169,8 +201,11 @@ impl<Id: Clone> FairKey<Id> {
             pending: None,
             demand: BTreeMap::new(),
             previous: None,
-            totals: BTreeMap::new(),
+            settled: None,
+            totals: None,
             previous_used: 0,
+            warm_target: 0,
+            fruitless_re_asks: 0,
         }
     }
 
@@ -184,34 +219,51 @@ impl<Id: Clone> FairKey<Id> {
         }
     }
 
-    /// The previous window's demand to report with a pool ask: its start
-    /// and at most [`MAX_REPORTED_TENANTS`] tenants, the largest first.
-    pub fn demand_report(&self) -> Option<(u64, Vec<(TenantId, u64)>)> {
-        let (start, counts) = self.previous.as_ref()?;
+    /// The demand to report with a pool ask at monotonic `now_ms`: the
+    /// counts of the last window that ended — the granted window's own
+    /// once its grant has expired (the ask then joins the next window),
+    /// otherwise the previous window's — with its start, at most
+    /// [`MAX_REPORTED_TENANTS`] tenants, the largest first.
+    pub fn demand_report(&self, now_ms: u64) -> Option<(u64, Vec<(TenantId, u64)>)> {
+        let ended = self
+            .granted
+            .as_ref()
+            .filter(|g| now_ms >= g.deadline_ms)
+            .map(|g| (g.window.start_ms, &self.demand));
+        let (start, counts) = ended.or(self.previous.as_ref().map(|(s, c)| (*s, c)))?;
         let mut largest: Vec<(TenantId, u64)> =
             counts.iter().map(|(t, d)| (t.clone(), *d)).collect();
         largest.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
         largest.truncate(MAX_REPORTED_TENANTS);
-        Some((*start, largest))
+        Some((start, largest))
     }
 
     /// Takes the tenants' demand totals over all regions for the window
-    /// starting at `window_start_ms` (ignored unless it is the previous one).
+    /// starting at `window_start_ms`: the settled totals a pool answer
+    /// carries for the window two before the granted one. The split uses
+    /// them once they match the window of the key's settled counts.
     pub fn on_tenant_demands(&mut self, window_start_ms: u64, totals: Vec<(TenantId, u64)>) {
-        if self.previous.as_ref().map(|(s, _)| *s) == Some(window_start_ms) {
-            self.totals.extend(totals);
+        match self.totals.as_mut() {
+            Some((start, held)) if *start == window_start_ms => held.extend(totals),
+            Some((start, _)) if *start > window_start_ms => {}
+            _ => self.totals = Some((window_start_ms, totals.into_iter().collect())),
         }
     }
 
     /// The weight `tenant` declared as `weight` has here, in thousandths:
-    /// its share of its own demand when the totals are known.
+    /// its share of its own demand in the settled window (two before the
+    /// current one) when that window's totals are known.
     pub fn split_weight(&self, tenant: &TenantId, weight: u64) -> u64 {
         let scaled = weight.max(1).saturating_mul(WEIGHT_SCALE);
-        let own = self
-            .previous
+        let Some((start, counts)) = self.settled.as_ref() else {
+            return scaled;
+        };
+        let total = self
+            .totals
             .as_ref()
-            .and_then(|(_, counts)| counts.get(tenant).copied());
-        match (own, self.totals.get(tenant).copied()) {
+            .filter(|(s, _)| s == start)
+            .and_then(|(_, totals)| totals.get(tenant).copied());
+        match (counts.get(tenant).copied(), total) {
             (Some(own), Some(total)) if own > 0 && total > own => {
                 let share = u128::from(scaled) * u128::from(own) / u128::from(total);
                 u64::try_from(share).unwrap_or(scaled).max(1)
@@ -233,9 +285,10 @@ impl<Id: Clone> FairKey<Id> {
         let cost = cost.max(1);
         let weight = self.split_weight(tenant, weight);
         let Some(state) = self.granted.as_mut().filter(|g| now_ms < g.deadline_ms) else {
+            self.warm_target = self.warm_start(lease_size, now_ms);
             return FairStep::Join {
-                region_weight: weight,
-                want_total: cost,
+                region_weight: self.join_weight(tenant, weight, now_ms),
+                want_total: cost.max(self.warm_target / 2),
             };
         };
         let remaining = state.deadline_ms - now_ms;
@@ -264,12 +317,17 @@ impl<Id: Clone> FairKey<Id> {
         let at_ceiling = now_ms < state.exhausted_until_ms;
         match ask.asked.filter(|_| !at_ceiling) {
             Some((region_weight, want)) => {
-                // A batch beyond the need: the lease size, or a quarter of
-                // what the last window admitted, whichever is larger.
+                // A batch beyond the need: the lease size, a quarter of
+                // what the last window admitted, or half the budget (a
+                // ramp from nothing takes a few asks, not L / lease_size),
+                // whichever is larger.
                 let limit = state.escrow.limit();
-                let step = lease_size.max(self.previous_used / 4);
+                let step = lease_size
+                    .max(self.previous_used / 4)
+                    .max(state.escrow.budget() / 2);
                 let want_total = want
                     .max(state.escrow.budget().saturating_add(step))
+                    .max(self.warm_target)
                     .min(limit.max(want));
                 FairStep::Ask {
                     region_weight,
@@ -288,6 +346,44 @@ impl<Id: Clone> FairKey<Id> {
         }
     }
 
+    /// The region weight to join a new window with: the requesting
+    /// tenant's (split) `weight` plus, when the key held the window right
+    /// before, the weights of that window's other tenants — they are most
+    /// likely active again, and a join may be the window's only pool call,
+    /// so the region must not weigh one tenant alone all window.
+    fn join_weight(&self, tenant: &TenantId, weight: u64, now_ms: u64) -> u64 {
+        let Some(state) = self.granted.as_ref() else {
+            return weight;
+        };
+        let window_ms = state.window.end_ms.saturating_sub(state.window.start_ms);
+        if now_ms >= state.deadline_ms.saturating_add(window_ms) {
+            return weight;
+        }
+        state
+            .escrow
+            .tenants()
+            .filter(|(other, _, _)| *other != tenant)
+            .fold(weight, |sum, (_, w, _)| sum.saturating_add(w))
+    }
+
+    /// What to join a new window with (see the module doc): 0 without a
+    /// grant in the window right before `now_ms` or a guarantee from it.
+    fn warm_start(&self, lease_size: u64, now_ms: u64) -> u64 {
+        let Some(state) = self.granted.as_ref() else {
+            return 0;
+        };
+        let window_ms = state.window.end_ms.saturating_sub(state.window.start_ms);
+        if now_ms >= state.deadline_ms.saturating_add(window_ms) {
+            return 0;
+        }
+        let used = state.escrow.total_used();
+        let step = lease_size.max(used / 4);
+        let guarantee = state.guarantee.unwrap_or(0);
+        used.saturating_add(step)
+            .min(guarantee)
+            .min(state.escrow.limit())
+    }
+
     /// Feeds a pool grant answered for an ask of `want_total` sent at
     /// monotonic `sent_ms`, arriving at `now_ms`; at the ceiling the key
     /// asks again no sooner than `re_ask_ms` later. Returns the budget.
@@ -301,42 +397,57 @@ impl<Id: Clone> FairKey<Id> {
     ) -> u64 {
         let deadline_ms = sent_ms.saturating_add(answer.remaining_lifetime_ms);
         let max_tenants = self.max_tenants;
+        let at_ceiling = answer.granted_total < want_total
+            || answer
+                .standing
+                .is_some_and(|s| s.ceiling <= answer.granted_total);
+        let fresh = self.granted.is_none();
         let state = self.granted.get_or_insert_with(|| Granted {
             escrow: WeightedFairEscrow::new(answer.limit, max_tenants),
             window: answer.window,
             deadline_ms,
             exhausted_until_ms: 0,
-            fruitless_re_asks: 0,
+            guarantee: None,
             retired: false,
         });
         if state.window != answer.window {
             if state.window.start_ms < answer.window.start_ms {
                 let counts = std::mem::take(&mut self.demand);
+                self.settled = self.previous.take();
                 self.previous = Some((state.window.start_ms, counts));
-                self.totals.clear();
                 self.previous_used = state.escrow.total_used();
             }
             state.window = answer.window;
             state.deadline_ms = deadline_ms;
             state.exhausted_until_ms = 0;
-            state.fruitless_re_asks = 0;
-        } else {
+            state.guarantee = None;
+        } else if !fresh {
             state.deadline_ms = state.deadline_ms.min(deadline_ms);
+            // An ask within the window (not a join): a look at the ceiling
+            // that raised nothing doubles the next wait; one that raised
+            // the total, or an ask that found room beyond it, resets it.
+            let raised = answer.granted_total > state.escrow.budget();
+            let look = state.exhausted_until_ms > 0;
+            if raised && (look || !at_ceiling) {
+                self.fruitless_re_asks = 0;
+            } else if look && !raised {
+                self.fruitless_re_asks = self.fruitless_re_asks.saturating_add(1);
+            }
+        }
+        if let Some(standing) = answer.standing {
+            state.guarantee = Some(standing.guarantee);
         }
         // Asking again rejoins the pool with the region's weight.
         state.retired = false;
-        if answer.granted_total > state.escrow.budget() {
-            state.fruitless_re_asks = 0;
-        } else if state.exhausted_until_ms > 0 {
-            state.fruitless_re_asks = state.fruitless_re_asks.saturating_add(1);
-        }
-        if answer.granted_total < want_total {
-            // At the ceiling: look again later, twice as late after each
-            // look that found nothing.
+        if at_ceiling {
+            // Look again later, twice as late after each look that found
+            // nothing.
             let wait = re_ask_ms
                 .max(1)
-                .saturating_mul(1u64 << state.fruitless_re_asks.min(16));
+                .saturating_mul(1u64 << self.fruitless_re_asks.min(16));
             state.exhausted_until_ms = now_ms.saturating_add(wait).min(state.deadline_ms);
+        } else {
+            state.exhausted_until_ms = 0;
         }
         state
             .escrow

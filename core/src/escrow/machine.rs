@@ -1094,7 +1094,7 @@ impl<R> KeyMachine<R> {
         let (demand_window_ms, demands) = self
             .fair
             .as_ref()
-            .and_then(|fair| fair.demand_report())
+            .and_then(|fair| fair.demand_report(now.mono_ms))
             .unwrap_or_default();
         let call = self.next_call_id();
         self.outbound = Some(Outbound::Pool {

@@ -132,12 +132,31 @@ impl CoordinatorApi {
                 let window_ms = grant.window_end_ms.saturating_sub(grant.window_start_ms);
                 let previous = grant.window_start_ms.checked_sub(window_ms);
                 if !demands.is_empty() && previous == Some(demand_window) {
-                    let totals = self
+                    let mut board = self
                         .demand_board
                         .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner)
-                        .report(&key, demand_window, &region, &demands);
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    let totals = board.report(&key, demand_window, &region, &demands);
                     response.tenant_demands = convert::tenant_demands_to_wire(&totals);
+                    // The window before: every region has reported it.
+                    let tenants: Vec<_> =
+                        demands.iter().map(|(tenant, _)| tenant.clone()).collect();
+                    let settled = demand_window
+                        .checked_sub(window_ms)
+                        .map(|settled| board.totals(&key, settled, &tenants))
+                        .unwrap_or_default();
+                    response.settled_tenant_demands = convert::tenant_demands_to_wire(&settled);
+                }
+                // The region's standing as this member applied it: a hint
+                // for how much to ask next (the proto's guarantee_total,
+                // ceiling_total).
+                let standing = self
+                    .node
+                    .state
+                    .read(|state| state.pool_standing(&key, &region, grant.window_start_ms));
+                if let Some(standing) = standing {
+                    response.guarantee_total = standing.guarantee;
+                    response.ceiling_total = standing.ceiling.max(grant.granted_total);
                 }
                 Ok(Response::new(response))
             }

@@ -13,6 +13,7 @@
 //! principal is anonymous, so there callers are told apart by client id
 //! (or tenant); anonymous requests with neither share one caller.
 
+use leasehold_core::escrow::machine::ThrottleFront;
 use leasehold_core::escrow::{EscrowFairGate, Holder};
 use leasehold_core::fair_throttle::{murmur3::murmur3_x64_128, FairThrottleConfig};
 use leasehold_core::ids::TenantId;
@@ -154,6 +155,21 @@ impl KeyFairThrottle {
     /// A fresh rotation seed and a uniform draw.
     pub fn draw(&mut self) -> (u32, u64) {
         (self.rng.gen(), self.rng.gen())
+    }
+
+    /// The throttle as the key's machine holds it: the gate and retry
+    /// hint, drawing each decision's seed and draw from this random source.
+    pub fn into_front(self) -> ThrottleFront {
+        let KeyFairThrottle {
+            gate,
+            retry_after_ms,
+            mut rng,
+        } = self;
+        ThrottleFront::new(
+            gate,
+            retry_after_ms,
+            Box::new(move || (rng.gen(), rng.gen())),
+        )
     }
 }
 

@@ -1,9 +1,11 @@
 //! The regional escrow node (L2): serves one region's clients from credits
 //! it leases from the coordinator cluster.
 //!
-//! - [`actor`]: one actor per key (handle + task, bounded mailbox) wrapping
-//!   the sans-IO [`RegionEscrow`](leasehold_core::escrow::RegionEscrow);
-//!   it performs the lease/reconcile RPCs, at most one lease in flight.
+//! - [`actor`]: one actor per key (handle + task, bounded mailbox) performing
+//!   what the key's sans-IO
+//!   [`KeyMachine`](leasehold_core::escrow::machine::KeyMachine) decides:
+//!   the lease, pool and reconcile RPCs (at most one in flight), timers,
+//!   replies and metrics.
 //! - [`service`]: the `leasehold.v1.Escrow` gRPC service (Acquire, Check,
 //!   Return, Status) and the key table (bounded; idle actors evicted).
 //! - [`outage`]: when the node enters and leaves a coordinator outage

@@ -10,6 +10,11 @@
 //! own INFO lines are one per state change and are never suppressed, nor
 //! are DEBUG and TRACE lines (whoever enables them wants them all), nor
 //! the summaries themselves.
+//!
+//! Dropped outright: openraft WARN lines known to describe a harmless race
+//! ([`BENIGN_OPENRAFT_WARNINGS`]) — say, a vote response that arrives
+//! after its candidate already won — so a healthy cluster logs nothing at
+//! WARN; `RUST_LOG=openraft=debug` shows openraft's own account of them.
 
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
@@ -56,6 +61,21 @@ fn is_limited(metadata: &Metadata<'_>) -> bool {
         return false;
     }
     level < Level::INFO || !metadata.target().starts_with("leasehold")
+}
+
+/// Beginnings of openraft WARN messages that describe a harmless race, not
+/// a fault: a vote response or request that arrives after the vote it
+/// answers changed (every election with three members answering at once).
+pub const BENIGN_OPENRAFT_WARNINGS: &[&str] = &["A message will be ignored because vote changed"];
+
+/// Whether a line of `target` at `level` with `message` is a known
+/// harmless openraft warning (see [`BENIGN_OPENRAFT_WARNINGS`]).
+pub fn is_benign(target: &str, level: Level, message: &str) -> bool {
+    level == Level::WARN
+        && target.starts_with("openraft")
+        && BENIGN_OPENRAFT_WARNINGS
+            .iter()
+            .any(|start| message.starts_with(start))
 }
 
 type SharedLimiter = Arc<Mutex<RepeatLimiter<CallsiteKey>>>;
@@ -116,9 +136,13 @@ impl<S> Filter<S> for RepeatFilter {
         if !is_limited(metadata) {
             return true;
         }
+        let message = message_of(event);
+        if is_benign(metadata.target(), *metadata.level(), &message) {
+            return false;
+        }
         let key = CallsiteKey {
             id: metadata.callsite(),
-            message: message_of(event),
+            message,
             metadata,
         };
         let now = self.now_ms();
@@ -221,6 +245,30 @@ mod tests {
         fn on_event(&self, event: &Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
             self.0.lock().unwrap().push(message_of(event));
         }
+    }
+
+    #[test]
+    fn benign_openraft_races_are_dropped_and_nothing_else() {
+        let written = Written::default();
+        let filter = RepeatFilter::spawn(RepeatPolicy::default());
+        let subscriber =
+            tracing_subscriber::registry().with(written.clone().with_filter(filter.clone()));
+        let race = "A message will be ignored because vote changed: msg sent by vote: T1-N1:committed; current my vote: None; when (VoteResponse)";
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::warn!(target: "openraft::core::raft_core", "{race}");
+            tracing::warn!(target: "leasehold_node::coordinator", "{race}");
+            tracing::error!(target: "openraft::core::raft_core", "{race}");
+            tracing::warn!(target: "openraft::core::raft_core", "Timeout expired");
+        });
+        let lines = written.0.lock().unwrap().clone();
+        assert_eq!(
+            lines.len(),
+            3,
+            "only the openraft WARN race is dropped: {lines:?}"
+        );
+        assert!(is_benign("openraft::core::raft_core", Level::WARN, race));
+        assert!(!is_benign("openraft::core::raft_core", Level::ERROR, race));
+        assert!(!is_benign("leasehold_node", Level::WARN, race));
     }
 
     #[test]

@@ -52,6 +52,7 @@ impl Coordinator {
             limit: self.limit,
             window,
             remaining_lifetime_ms: window.end_ms - now,
+            standing: self.pool.standing(region),
         }
     }
 
@@ -98,6 +99,8 @@ struct Fleet {
     coordinator: Coordinator,
     regions: Vec<Region>,
     next_id: u64,
+    /// Pool grant calls sent, per window of the call.
+    grant_calls: BTreeMap<u64, u64>,
     /// Whether a pending release is resent before any pool call (the rule
     /// under test); off only to show what breaks without it.
     resend_first: bool,
@@ -119,6 +122,7 @@ impl Fleet {
                 })
                 .collect(),
             next_id: 0,
+            grant_calls: BTreeMap::new(),
             resend_first,
         }
     }
@@ -178,6 +182,10 @@ impl Fleet {
                         return;
                     }
                     let delivery = calls.next().unwrap_or(Delivery::Answered);
+                    *self
+                        .grant_calls
+                        .entry(WindowBounds::containing(now, WINDOW_MS).start_ms)
+                        .or_default() += 1;
                     if delivery == Delivery::NotApplied {
                         return;
                     }
@@ -359,8 +367,95 @@ fn a_release_retried_after_a_grant_would_over_admit() {
     assert!(outcome(true) <= 10);
 }
 
-/// A tenant's demand of one window is reported in the next, and the totals
-/// the pool answers split its weight by its share of its demand.
+/// Three regions of weights 1, 2, 3 each asking far beyond the limit,
+/// every call answered: after the first windows each window is used in
+/// full, split by weight, at two pool calls per region per window (the
+/// warm start joins for half the previous guarantee and asks for the rest
+/// next; a region held at its share stops looking).
+#[test]
+fn steady_overload_costs_two_pool_calls_per_region_per_window() {
+    let limit = 600;
+    let mut fleet = Fleet::new(limit, 3, true);
+    let answered = [Delivery::Answered];
+    let weights = [1u64, 2, 3];
+    let start = 10 * WINDOW_MS;
+    let windows = 20;
+    // One request per region every 100 µs on average: 10 per ms in all,
+    // ~16× the limit.
+    for step in 0..windows * WINDOW_MS * 10 {
+        let now = start + step / 10;
+        let r = (step % 3) as usize;
+        fleet.request(r, &tenant(r), weights[r], 1, &answered, now);
+    }
+    let steady: Vec<u64> = (5..windows).map(|w| start + w * WINDOW_MS).collect();
+    // The first window ramps from nothing: a handful of asks, each half
+    // as large again as the budget.
+    let first = fleet.grant_calls.get(&start).copied().unwrap_or(0);
+    assert!(first <= 50, "{first} pool calls in the first window");
+    let calls: u64 = steady
+        .iter()
+        .map(|w| fleet.grant_calls.get(w).copied().unwrap_or(0))
+        .sum();
+    let per_window = calls as f64 / steady.len() as f64;
+    assert!(
+        per_window <= 6.0,
+        "{per_window} pool calls per window at steady state"
+    );
+    for w in &steady {
+        let shares: Vec<u64> = fleet
+            .regions
+            .iter()
+            .map(|r| r.admitted.get(w).copied().unwrap_or(0))
+            .collect();
+        let total: u64 = shares.iter().sum();
+        assert!(total * 100 >= limit * 99, "window {w}: {total} of {limit}");
+        assert!(total <= limit);
+        for (i, got) in shares.iter().enumerate() {
+            let ideal = limit * weights[i] / 6;
+            assert!(
+                got.abs_diff(ideal) <= limit / 50,
+                "window {w}: region {i} got {got}, ideal {ideal}"
+            );
+        }
+    }
+}
+
+/// Region 0 serves two tenants of weight 1, region 1 one of weight 2,
+/// all far beyond the limit; region 1 always joins first and the first
+/// tenant of region 0 always makes region 0's join: the join declares both
+/// of region 0's tenants, so the regions split L evenly although a window
+/// costs one call or two.
+#[test]
+fn a_join_weighs_every_tenant_of_the_region() {
+    let limit = 600;
+    let mut fleet = Fleet::new(limit, 2, true);
+    let answered = [Delivery::Answered];
+    let start = 10 * WINDOW_MS;
+    let windows = 12;
+    for step in 0..windows * WINDOW_MS * 6 {
+        let now = start + step / 6;
+        match step % 3 {
+            0 => fleet.request(1, &tenant(2), 2, 1, &answered, now),
+            1 => fleet.request(0, &tenant(0), 1, 1, &answered, now),
+            _ => fleet.request(0, &tenant(1), 1, 1, &answered, now),
+        }
+    }
+    for w in (4..windows).map(|w| start + w * WINDOW_MS) {
+        let shares: Vec<u64> = fleet
+            .regions
+            .iter()
+            .map(|r| r.admitted.get(&w).copied().unwrap_or(0))
+            .collect();
+        assert!(
+            shares[0].abs_diff(300) <= 12 && shares[1].abs_diff(300) <= 12,
+            "window {w}: {shares:?}"
+        );
+    }
+}
+
+/// A tenant's demand of one window is reported when the next is joined,
+/// and the settled totals (two windows back) the pool answers split its
+/// weight by its share of its demand.
 #[test]
 fn a_spanning_tenant_weighs_its_share_of_its_demand() {
     let mut key: FairKey<u64> = FairKey::new(8);
@@ -372,14 +467,18 @@ fn a_spanning_tenant_weighs_its_share_of_its_demand() {
             end_ms: start + WINDOW_MS,
         },
         remaining_lifetime_ms: start + WINDOW_MS - now,
+        standing: None,
     };
     key.on_pool_answer(answer(0, 10), 10, 10, 10, RE_ASK_MS);
     key.note_demand(&tenant(1), 30);
     key.note_demand(&tenant(2), 10);
     key.note_demand(&tenant(1), 10);
-    // Nothing to report before a window has ended; full weights.
-    assert_eq!(key.demand_report(), None);
+    // Nothing to report while the first window runs; full weights.
+    assert_eq!(key.demand_report(500), None);
     assert_eq!(key.split_weight(&tenant(1), 2), 2 * WEIGHT_SCALE);
+    // Its grant expired: a join reports the window that just ended.
+    let ended = Some((0, vec![(tenant(1), 40), (tenant(2), 10)]));
+    assert_eq!(key.demand_report(WINDOW_MS + 5), ended);
     key.on_pool_answer(
         answer(WINDOW_MS, WINDOW_MS + 5),
         10,
@@ -387,23 +486,24 @@ fn a_spanning_tenant_weighs_its_share_of_its_demand() {
         WINDOW_MS + 5,
         RE_ASK_MS,
     );
-    assert_eq!(
-        key.demand_report(),
-        Some((0, vec![(tenant(1), 40), (tenant(2), 10)]))
-    );
-    // Totals for another window change nothing.
-    key.on_tenant_demands(WINDOW_MS, vec![(tenant(1), 80)]);
-    assert_eq!(key.split_weight(&tenant(1), 2), 2 * WEIGHT_SCALE);
+    // Within the next window, asks report the same (previous) window.
+    assert_eq!(key.demand_report(WINDOW_MS + 6), ended);
+    key.note_demand(&tenant(1), 5);
+    let later = 2 * WINDOW_MS + 5;
+    key.on_pool_answer(answer(2 * WINDOW_MS, later), 10, later, later, RE_ASK_MS);
     // t1 asked here for 40 of its 80: half its weight; t2 only here: all of it.
     key.on_tenant_demands(0, vec![(tenant(1), 80), (tenant(2), 10)]);
     assert_eq!(key.split_weight(&tenant(1), 2), WEIGHT_SCALE);
     assert_eq!(key.split_weight(&tenant(2), 3), 3 * WEIGHT_SCALE);
     assert_eq!(key.split_weight(&tenant(3), 1), WEIGHT_SCALE);
     // The region weight asked for carries the split weight.
-    match key.decide(&tenant(1), 2, 200, LEASE_SIZE, WINDOW_MS + 6) {
+    match key.decide(&tenant(1), 2, 200, LEASE_SIZE, later + 1) {
         FairStep::Ask { region_weight, .. } => assert_eq!(region_weight, WEIGHT_SCALE),
         other => panic!("expected an ask, got {other:?}"),
     }
+    // Totals of a window other than the settled one (0) do not split.
+    key.on_tenant_demands(WINDOW_MS, vec![(tenant(1), 80)]);
+    assert_eq!(key.split_weight(&tenant(1), 2), 2 * WEIGHT_SCALE);
 }
 
 proptest! {
@@ -423,10 +523,12 @@ proptest! {
                 limit: 1,
                 window: WindowBounds { start_ms: start, end_ms: start + WINDOW_MS },
                 remaining_lifetime_ms: WINDOW_MS,
+                standing: None,
             };
             key.on_pool_answer(answer(0), 1, 0, 0, RE_ASK_MS);
             key.note_demand(&tenant(0), *own);
             key.on_pool_answer(answer(WINDOW_MS), 1, WINDOW_MS, WINDOW_MS, RE_ASK_MS);
+            key.on_pool_answer(answer(2 * WINDOW_MS), 1, 2 * WINDOW_MS, 2 * WINDOW_MS, RE_ASK_MS);
             key.on_tenant_demands(0, vec![(tenant(0), total)]);
             sum += key.split_weight(&tenant(0), weight);
         }

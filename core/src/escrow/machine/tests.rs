@@ -135,6 +135,7 @@ fn pool_answer(granted_total: u64, limit: u64, now_ms: u64) -> PoolAnswer {
         limit,
         window,
         remaining_lifetime_ms: window.end_ms - now_ms,
+        standing: None,
     }
 }
 
@@ -721,6 +722,7 @@ impl Sim {
                             limit: self.policy.limit,
                             window,
                             remaining_lifetime_ms: window.end_ms - self.now,
+                            standing: None,
                         },
                         tenant_demands: Vec::new(),
                     },
