@@ -41,11 +41,27 @@ use super::command::{
     CommandError, Outcome, PoolGrantOutcome, PoolReleaseDisposition, PoolReleaseOutcome,
 };
 use super::lease::MAX_REGIONS_PER_WINDOW;
+use super::region_uses::RegionUses;
 use super::state::CoordinatorState;
+use super::windows::RegionUse;
 use crate::fair_pool::{next_grant, retire, standing, PoolMember, PoolStanding};
 use crate::ids::{Key, RegionId};
 use crate::policy::PolicyKind;
 use crate::shadow;
+
+/// Every region of a window but `region`, as pool members, in sorted order.
+fn pool_members_besides<'a>(
+    regions: &'a RegionUses<RegionUse>,
+    region: &'a RegionId,
+) -> impl Iterator<Item = PoolMember> + Clone + 'a {
+    regions
+        .iter()
+        .filter(move |(id, _)| *id != region)
+        .map(|(_, used)| PoolMember {
+            weight: used.pool_weight,
+            granted: used.granted,
+        })
+}
 
 impl CoordinatorState {
     /// Where `region` stands in `key`'s live pool window (read-only): its
@@ -67,14 +83,7 @@ impl CoordinatorState {
             weight: used.pool_weight,
             granted: used.granted,
         };
-        let others = record
-            .regions
-            .iter()
-            .filter(|(id, _)| *id != region)
-            .map(|(_, used)| PoolMember {
-                weight: used.pool_weight,
-                granted: used.granted,
-            });
+        let others = pool_members_besides(&record.regions, region);
         Some(standing(record.limit, asker, others))
     }
 
@@ -110,14 +119,7 @@ impl CoordinatorState {
             weight: region_weight,
             granted: current,
         };
-        let others = record
-            .regions
-            .iter()
-            .filter(|(id, _)| *id != region)
-            .map(|(_, used)| PoolMember {
-                weight: used.pool_weight,
-                granted: used.granted,
-            });
+        let others = pool_members_besides(&record.regions, region);
         // The fair total never lowers the region's grant (>= current).
         let fair_total = next_grant(record.limit, asker, want_total, others);
         let verdict = shadow::decide(want_total.max(fair_total), fair_total, policy.shadow);
