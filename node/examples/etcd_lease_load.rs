@@ -25,7 +25,7 @@ use anyhow::{Context, Result};
 
 #[path = "support/load.rs"]
 mod load;
-use load::{parse_load_args, percentile_ms};
+use load::{latency_report, parse_load_args};
 use serde_json::json;
 use tokio::task::JoinSet;
 use tonic::transport::Channel;
@@ -264,12 +264,7 @@ async fn main() -> Result<()> {
             "tokens_granted": tokens,
             "txn_attempts": attempts,
             "leases_per_sec": leases as f64 / elapsed.max(1e-9),
-            "latency_ms": {
-                "p50": percentile_ms(&latencies_us, 0.50),
-                "p90": percentile_ms(&latencies_us, 0.90),
-                "p99": percentile_ms(&latencies_us, 0.99),
-                "max": percentile_ms(&latencies_us, 1.0),
-            },
+            "latency_ms": latency_report(&latencies_us),
         })
     );
     Ok(())

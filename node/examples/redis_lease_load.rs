@@ -23,7 +23,7 @@ use anyhow::{bail, Context, Result};
 
 #[path = "support/load.rs"]
 mod load;
-use load::{parse_load_args, percentile_ms};
+use load::{latency_report, parse_load_args};
 use serde_json::json;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
@@ -140,12 +140,7 @@ async fn main() -> Result<()> {
             "leases": leases,
             "tokens_granted": tokens_granted,
             "leases_per_sec": leases as f64 / elapsed.max(1e-9),
-            "latency_ms": {
-                "p50": percentile_ms(&latencies_us, 0.50),
-                "p90": percentile_ms(&latencies_us, 0.90),
-                "p99": percentile_ms(&latencies_us, 0.99),
-                "max": percentile_ms(&latencies_us, 1.0),
-            },
+            "latency_ms": latency_report(&latencies_us),
         })
     );
     Ok(())
@@ -174,9 +169,11 @@ mod tests {
 
     #[test]
     fn percentiles_use_the_nearest_rank() {
+        use load::percentile_ms;
         let sorted = [1_000, 2_000, 3_000, 4_000];
         assert_eq!(percentile_ms(&sorted, 0.5), 2.0);
         assert_eq!(percentile_ms(&sorted, 1.0), 4.0);
         assert_eq!(percentile_ms(&[], 0.5), 0.0);
+        assert_eq!(latency_report(&sorted)["p90"], 4.0);
     }
 }

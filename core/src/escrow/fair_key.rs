@@ -242,11 +242,20 @@ impl<Id: Clone> FairKey<Id> {
     /// starting at `window_start_ms`: the settled totals a pool answer
     /// carries for the window two before the granted one. The split uses
     /// them once they match the window of the key's settled counts.
+    /// At most [`MAX_REPORTED_TENANTS`] are kept per window (the leader
+    /// answers no more than a report names), whatever the answer carries.
     pub fn on_tenant_demands(&mut self, window_start_ms: u64, totals: Vec<(TenantId, u64)>) {
+        let totals = totals.into_iter().take(MAX_REPORTED_TENANTS);
         match self.totals.as_mut() {
-            Some((start, held)) if *start == window_start_ms => held.extend(totals),
+            Some((start, held)) if *start == window_start_ms => {
+                for (tenant, total) in totals {
+                    if held.len() < MAX_REPORTED_TENANTS || held.contains_key(&tenant) {
+                        held.insert(tenant, total);
+                    }
+                }
+            }
             Some((start, _)) if *start > window_start_ms => {}
-            _ => self.totals = Some((window_start_ms, totals.into_iter().collect())),
+            _ => self.totals = Some((window_start_ms, totals.collect())),
         }
     }
 

@@ -60,6 +60,17 @@ pub fn parse_load_args(target_flag: &str, default_target: &str) -> Result<LoadAr
     Ok(args)
 }
 
+/// The `latency_ms` object of a report: p50, p90, p99 and max of
+/// latencies sorted in µs, in ms.
+pub fn latency_report(sorted_us: &[u64]) -> serde_json::Value {
+    serde_json::json!({
+        "p50": percentile_ms(sorted_us, 0.50),
+        "p90": percentile_ms(sorted_us, 0.90),
+        "p99": percentile_ms(sorted_us, 0.99),
+        "max": percentile_ms(sorted_us, 1.0),
+    })
+}
+
 /// The `q` quantile of latencies sorted in µs, in ms (nearest rank).
 pub fn percentile_ms(sorted_us: &[u64], q: f64) -> f64 {
     if sorted_us.is_empty() {

@@ -12,8 +12,10 @@
 //! flight, so at most one coordinator call of the key is ever outstanding.
 
 use leasehold_client::coordinator::CoordinatorError;
+use leasehold_core::coordinator::{PoolReleaseDisposition, PoolReleaseOutcome};
 use leasehold_core::fair_pool::PoolStanding;
 use leasehold_core::principal::Principal;
+use leasehold_proto::convert::coordinator::tenant_demands_to_wire;
 use leasehold_proto::refusal::{refusal, refusal_with, Reason, KEY};
 use leasehold_proto::v1 as pb;
 use std::collections::{HashMap, VecDeque};
@@ -457,13 +459,7 @@ impl KeyActor {
     ) -> Event<Status> {
         let sent = tokio::time::Instant::now();
         self.shared.count_call();
-        let demands = demands
-            .into_iter()
-            .map(|(tenant, demand)| pb::TenantDemand {
-                tenant: tenant.to_string(),
-                demand,
-            })
-            .collect();
+        let demands = tenant_demands_to_wire(&demands);
         let answer = self
             .shared
             .client
@@ -545,8 +541,10 @@ impl KeyActor {
             .await;
         match answer {
             Ok(answer) => {
-                let answer = match pb::PoolReleaseDisposition::try_from(answer.disposition) {
-                    Ok(pb::PoolReleaseDisposition::Released) => {
+                // An unknown disposition (a newer coordinator) reads as
+                // not applied in this window.
+                let answer = match PoolReleaseOutcome::try_from(&answer).map(|o| o.disposition) {
+                    Ok(PoolReleaseDisposition::Released) => {
                         self.shared.record_pool_release(answer.released);
                         tracing::debug!(key = %self.key, released = answer.released, kept = answer.granted_total, "pool grant released");
                         ReleaseAnswer::Released {
@@ -555,10 +553,10 @@ impl KeyActor {
                     }
                     // The coordinator holds another total for the region:
                     // that is its grant.
-                    Ok(pb::PoolReleaseDisposition::StaleTotal) => ReleaseAnswer::StaleTotal {
+                    Ok(PoolReleaseDisposition::StaleTotal) => ReleaseAnswer::StaleTotal {
                         granted_total: answer.granted_total,
                     },
-                    _ => ReleaseAnswer::WindowEnded,
+                    Ok(PoolReleaseDisposition::WindowEnded) | Err(_) => ReleaseAnswer::WindowEnded,
                 };
                 Event::ReleaseAnswered { release, answer }
             }

@@ -506,6 +506,18 @@ fn a_spanning_tenant_weighs_its_share_of_its_demand() {
     assert_eq!(key.split_weight(&tenant(1), 2), 2 * WEIGHT_SCALE);
 }
 
+/// An answer naming more tenants than any report can (a buggy or hostile
+/// coordinator) is kept to [`MAX_REPORTED_TENANTS`]: memory stays bounded.
+#[test]
+fn demand_totals_from_an_answer_are_bounded() {
+    let mut key: FairKey<u64> = FairKey::new(8);
+    let flood = |n: usize| (0..n).map(|i| (tenant(i), 1)).collect::<Vec<_>>();
+    key.on_tenant_demands(0, flood(10_000));
+    key.on_tenant_demands(0, flood(20_000).split_off(10_000));
+    let held = key.totals.as_ref().map_or(0, |(_, totals)| totals.len());
+    assert_eq!(held, MAX_REPORTED_TENANTS);
+}
+
 proptest! {
     /// The split weights of one tenant over the regions that reported it
     /// add up to its declared weight (in thousandths, within rounding).
