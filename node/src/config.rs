@@ -440,7 +440,8 @@ mod tests {
             ),
             (
                 NodeConfig {
-                    election_timeout_max_ms: 200,
+                    // Not greater than the minimum (110).
+                    election_timeout_max_ms: 110,
                     ..valid()
                 },
                 "election_timeout_max_ms",
