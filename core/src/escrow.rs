@@ -165,11 +165,6 @@ impl RegionEscrow {
         self.outage.set_policy(outage_policy);
     }
 
-    /// Fixes the lease size at `batch` (at least 1), replacing the sizer.
-    pub fn set_batch(&mut self, batch: u64) {
-        self.sizer = LeaseSizer::Fixed(batch);
-    }
-
     /// The lease size the sizer recommends now (≥ 1).
     pub fn lease_size(&self) -> u64 {
         self.sizer.size()
@@ -330,11 +325,6 @@ impl RegionEscrow {
         self.in_flight.is_some()
     }
 
-    /// The outstanding lease, if any.
-    pub fn outstanding_lease(&self) -> Option<LeaseTicket> {
-        self.in_flight
-    }
-
     /// A grant arrived for lease `lease_id`. Credits it once, or returns it
     /// to its own window when the shared rule
     /// ([`grant_fate`](crate::window_credit::grant_fate)) does not credit it
@@ -469,18 +459,6 @@ impl RegionEscrow {
             remaining_lifetime_ms: end - wall_now_ms,
             from_fallback: true,
         }
-    }
-
-    /// [`serve_outage_at`](Self::serve_outage_at) given the local window's
-    /// start instead of the time; what it serves carries the whole window as
-    /// its lifetime, so prefer `serve_outage_at`.
-    pub fn serve_outage(
-        &mut self,
-        tokens: u64,
-        local_window_start_ms: u64,
-        window_ms: u64,
-    ) -> Option<Served> {
-        self.outage.serve(tokens, local_window_start_ms, window_ms)
     }
 
     /// Takes back up to `tokens` returned for `window_start_ms` and returns

@@ -1,18 +1,22 @@
 //! A whole region fleet for a `counter` key, in-process and deterministic:
-//! K regional escrows (the real `RegionEscrow`) leasing from the real
+//! K regions, each the key machine an escrow node runs (`KeyMachine`, fed
+//! and performed as the node's key actor does), leasing from the real
 //! coordinator state machine over a seeded network that delays, reorders and
-//! loses messages; many clients spending credits; random lease sizes; idle
-//! credits returned early; each region's monotonic clock unrelated to the
-//! coordinator's epoch clock. An oracle sums every admission per window.
+//! loses messages; many clients spending credits; random lease sizes (a
+//! fixed batch or the EOQ learner, drawn per region); idle keys evicted,
+//! handing their credits back early, and started afresh; each region's
+//! monotonic clock unrelated to the coordinator's epoch clock. An oracle
+//! sums every admission per window.
 
 mod fleet_support;
 
-use std::collections::BTreeMap;
-
-use fleet_support::{as_escrow_grant, Coordinator, Network, Rng};
-use leasehold_core::coordinator::LeaseGrant;
-use leasehold_core::escrow::{Reconcile, RegionEscrow};
-use leasehold_core::policy::{OutagePolicy, PolicyKind};
+use fleet_support::region::{config, credits, Call, Region};
+use fleet_support::{Admissions, Coordinator, Network, Rng};
+use leasehold_core::coordinator::CommandError;
+use leasehold_core::escrow::machine::{Action, Event, Now};
+use leasehold_core::escrow::LeaseTicket;
+use leasehold_core::policy::PolicyKind;
+use leasehold_core::sizer::{EoqParams, EoqSizer, LeaseSizer};
 use leasehold_core::static_partition::{admitted_under, static_partition};
 use proptest::prelude::*;
 
@@ -21,20 +25,18 @@ const T0: u64 = 1_700_000_000_000;
 /// How long a region waits for a grant before giving the lease up (an RPC deadline).
 const LEASE_DEADLINE_MS: u64 = 60;
 
+/// What travels between a region's key (one incarnation of it: an evicted
+/// key's late answers are not fed to its successor) and the coordinator.
 enum Message {
-    Lease {
+    Call {
         region: usize,
-        lease_id: u64,
-        tokens: u64,
+        incarnation: u64,
+        call: Call,
     },
-    Grant {
+    Answer {
         region: usize,
-        lease_id: u64,
-        grant: LeaseGrant,
-    },
-    Reconcile {
-        region: usize,
-        back: Reconcile,
+        incarnation: u64,
+        event: Event<CommandError>,
     },
 }
 
@@ -49,135 +51,216 @@ struct Scenario {
     request_percent: u64,
 }
 
-struct Outcomes {
-    admitted_per_window: BTreeMap<u64, u64>,
-    late_admissions: u64,
+/// One region's key and the lease it waits on.
+struct Node {
+    key: Region,
+    incarnation: u64,
+    /// Region clock = offset + the simulation's clock.
+    offset: u64,
+    outstanding: Option<LeaseTicket>,
 }
 
-/// Runs the scenario; `pick_region(rng, k)` picks the region of each request.
-fn run(seed: u64, s: &Scenario, pick_region: impl Fn(&mut Rng, usize) -> usize) -> Outcomes {
-    let mut rng = Rng::new(seed);
-    let mut coordinator = Coordinator::new(s.limit, WINDOW_MS, PolicyKind::Counter, T0);
-    // Coordinator clock = T0 + skew + now; region r's monotonic clock = offset_r + now.
-    let skew = rng.below(50);
-    let offsets: Vec<u64> = (0..s.k).map(|_| rng.below(1 << 40)).collect();
-    let mut escrows: Vec<RegionEscrow> = (0..s.k)
-        .map(|_| RegionEscrow::new(1 + rng.below(32), 100, OutagePolicy::FailClosed))
-        .collect();
-    let mut network: Network<Message> = Network::default();
-    let mut out = Outcomes {
-        admitted_per_window: BTreeMap::new(),
-        late_admissions: 0,
-    };
-    let send = |network: &mut Network<Message>, rng: &mut Rng, now: u64, m: Message| {
-        if !rng.chance(s.loss_percent) {
-            network.send(now + rng.below(s.max_delay_ms + 1), m);
+/// A lease sizer as a node may be configured with: a fixed batch or the
+/// EOQ learner, with random sizes.
+fn random_sizer(rng: &mut Rng) -> LeaseSizer {
+    let size = 1 + rng.below(40);
+    if rng.chance(50) {
+        return LeaseSizer::Fixed(size);
+    }
+    let sizer = EoqSizer::new(EoqParams {
+        initial_size: size,
+        max_size: size + rng.below(200),
+        ..EoqParams::default()
+    })
+    .expect("valid parameters");
+    LeaseSizer::Eoq(sizer)
+}
+
+struct Sim<'a> {
+    s: &'a Scenario,
+    rng: Rng,
+    coordinator: Coordinator,
+    /// Coordinator clock = T0 + skew + the simulation's clock.
+    skew: u64,
+    nodes: Vec<Node>,
+    network: Network<Message>,
+    /// Per region.
+    out: Admissions<usize>,
+}
+
+impl<'a> Sim<'a> {
+    fn new(seed: u64, s: &'a Scenario) -> Self {
+        let mut rng = Rng::new(seed);
+        let coordinator = Coordinator::new(s.limit, WINDOW_MS, PolicyKind::Counter, T0);
+        let skew = rng.below(50);
+        let nodes = (0..s.k)
+            .map(|_| {
+                let offset = rng.below(1 << 40);
+                let config = config(random_sizer(&mut rng), 0);
+                let key = Region::new(config, coordinator.policy.clone(), offset);
+                Node {
+                    key,
+                    incarnation: 0,
+                    offset,
+                    outstanding: None,
+                }
+            })
+            .collect();
+        Sim {
+            s,
+            rng,
+            coordinator,
+            skew,
+            nodes,
+            network: Network::default(),
+            out: Admissions::default(),
         }
-    };
-    let end = s.windows * WINDOW_MS;
-    let mut now = 0;
-    while now < end {
-        now += rng.below(3);
-        let coordinator_now = T0 + skew + now;
-        for message in network.due(now) {
-            match message {
-                Message::Lease {
-                    region,
-                    lease_id,
-                    tokens,
-                } => {
-                    let grant = coordinator.lease(region, tokens, coordinator_now);
-                    let m = Message::Grant {
-                        region,
-                        lease_id,
-                        grant,
-                    };
-                    send(&mut network, &mut rng, now, m);
-                }
-                Message::Grant {
-                    region,
-                    lease_id,
-                    grant,
-                } => {
-                    let local = offsets[region] + now;
-                    let escrow_grant = as_escrow_grant(&grant);
-                    if let Some(back) = escrows[region].on_grant_for(lease_id, escrow_grant, local)
-                    {
-                        send(
-                            &mut network,
-                            &mut rng,
-                            now,
-                            Message::Reconcile { region, back },
-                        );
-                    }
-                }
-                Message::Reconcile { region, back } => {
-                    coordinator.reconcile(region, back, coordinator_now);
-                }
-            }
+    }
+
+    fn at(&self, region: usize, now: u64) -> Now {
+        Now {
+            mono_ms: self.nodes[region].offset + now,
+            wall_ms: T0 + now,
         }
-        for (region, escrow) in escrows.iter_mut().enumerate() {
-            let local = offsets[region] + now;
-            // A lease unanswered past its deadline is given up.
-            if let Some(ticket) = escrow.outstanding_lease() {
-                if local >= ticket.sent_at_ms + LEASE_DEADLINE_MS {
-                    escrow.on_lease_failed_for(ticket.id, local);
-                }
-            }
-            if rng.chance(s.idle_return_percent) {
-                if let Some(back) = escrow.return_all(local) {
-                    send(
-                        &mut network,
-                        &mut rng,
-                        now,
-                        Message::Reconcile { region, back },
-                    );
-                }
-            }
+    }
+
+    fn send(&mut self, now: u64, message: Message) {
+        if !self.rng.chance(self.s.loss_percent) {
+            let at = now + self.rng.below(self.s.max_delay_ms + 1);
+            self.network.send(at, message);
         }
-        // A burst of client requests.
-        let burst = if rng.chance(s.request_percent) {
-            1 + rng.below(4)
-        } else {
-            0
-        };
-        for _ in 0..burst {
-            let region = pick_region(&mut rng, s.k);
-            let local = offsets[region] + now;
-            let cost = 1 + rng.below(3);
-            let escrow = &mut escrows[region];
-            match escrow.serve(cost, local) {
-                Some(served) => {
-                    *out.admitted_per_window
-                        .entry(served.window_start_ms)
-                        .or_default() += served.granted;
-                    if T0 + skew + now >= served.window_end_ms {
-                        out.late_admissions += 1;
-                    }
-                }
-                None => {
-                    // Random lease sizes: the sizer's answer changes lease to lease.
-                    escrow.set_batch(1 + rng.below(40));
-                    if let Some(ticket) = escrow.send_lease(cost, local) {
-                        let m = Message::Lease {
-                            region,
-                            lease_id: ticket.id,
-                            tokens: ticket.tokens,
-                        };
-                        send(&mut network, &mut rng, now, m);
-                    }
-                }
+    }
+
+    /// Sends region `region`'s calls and counts the answers it gave.
+    fn performed(&mut self, region: usize, calls: Vec<Call>, now: u64) {
+        let incarnation = self.nodes[region].incarnation;
+        for call in calls {
+            if let Action::SendLease(ticket) = call {
+                self.nodes[region].outstanding = Some(ticket);
+            }
+            let message = Message::Call {
+                region,
+                incarnation,
+                call,
+            };
+            self.send(now, message);
+        }
+        let coordinator_now = T0 + self.skew + now;
+        for (_, answer) in self.nodes[region].key.take_answers() {
+            if let Some(served) = credits(&answer) {
+                self.out.record(region, &served, coordinator_now);
             }
         }
     }
-    out
+
+    fn deliver(&mut self, now: u64) {
+        for message in self.network.due(now) {
+            match message {
+                Message::Call {
+                    region,
+                    incarnation,
+                    call,
+                } => {
+                    let stamp = T0 + self.skew + now;
+                    if let Some(event) = self.coordinator.answer(region, &call, stamp) {
+                        let message = Message::Answer {
+                            region,
+                            incarnation,
+                            event,
+                        };
+                        self.send(now, message);
+                    }
+                }
+                Message::Answer {
+                    region,
+                    incarnation,
+                    event,
+                } if incarnation == self.nodes[region].incarnation => {
+                    if let Event::LeaseGranted { ticket, .. } | Event::LeaseRefused { ticket, .. } =
+                        &event
+                    {
+                        let node = &mut self.nodes[region];
+                        if node.outstanding.map(|t| t.id) == Some(*ticket) {
+                            node.outstanding = None;
+                        }
+                    }
+                    let at = self.at(region, now);
+                    let calls = self.nodes[region].key.feed(event, at);
+                    self.performed(region, calls, now);
+                }
+                Message::Answer { .. } => {}
+            }
+        }
+    }
+
+    /// Gives up leases past their deadline; evicts idle keys at random,
+    /// which hand their credits back and are started afresh.
+    fn housekeep(&mut self, now: u64) {
+        for region in 0..self.s.k {
+            let at = self.at(region, now);
+            let node = &mut self.nodes[region];
+            // A lease unanswered past its deadline is given up.
+            if let Some(ticket) = node.outstanding {
+                if at.mono_ms >= ticket.sent_at_ms + LEASE_DEADLINE_MS {
+                    node.outstanding = None;
+                    let calls = node.key.feed(Event::LeaseFailed { ticket: ticket.id }, at);
+                    self.performed(region, calls, now);
+                }
+            }
+            if self.rng.chance(self.s.idle_return_percent)
+                && self.nodes[region].key.machine().is_idle()
+            {
+                let calls = self.nodes[region].key.shutdown(at);
+                self.performed(region, calls, now);
+                let sizer = random_sizer(&mut self.rng);
+                let policy = self.coordinator.policy.clone();
+                let node = &mut self.nodes[region];
+                node.key = Region::new(config(sizer, 0), policy, at.mono_ms);
+                node.incarnation += 1;
+                node.outstanding = None;
+            }
+        }
+    }
+
+    /// Runs the scenario; `pick_region(rng, k)` picks the region of each request.
+    fn run(mut self, pick_region: impl Fn(&mut Rng, usize) -> usize) -> Admissions<usize> {
+        let end = self.s.windows * WINDOW_MS;
+        let mut now = 0;
+        while now < end {
+            now += self.rng.below(3);
+            self.deliver(now);
+            self.housekeep(now);
+            // A burst of client requests.
+            let burst = if self.rng.chance(self.s.request_percent) {
+                1 + self.rng.below(4)
+            } else {
+                0
+            };
+            for _ in 0..burst {
+                let region = pick_region(&mut self.rng, self.s.k);
+                let cost = 1 + self.rng.below(3);
+                let at = self.at(region, now);
+                let (_, calls) = self.nodes[region].key.acquire(None, 1, cost, at);
+                self.performed(region, calls, now);
+            }
+        }
+        self.out
+    }
+}
+
+fn run(
+    seed: u64,
+    s: &Scenario,
+    pick_region: impl Fn(&mut Rng, usize) -> usize,
+) -> Admissions<usize> {
+    Sim::new(seed, s).run(pick_region)
 }
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
 
     /// Δ = 0 for K ∈ {1, 2, 4, 8}: random interleavings, delays, losses,
-    /// lease sizes, idle returns and clock offsets.
+    /// lease sizes, evictions and clock offsets.
     #[test]
     fn no_window_admits_more_than_the_limit(
         seed in any::<u64>(),
@@ -191,10 +274,10 @@ proptest! {
         let k = [1, 2, 4, 8][k_index];
         let scenario = Scenario { k, limit, windows: 4, max_delay_ms, loss_percent, idle_return_percent, request_percent };
         let out = run(seed, &scenario, |rng, k| rng.below(k as u64) as usize);
-        for (window, admitted) in &out.admitted_per_window {
+        for (window, admitted) in &out.totals() {
             prop_assert!(*admitted <= limit, "window {}: {} > {} with K = {}", window, admitted, limit, k);
         }
-        prop_assert_eq!(out.late_admissions, 0);
+        prop_assert_eq!(out.late, 0);
     }
 }
 
@@ -220,7 +303,7 @@ fn under_full_skew_the_hot_region_uses_the_whole_budget() {
         demand[0] = u64::MAX;
         let static_admits = admitted_under(&slices, &demand);
         // Skip the first window (the run starts mid-window) and the last.
-        let windows: Vec<u64> = out.admitted_per_window.values().copied().collect();
+        let windows: Vec<u64> = out.totals().values().copied().collect();
         for admitted in &windows[1..windows.len() - 1] {
             assert!(
                 *admitted * 100 >= limit * 95,

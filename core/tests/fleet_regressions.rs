@@ -1,5 +1,6 @@
 //! Regressions for the original's federation defects, each replayed against
-//! the real coordinator state machine and the real region escrow:
+//! the real coordinator state machine and the key machine an escrow node
+//! runs (`KeyMachine`, through its events and actions):
 //! - a coalesced lease is credited once per waiter set, not once per waiter;
 //! - reconcile markers are per region, so two regions' returns both count;
 //! - a grant that lands after its window died locally is returned to its own
@@ -9,62 +10,99 @@
 
 mod fleet_support;
 
-use fleet_support::{as_escrow_grant, Coordinator};
+use fleet_support::region::{config, credits, Call, Region};
+use fleet_support::{policy, Coordinator, Delivery};
 use leasehold_core::coordinator::ReconcileDisposition;
-use leasehold_core::escrow::{Reconcile, RegionEscrow};
+use leasehold_core::escrow::machine::{Action, Event, KeyMachineConfig, Now};
+use leasehold_core::escrow::{LeaseTicket, Reconcile};
 use leasehold_core::policy::{OutagePolicy, PolicyKind};
+use leasehold_core::sizer::LeaseSizer;
 
 const WINDOW_MS: u64 = 1_000;
 /// The coordinator's clock: epoch ms, aligned to a window start.
 const T0: u64 = 1_700_000_000_000;
 
+/// A region's key at monotonic `mono_ms` (the wall clock only labels
+/// fallback credits).
+fn at(mono_ms: u64) -> Now {
+    Now {
+        mono_ms,
+        wall_ms: T0 + mono_ms,
+    }
+}
+
+fn node(batch: u64, coordinator: &Coordinator) -> Region {
+    let config = config(LeaseSizer::Fixed(batch), 0);
+    Region::new(config, coordinator.policy.clone(), 0)
+}
+
+/// After a failed lease, an outage probes once per this many ms.
+const OUTAGE_PROBE_MS: u64 = 250;
+
+fn only_lease(calls: &[Call]) -> LeaseTicket {
+    match calls {
+        [Action::SendLease(ticket)] => *ticket,
+        other => panic!("expected one lease, got {other:?}"),
+    }
+}
+
+/// Tokens the answers given since the last look handed out.
+fn served(node: &mut Region) -> u64 {
+    node.take_answers()
+        .iter()
+        .filter_map(|(_, answer)| credits(answer))
+        .map(|s| s.granted)
+        .sum()
+}
+
 #[test]
 fn a_coalesced_lease_is_credited_once_per_waiter_set() {
     let mut coordinator = Coordinator::new(100, WINDOW_MS, PolicyKind::Counter, T0);
-    let mut escrow = RegionEscrow::new(10, 500, OutagePolicy::FailClosed);
+    let mut escrow = node(10, &coordinator);
     // 50 clients find the escrow empty at once: one lease goes out.
-    let tickets: Vec<_> = (0..50).filter_map(|_| escrow.send_lease(1, 0)).collect();
-    assert_eq!(tickets.len(), 1);
-    let grant = coordinator.lease(0, tickets[0].tokens, T0 + 5);
-    assert_eq!(grant.granted, 10);
-    assert_eq!(
-        escrow.on_grant_for(tickets[0].id, as_escrow_grant(&grant), 10),
-        None
-    );
-    // Every waiter re-checks the balance: 10 tokens between them, not 10 each.
-    let served: u64 = (0..50)
-        .filter_map(|_| escrow.serve(1, 11))
-        .map(|s| s.granted)
-        .sum();
-    assert_eq!(served, 10);
-    // The coordinator counted the same 10: the rest of L is still there.
-    let ticket = escrow.send_lease(1_000, 12).unwrap();
-    let rest = coordinator.lease(0, ticket.tokens, T0 + 15);
-    assert_eq!(rest.granted, 90);
-    escrow.on_grant_for(ticket.id, as_escrow_grant(&rest), 20);
-    let more: u64 = std::iter::from_fn(|| escrow.serve(7, 21))
-        .map(|s| s.granted)
-        .sum();
-    assert_eq!(served + more, 100);
+    let calls: Vec<Call> = (0..50)
+        .flat_map(|_| escrow.acquire(None, 1, 1, at(0)).1)
+        .collect();
+    let ticket = only_lease(&calls);
+    assert_eq!(ticket.tokens, 10);
+    let event = coordinator.answer(0, &calls[0], T0 + 5).unwrap();
+    // Its grant, delivered twice, is credited once; the waiters share it:
+    // 10 tokens between them, not 10 each, and the 11th asks again.
+    let next = escrow.feed(event.clone(), at(10));
+    assert!(escrow.feed(event, at(10)).is_empty());
+    assert_eq!(escrow.machine().counters().unexpected_grants, 1);
+    assert_eq!(served(&mut escrow), 10);
+    let second = only_lease(&next);
+    assert_ne!(second.id, ticket.id);
+    // The coordinator counted the same 10 per lease: every waiter is served
+    // from five leases of 10, and the rest of L is still there.
+    coordinator.settle(0, &mut escrow, next, T0 + 15, at(20), |_| {
+        Delivery::Answered
+    });
+    assert_eq!(served(&mut escrow), 40);
+    assert_eq!(escrow.machine().counters().tokens_credited, 50);
+    let rest = coordinator.lease(1, 1_000, T0 + 25);
+    assert_eq!(rest.granted, 50);
 }
 
 #[test]
 fn reconcile_markers_are_per_region_so_both_returns_are_credited() {
     let mut coordinator = Coordinator::new(100, WINDOW_MS, PolicyKind::Counter, T0);
-    let mut escrows: Vec<RegionEscrow> = (0..2)
-        .map(|_| RegionEscrow::new(40, 500, OutagePolicy::FailClosed))
-        .collect();
     let mut admitted = 0;
     let mut returns = Vec::new();
-    for (r, escrow) in escrows.iter_mut().enumerate() {
-        let ticket = escrow.send_lease(1, 0).unwrap();
-        let grant = coordinator.lease(r, ticket.tokens, T0 + 1);
-        assert_eq!(grant.granted, 40);
-        escrow.on_grant_for(ticket.id, as_escrow_grant(&grant), 2);
-        admitted += escrow.serve(10, 3).unwrap().granted;
-        // Idle credits go back early, while the window is current.
-        returns.push(escrow.return_all(4).unwrap());
+    for r in 0..2 {
+        let mut escrow = node(40, &coordinator);
+        let (_, calls) = escrow.acquire(None, 1, 10, at(0));
+        coordinator.settle(r, &mut escrow, calls, T0 + 1, at(2), |_| Delivery::Answered);
+        admitted += served(&mut escrow);
+        // Idle credits go back early, while the window is current: the key
+        // is evicted.
+        match escrow.shutdown(at(4)).as_slice() {
+            [Action::Reconcile(back)] => returns.push(*back),
+            other => panic!("expected one reconcile, got {other:?}"),
+        }
     }
+    assert_eq!(admitted, 20);
     assert_eq!(
         returns,
         vec![
@@ -91,72 +129,101 @@ fn reconcile_markers_are_per_region_so_both_returns_are_credited() {
 #[test]
 fn a_late_grant_is_returned_to_its_own_window_not_credited_to_the_next() {
     let mut coordinator = Coordinator::new(100, WINDOW_MS, PolicyKind::Counter, T0);
-    let mut escrow = RegionEscrow::new(60, 500, OutagePolicy::FailClosed);
+    let mut escrow = node(60, &coordinator);
     // The region's monotonic clock is unrelated to the coordinator's epoch
     // clock; sent at local 5_000, applied at coordinator T0 + 990.
-    let ticket = escrow.send_lease(1, 5_000).unwrap();
-    let grant = coordinator.lease(0, ticket.tokens, T0 + 990);
+    let (_, calls) = escrow.acquire(None, 1, 1, at(5_000));
+    let ticket = only_lease(&calls);
+    let event = coordinator.answer(0, &calls[0], T0 + 990).unwrap();
+    let Event::LeaseGranted { grant, .. } = &event else {
+        panic!("expected a grant, got {event:?}");
+    };
     assert_eq!((grant.granted, grant.window_start_ms), (60, T0));
-    // The answer takes 30 ms: the window (10 ms of lifetime left) died on the way.
-    let back = escrow.on_grant_for(ticket.id, as_escrow_grant(&grant), 5_030);
+    assert_eq!(ticket.sent_at_ms, 5_000);
+    // The answer takes 30 ms: the window (10 ms of lifetime left) died on
+    // the way. The grant goes back to its own window; the request is denied.
+    let back = escrow.feed(event, at(5_030));
     assert_eq!(
         back,
-        Some(Reconcile {
+        vec![Action::Reconcile(Reconcile {
             window_start_ms: T0,
             leftover: 60
-        })
+        })]
     );
-    assert_eq!(escrow.balance(5_030), 0);
-    assert!(escrow.serve(1, 5_030).is_none());
+    assert_eq!(served(&mut escrow), 0);
+    assert_eq!(escrow.machine().counters().tokens_credited, 0);
     // By the time the return reaches the coordinator its window is over: forfeited.
-    let outcome = coordinator.reconcile(0, back.unwrap(), T0 + WINDOW_MS + 35);
+    let Action::Reconcile(back) = back[0] else {
+        unreachable!("matched above")
+    };
+    let outcome = coordinator.reconcile(0, back, T0 + WINDOW_MS + 35);
     assert_eq!(outcome.disposition, ReconcileDisposition::WindowEnded);
     assert_eq!(outcome.credited, 0);
     // The next window's credits come from a fresh lease of the next window.
-    let ticket = escrow.send_lease(1, 5_040).unwrap();
-    let next = coordinator.lease(0, ticket.tokens, T0 + WINDOW_MS + 40);
-    assert_eq!(next.window_start_ms, T0 + WINDOW_MS);
-    escrow.on_grant_for(ticket.id, as_escrow_grant(&next), 5_045);
-    let served: u64 = std::iter::from_fn(|| escrow.serve(25, 5_050))
+    let (_, calls) = escrow.acquire(None, 1, 25, at(5_040));
+    let event = coordinator
+        .answer(0, &calls[0], T0 + WINDOW_MS + 40)
+        .unwrap();
+    escrow.feed(event, at(5_045));
+    for _ in 0..2 {
+        escrow.acquire(None, 1, 25, at(5_050));
+    }
+    let answers = escrow.take_answers();
+    let granted: Vec<u64> = answers
+        .iter()
+        .filter_map(|(_, answer)| credits(answer))
         .map(|s| {
             assert_eq!(s.window_start_ms, T0 + WINDOW_MS);
             s.granted
         })
-        .sum();
-    assert_eq!(served, 60, "the late 60 were not added to these");
+        .collect();
+    assert_eq!(
+        granted,
+        vec![25, 25, 10],
+        "the late 60 were not added to these"
+    );
 }
 
 /// K regions that each hold `held` credits when the coordinator becomes
 /// unreachable, then face heavy demand for two windows.
 fn admitted_during_outage(k: usize, outage: OutagePolicy, held: u64) -> Vec<u64> {
     let limit = 100;
-    let mut coordinator = Coordinator::new(limit, WINDOW_MS, PolicyKind::Counter, T0);
+    let policy = policy(limit, WINDOW_MS, PolicyKind::Counter, outage);
+    let mut coordinator = Coordinator::with_policy(policy, T0);
     let mut per_window = vec![0u64; 2];
     for r in 0..k {
-        let mut escrow = RegionEscrow::new(held, 250, outage);
-        let ticket = escrow.send_lease(1, 0).unwrap();
-        let grant = coordinator.lease(r, ticket.tokens, T0);
-        escrow.on_grant_for(ticket.id, as_escrow_grant(&grant), 0);
+        let config = KeyMachineConfig {
+            probe_interval_ms: OUTAGE_PROBE_MS,
+            ..config(LeaseSizer::Fixed(held), 0)
+        };
+        let mut escrow = Region::new(config, coordinator.policy.clone(), 0);
         // Local clock = coordinator clock − T0 here; every lease from now fails.
-        for now in 1..2 * WINDOW_MS {
-            let wall = T0 + now;
+        for now in 0..2 * WINDOW_MS {
+            let (_, calls) = escrow.acquire(None, 1, 3, at(now));
+            coordinator.settle(r, &mut escrow, calls, T0 + now, at(now), |_| {
+                if now == 0 {
+                    Delivery::Answered
+                } else {
+                    Delivery::NotApplied
+                }
+            });
             let window = usize::from(now >= WINDOW_MS);
-            if let Some(s) = escrow.serve(3, now) {
-                per_window[window] += s.granted;
-                continue;
-            }
-            if let Some(ticket) = escrow.send_lease(3, now) {
-                escrow.on_lease_failed_for(ticket.id, now);
-            }
-            if let Some(s) = escrow.serve_outage_at(3, wall, WINDOW_MS) {
-                assert!(s.from_fallback);
-                assert_eq!(s.window_start_ms, T0 + window as u64 * WINDOW_MS);
-                per_window[window] += s.granted;
+            for (_, answer) in escrow.take_answers() {
+                if let Some(s) = credits(&answer) {
+                    if now > 0 && !s.from_fallback {
+                        assert!(s.window_start_ms == T0, "granted credits of window 0 only");
+                    }
+                    if s.from_fallback {
+                        assert_eq!(s.window_start_ms, T0 + window as u64 * WINDOW_MS);
+                    }
+                    per_window[window] += s.granted;
+                }
             }
         }
-        let counters = escrow.counters();
+        let counters = escrow.machine().counters();
         // One probe per 250 ms, not one per request.
-        assert!(counters.leases_failed <= 2 * WINDOW_MS / 250 + 1);
+        assert!(counters.leases_failed <= 2 * WINDOW_MS / OUTAGE_PROBE_MS + 1);
+        assert!(counters.leases_failed + 1 >= 2 * WINDOW_MS / OUTAGE_PROBE_MS);
     }
     per_window
 }

@@ -9,7 +9,8 @@
 //! into the `INVALID_ARGUMENT` / `INVALID_FIELD` refusal servers answer.
 //!
 //! Policies are converted here; the Coordinator service's requests, answers
-//! and shared pieces (request ids, tenant demands) in [`coordinator`].
+//! and shared pieces (request ids, tenant demands) in [`coordinator`]; the
+//! Escrow service's requests in [`escrow`].
 
 use std::fmt;
 
@@ -20,6 +21,9 @@ use crate::refusal::invalid_field;
 use crate::v1 as pb;
 
 pub mod coordinator;
+pub mod escrow;
+#[cfg(test)]
+mod strategies;
 
 /// A field of a wire message that breaks a documented rule or limit.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -35,6 +35,10 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use leasehold_client::transport::Dialer;
+use leasehold_core::escrow::ReturnClaim;
+use leasehold_core::ids::{ClientId, Key, RegionId, RequestId};
+use leasehold_proto::convert::coordinator as coordinator_wire;
+use leasehold_proto::convert::escrow as escrow_wire;
 use leasehold_proto::refusal::Reason;
 use leasehold_proto::v1 as pb;
 use leasehold_proto::v1::coordinator_client::CoordinatorClient as CoordinatorRpc;
@@ -239,15 +243,10 @@ impl LeaseCall {
     }
 
     fn request(&self) -> pb::LeaseRequest {
-        pb::LeaseRequest {
-            key: self.key.to_string(),
-            region: self.region.clone(),
-            tokens: self.tokens,
-            request_id: Some(pb::RequestId {
-                client_id: self.client_id.clone(),
-                seq: self.seq,
-            }),
-        }
+        let key = Key::new(self.key).expect("hostile keys are valid");
+        let region = RegionId::new(self.region.clone()).expect("hostile regions are valid");
+        let id = request_id(&self.client_id, self.seq);
+        coordinator_wire::lease_request(&key, &region, self.tokens, Some(&id))
     }
 }
 
@@ -468,16 +467,9 @@ async fn acquire(
     tokens: u64,
 ) -> Option<(u64, (u64, u64), u64)> {
     let sent_at = sim_now_ms();
-    let mut call = tonic::Request::new(pb::AcquireRequest {
-        key: KEY.to_string(),
-        tenant: String::new(),
-        weight: 1,
-        tokens,
-        request_id: Some(pb::RequestId {
-            client_id: holder.to_string(),
-            seq,
-        }),
-    });
+    let id = request_id(holder, seq);
+    let request = escrow_wire::acquire_request(&key(), None, 1, tokens, Some(&id));
+    let mut call = tonic::Request::new(request);
     call.set_timeout(CALL_TIMEOUT);
     let response = tokio::time::timeout(CALL_TIMEOUT, rpc.acquire(call))
         .await
@@ -494,16 +486,26 @@ async fn acquire(
 /// The over-return: `tokens` of [`KEY`]'s window `window_start_ms`, as
 /// `holder`'s next request.
 fn over_return_request(holder: &str, window_start_ms: u64, tokens: u64) -> pb::ReturnRequest {
-    pb::ReturnRequest {
-        key: KEY.to_string(),
-        tenant: String::new(),
-        tokens,
+    let claim = ReturnClaim {
+        tenant: None,
         window_start_ms,
-        // The holder's second request: its Acquire was seq 1.
-        request_id: Some(pb::RequestId {
-            client_id: holder.to_string(),
-            seq: 2,
-        }),
+        tokens,
+    };
+    // The holder's second request: its Acquire was seq 1.
+    escrow_wire::return_request(&key(), &claim, &request_id(holder, 2))
+}
+
+/// [`KEY`], the key hostile escrow calls use.
+fn key() -> Key {
+    Key::new(KEY).expect("the simulation's key is valid")
+}
+
+/// The request id `(client_id, seq)`; hostile client ids are valid ones
+/// (their tricks are in how they reuse them).
+fn request_id(client_id: &str, seq: u64) -> RequestId {
+    RequestId {
+        client: ClientId::new(client_id).expect("hostile client ids are valid"),
+        seq,
     }
 }
 

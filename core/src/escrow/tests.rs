@@ -80,7 +80,7 @@ fn fail_closed_probes_on_a_cadence_and_denies_meanwhile() {
     e.on_lease_failed_for(ticket.id, 10);
     assert!(e.coordinator_unreachable());
     assert_eq!(e.send_lease(1, 100), None);
-    assert!(e.serve_outage(1, 0, 1_000).is_none());
+    assert!(e.serve_outage_at(1, 100, 1_000).is_none());
     assert!(e.retry_after_ms(100) >= 400);
     let probe = e.send_lease(1, 510).expect("one probe per interval");
     e.on_grant_for(probe.id, grant(10, 0, 900), 520);
@@ -99,12 +99,12 @@ fn fallback_admits_at_most_its_share_per_window() {
     let ticket = e.send_lease(1, 0).unwrap();
     e.on_lease_failed_for(ticket.id, 0);
     let first: u64 = (0..10)
-        .filter_map(|_| e.serve_outage(1, 0, 1_000))
+        .filter_map(|_| e.serve_outage_at(1, 0, 1_000))
         .map(|s| s.granted)
         .sum();
     assert_eq!(first, 5);
     let second: u64 = (0..10)
-        .filter_map(|_| e.serve_outage(1, 1_000, 1_000))
+        .filter_map(|_| e.serve_outage_at(1, 1_000, 1_000))
         .map(|s| s.granted)
         .sum();
     assert_eq!(second, 5);

@@ -1,15 +1,31 @@
 //! What the in-process fleet tests share: a seeded generator, a delaying
-//! network that may reorder messages, and the real coordinator state machine
-//! driven through proposals the way a Raft leader would drive it.
+//! network that may reorder messages, each region's key machine
+//! ([`region`]), and the real coordinator state machine driven through
+//! proposals the way a Raft leader would drive it, answering the regions'
+//! calls as the coordinator's API answers them.
 
 #![allow(dead_code)]
 
+pub mod region;
+
+use std::collections::{BTreeMap, VecDeque};
+
 use leasehold_core::coordinator::{
-    Command, CoordinatorState, LeaseGrant, Outcome, PoolGrantOutcome, Proposal, ReconcileOutcome,
+    Command, CommandError, CoordinatorState, LeaseGrant, Outcome, PoolGrantOutcome,
+    PoolReleaseDisposition, Proposal, ReconcileOutcome,
 };
-use leasehold_core::escrow::{CoordinatorGrant, Reconcile};
-use leasehold_core::ids::{Key, RegionId};
+use leasehold_core::demand_board::DemandBoard;
+use leasehold_core::escrow::machine::{Action, Event, Now};
+use leasehold_core::escrow::{
+    CoordinatorGrant, PendingRelease, PoolAnswer, Reconcile, ReleaseAnswer, Served,
+};
+use leasehold_core::fair_pool::PoolStanding;
+use leasehold_core::ids::{ClientId, Key, RegionId, RequestId, TenantId};
 use leasehold_core::policy::{OutagePolicy, Policy, PolicyKind};
+use leasehold_core::principal::Principal;
+use leasehold_core::window::WindowBounds;
+
+use region::{failed, Call, Region};
 
 /// A tiny seeded generator (xorshift64) so every run is reproducible by seed.
 pub struct Rng(u64);
@@ -76,36 +92,68 @@ impl<M> Network<M> {
     }
 }
 
+/// What becomes of one call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Delivery {
+    /// Applied and answered.
+    Answered,
+    /// Applied, answer lost (the caller sees a failure).
+    Lost,
+    /// Never arrived.
+    NotApplied,
+}
+
 /// The coordinator state machine of one key, driven by proposals stamped
-/// with the coordinator's clock.
+/// with the coordinator's clock, and the leader's demand board.
 pub struct Coordinator {
     pub state: CoordinatorState,
     pub key: Key,
+    pub policy: Policy,
+    /// `None`: a leader that answers no tenant demand totals.
+    pub board: Option<DemandBoard>,
+    /// Per region: the release id it last sent and the request id that
+    /// went under (every resend of a release carries the same one, as the
+    /// node sends it).
+    releases: BTreeMap<usize, (u64, RequestId)>,
 }
 
 pub fn region(i: usize) -> RegionId {
     RegionId::new(format!("r{i}")).expect("valid region id")
 }
 
+/// The fleet's policy: `fleet/` at `limit` per `window_ms`.
+pub fn policy(limit: u64, window_ms: u64, kind: PolicyKind, outage: OutagePolicy) -> Policy {
+    Policy {
+        prefix: "fleet/".into(),
+        limit,
+        window_ms,
+        kind,
+        outage,
+        shadow: false,
+    }
+}
+
 impl Coordinator {
     pub fn new(limit: u64, window_ms: u64, kind: PolicyKind, stamp_ms: u64) -> Self {
+        Self::with_policy(
+            policy(limit, window_ms, kind, OutagePolicy::FailClosed),
+            stamp_ms,
+        )
+    }
+
+    pub fn with_policy(policy: Policy, stamp_ms: u64) -> Self {
         let mut state = CoordinatorState::default();
-        let policy = Policy {
-            prefix: "fleet/".into(),
-            limit,
-            window_ms,
-            kind,
-            outage: OutagePolicy::FailClosed,
-            shadow: false,
-        };
         let result = state.apply(&Proposal {
             stamp_ms,
-            commands: vec![Command::SetPolicy(policy)],
+            commands: vec![Command::SetPolicy(policy.clone())],
         });
         assert_eq!(result.outcomes, vec![Outcome::PolicySet]);
         Coordinator {
             state,
             key: Key::new("fleet/key").expect("valid key"),
+            policy,
+            board: Some(DemandBoard::default()),
+            releases: BTreeMap::new(),
         }
     }
 
@@ -119,17 +167,21 @@ impl Coordinator {
     }
 
     pub fn lease(&mut self, region_index: usize, tokens: u64, stamp_ms: u64) -> LeaseGrant {
+        match self.lease_outcome(region_index, tokens, stamp_ms) {
+            Outcome::Lease(grant) => grant,
+            other => panic!("lease answered {other:?}"),
+        }
+    }
+
+    fn lease_outcome(&mut self, region_index: usize, tokens: u64, stamp_ms: u64) -> Outcome {
         let command = Command::Lease {
             key: self.key.clone(),
             region: region(region_index),
             tokens,
             request_id: None,
-            caller: leasehold_core::principal::Principal::Anonymous,
+            caller: Principal::Anonymous,
         };
-        match self.apply(stamp_ms, command) {
-            Outcome::Lease(grant) => grant,
-            other => panic!("lease answered {other:?}"),
-        }
+        self.apply(stamp_ms, command)
     }
 
     pub fn reconcile(
@@ -144,7 +196,7 @@ impl Coordinator {
             leftover: back.leftover,
             window_start_ms: back.window_start_ms,
             request_id: None,
-            caller: leasehold_core::principal::Principal::Anonymous,
+            caller: Principal::Anonymous,
         };
         match self.apply(stamp_ms, command) {
             Outcome::Reconcile(outcome) => outcome,
@@ -152,25 +204,272 @@ impl Coordinator {
         }
     }
 
-    pub fn pool_grant(
+    /// Applies region `region_index`'s `call` at `stamp_ms` and answers it
+    /// as the coordinator's API does, as the event the region's machine is
+    /// fed (`None` for a reconcile, which is not answered).
+    pub fn answer(
         &mut self,
         region_index: usize,
-        region_weight: u64,
-        want_total: u64,
+        call: &Call,
         stamp_ms: u64,
-    ) -> PoolGrantOutcome {
+    ) -> Option<Event<CommandError>> {
+        match call {
+            Action::SendLease(ticket) => {
+                let event = match self.lease_outcome(region_index, ticket.tokens, stamp_ms) {
+                    Outcome::Lease(grant) => Event::LeaseGranted {
+                        ticket: ticket.id,
+                        grant: as_escrow_grant(&grant),
+                    },
+                    Outcome::Rejected(refusal) => Event::LeaseRefused {
+                        ticket: ticket.id,
+                        refusal,
+                    },
+                    other => panic!("lease answered {other:?}"),
+                };
+                Some(event)
+            }
+            ask @ Action::SendPoolGrant { .. } => {
+                Some(self.pool_grant(region_index, ask, stamp_ms))
+            }
+            Action::SendPoolRelease(pending) => {
+                Some(self.pool_release(region_index, pending, stamp_ms))
+            }
+            Action::Reconcile(back) => {
+                self.reconcile(region_index, *back, stamp_ms);
+                None
+            }
+            other => panic!("{other:?} is not a coordinator call"),
+        }
+    }
+
+    /// A pool grant ask, answered: the region's total, its standing, and
+    /// the settled totals its demand report earns.
+    fn pool_grant(
+        &mut self,
+        region_index: usize,
+        ask: &Call,
+        stamp_ms: u64,
+    ) -> Event<CommandError> {
+        let Action::SendPoolGrant {
+            call,
+            region_weight,
+            want_total,
+            demand_window_ms,
+            demands,
+        } = ask
+        else {
+            panic!("{ask:?} is not a pool grant");
+        };
         let command = Command::PoolGrant {
             key: self.key.clone(),
             region: region(region_index),
-            region_weight: region_weight.max(1),
-            want_total,
+            region_weight: *region_weight,
+            want_total: *want_total,
             request_id: None,
-            caller: leasehold_core::principal::Principal::Anonymous,
+            caller: Principal::Anonymous,
         };
         match self.apply(stamp_ms, command) {
-            Outcome::PoolGrant(outcome) => outcome,
+            Outcome::PoolGrant(grant) => Event::PoolGranted {
+                call: *call,
+                answer: self.pool_answer(region_index, &grant),
+                tenant_demands: self.settled_demands(
+                    region_index,
+                    &grant,
+                    *demand_window_ms,
+                    demands,
+                ),
+            },
+            Outcome::Rejected(refusal) => Event::PoolRefused {
+                call: *call,
+                refusal,
+            },
             other => panic!("pool grant answered {other:?}"),
         }
+    }
+
+    /// A pool release (or its resend), answered.
+    fn pool_release(
+        &mut self,
+        region_index: usize,
+        pending: &PendingRelease<u64>,
+        stamp_ms: u64,
+    ) -> Event<CommandError> {
+        let release = pending.request_id;
+        let command = Command::PoolRelease {
+            key: self.key.clone(),
+            region: region(region_index),
+            from_total: pending.from_total,
+            keep_total: pending.keep_total,
+            window_start_ms: pending.window.start_ms,
+            request_id: Some(self.release_request_id(region_index, release)),
+            caller: Principal::Anonymous,
+        };
+        match self.apply(stamp_ms, command) {
+            Outcome::PoolRelease(outcome) => Event::ReleaseAnswered {
+                release,
+                answer: match outcome.disposition {
+                    PoolReleaseDisposition::Released => ReleaseAnswer::Released {
+                        released: outcome.released,
+                    },
+                    PoolReleaseDisposition::StaleTotal => ReleaseAnswer::StaleTotal {
+                        granted_total: outcome.granted_total,
+                    },
+                    PoolReleaseDisposition::WindowEnded => ReleaseAnswer::WindowEnded,
+                },
+            },
+            Outcome::Rejected(_) => Event::ReleaseRefused { release },
+            other => panic!("pool release answered {other:?}"),
+        }
+    }
+
+    /// The request id of region `region_index`'s release `release`: the
+    /// one it first went under, or the region's next seq for a new one.
+    fn release_request_id(&mut self, region_index: usize, release: u64) -> RequestId {
+        let seq = match self.releases.get(&region_index) {
+            Some((id, request_id)) if *id == release => return request_id.clone(),
+            Some((_, request_id)) => request_id.seq + 1,
+            None => 1,
+        };
+        let request_id = RequestId {
+            client: ClientId::new(format!("escrow-r{region_index}")).expect("valid client id"),
+            seq,
+        };
+        self.releases
+            .insert(region_index, (release, request_id.clone()));
+        request_id
+    }
+
+    /// A pool grant as the API answers it: with the region's standing
+    /// (its ceiling at least what it holds).
+    fn pool_answer(&self, region_index: usize, grant: &PoolGrantOutcome) -> PoolAnswer {
+        let standing = self
+            .state
+            .pool_standing(&self.key, &region(region_index), grant.window_start_ms)
+            .map(|s| PoolStanding {
+                guarantee: s.guarantee,
+                ceiling: s.ceiling.max(grant.granted_total),
+            });
+        PoolAnswer {
+            granted_total: grant.granted_total,
+            limit: grant.limit,
+            window: WindowBounds {
+                start_ms: grant.window_start_ms,
+                end_ms: grant.window_end_ms,
+            },
+            remaining_lifetime_ms: grant.window_end_ms - grant.coordinator_now_ms,
+            standing,
+        }
+    }
+
+    /// The leader's board takes a report of the window right before the
+    /// granted one and answers the settled totals (the window before that).
+    fn settled_demands(
+        &mut self,
+        region_index: usize,
+        grant: &PoolGrantOutcome,
+        demand_window_ms: u64,
+        demands: &[(TenantId, u64)],
+    ) -> Vec<(TenantId, u64)> {
+        let Some(board) = self.board.as_mut() else {
+            return Vec::new();
+        };
+        let window_ms = grant.window_end_ms - grant.window_start_ms;
+        if demands.is_empty()
+            || grant.window_start_ms.checked_sub(window_ms) != Some(demand_window_ms)
+        {
+            return Vec::new();
+        }
+        board.report(&self.key, demand_window_ms, &region(region_index), demands);
+        let tenants: Vec<TenantId> = demands.iter().map(|(tenant, _)| tenant.clone()).collect();
+        demand_window_ms
+            .checked_sub(window_ms)
+            .map(|settled| board.totals(&self.key, settled, &tenants))
+            .unwrap_or_default()
+    }
+
+    /// Performs region `region_index`'s `calls` at once — each applied at
+    /// `stamp_ms` and answered, or lost, as `delivery` says — and feeds
+    /// every answer back, until the region waits on nothing: a network
+    /// without delay.
+    pub fn settle(
+        &mut self,
+        region_index: usize,
+        node: &mut Region,
+        calls: Vec<Call>,
+        stamp_ms: u64,
+        now: Now,
+        mut delivery: impl FnMut(&Call) -> Delivery,
+    ) {
+        let mut calls = VecDeque::from(calls);
+        while let Some(call) = calls.pop_front() {
+            let event = match delivery(&call) {
+                Delivery::Answered => self.answer(region_index, &call, stamp_ms),
+                Delivery::Lost => {
+                    self.answer(region_index, &call, stamp_ms);
+                    failed(&call)
+                }
+                Delivery::NotApplied => failed(&call),
+            };
+            if let Some(event) = event {
+                calls.extend(node.feed(event, now));
+            }
+        }
+    }
+}
+
+/// What a fleet admitted, per coordinator window and per whoever the
+/// simulation tells apart (a region, a tenant), and how many admissions
+/// were made at or after their window's end on the coordinator's clock.
+pub struct Admissions<K> {
+    pub per_window: BTreeMap<u64, BTreeMap<K, u64>>,
+    pub late: u64,
+}
+
+impl<K> Default for Admissions<K> {
+    fn default() -> Self {
+        Admissions {
+            per_window: BTreeMap::new(),
+            late: 0,
+        }
+    }
+}
+
+impl<K: Ord> Admissions<K> {
+    /// Counts `served`, admitted to `who` at `coordinator_now_ms`.
+    pub fn record(&mut self, who: K, served: &Served, coordinator_now_ms: u64) {
+        *self
+            .per_window
+            .entry(served.window_start_ms)
+            .or_default()
+            .entry(who)
+            .or_default() += served.granted;
+        if coordinator_now_ms >= served.window_end_ms {
+            self.late += 1;
+        }
+    }
+
+    /// Σ admitted in the window starting at `window_start_ms`.
+    pub fn total(&self, window_start_ms: u64) -> u64 {
+        self.per_window
+            .get(&window_start_ms)
+            .map_or(0, |who| who.values().sum())
+    }
+
+    /// Σ admitted per window.
+    pub fn totals(&self) -> BTreeMap<u64, u64> {
+        self.per_window
+            .keys()
+            .map(|window| (*window, self.total(*window)))
+            .collect()
+    }
+
+    /// What `who` was admitted in the window starting at `window_start_ms`.
+    pub fn of(&self, window_start_ms: u64, who: &K) -> u64 {
+        self.per_window
+            .get(&window_start_ms)
+            .and_then(|m| m.get(who))
+            .copied()
+            .unwrap_or(0)
     }
 }
 

@@ -1,10 +1,9 @@
 //! The coordinator calls: `leasehold lease | reconcile | pool-grant | window`.
 
 use clap::Args;
-use leasehold_proto::v1 as pb;
 use serde_json::json;
 
-use super::output::{emit, lease_json, window_json};
+use super::output::{disposition_name, emit, lease_json, window_json};
 use super::{CliError, ClientArgs};
 
 /// Options of `leasehold lease`.
@@ -103,12 +102,7 @@ pub async fn reconcile(args: ReconcileArgs) -> Result<(), CliError> {
         .client()?
         .reconcile(&args.key, &args.region, args.leftover, args.window_start)
         .await?;
-    let disposition = match pb::ReconcileDisposition::try_from(response.disposition) {
-        Ok(pb::ReconcileDisposition::Credited) => "credited",
-        Ok(pb::ReconcileDisposition::WindowEnded) => "window-ended",
-        Ok(pb::ReconcileDisposition::Duplicate) => "duplicate",
-        _ => "unspecified",
-    };
+    let disposition = disposition_name(&response);
     emit(
         args.client.output,
         json!({"credited": response.credited, "disposition": disposition}),

@@ -1,6 +1,7 @@
 //! Rendering command results as human text or JSON (`--output json`), and
 //! the JSON shape of each wire message the CLI prints.
 
+use leasehold_core::coordinator::{ReconcileDisposition, ReconcileOutcome};
 use leasehold_proto::v1 as pb;
 use serde_json::{json, Value};
 
@@ -34,6 +35,17 @@ pub fn outage_name(outage: i32) -> &'static str {
     match pb::OutageMode::try_from(outage) {
         Ok(pb::OutageMode::Fallback) => "fallback",
         _ => "fail-closed",
+    }
+}
+
+/// A reconcile answer's disposition as the CLI spells it, read through the
+/// wire conversion (`unspecified` for one the conversion refuses).
+pub fn disposition_name(response: &pb::ReconcileResponse) -> &'static str {
+    match ReconcileOutcome::try_from(response).map(|outcome| outcome.disposition) {
+        Ok(ReconcileDisposition::Credited) => "credited",
+        Ok(ReconcileDisposition::WindowEnded) => "window-ended",
+        Ok(ReconcileDisposition::Duplicate) => "duplicate",
+        Err(_) => "unspecified",
     }
 }
 
@@ -192,4 +204,30 @@ pub fn status_text(status: &pb::StatusResponse) -> String {
         counters,
         shadow,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_reconcile_disposition_has_its_spelling() {
+        let spelled = |disposition| {
+            let outcome = ReconcileOutcome {
+                credited: 3,
+                disposition,
+            };
+            disposition_name(&pb::ReconcileResponse::from(&outcome))
+        };
+        assert_eq!(spelled(ReconcileDisposition::Credited), "credited");
+        assert_eq!(spelled(ReconcileDisposition::WindowEnded), "window-ended");
+        assert_eq!(spelled(ReconcileDisposition::Duplicate), "duplicate");
+        for unknown in [0, 4, -1] {
+            let response = pb::ReconcileResponse {
+                credited: 0,
+                disposition: unknown,
+            };
+            assert_eq!(disposition_name(&response), "unspecified", "{unknown}");
+        }
+    }
 }

@@ -3,10 +3,10 @@
 
 use std::sync::Arc;
 
-use leasehold_core::escrow::{Holder, ReturnClaim};
-use leasehold_core::ids::{Key, TenantId};
+use leasehold_core::escrow::Holder;
 use leasehold_core::principal::Principal;
-use leasehold_proto::convert::coordinator::optional_request_id;
+use leasehold_proto::convert::coordinator::{self as coordinator_wire, optional_request_id};
+use leasehold_proto::convert::escrow as escrow_wire;
 use leasehold_proto::refusal::invalid_field;
 use leasehold_proto::v1 as pb;
 use leasehold_proto::{REASON_FAIR_THROTTLED, REASON_METADATA};
@@ -44,7 +44,7 @@ impl EscrowApi {
         (principal, from): (Principal, Option<HolderRequest>),
         whole_or_nothing: bool,
     ) -> Result<Acquired, Status> {
-        let tenant = tenant_from_wire(tenant)?;
+        let tenant = escrow_wire::tenant(tenant)?;
         let weight = weight.max(1);
         let max_weight = self.shared.config.max_tenant_weight;
         if weight > max_weight {
@@ -55,7 +55,7 @@ impl EscrowApi {
                 ),
             ));
         }
-        let key = Key::new(key).map_err(|e| invalid_field("key", e.to_string()))?;
+        let key = coordinator_wire::key(key)?;
         if tokens == 0 {
             return Err(invalid_field("tokens", "tokens must be at least 1"));
         }
@@ -72,15 +72,6 @@ impl EscrowApi {
             })
             .await?
     }
-}
-
-fn tenant_from_wire(tenant: &str) -> Result<Option<TenantId>, Status> {
-    if tenant.is_empty() {
-        return Ok(None);
-    }
-    TenantId::new(tenant)
-        .map(Some)
-        .map_err(|e| invalid_field("tenant", e.to_string()))
 }
 
 /// Tells a fair-throttle denial from a budget denial: `leasehold-reason:
@@ -270,19 +261,15 @@ impl pb::escrow_server::Escrow for EscrowApi {
         request: Request<pb::ReturnRequest>,
     ) -> Result<Response<pb::ReturnResponse>, Status> {
         let caller = crate::auth::caller(&request);
-        let request = request.into_inner();
-        let key = Key::new(request.key).map_err(|e| invalid_field("key", e.to_string()))?;
-        let from = holder_request(caller, request.request_id)?.ok_or_else(|| {
+        let mut request = request.into_inner();
+        let key = coordinator_wire::key(&request.key)?;
+        let from = holder_request(caller, request.request_id.take())?.ok_or_else(|| {
             invalid_field(
                 "request_id",
                 "Return needs a request_id: it names the holder whose credits come back",
             )
         })?;
-        let claim = ReturnClaim {
-            tenant: tenant_from_wire(&request.tenant)?,
-            window_start_ms: request.window_start_ms,
-            tokens: request.tokens,
-        };
+        let claim = escrow_wire::return_claim(&request)?;
         if claim.tokens == 0 {
             return Ok(Response::new(pb::ReturnResponse { accepted: 0 }));
         }

@@ -84,6 +84,22 @@ pub fn lease_command(
     })
 }
 
+/// The lease request for `tokens` of `key`'s current window for `region`,
+/// under `request_id` if any: what [`lease_command`] reads back.
+pub fn lease_request(
+    key: &Key,
+    region: &RegionId,
+    tokens: u64,
+    request_id: Option<&RequestId>,
+) -> pb::LeaseRequest {
+    pb::LeaseRequest {
+        key: key.as_str().to_string(),
+        region: region.as_str().to_string(),
+        tokens,
+        request_id: request_id.map(pb::RequestId::from),
+    }
+}
+
 /// A reconcile request of `caller` as a command (a zero leftover is a valid no-op).
 pub fn reconcile_command(
     request: pb::ReconcileRequest,
@@ -372,7 +388,10 @@ pub fn window_response(key: &Key, view: &WindowView) -> pb::GetWindowResponse {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::refusal::{self, Reason};
+    use crate::convert::strategies::{
+        assert_refusal_names_the_field, identifier, valid_identifier, valid_request_id,
+        valid_tenant,
+    };
     use leasehold_core::coordinator::RegionView;
     use leasehold_core::ids::{
         MAX_CLIENT_ID_BYTES, MAX_KEY_BYTES, MAX_REGION_BYTES, MAX_TENANT_BYTES,
@@ -380,54 +399,16 @@ mod tests {
     use leasehold_core::policy::{OutagePolicy, Policy, PolicyKind};
     use leasehold_core::shadow::ShadowTally;
     use proptest::prelude::*;
-    use tonic::{Code, Status};
-
-    /// An identifier of `0..=max + 1` bytes, the edges likelier: valid
-    /// exactly when its length is in `1..=max`.
-    fn identifier(max: usize) -> impl Strategy<Value = String> {
-        prop_oneof![
-            Just(String::new()),
-            "[a-z0-9/_-]{1,12}",
-            Just("x".repeat(max)),
-            Just("x".repeat(max + 1)),
-            (1..=max + 1).prop_map(|n| "y".repeat(n)),
-        ]
-    }
-
-    fn valid_identifier(max: usize) -> impl Strategy<Value = String> {
-        identifier(max).prop_filter("1..=max bytes", move |s| !s.is_empty() && s.len() <= max)
-    }
-
-    fn valid_request_id() -> impl Strategy<Value = RequestId> {
-        (valid_identifier(MAX_CLIENT_ID_BYTES), any::<u64>()).prop_map(|(client, seq)| RequestId {
-            client: ClientId::new(client).unwrap(),
-            seq,
-        })
-    }
 
     fn wire_request_id() -> impl Strategy<Value = pb::RequestId> {
         (identifier(MAX_CLIENT_ID_BYTES), any::<u64>())
             .prop_map(|(client_id, seq)| pb::RequestId { client_id, seq })
     }
 
-    fn valid_tenant() -> impl Strategy<Value = TenantId> {
-        valid_identifier(MAX_TENANT_BYTES).prop_map(|t| TenantId::new(t).unwrap())
-    }
-
     /// Distinct valid tenants with demands, at most the report's bound.
     fn valid_demands() -> impl Strategy<Value = Vec<(TenantId, u64)>> {
         proptest::collection::btree_map(valid_tenant(), any::<u64>(), 0..=MAX_REPORTED_TENANTS)
             .prop_map(|demands| demands.into_iter().collect())
-    }
-
-    /// The refusal a server answers for `error` names its field.
-    fn assert_refusal_names_the_field(error: &InvalidField) -> Result<(), TestCaseError> {
-        let status = Status::from(error.clone());
-        prop_assert_eq!(status.code(), Code::InvalidArgument);
-        prop_assert_eq!(refusal::reason_of(&status), Some(Reason::InvalidField));
-        let field = refusal::detail(&status, refusal::FIELD);
-        prop_assert_eq!(field.as_deref(), Some(error.field()));
-        Ok(())
     }
 
     proptest! {
@@ -513,6 +494,24 @@ mod tests {
             prop_assert_eq!(error.field(), "tenant_demands");
             prop_assert!(error.message().starts_with("tenant: "), "{}", error.message());
             assert_refusal_names_the_field(&error)?;
+        }
+
+        /// core → wire → core: a lease request reads back as the lease it
+        /// was written for.
+        #[test]
+        fn every_valid_lease_request_round_trips(
+            key in valid_identifier(MAX_KEY_BYTES),
+            region in valid_identifier(MAX_REGION_BYTES),
+            tokens in 1u64..,
+            request_id in proptest::option::of(valid_request_id()),
+        ) {
+            let (key, region) = (Key::new(key).unwrap(), RegionId::new(region).unwrap());
+            let wire = lease_request(&key, &region, tokens, request_id.as_ref());
+            let caller = Principal::Region(region.clone());
+            prop_assert_eq!(
+                lease_command(wire, caller.clone()),
+                Ok(Command::Lease { key, region, tokens, request_id, caller })
+            );
         }
 
         /// Any wire lease request becomes the lease it spells out, or names
