@@ -41,6 +41,7 @@ pub mod codec;
 pub mod engine;
 mod error;
 pub mod log_store;
+mod recent_entries;
 mod records;
 pub mod runtime;
 pub mod state_machine;

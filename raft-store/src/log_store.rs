@@ -14,6 +14,11 @@
 //! the leader's and a follower's flush overlap instead of adding up, and
 //! appends that arrive during a flush share the next one. Callbacks are
 //! called in append order, each after a flush that began after its write.
+//!
+//! Reads of the log's tail — the state machine applying committed entries,
+//! the leader replicating to each follower — are answered from the newest
+//! appended entries kept in memory ([`RecentEntries`], bounded by
+//! [`RECENT_ENTRIES_BYTES`]) instead of being read back and decoded.
 
 use std::fmt::Debug;
 use std::io;
@@ -26,9 +31,15 @@ use openraft::{ErrorSubject, ErrorVerb, OptionalSend, RaftLogReader};
 use crate::codec::{decode, encode, Persisted};
 use crate::engine::{Keyspace, StorageEngine, WriteBatch};
 use crate::error::{OrStorageError, StoreError};
+use crate::recent_entries::RecentEntries;
 use crate::records::{log_key, COMMITTED_KEY, LAST_PURGED_KEY, VOTE_KEY};
 use crate::types::{Entry, LogId, StorageError, TypeConfig, Vote};
 use leasehold_core::metrics::Histogram;
+
+/// Most encoded bytes of the newest entries kept in memory for readers of
+/// the log's tail. A follower further behind than this is sent entries
+/// read from the engine.
+pub const RECENT_ENTRIES_BYTES: usize = 16 << 20;
 
 /// Where appended entries are flushed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,6 +60,8 @@ pub struct LogStore {
     flush_latency: Arc<Histogram>,
     /// The flusher thread ([`FlushMode::Background`]).
     flusher: Option<Arc<Flusher>>,
+    /// The newest appended entries, shared with every reader.
+    recent: Arc<std::sync::Mutex<RecentEntries<Entry>>>,
 }
 
 /// The flusher thread and its queue. Dropped with the last clone of the
@@ -141,6 +154,9 @@ impl LogStore {
             engine,
             flush_latency,
             flusher,
+            recent: Arc::new(std::sync::Mutex::new(RecentEntries::new(
+                RECENT_ENTRIES_BYTES,
+            ))),
         };
         store.read_meta::<Vote>(VOTE_KEY)?;
         store.read_meta::<LogId>(COMMITTED_KEY)?;
@@ -181,6 +197,9 @@ impl LogStore {
     }
 
     fn entries_in(&self, start: Bound<&u64>, end: Bound<&u64>) -> Result<Vec<Entry>, StoreError> {
+        if let Some(entries) = self.recent_entries_in(start, end) {
+            return Ok(entries);
+        }
         let (start, end) = (index_bound(start), index_bound(end));
         let range = (as_slice_bound(&start), as_slice_bound(&end));
         self.engine
@@ -188,6 +207,29 @@ impl LogStore {
             .iter()
             .map(|(_, bytes)| decode::<Entry>(bytes).map_err(StoreError::from))
             .collect()
+    }
+
+    /// The entries in the range from memory, if it holds all of them.
+    fn recent_entries_in(&self, start: Bound<&u64>, end: Bound<&u64>) -> Option<Vec<Entry>> {
+        let start = match start {
+            Bound::Included(index) => *index,
+            Bound::Excluded(index) => index.checked_add(1)?,
+            Bound::Unbounded => 0,
+        };
+        let end = match end {
+            Bound::Included(index) => index.checked_add(1)?,
+            Bound::Excluded(index) => *index,
+            Bound::Unbounded => return None,
+        };
+        self.recent().get(start, end)
+    }
+
+    /// The newest entries (a poisoned lock still holds a consistent window:
+    /// every change to it is a whole push or pop).
+    fn recent(&self) -> std::sync::MutexGuard<'_, RecentEntries<Entry>> {
+        self.recent
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Removes every entry in the range, plus the extra writes in `batch`,
@@ -210,13 +252,28 @@ impl LogStore {
         Ok(())
     }
 
-    /// Writes `entries` (readable at once, durable after the next flush).
+    /// Writes `entries` (readable at once, durable after the next flush),
+    /// then keeps them in memory for the readers of the tail; a failed
+    /// write empties that memory.
     fn write_entries(&self, entries: impl IntoIterator<Item = Entry>) -> Result<(), StoreError> {
+        let result = self.write_and_keep(entries);
+        if result.is_err() {
+            self.recent().clear();
+        }
+        result
+    }
+
+    fn write_and_keep(&self, entries: impl IntoIterator<Item = Entry>) -> Result<(), StoreError> {
         let mut batch = WriteBatch::new();
+        let mut written = Vec::new();
         for entry in entries {
-            batch.insert(Keyspace::Log, log_key(entry.log_id.index), encode(&entry)?);
+            let bytes = encode(&entry)?;
+            let index = entry.log_id.index;
+            written.push((index, bytes.len(), entry));
+            batch.insert(Keyspace::Log, log_key(index), bytes);
         }
         self.engine.apply_batch(batch)?;
+        self.recent().appended(written);
         Ok(())
     }
 }
@@ -324,6 +381,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
         tracing::debug!(%log_id, "truncating the log from this entry on");
+        self.recent().truncate_from(log_id.index);
         self.remove_entries_durably(
             Bound::Included(&log_id.index),
             Bound::Unbounded,
@@ -334,6 +392,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
         tracing::debug!(%log_id, "purging the log up to this entry");
+        self.recent().purge_through(log_id.index);
         let mut batch = WriteBatch::new();
         let encoded = encode(&log_id).or_storage(ErrorSubject::Logs, ErrorVerb::Delete)?;
         batch.insert(Keyspace::LogMeta, LAST_PURGED_KEY, encoded);

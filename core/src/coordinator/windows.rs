@@ -229,30 +229,36 @@ impl WindowTable {
     }
 
     /// The key's live window at `now_ms`, created under `policy` if there is none.
+    ///
+    /// Every admission goes through here, so the common case — the key has a
+    /// live window — costs two lookups and no copy of the key; the key is
+    /// copied only when a window opens.
     pub fn live_or_create(&mut self, key: &Key, policy: &Policy, now_ms: u64) -> &mut WindowRecord {
-        let new_bounds = match self.live(key, now_ms) {
-            Some(_) => None,
-            None => Some(self.next_bounds(key, policy.window_ms, now_ms)),
-        };
+        if self.live(key, now_ms).is_none() {
+            return self.open_window(key, policy, now_ms);
+        }
+        self.keys
+            .get_mut(key)
+            .and_then(|entry| entry.live.as_mut())
+            .expect("a live window was found just above and nothing has removed it")
+    }
+
+    /// Opens a window for `key` at `now_ms` under `policy` (the creation
+    /// rule of the module doc), replacing an ended one or a tombstone.
+    fn open_window(&mut self, key: &Key, policy: &Policy, now_ms: u64) -> &mut WindowRecord {
+        let bounds = self.next_bounds(key, policy.window_ms, now_ms);
         let entry = self.keys.entry(key.clone()).or_insert(KeyWindows {
             live: None,
             last_end_ms: 0,
             retention_ms: 0,
             deadline_ms: 0,
         });
-        if let Some(bounds) = new_bounds {
-            self.deadlines.remove(&(entry.deadline_ms, key.clone()));
-            self.deadlines.insert((bounds.end_ms, key.clone()));
-            entry.deadline_ms = bounds.end_ms;
-            entry.last_end_ms = bounds.end_ms;
-            entry.retention_ms = policy.window_ms;
-            entry.live = Some(WindowRecord::new(bounds, policy));
-        }
-        // `live` is Some here: either it was live already or it was just set.
-        let fallback = WindowBounds::containing(now_ms, policy.window_ms);
-        entry
-            .live
-            .get_or_insert_with(|| WindowRecord::new(fallback, policy))
+        self.deadlines.remove(&(entry.deadline_ms, key.clone()));
+        self.deadlines.insert((bounds.end_ms, key.clone()));
+        entry.deadline_ms = bounds.end_ms;
+        entry.last_end_ms = bounds.end_ms;
+        entry.retention_ms = policy.window_ms;
+        entry.live.insert(WindowRecord::new(bounds, policy))
     }
 
     /// Applies the limit-change rule after the policy table changed: every
