@@ -257,16 +257,9 @@ impl CoordinatorApi {
                 Err(error) => slots.push(BatchSlot::Refused(self.invalid(error))),
             }
         }
-        // Submitted together, so group commit carries them in as few
-        // proposals as its batch size allows.
-        let outcomes = futures::future::join_all(
-            commands
-                .into_iter()
-                .map(|command| self.node.propose(command)),
-        )
-        .await
-        .into_iter()
-        .collect::<Result<Vec<Outcome>, Status>>()?;
+        // Submitted as one group: it rides whole in one proposal when it
+        // fits (`max_batch_commands`), at the cost of one submission.
+        let outcomes = self.node.propose_all(commands).await?;
         let results = slots
             .into_iter()
             .map(|slot| {

@@ -4,13 +4,17 @@
 //! concurrency.
 //!
 //! A [`Batcher`] is a handle plus one task. Callers [`submit`](Batcher::submit)
-//! a command into a bounded queue and await its [`Outcome`]. The task waits
-//! for a free proposal slot (at most `max_inflight` proposals replicate at
-//! once), then drains whatever has queued up (at most `max_batch` commands),
-//! stamps it with the injected wall clock and proposes it. So a batch is
-//! flushed as soon as a previous proposal finishes, and is never larger than
-//! `max_batch`. A full queue is refused at once ([`ProposeError::Overloaded`])
-//! rather than growing without bound.
+//! a command — or [`submit_all`](Batcher::submit_all) a group of them, such as
+//! the items of one `LeaseBatch` call — into a bounded queue and await the
+//! [`Outcome`]s. The task waits for a free proposal slot (at most
+//! `max_inflight` proposals replicate at once), then drains whatever has
+//! queued up (at most `max_batch` commands; a group is never split, so one
+//! that does not fit waits for the next proposal), stamps it with the
+//! injected wall clock and proposes it. So a batch is flushed as soon as a
+//! previous proposal finishes, and is never larger than `max_batch`. A group
+//! costs the queue one slot, one reply channel and one wake-up however many
+//! commands it holds. A full queue is refused at once
+//! ([`ProposeError::Overloaded`]) rather than growing without bound.
 
 use std::sync::Arc;
 
@@ -66,9 +70,12 @@ pub struct BatcherOptions {
     pub max_inflight: usize,
 }
 
+/// One submission: a command, or a group that rides in one proposal.
 struct Pending {
-    command: Command,
-    reply: oneshot::Sender<Result<Outcome, ProposeError>>,
+    /// At most `max_batch` commands.
+    commands: Vec<Command>,
+    /// Their outcomes, in order.
+    reply: oneshot::Sender<Result<Vec<Outcome>, ProposeError>>,
     /// The submitter's span: the batch's span is a child of the first
     /// submitter's and linked to every other one.
     span: tracing::Span,
@@ -78,6 +85,8 @@ struct Pending {
 #[derive(Clone)]
 pub struct Batcher {
     queue: mpsc::Sender<Pending>,
+    /// Most commands per proposal (and so per submitted group).
+    max_batch: usize,
 }
 
 impl std::fmt::Debug for Batcher {
@@ -103,15 +112,44 @@ impl Batcher {
     ) -> (Self, tokio::task::JoinHandle<()>) {
         let (queue, receiver) = mpsc::channel(options.queue_capacity.max(1));
         let task = tokio::spawn(run(receiver, proposer, clock, options, metrics, stop));
-        (Self { queue }, task)
+        let max_batch = options.max_batch.max(1);
+        (Self { queue, max_batch }, task)
     }
 
     /// Queues `command` for the next proposal and waits for its outcome.
     pub async fn submit(&self, command: Command) -> Result<Outcome, ProposeError> {
+        let mut outcomes = self.submit_group(vec![command]).await?;
+        outcomes.pop().ok_or_else(|| {
+            ProposeError::Unavailable("internal error: a command got no outcome".into())
+        })
+    }
+
+    /// Queues `commands` and waits for their outcomes, in order. Up to
+    /// `max_batch` of them ride in one proposal; more are cut into groups of
+    /// that size, submitted together. Any group's failure fails the call.
+    pub async fn submit_all(&self, commands: Vec<Command>) -> Result<Vec<Outcome>, ProposeError> {
+        if commands.len() <= self.max_batch {
+            return self.submit_group(commands).await;
+        }
+        let groups = commands
+            .chunks(self.max_batch)
+            .map(|group| self.submit_group(group.to_vec()));
+        let mut outcomes = Vec::with_capacity(commands.len());
+        for group in futures::future::join_all(groups).await {
+            outcomes.extend(group?);
+        }
+        Ok(outcomes)
+    }
+
+    /// Queues one group of at most `max_batch` commands.
+    async fn submit_group(&self, commands: Vec<Command>) -> Result<Vec<Outcome>, ProposeError> {
+        if commands.is_empty() {
+            return Ok(Vec::new());
+        }
         let (reply, outcome) = oneshot::channel();
         self.queue
             .try_send(Pending {
-                command,
+                commands,
                 reply,
                 span: tracing::Span::current(),
             })
@@ -140,25 +178,42 @@ async fn run(
     let max_inflight = options.max_inflight.max(1);
     let slots = Arc::new(Semaphore::new(max_inflight));
     let max_batch = options.max_batch.max(1);
+    // A group drained from the queue that did not fit in the last proposal.
+    let mut carried: Option<Pending> = None;
     loop {
         let Ok(slot) = slots.clone().acquire_owned().await else {
             break;
         };
-        let first = tokio::select! {
-            next = receiver.recv() => next,
-            _ = stop.wait_for(|stopped| *stopped) => None,
+        let first = match carried.take() {
+            Some(pending) => Some(pending),
+            None => tokio::select! {
+                next = receiver.recv() => next,
+                _ = stop.wait_for(|stopped| *stopped) => None,
+            },
         };
         let Some(first) = first else { break };
+        let mut count = first.commands.len();
         let mut batch = vec![first];
-        while batch.len() < max_batch {
+        while count < max_batch {
             match receiver.try_recv() {
-                Ok(next) => batch.push(next),
+                Ok(next) if count + next.commands.len() <= max_batch => {
+                    count += next.commands.len();
+                    batch.push(next);
+                }
+                Ok(next) => {
+                    carried = Some(next);
+                    break;
+                }
                 Err(_) => break,
             }
         }
         let span = batch_span(&batch);
-        let (commands, replies): (Vec<_>, Vec<_>) =
-            batch.into_iter().map(|p| (p.command, p.reply)).unzip();
+        let mut commands = Vec::with_capacity(count);
+        let mut replies = Vec::with_capacity(batch.len());
+        for pending in batch {
+            replies.push((pending.reply, pending.commands.len()));
+            commands.extend(pending.commands);
+        }
         let proposal = Proposal {
             stamp_ms: clock.now_ms(),
             commands,
@@ -178,7 +233,7 @@ async fn run(
         );
     }
     receiver.close();
-    while let Ok(pending) = receiver.try_recv() {
+    while let Some(pending) = carried.take().or_else(|| receiver.try_recv().ok()) {
         let _ = pending.reply.send(Err(ProposeError::Unavailable(
             "the member is shutting down".into(),
         )));
@@ -195,7 +250,7 @@ fn batch_span(batch: &[Pending]) -> tracing::Span {
     let span = tracing::debug_span!(
         parent: parent,
         "raft.client_write",
-        commands = batch.len(),
+        commands = batch.iter().map(|p| p.commands.len()).sum::<usize>(),
         raft.log_index = tracing::field::Empty
     );
     for pending in batch.iter().skip(1) {
@@ -204,32 +259,39 @@ fn batch_span(batch: &[Pending]) -> tracing::Span {
     span
 }
 
+/// Hands each submission its outcomes: `replies` holds each one's reply
+/// channel and command count, in proposal order.
 fn deliver(
     result: Result<ProposalResult, ProposeError>,
-    replies: Vec<oneshot::Sender<Result<Outcome, ProposeError>>>,
+    replies: Vec<(oneshot::Sender<Result<Vec<Outcome>, ProposeError>>, usize)>,
     metrics: &NodeMetrics,
 ) {
+    let commands: usize = replies.iter().map(|(_, count)| count).sum();
     match result {
-        Ok(result) if result.outcomes.len() == replies.len() => {
-            for (reply, outcome) in replies.into_iter().zip(result.outcomes) {
-                metrics.record_outcome(&outcome);
-                let _ = reply.send(Ok(outcome));
+        Ok(result) if result.outcomes.len() == commands => {
+            let mut outcomes = result.outcomes.into_iter();
+            for (reply, count) in replies {
+                let group: Vec<Outcome> = outcomes.by_ref().take(count).collect();
+                group
+                    .iter()
+                    .for_each(|outcome| metrics.record_outcome(outcome));
+                let _ = reply.send(Ok(group));
             }
         }
         Ok(result) => {
             tracing::error!(
                 outcomes = result.outcomes.len(),
-                commands = replies.len(),
+                commands,
                 "state machine returned a wrong number of outcomes"
             );
-            for reply in replies {
+            for (reply, _) in replies {
                 let _ = reply.send(Err(ProposeError::Unavailable(
                     "internal error: outcome count mismatch".into(),
                 )));
             }
         }
         Err(error) => {
-            for reply in replies {
+            for (reply, _) in replies {
                 let _ = reply.send(Err(error.clone()));
             }
         }
@@ -356,6 +418,69 @@ mod tests {
             batches.iter().all(|&size| size <= 64),
             "no batch exceeds the maximum: {batches:?}"
         );
+    }
+
+    #[tokio::test]
+    async fn groups_ride_whole_in_one_proposal_and_get_their_outcomes_in_order() {
+        let (batcher, raft, _stop, _task) = start(false, 10);
+        // Groups of 7 and singles, all at once: 7 + 7 never fit in 10, so
+        // the second group waits for the next proposal rather than splitting.
+        let groups: Vec<_> = (0..6)
+            .map(|g| {
+                let b = batcher.clone();
+                tokio::spawn(async move {
+                    if g % 2 == 0 {
+                        b.submit_all((1..=7).map(lease).collect()).await
+                    } else {
+                        b.submit(lease(1)).await.map(|outcome| vec![outcome])
+                    }
+                })
+            })
+            .collect();
+        let mut granted = 0;
+        for (g, group) in groups.into_iter().enumerate() {
+            let outcomes = group.await.unwrap().unwrap();
+            assert_eq!(outcomes.len(), if g % 2 == 0 { 7 } else { 1 });
+            for (i, outcome) in outcomes.iter().enumerate() {
+                let Outcome::Lease(grant) = outcome else {
+                    panic!("unexpected {outcome:?}")
+                };
+                // Each outcome answers its own command: item i asked i + 1.
+                let asked = if g % 2 == 0 { i as u64 + 1 } else { 1 };
+                assert!(grant.granted <= asked, "{grant:?} answers another command");
+                granted += grant.granted;
+            }
+        }
+        assert_eq!(
+            granted,
+            3 * 28 + 3,
+            "below the limit every ask is granted whole"
+        );
+        let batches = raft.batches.lock().unwrap().clone();
+        assert_eq!(batches.iter().sum::<usize>(), 3 * 7 + 3);
+        assert!(batches.iter().all(|&size| size <= 10), "{batches:?}");
+    }
+
+    #[tokio::test]
+    async fn a_group_larger_than_a_proposal_is_cut_and_answered_in_order() {
+        let (batcher, raft, _stop, _task) = start(false, 4);
+        let outcomes = batcher
+            .submit_all((1..=10).map(lease).collect())
+            .await
+            .unwrap();
+        let granted: Vec<u64> = outcomes
+            .iter()
+            .map(|outcome| match outcome {
+                Outcome::Lease(grant) => grant.granted,
+                other => panic!("unexpected {other:?}"),
+            })
+            .collect();
+        // 1 + 2 + … + 10 = 55 ≤ 100: each item gets exactly what it asked.
+        assert_eq!(granted, (1..=10).collect::<Vec<u64>>());
+        let batches = raft.batches.lock().unwrap().clone();
+        assert!(batches.iter().all(|&size| size <= 4), "{batches:?}");
+        assert_eq!(batches.iter().sum::<usize>(), 10);
+        assert!(batcher.submit_all(Vec::new()).await.unwrap().is_empty());
     }
 
     #[tokio::test]

@@ -68,6 +68,15 @@ impl NodeContext {
             .map_err(|e| propose_error_status(e, &self.metrics))
     }
 
+    /// Proposes `commands` as one group (see `Batcher::submit_all`) and
+    /// returns their outcomes in order.
+    pub async fn propose_all(&self, commands: Vec<Command>) -> Result<Vec<Outcome>, Status> {
+        self.batcher
+            .submit_all(commands)
+            .await
+            .map_err(|e| propose_error_status(e, &self.metrics))
+    }
+
     /// Waits until a read of the local state is linearizable: this member
     /// confirmed its leadership with a quorum and applied up to the read index.
     pub async fn linearizable_read(&self) -> Result<(), Status> {
