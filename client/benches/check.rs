@@ -7,12 +7,18 @@
 //! source grants 2^40 tokens for an hour per refill, so after one warm-up
 //! check per key every measured check is a local spend. governor is given a
 //! quota it never exhausts, so both sides measure the allowed path.
+//!
+//! On a machine shared with other work, criterion's ratio swings with the
+//! load, because it times the two sides one after the other for seconds
+//! each. `CHECK_PAIRED_ROUNDS=20 cargo bench -p leasehold-client --bench
+//! check` instead alternates the two sides in rounds of 300 000 checks and
+//! prints each side's fastest round and the median of the per-round ratios.
 
 use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use criterion::{criterion_group, BenchmarkId, Criterion};
 use futures::future::BoxFuture;
 use futures::FutureExt;
 use leasehold_client::{
@@ -157,5 +163,84 @@ fn check(c: &mut Criterion) {
     group.finish();
 }
 
+/// Checks per thread in one paired round.
+const PAIRED_ROUND_CHECKS: u64 = 300_000;
+
+/// The same cases as [`check`], the two sides alternating round by round,
+/// so that both see the same load; prints one line per case.
+fn paired(rounds: usize) {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let handle = runtime.handle().clone();
+    let per_check = |elapsed: Duration| elapsed.as_nanos() as f64 / PAIRED_ROUND_CHECKS as f64;
+    for key_count in [1_usize, 1_000] {
+        let keys = Arc::new(keys(key_count));
+        for threads in [1_usize, 2] {
+            let limiter = leased_limiter(&runtime, &keys);
+            let governor = Arc::new(governor_limiter());
+            let (mut ours, mut theirs, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+            for _ in 0..rounds {
+                let limiter = limiter.clone();
+                let leased = per_check(timed(
+                    &handle,
+                    threads,
+                    PAIRED_ROUND_CHECKS,
+                    &keys,
+                    move |key| {
+                        let decision = limiter
+                            .check(key, 1)
+                            .now_or_never()
+                            .expect("a check with credits held needs no wait")
+                            .expect("local check");
+                        assert!(decision.allowed);
+                    },
+                ));
+                let governor = Arc::clone(&governor);
+                let keyed = per_check(timed(
+                    &handle,
+                    threads,
+                    PAIRED_ROUND_CHECKS,
+                    &keys,
+                    move |key| {
+                        assert!(governor.check_key(key).is_ok());
+                    },
+                ));
+                ours.push(leased);
+                theirs.push(keyed);
+                ratios.push(leased / keyed);
+            }
+            let fastest = |v: &[f64]| v.iter().copied().fold(f64::INFINITY, f64::min);
+            ratios.sort_by(f64::total_cmp);
+            let median = ratios[ratios.len() / 2];
+            println!(
+                "check/paired/{key_count}key/{threads}thread: leasehold_leased {:.1} ns, \
+                 governor_keyed {:.1} ns (fastest of {rounds} rounds): {:.2}x; \
+                 median of the rounds' ratios {median:.2}x",
+                fastest(&ours),
+                fastest(&theirs),
+                fastest(&ours) / fastest(&theirs),
+            );
+        }
+    }
+}
+
 criterion_group!(benches, check);
-criterion_main!(benches);
+
+/// Criterion's cases; with `CHECK_PAIRED_ROUNDS` set to a positive count,
+/// the paired rounds instead.
+fn main() {
+    let paired_rounds = std::env::var("CHECK_PAIRED_ROUNDS")
+        .ok()
+        .and_then(|rounds| rounds.parse::<usize>().ok())
+        .filter(|rounds| *rounds > 0);
+    match paired_rounds {
+        Some(rounds) => paired(rounds),
+        None => {
+            benches();
+            Criterion::default().configure_from_args().final_summary();
+        }
+    }
+}

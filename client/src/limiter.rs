@@ -15,9 +15,10 @@ mod remote;
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::Poll;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
@@ -117,7 +118,7 @@ impl Limiter {
     /// is labelled with.
     ///
     /// In leased mode with enough live credits held, the check is decided on
-    /// its first poll with no allocation, lock, timer or await (the common
+    /// its first poll with no allocation, mutex, timer or await (the common
     /// case, measured by `benches/check.rs`); anything else runs the full
     /// path.
     pub fn check_labelled<'a>(
@@ -128,31 +129,36 @@ impl Limiter {
         self.checking(key, cost, |admission| admission)
     }
 
-    /// The check future, answering `report(admission)`: decided on the
-    /// first poll when the key's lane holds the credits, else the boxed
-    /// full path.
+    /// The check future, answering `report(admission)`.
     #[inline]
     fn checking<'a, T: 'a>(
         &'a self,
         key: &'a str,
         cost: u64,
-        report: fn(Admission) -> T,
+        report: impl Fn(Admission) -> T + Send + Unpin + 'a,
     ) -> impl Future<Output = Result<T, ClientError>> + Send + 'a {
-        let mut full_path: Option<BoxFuture<'a, Result<Admission, ClientError>>> = None;
-        std::future::poll_fn(move |cx| {
-            let full = match &mut full_path {
-                Some(full) => full,
-                None => {
-                    // Counted in the key's lane; folded into the
-                    // counters when they are read.
-                    if let Some(admission) = self.inner.spend_held_credits(key, cost) {
-                        return Poll::Ready(Ok(report(admission)));
-                    }
-                    full_path.insert(Box::pin(self.check_full_path(key, cost)))
-                }
-            };
-            full.as_mut().poll(cx).map(|result| result.map(report))
-        })
+        Checking {
+            limiter: self,
+            key,
+            cost,
+            report,
+            full_path: None,
+        }
+    }
+
+    /// Polls the full path of a check, starting it on the first call.
+    #[inline(never)]
+    fn poll_full_path<'a>(
+        &'a self,
+        full_path: &mut Option<BoxFuture<'a, Result<Admission, ClientError>>>,
+        key: &'a str,
+        cost: u64,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<Admission, ClientError>> {
+        full_path
+            .get_or_insert_with(|| Box::pin(self.check_full_path(key, cost)))
+            .as_mut()
+            .poll(cx)
     }
 
     /// Validation, the mode's decision under the call timeout, and stats.
@@ -232,6 +238,40 @@ impl Limiter {
     /// return credits on demand (`Duration::ZERO` before shutdown).
     pub async fn return_idle_credits(&self, idle_for: Duration) -> Result<u64, ClientError> {
         self.inner.return_idle(idle_for).await
+    }
+}
+
+/// One check: decided on its first poll when the key's lane holds the
+/// credits, else by the boxed full path. Only the lane's spend is inlined
+/// into the caller's poll (`report` is a closure type, not a function
+/// pointer, and the full path sits behind a call that is made only when
+/// the lane cannot decide).
+struct Checking<'a, R> {
+    limiter: &'a Limiter,
+    key: &'a str,
+    cost: u64,
+    /// Turns the admission into what the caller asked for.
+    report: R,
+    /// The full path, once the lane could not decide.
+    full_path: Option<BoxFuture<'a, Result<Admission, ClientError>>>,
+}
+
+impl<T, R: Fn(Admission) -> T + Unpin> Future for Checking<'_, R> {
+    type Output = Result<T, ClientError>;
+
+    #[inline(always)]
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        if this.full_path.is_none() {
+            // Counted in the key's lane; folded into the counters when
+            // they are read.
+            if let Some(admission) = this.limiter.inner.spend_held_credits(this.key, this.cost) {
+                return Poll::Ready(Ok((this.report)(admission)));
+            }
+        }
+        this.limiter
+            .poll_full_path(&mut this.full_path, this.key, this.cost, cx)
+            .map(|result| result.map(&this.report))
     }
 }
 

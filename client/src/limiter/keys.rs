@@ -66,12 +66,70 @@ pub(crate) struct KeyState {
     pub empty_until: Option<(Instant, RefillReport)>,
 }
 
-/// A key's cell, shared between checks and refill tasks: the lock-free
-/// credits a check spends first, then the key, then the mutex-guarded rest.
+/// A key's cell, shared between checks and refill tasks, laid out in the
+/// order a check reads it (`repr(C)`): the lock-free credits on their own
+/// cache line, then the key as lookups compare it on the next, then the
+/// rest.
+#[repr(C)]
 pub(crate) struct KeyCell {
     pub lane: CreditLane,
+    lookup_key: InlineKey,
     pub key: Box<str>,
     pub state: Mutex<KeyState>,
+}
+
+impl KeyCell {
+    fn new(key: &str, lane: CreditLane, state: KeyState) -> Self {
+        KeyCell {
+            lane,
+            lookup_key: InlineKey::new(key),
+            key: key.into(),
+            state: Mutex::new(state),
+        }
+    }
+
+    /// Whether this is the cell of `key`.
+    #[inline]
+    fn is_for(&self, key: &str) -> bool {
+        let key = key.as_bytes();
+        match self.lookup_key.bytes() {
+            Some(held) => same_bytes(held, key),
+            None => same_bytes(self.key.as_bytes(), key),
+        }
+    }
+}
+
+/// Bytes of a key its cell holds inline.
+const INLINE_KEY_BYTES: usize = 62;
+
+/// A key of at most [`INLINE_KEY_BYTES`] (most keys) copied into its cell,
+/// one cache line, so that a lookup compares it without reading the
+/// key's own allocation.
+#[repr(C, align(64))]
+struct InlineKey {
+    /// The key's length; more than [`INLINE_KEY_BYTES`] when the key is
+    /// longer (its bytes are then not held).
+    len: u16,
+    bytes: [u8; INLINE_KEY_BYTES],
+}
+
+impl InlineKey {
+    fn new(key: &str) -> Self {
+        let mut bytes = [0; INLINE_KEY_BYTES];
+        if let Some(prefix) = bytes.get_mut(..key.len()) {
+            prefix.copy_from_slice(key.as_bytes());
+        }
+        InlineKey {
+            len: u16::try_from(key.len()).unwrap_or(u16::MAX),
+            bytes,
+        }
+    }
+
+    /// The key's bytes, if it is short enough to be held.
+    #[inline]
+    fn bytes(&self) -> Option<&[u8]> {
+        self.bytes.get(..usize::from(self.len))
+    }
 }
 
 /// The bounded, sharded map of key cells.
@@ -79,7 +137,7 @@ pub(crate) struct KeyTable {
     /// foldhash, seeded per table: a fraction of SipHash's cost on the
     /// check path, and still not predictable by whoever chooses the keys.
     hasher: foldhash::fast::RandomState,
-    shards: Box<[Shard]>,
+    shards: [Shard; SHARDS],
     /// Held by inserts and removals; counts the keys.
     writer: Mutex<usize>,
     max_keys: usize,
@@ -105,14 +163,14 @@ impl ShardCells {
     #[inline]
     fn find(&self, hash: u64, key: &str) -> Option<&Arc<KeyCell>> {
         if let Some(cell) = self.by_hash.get(&hash) {
-            if *cell.key == *key {
+            if cell.is_for(key) {
                 return Some(cell);
             }
         }
         if self.colliding.is_empty() {
             return None;
         }
-        self.colliding.iter().find(|cell| *cell.key == *key)
+        self.colliding.iter().find(|cell| cell.is_for(key))
     }
 
     fn insert(&mut self, hash: u64, cell: Arc<KeyCell>) {
@@ -148,7 +206,7 @@ impl KeyTable {
     pub(crate) fn new(max_keys: usize) -> Self {
         KeyTable {
             hasher: foldhash::fast::RandomState::default(),
-            shards: (0..SHARDS).map(|_| Shard::default()).collect(),
+            shards: std::array::from_fn(|_| Shard::default()),
             writer: Mutex::new(0),
             max_keys,
         }
@@ -156,7 +214,9 @@ impl KeyTable {
 
     #[inline]
     fn hash(&self, key: &str) -> u64 {
-        self.hasher.hash_one(key)
+        let mut hasher = self.hasher.build_hasher();
+        hasher.write(key.as_bytes());
+        hasher.finish()
     }
 
     #[inline]
@@ -202,11 +262,7 @@ impl KeyTable {
                 *count -= 1;
             }
         }
-        let cell = Arc::new(KeyCell {
-            lane: CreditLane::new(now_ns),
-            key: key.into(),
-            state: Mutex::new(fresh()),
-        });
+        let cell = Arc::new(KeyCell::new(key, CreditLane::new(now_ns), fresh()));
         write(&self.shard(hash).cells).insert(hash, Arc::clone(&cell));
         *count += 1;
         (cell, evicted)
@@ -299,6 +355,28 @@ impl Hasher for PrehashedKey {
     }
 }
 
+/// Whether two keys are equal. Keys of up to 32 bytes (most) are compared
+/// as at most four machine words, inline; longer ones byte by byte.
+#[inline(always)]
+fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+    let n = a.len();
+    if n != b.len() {
+        return false;
+    }
+    // Two overlapping words cover the key: its first and its last `W` bytes.
+    #[inline(always)]
+    fn words<const W: usize>(a: &[u8], b: &[u8]) -> bool {
+        let n = a.len();
+        a[..W] == b[..W] && a[n - W..] == b[n - W..]
+    }
+    match n {
+        0..=7 => a == b,
+        8..=16 => words::<8>(a, b),
+        17..=32 => words::<16>(a, b),
+        _ => a == b,
+    }
+}
+
 /// Read-locks a shard, recovering it if a writer panicked (every critical
 /// section leaves the shard consistent).
 #[inline]
@@ -310,4 +388,93 @@ fn read<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
 fn write<T>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
     lock.write()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn fresh_state() -> KeyState {
+        KeyState {
+            wallet: CreditWallet::new(),
+            pending: None,
+            sizer: crate::sizing::LeaseSizing::Fixed(1).sizer(),
+            expired_reported: 0,
+            empty_until: None,
+        }
+    }
+
+    /// A key of `len` bytes whose bytes depend on `seed`.
+    fn key_of(len: usize, seed: u8) -> String {
+        (0..len)
+            .map(|i| char::from(b'a' + (seed.wrapping_add(i as u8) % 26)))
+            .collect()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        /// The word-wise comparison agrees with byte-wise equality for
+        /// every length a word split treats differently, including keys
+        /// that differ in one byte only.
+        #[test]
+        fn same_bytes_is_equality(
+            a in proptest::collection::vec(any::<u8>(), 0..80),
+            flip in any::<proptest::sample::Index>(),
+            bit in 0u8..8,
+            extend in any::<bool>(),
+        ) {
+            prop_assert!(same_bytes(&a, &a.clone()));
+            let mut b = a.clone();
+            if extend {
+                b.push(0);
+            } else if !b.is_empty() {
+                let i = flip.index(b.len());
+                b[i] ^= 1 << bit;
+            }
+            prop_assert_eq!(same_bytes(&a, &b), a == b);
+        }
+    }
+
+    /// Keys short enough to sit in their cell and longer ones (boxed) are
+    /// each found in their own cell, and a key one byte away from a stored
+    /// one finds nothing.
+    #[test]
+    fn every_key_is_found_in_its_own_cell_and_no_other() {
+        let table = KeyTable::new(1_000);
+        let lengths = [
+            1,
+            7,
+            8,
+            16,
+            17,
+            32,
+            33,
+            INLINE_KEY_BYTES,
+            INLINE_KEY_BYTES + 1,
+            256,
+        ];
+        let mut keys = Vec::new();
+        for (seed, len) in lengths.into_iter().enumerate() {
+            let key = key_of(len, seed as u8);
+            table.get_or_insert(&key, 0, fresh_state);
+            keys.push(key);
+        }
+        for key in &keys {
+            let cell = table.get(key).expect("stored key");
+            assert_eq!(&*cell.key, key.as_str());
+            let mut near = key.clone().into_bytes();
+            let last = near.len() - 1;
+            near[last] = if near[last] == b'z' { b'y' } else { b'z' };
+            let near = String::from_utf8(near).expect("ascii");
+            if !keys.contains(&near) {
+                assert!(table.get(&near).is_none(), "{near} is not stored");
+            }
+            let longer = format!("{key}x");
+            if !keys.contains(&longer) {
+                assert!(table.get(&longer).is_none(), "{longer} is not stored");
+            }
+        }
+    }
 }

@@ -513,6 +513,7 @@ pub(super) fn millis_until(now: Instant, deadline: Instant) -> u64 {
 mod tests {
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::Arc;
+    use std::time::Duration;
 
     use futures::future::BoxFuture;
     use futures::FutureExt;
@@ -556,6 +557,86 @@ mod tests {
         fn give_back(&self, request: ReturnRequest) -> BoxFuture<'_, Result<u64, ClientError>> {
             async move { Ok(request.tokens) }.boxed()
         }
+    }
+
+    /// A source whose first grant lives `lifetime_ms`; every later ask
+    /// gets nothing.
+    struct OneShortGrant {
+        tokens: u64,
+        lifetime_ms: u64,
+        asked: AtomicU64,
+    }
+
+    impl CreditSource for OneShortGrant {
+        fn acquire(&self, request: AcquireRequest) -> BoxFuture<'_, Result<Grant, ClientError>> {
+            let first = self.asked.fetch_add(1, Ordering::AcqRel) == 0;
+            let granted = if first {
+                self.tokens.min(request.tokens)
+            } else {
+                0
+            };
+            let lifetime_ms = self.lifetime_ms;
+            async move {
+                Ok(Grant {
+                    granted,
+                    limit: 1_000,
+                    window_start_ms: 0,
+                    window_end_ms: lifetime_ms,
+                    remaining_lifetime_ms: lifetime_ms,
+                    retry_after_ms: if granted == 0 { 1_000 } else { 0 },
+                })
+            }
+            .boxed()
+        }
+
+        fn check(&self, _request: CheckRequest) -> BoxFuture<'_, Result<CheckReply, ClientError>> {
+            async { Err(ClientError::Protocol("leased mode only".into())) }.boxed()
+        }
+
+        fn give_back(&self, request: ReturnRequest) -> BoxFuture<'_, Result<u64, ClientError>> {
+            async move { Ok(request.tokens) }.boxed()
+        }
+    }
+
+    /// Credits held in a key's lane are spent without a lock or an await
+    /// until their deadline (the grant's lifetime less the 1 ms margin,
+    /// from the refill's send) and refused from that instant on: the
+    /// lock-free path reads the same clock the deadline was computed on.
+    #[tokio::test(start_paused = true)]
+    async fn credits_held_past_their_deadline_are_refused() {
+        let source = OneShortGrant {
+            tokens: 100,
+            lifetime_ms: 50,
+            asked: AtomicU64::new(0),
+        };
+        let options = LeaseOptions {
+            sizing: LeaseSizing::Fixed(100),
+            ..LeaseOptions::default()
+        };
+        let config = LimiterConfig::new(
+            Mode::Leased(options),
+            ClientId::new("deadline-test").expect("client id"),
+        );
+        let limiter = Limiter::new(source, config).expect("limiter");
+        let refill_sent = tokio::time::Instant::now();
+        assert!(limiter.check("k", 1).await.expect("check").allowed);
+        let held = || limiter.check("k", 1).now_or_never();
+        let spent = held().expect("decided on the first poll").expect("check");
+        assert!(spent.allowed, "held credits are live");
+        tokio::time::advance(Duration::from_millis(48)).await;
+        let spent = held().expect("decided on the first poll").expect("check");
+        assert!(spent.allowed, "1 ms before the deadline the credits live");
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert_eq!(
+            tokio::time::Instant::now() - refill_sent,
+            Duration::from_millis(49),
+            "at the deadline"
+        );
+        let refused = limiter.check("k", 1).await.expect("check");
+        assert!(!refused.allowed, "credits at their deadline are dead");
+        let stats = limiter.stats();
+        assert_eq!(stats.admitted_tokens, 3);
+        assert_eq!(stats.tokens_expired, 97);
     }
 
     /// OS threads checking one key at once — lock-free spends racing the
