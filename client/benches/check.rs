@@ -79,6 +79,18 @@ fn leased_limiter(runtime: &tokio::runtime::Runtime, keys: &[String]) -> Limiter
 
 type Governor = governor::DefaultKeyedRateLimiter<String>;
 
+/// One check of `key` in leased mode with credits held: it completes on
+/// its first poll, without a wait or a network call.
+#[inline(always)]
+fn check_held(limiter: &Limiter, key: &str) {
+    let decision = limiter
+        .check(key, 1)
+        .now_or_never()
+        .expect("a check with credits held needs no wait")
+        .expect("local check");
+    assert!(decision.allowed);
+}
+
 fn governor_limiter() -> Governor {
     let quota = governor::Quota::per_second(NonZeroU32::MAX).allow_burst(NonZeroU32::MAX);
     governor::RateLimiter::keyed(quota)
@@ -139,13 +151,7 @@ fn check(c: &mut Criterion) {
                 b.iter_custom(|iterations| {
                     let limiter = limiter.clone();
                     timed(&handle, threads, iterations, &keys, move |key| {
-                        // Credits are held: the check completes on its first poll.
-                        let decision = limiter
-                            .check(key, 1)
-                            .now_or_never()
-                            .expect("a check with credits held needs no wait")
-                            .expect("local check");
-                        assert!(decision.allowed);
+                        check_held(&limiter, key)
                     })
                 })
             });
@@ -189,14 +195,7 @@ fn paired(rounds: usize) {
                     threads,
                     PAIRED_ROUND_CHECKS,
                     &keys,
-                    move |key| {
-                        let decision = limiter
-                            .check(key, 1)
-                            .now_or_never()
-                            .expect("a check with credits held needs no wait")
-                            .expect("local check");
-                        assert!(decision.allowed);
-                    },
+                    move |key| check_held(&limiter, key),
                 ));
                 let governor = Arc::clone(&governor);
                 let keyed = per_check(timed(
