@@ -98,7 +98,8 @@ pub struct NodeConfig {
     pub admin_timeout_ms: u64,
     /// Most commands in one Raft entry (group commit).
     pub max_batch_commands: usize,
-    /// Capacity of the queue in front of the batcher; a full queue answers
+    /// Capacity, in commands, of the queue in front of the batcher (the
+    /// items of a `LeaseBatch` count one each); a full queue answers
     /// `UNAVAILABLE` (back-pressure) instead of queueing without bound.
     pub batch_queue_capacity: usize,
     /// Most proposals replicating at once. One is fastest when every member

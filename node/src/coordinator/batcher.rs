@@ -12,8 +12,9 @@
 //! that does not fit waits for the next proposal), stamps it with the
 //! injected wall clock and proposes it. So a batch is flushed as soon as a
 //! previous proposal finishes, and is never larger than `max_batch`. A group
-//! costs the queue one slot, one reply channel and one wake-up however many
-//! commands it holds. A full queue is refused at once
+//! costs one reply channel and one wake-up however many commands it holds.
+//! The queue is bounded in commands (a group counts every command it holds);
+//! a submission that would pass the bound is refused at once
 //! ([`ProposeError::Overloaded`]) rather than growing without bound.
 
 use std::sync::Arc;
@@ -22,7 +23,7 @@ use futures::future::BoxFuture;
 use leasehold_client::transport::WallClock;
 use leasehold_core::coordinator::{Command, Outcome, Proposal, ProposalResult};
 use leasehold_proto::LeaderHint;
-use tokio::sync::{mpsc, oneshot, watch, Semaphore};
+use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore};
 use tracing::Instrument;
 
 use super::metrics::NodeMetrics;
@@ -64,7 +65,8 @@ pub trait Proposer: Send + Sync + 'static {
 pub struct BatcherOptions {
     /// Most commands per proposal.
     pub max_batch: usize,
-    /// Capacity of the submission queue.
+    /// Most commands queued and not yet in a proposal (a group counts
+    /// every command it holds).
     pub queue_capacity: usize,
     /// Most proposals replicating at once.
     pub max_inflight: usize,
@@ -79,12 +81,17 @@ struct Pending {
     /// The submitter's span: the batch's span is a child of the first
     /// submitter's and linked to every other one.
     span: tracing::Span,
+    /// The group's room in the queue, one permit per command; handed back
+    /// when the group is taken into a proposal.
+    _room: OwnedSemaphorePermit,
 }
 
 /// The submitting side of the group-commit task. Cheap to clone.
 #[derive(Clone)]
 pub struct Batcher {
     queue: mpsc::Sender<Pending>,
+    /// Free room in the queue, in commands (`queue_capacity` in all).
+    room: Arc<Semaphore>,
     /// Most commands per proposal (and so per submitted group).
     max_batch: usize,
 }
@@ -92,10 +99,7 @@ pub struct Batcher {
 impl std::fmt::Debug for Batcher {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Batcher")
-            .field(
-                "queued",
-                &(self.queue.max_capacity() - self.queue.capacity()),
-            )
+            .field("free_room", &self.room.available_permits())
             .finish()
     }
 }
@@ -110,10 +114,21 @@ impl Batcher {
         metrics: Arc<NodeMetrics>,
         stop: watch::Receiver<bool>,
     ) -> (Self, tokio::task::JoinHandle<()>) {
-        let (queue, receiver) = mpsc::channel(options.queue_capacity.max(1));
+        let capacity = options.queue_capacity.max(1);
+        // Every submission holds at least one permit of `room`, so the
+        // channel itself never fills before the room runs out.
+        let (queue, receiver) = mpsc::channel(capacity);
+        let room = Arc::new(Semaphore::new(capacity));
         let task = tokio::spawn(run(receiver, proposer, clock, options, metrics, stop));
         let max_batch = options.max_batch.max(1);
-        (Self { queue, max_batch }, task)
+        (
+            Self {
+                queue,
+                room,
+                max_batch,
+            },
+            task,
+        )
     }
 
     /// Queues `command` for the next proposal and waits for its outcome.
@@ -146,12 +161,17 @@ impl Batcher {
         if commands.is_empty() {
             return Ok(Vec::new());
         }
+        let room = u32::try_from(commands.len())
+            .ok()
+            .and_then(|count| Arc::clone(&self.room).try_acquire_many_owned(count).ok())
+            .ok_or(ProposeError::Overloaded)?;
         let (reply, outcome) = oneshot::channel();
         self.queue
             .try_send(Pending {
                 commands,
                 reply,
                 span: tracing::Span::current(),
+                _room: room,
             })
             .map_err(|e| match e {
                 mpsc::error::TrySendError::Full(_) => ProposeError::Overloaded,
@@ -352,15 +372,18 @@ mod tests {
         }
     }
 
-    fn start(
-        fail: bool,
-        max_batch: usize,
-    ) -> (
+    type Started = (
         Batcher,
         Arc<FakeRaft>,
         watch::Sender<bool>,
         tokio::task::JoinHandle<()>,
-    ) {
+    );
+
+    fn start(fail: bool, max_batch: usize) -> Started {
+        start_with_queue(fail, max_batch, 1024)
+    }
+
+    fn start_with_queue(fail: bool, max_batch: usize, queue_capacity: usize) -> Started {
         let raft = Arc::new(FakeRaft {
             state: Mutex::default(),
             batches: Mutex::default(),
@@ -381,7 +404,7 @@ mod tests {
         let (stop_tx, stop) = watch::channel(false);
         let options = BatcherOptions {
             max_batch,
-            queue_capacity: 1024,
+            queue_capacity,
             max_inflight: 1,
         };
         let (batcher, task) = Batcher::spawn(
@@ -481,6 +504,41 @@ mod tests {
         assert!(batches.iter().all(|&size| size <= 4), "{batches:?}");
         assert_eq!(batches.iter().sum::<usize>(), 10);
         assert!(batcher.submit_all(Vec::new()).await.unwrap().is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_queue_bounds_commands_not_submissions() {
+        let (batcher, _raft, _stop, _task) = start_with_queue(false, 10, 10);
+        let submit = |count: u64| {
+            let b = batcher.clone();
+            tokio::spawn(async move { b.submit_all((1..=count).map(|_| lease(1)).collect()).await })
+        };
+        // The first group goes straight into a proposal (replicating for
+        // 5 ms); the second, of 8, waits in the queue behind it.
+        // Lets every runnable task run; time stands still (it is paused and
+        // this task stays runnable), so the first proposal stays in flight.
+        let settle = || async {
+            for _ in 0..16 {
+                tokio::task::yield_now().await;
+            }
+        };
+        let first = submit(10);
+        settle().await;
+        let second = submit(8);
+        settle().await;
+        // 8 + 3 commands would pass the bound of 10: refused at once, as one
+        // group, although the queue holds a single submission.
+        assert_eq!(
+            batcher.submit_all((0..3).map(|_| lease(1)).collect()).await,
+            Err(ProposeError::Overloaded)
+        );
+        // 8 + 2 fit.
+        let third = submit(2);
+        for (call, count) in [(first, 10), (second, 8), (third, 2)] {
+            assert_eq!(call.await.unwrap().unwrap().len(), count);
+        }
+        // Everything was proposed: the room is whole again.
+        assert_eq!(batcher.room.available_permits(), 10);
     }
 
     #[tokio::test]
