@@ -301,6 +301,25 @@ impl WeightedFairEscrow {
         Some((g + grantable, g))
     }
 
+    /// The most of `cost` tokens `tenant` could be admitted now from the
+    /// budget held (0 when none, or when the tenant is unknown): the
+    /// largest `c ≤ cost` that [`Self::check`] would admit without asking
+    /// the pool. Admission is monotone in the cost (a smaller cost stays
+    /// within `l_rem`, within the guarantee or within what may be
+    /// borrowed), so this searches by halves.
+    pub fn admissible(&self, tenant: &TenantId, cost: u64) -> u64 {
+        let (mut admitted, mut refused) = (0u64, cost.saturating_add(1));
+        while refused - admitted > 1 {
+            let middle = admitted + (refused - admitted) / 2;
+            if self.would_admit(tenant, middle) {
+                admitted = middle;
+            } else {
+                refused = middle;
+            }
+        }
+        admitted
+    }
+
     fn would_admit(&self, tenant: &TenantId, cost: u64) -> bool {
         let used = self.used_by(tenant);
         self.ceiling(tenant, cost)

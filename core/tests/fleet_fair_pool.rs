@@ -3,7 +3,11 @@
 //! coordinator state machine's region fair pool, with exactly-once release
 //! ids, under lost answers and calls that never arrive: Σ admitted per
 //! window never exceeds L. At steady overload the regions split each window
-//! by weight at two pool calls per region per window.
+//! by weight at fewer than two pool calls per region per window (each joins
+//! once for its share: the leader's expected standing counts the regions
+//! of the window before that have not joined yet); a region that goes away
+//! leaves nothing stranded, and one that comes back is served its share
+//! again from the window after.
 
 mod fleet_support;
 
@@ -294,7 +298,7 @@ fn a_release_retried_after_a_grant_would_over_admit() {
 /// warm start joins for half the previous guarantee and asks for the rest
 /// next; a region held at its share stops looking).
 #[test]
-fn steady_overload_costs_two_pool_calls_per_region_per_window() {
+fn steady_overload_costs_at_most_five_pool_calls_for_three_regions_per_window() {
     let limit = 600;
     let mut fleet = Fleet::new(limit, 3, NODE_RELEASE_IDLE_MS);
     let answered = [Delivery::Answered];
@@ -313,9 +317,15 @@ fn steady_overload_costs_two_pool_calls_per_region_per_window() {
     // as large again as the budget.
     let first = fleet.grant_calls.get(&start).copied().unwrap_or(0);
     assert!(first <= 50, "{first} pool calls in the first window");
+    // Each region joins once for its whole share; the two that join
+    // before every region has look once more when the leader stops
+    // expecting the others (one may have gone): 5 calls, not 6.
     for w in &steady {
         let calls = fleet.grant_calls.get(w).copied().unwrap_or(0);
-        assert_eq!(calls, 6, "pool calls in window {w} at steady state");
+        assert!(
+            (3..=5).contains(&calls),
+            "{calls} pool calls in window {w} at steady state"
+        );
     }
     for w in &steady {
         let shares: Vec<u64> = (0..3).map(|r| fleet.admitted.of(*w, &r)).collect();
@@ -327,6 +337,68 @@ fn steady_overload_costs_two_pool_calls_per_region_per_window() {
             assert!(
                 got.abs_diff(ideal) <= limit / 50,
                 "window {w}: region {i} got {got}, ideal {ideal}"
+            );
+        }
+    }
+}
+
+/// Three regions of weights 1, 2, 3 in steady overload; region 2 goes
+/// quiet in window 8 and comes back in window 12. The window it left is
+/// still used to ≥ 99 % by the other two (the leader stops expecting it a
+/// quarter window in, and they look again then), split 1:2. The window it
+/// returns in it may get nothing (the others joined for their shares
+/// before it came, and grants are never taken back); from the next one on
+/// every region is within 2 % of L of its weighted share again: the
+/// leader caps the others' joins while it is expected.
+#[test]
+fn a_region_that_leaves_strands_nothing_and_one_that_returns_is_served_again() {
+    let limit = 600;
+    let mut fleet = Fleet::new(limit, 3, NODE_RELEASE_IDLE_MS);
+    let answered = [Delivery::Answered];
+    let weights = [1u64, 2, 3];
+    let start = 10 * WINDOW_MS;
+    let (leaves, returns, windows) = (8, 12, 18);
+    for step in 0..windows * WINDOW_MS * 10 {
+        let now = start + step / 10;
+        let r = (step % 3) as usize;
+        let window = (now - start) / WINDOW_MS;
+        if r == 2 && (leaves..returns).contains(&window) {
+            continue;
+        }
+        fleet.request(r, &tenant(r), weights[r], 1, &answered, now);
+    }
+    let shares = |fleet: &Fleet, w: u64| -> Vec<u64> {
+        (0..3)
+            .map(|r| fleet.admitted.of(start + w * WINDOW_MS, &r))
+            .collect()
+    };
+    for w in leaves..returns {
+        let got = shares(&fleet, w);
+        let total: u64 = got.iter().sum();
+        assert!(
+            total * 100 >= limit * 99 && total <= limit,
+            "window {w}: {got:?}"
+        );
+        assert_eq!(got[2], 0);
+        if w > leaves {
+            assert!(
+                got[0].abs_diff(limit / 3) <= limit / 50,
+                "window {w}: {got:?}"
+            );
+        }
+    }
+    for w in returns + 1..windows {
+        let got = shares(&fleet, w);
+        let total: u64 = got.iter().sum();
+        assert!(
+            total * 100 >= limit * 99 && total <= limit,
+            "window {w}: {got:?}"
+        );
+        for (i, share) in got.iter().enumerate() {
+            let ideal = limit * weights[i] / 6;
+            assert!(
+                share.abs_diff(ideal) <= limit / 50,
+                "window {w}: region {i} got {share}, ideal {ideal} ({got:?})"
             );
         }
     }

@@ -27,6 +27,7 @@ mod windows;
 
 pub use command::*;
 pub use lease::MAX_REGIONS_PER_WINDOW;
+pub use pool::PoolView;
 pub use sessions::{
     MAX_RESPONSES_PER_SESSION, MAX_SESSIONS, MAX_SESSIONS_PER_PRINCIPAL, SESSION_MIN_RETAIN_MS,
     SESSION_OPENING_SEQS,

@@ -48,6 +48,7 @@ use crate::fair_pool::{next_grant, retire, standing, PoolMember, PoolStanding};
 use crate::ids::{Key, RegionId};
 use crate::policy::PolicyKind;
 use crate::shadow;
+use crate::window::WindowBounds;
 
 /// Every region of a window but `region`, as pool members, in sorted order.
 fn pool_members_besides<'a>(
@@ -61,6 +62,20 @@ fn pool_members_besides<'a>(
             weight: used.pool_weight,
             granted: used.granted,
         })
+}
+
+/// A read-only view of one key's pool window ([`CoordinatorState::pool_view`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolView {
+    /// The window.
+    pub bounds: WindowBounds,
+    /// Its effective limit.
+    pub limit: u64,
+    /// Whether the governing policy is in shadow mode.
+    pub shadow: bool,
+    /// Every region of the window with its pool weight and total, in
+    /// sorted order (weight 0: retired, or holding lease grants only).
+    pub regions: Vec<(RegionId, PoolMember)>,
 }
 
 impl CoordinatorState {
@@ -85,6 +100,44 @@ impl CoordinatorState {
         };
         let others = pool_members_besides(&record.regions, region);
         Some(standing(record.limit, asker, others))
+    }
+
+    /// `key`'s pool window as of `now_ms`, read-only: the live window's
+    /// bounds, effective limit and regions, or — when no window is live —
+    /// the bounds and limit of the one a pool call would open, with no
+    /// regions. `None` for a key without a governing `fair` policy.
+    pub fn pool_view(&self, key: &Key, now_ms: u64) -> Option<PoolView> {
+        let policy = self.policies.lookup(key.as_str())?;
+        if policy.kind != PolicyKind::Fair {
+            return None;
+        }
+        let view = match self.windows.live(key, now_ms) {
+            Some(record) => PoolView {
+                bounds: record.bounds,
+                limit: record.limit,
+                shadow: policy.shadow,
+                regions: record
+                    .regions
+                    .iter()
+                    .map(|(id, used)| {
+                        (
+                            id.clone(),
+                            PoolMember {
+                                weight: used.pool_weight,
+                                granted: used.granted,
+                            },
+                        )
+                    })
+                    .collect(),
+            },
+            None => PoolView {
+                bounds: self.windows.next_bounds(key, policy.window_ms, now_ms),
+                limit: policy.limit,
+                shadow: policy.shadow,
+                regions: Vec::new(),
+            },
+        };
+        Some(view)
     }
 
     pub(super) fn pool_grant(

@@ -10,32 +10,56 @@
 //! Rules:
 //! - **Deadline**: a pool grant lives until the local monotonic time the
 //!   call was sent plus the lifetime the coordinator returned; without a
-//!   live grant the key must join the pool again ([`FairStep::Join`]).
+//!   live grant the key must join the pool again ([`FairStep::Join`]) —
+//!   but not before the leader's window has rolled: for the round trip of
+//!   the call that set the deadline (at most a fiftieth of the window)
+//!   after it, requests are denied until then instead of joining (a join
+//!   sent earlier would be answered for the window that is ending).
 //! - **Warm start**: a key that held a grant in the window right before
 //!   expects to need `min(previous admissions + step, previous guarantee)`
 //!   — its guarantee being what the pool reserved for it as of its last
-//!   answer ([`PoolStanding`]). It joins for half of that and asks for the
-//!   whole with its next ask, so steady demand costs two pool calls per
-//!   window instead of a ramp. Half, because a guarantee heard early in a
-//!   window (before other regions joined) can be too large: a join of
-//!   the whole would let the first region of a window take what regions
-//!   joining a moment later are owed, and the demo's weighted shares then
-//!   drift by 7–15 %; by the second ask the others have joined and the
-//!   pool's ceiling protects them. The join declares the region's weight
-//!   as the requester's plus the other tenants of that window. A key
-//!   without such a history joins for the request's need alone.
+//!   answer ([`PoolStanding`]), scaled by the region weight it joins with
+//!   over the weight that guarantee was computed with (a tenant's demand
+//!   split moves weight between regions, leaving the sum as it was). When
+//!   that guarantee was the leader's *expected* one (it counted the
+//!   regions of the window before that had not asked yet:
+//!   [`crate::pool_roster`]), it was the region's share among all of them
+//!   and the key joins for the whole of it: steady demand costs one pool
+//!   call per window. Otherwise (a leader that did not say: after a leader
+//!   change, an older leader) a guarantee heard early in a window, before
+//!   other regions joined, can be too large: a join of the whole would let
+//!   the first region of a window take what regions joining a moment later
+//!   are owed (the demo's weighted shares then drift by 7–15 %), so the
+//!   key joins for half of it and asks for the rest with its next ask, by
+//!   when the others have joined and the pool's ceiling protects them. The
+//!   join declares the region's weight as the requester's plus the other
+//!   tenants of that window. A key without such a history joins for the
+//!   request's need alone.
 //! - **Batching**: when short, the key asks for a batch beyond the need,
 //!   never beyond L: the largest of `lease_size`, a quarter of what the
 //!   key admitted in the previous window (`step`) and half its budget.
 //! - **Ceiling**: a grant of less than asked, or a grant that the answer's
-//!   standing says is all the region could hold now (`ceiling ≤ granted`),
-//!   means the region is at its fair ceiling: the key denies without
-//!   asking until `re_ask_ms` later (other regions may release
-//!   meanwhile), twice as long after each look that raised nothing — a
-//!   count that carries into the next window, so a region held at its
-//!   share by steady competition stops looking every window — and says so
-//!   in `retry_after_ms`. A look that raises the total resets the count.
-//! - **Reclaim**: [`FairKey::begin_release`] lowers the budget to what was
+//!   standing (the expected one when the leader said) puts within `L / 200`
+//!   of all the region could hold now (`ceiling ≤ granted + L / 200`: the
+//!   pool's rounding is not worth a call), means the region is at its fair
+//!   ceiling: the key denies without asking until `re_ask_ms` later (other
+//!   regions may release meanwhile), twice as long after each look that
+//!   raised nothing — a count that carries into the next window, so a
+//!   region held at its share by steady competition stops looking every
+//!   window — and says so in `retry_after_ms`. A look that raises the
+//!   total by more than the rounding resets the count. When only regions
+//!   the leader still expects hold it back (expected ceiling below the
+//!   plain one), the key looks again once the leader stops expecting them
+//!   (a quarter window in, plus a hundredth for the clocks): a region that
+//!   did not come leaves its share to the others.
+//! - **Part serves**: unless the request is whole-or-nothing (a `Check`),
+//!   a request that cannot have all it asks for is admitted for what the
+//!   tenant may still take ([`WeightedFairEscrow::admissible`]), so credits
+//!   are not left in the window for want of a full batch.
+//! - **Reclaim**: only a key that holds something back releases: tokens
+//!   granted and not admitted, or a guarantee above its total (a key that
+//!   spent its whole grant at its share has nothing to give).
+//!   [`FairKey::begin_release`] lowers the budget to what was
 //!   admitted *before* the release is sent, and the release stays pending
 //!   until a definitive answer; the caller must resend it (same request id)
 //!   before any other pool call ([`FairKey::pending_release`]): a grant
@@ -65,6 +89,7 @@ use crate::decision::Decision;
 use crate::demand_board::MAX_REPORTED_TENANTS;
 use crate::fair_pool::PoolStanding;
 use crate::ids::TenantId;
+use crate::pool_roster::EXPECTATION_SHARE;
 use crate::wfe::{RecordedAsk, WeightedFairEscrow};
 use crate::window::WindowBounds;
 
@@ -124,6 +149,9 @@ pub struct PoolAnswer {
     /// Where the region stands in the pool after the grant, when the
     /// coordinator said.
     pub standing: Option<PoolStanding>,
+    /// The same, also counting the regions the leader expects to join the
+    /// window early on ([`crate::pool_roster`]), when it said.
+    pub expected: Option<PoolStanding>,
 }
 
 /// A pool release as answered by the coordinator.
@@ -164,7 +192,28 @@ struct Granted {
     exhausted_until_ms: u64,
     /// The region's guarantee as of the latest answer in this window.
     guarantee: Option<u64>,
+    /// Whether that guarantee counted the regions the leader expected
+    /// (so it is the region's share among all of them, not only among
+    /// those that had asked by then).
+    guarantee_counts_expected: bool,
+    /// The region weight that guarantee was computed with.
+    guarantee_weight: u64,
+    /// The round trip of the call whose answer set the deadline: the
+    /// leader's window ends up to that much after the deadline here.
+    round_trip_ms: u64,
     retired: bool,
+}
+
+impl Granted {
+    /// Whether retiring would hand anything back: tokens granted and not
+    /// admitted, or a guarantee (as last heard) above the region's total
+    /// that the pool keeps reserving for it. A region that spent its whole
+    /// grant at or above its guarantee — one whose clients only wait out a
+    /// denial — has nothing to give and sends no release.
+    fn holds_back_anything(&self) -> bool {
+        let total = self.escrow.budget();
+        self.escrow.total_used() < total || self.guarantee.is_some_and(|g| g > total)
+    }
 }
 
 /// One fair key's state at an escrow node (see the module doc).
@@ -185,11 +234,14 @@ pub struct FairKey<Id> {
     /// Tokens admitted in the previous window: asks step by a quarter of it.
     previous_used: u64,
     /// What the last join expected to need (the warm start): the join asks
-    /// half of it, the first ask after it the rest.
+    /// all of it, or half when the guarantee it rests on did not count the
+    /// expected regions (the first ask after it then asks the rest).
     warm_target: u64,
     /// Looks at the ceiling in a row that raised nothing (across windows):
     /// the next waits `re_ask_ms` doubled that many times.
     fruitless_re_asks: u32,
+    /// The region weight of the pool call in flight (or the last one).
+    asked_weight: u64,
 }
 
 impl<Id: Clone> FairKey<Id> {
@@ -206,6 +258,7 @@ impl<Id: Clone> FairKey<Id> {
             previous_used: 0,
             warm_target: 0,
             fruitless_re_asks: 0,
+            asked_weight: 0,
         }
     }
 
@@ -282,22 +335,45 @@ impl<Id: Clone> FairKey<Id> {
     }
 
     /// Decides `cost` tokens for `tenant` (weight ≥ 1) at monotonic
-    /// `now_ms`; `lease_size` is the batch to ask beyond the need.
+    /// `now_ms`; `lease_size` is the batch to ask beyond the need. Unless
+    /// `whole_or_nothing`, a request that cannot have all `cost` tokens
+    /// (and may not ask the pool for more) is admitted for what the tenant
+    /// may still take, when that is at least one.
     pub fn decide(
         &mut self,
         tenant: &TenantId,
         weight: u64,
         cost: u64,
         lease_size: u64,
+        whole_or_nothing: bool,
         now_ms: u64,
     ) -> FairStep {
         let cost = cost.max(1);
         let weight = self.split_weight(tenant, weight);
+        if let Some(state) = self.granted.as_ref() {
+            // The grant has just expired here, but the leader's window ends
+            // up to a round trip later: a join now would be answered for
+            // the old window. Wait until it has rolled.
+            let window_ms = state.window.end_ms.saturating_sub(state.window.start_ms);
+            let rolled_at = state
+                .deadline_ms
+                .saturating_add(state.round_trip_ms.min(window_ms / 50));
+            if now_ms >= state.deadline_ms && now_ms < rolled_at {
+                return FairStep::Deny {
+                    retry_after_ms: rolled_at - now_ms,
+                    limit: state.escrow.limit(),
+                    window_end_ms: state.window.end_ms,
+                };
+            }
+        }
         let Some(state) = self.granted.as_mut().filter(|g| now_ms < g.deadline_ms) else {
-            self.warm_target = self.warm_start(lease_size, now_ms);
+            let region_weight = self.join_weight(tenant, weight, now_ms);
+            let (target, whole) = self.warm_start(lease_size, region_weight, now_ms);
+            self.warm_target = target;
+            self.asked_weight = region_weight;
             return FairStep::Join {
-                region_weight: self.join_weight(tenant, weight, now_ms),
-                want_total: cost.max(self.warm_target / 2),
+                region_weight,
+                want_total: cost.max(if whole { target } else { target / 2 }),
             };
         };
         let remaining = state.deadline_ms - now_ms;
@@ -338,20 +414,52 @@ impl<Id: Clone> FairKey<Id> {
                     .max(state.escrow.budget().saturating_add(step))
                     .max(self.warm_target)
                     .min(limit.max(want));
+                self.asked_weight = region_weight;
                 FairStep::Ask {
                     region_weight,
                     want_total,
                 }
             }
-            None => FairStep::Deny {
-                retry_after_ms: if at_ceiling {
-                    state.exhausted_until_ms - now_ms
+            None => {
+                // Credits may be served in part: what the tenant may still
+                // take, when that is less than asked.
+                let part = if whole_or_nothing {
+                    0
                 } else {
-                    decision.retry_after_ms
-                },
-                limit: decision.limit,
-                window_end_ms: window.end_ms,
-            },
+                    state.escrow.admissible(tenant, cost - 1)
+                };
+                if part > 0 {
+                    let mut ask = RecordedAsk {
+                        current: state.escrow.budget(),
+                        asked: None,
+                    };
+                    let served =
+                        state
+                            .escrow
+                            .check(tenant, weight, part, window, coordinator_now, &mut ask);
+                    if served.allowed {
+                        return FairStep::Admit {
+                            served: Served {
+                                granted: part,
+                                window_start_ms: window.start_ms,
+                                window_end_ms: window.end_ms,
+                                remaining_lifetime_ms: remaining,
+                                from_fallback: false,
+                            },
+                            limit: served.limit,
+                        };
+                    }
+                }
+                FairStep::Deny {
+                    retry_after_ms: if at_ceiling {
+                        state.exhausted_until_ms - now_ms
+                    } else {
+                        decision.retry_after_ms
+                    },
+                    limit: decision.limit,
+                    window_end_ms: window.end_ms,
+                }
+            }
         }
     }
 
@@ -375,22 +483,36 @@ impl<Id: Clone> FairKey<Id> {
             .fold(weight, |sum, (_, w, _)| sum.saturating_add(w))
     }
 
-    /// What to join a new window with (see the module doc): 0 without a
-    /// grant in the window right before `now_ms` or a guarantee from it.
-    fn warm_start(&self, lease_size: u64, now_ms: u64) -> u64 {
+    /// What to join a new window with `region_weight` (see the module
+    /// doc), and whether to join for all of it (the guarantee it rests on
+    /// counted the expected regions): 0 without a grant in the window
+    /// right before `now_ms` or a guarantee from it. The guarantee is
+    /// scaled by the region's weight now over the weight it was computed
+    /// with: a tenant's demand split moves weight between regions from
+    /// window to window, leaving the sum of the weights as it was.
+    fn warm_start(&self, lease_size: u64, region_weight: u64, now_ms: u64) -> (u64, bool) {
         let Some(state) = self.granted.as_ref() else {
-            return 0;
+            return (0, false);
         };
         let window_ms = state.window.end_ms.saturating_sub(state.window.start_ms);
         if now_ms >= state.deadline_ms.saturating_add(window_ms) {
-            return 0;
+            return (0, false);
         }
         let used = state.escrow.total_used();
         let step = lease_size.max(used / 4);
         let guarantee = state.guarantee.unwrap_or(0);
-        used.saturating_add(step)
+        let guarantee = if state.guarantee_weight > 0 {
+            let scaled = u128::from(guarantee) * u128::from(region_weight)
+                / u128::from(state.guarantee_weight);
+            u64::try_from(scaled).unwrap_or(u64::MAX)
+        } else {
+            guarantee
+        };
+        let target = used
+            .saturating_add(step)
             .min(guarantee)
-            .min(state.escrow.limit())
+            .min(state.escrow.limit());
+        (target, state.guarantee_counts_expected)
     }
 
     /// Feeds a pool grant answered for an ask of `want_total` sent at
@@ -406,10 +528,20 @@ impl<Id: Clone> FairKey<Id> {
     ) -> u64 {
         let deadline_ms = sent_ms.saturating_add(answer.remaining_lifetime_ms);
         let max_tenants = self.max_tenants;
+        // The expected standing, when the leader said, protects the regions
+        // that have not joined yet; the plain one counts only the others.
+        let hint = answer.expected.or(answer.standing);
+        // Room of a two-hundredth of L or less is the pool's rounding: not
+        // worth a call (whoever looks next takes it).
+        let slack = answer.limit / 200;
         let at_ceiling = answer.granted_total < want_total
-            || answer
-                .standing
-                .is_some_and(|s| s.ceiling <= answer.granted_total);
+            || hint.is_some_and(|s| s.ceiling <= answer.granted_total.saturating_add(slack));
+        // Held back only by regions that may yet not come: look again
+        // once they are no longer waited for.
+        let waiting_on_expected = match (answer.expected, answer.standing) {
+            (Some(expected), Some(plain)) => expected.ceiling < plain.ceiling,
+            _ => false,
+        };
         let fresh = self.granted.is_none();
         let state = self.granted.get_or_insert_with(|| Granted {
             escrow: WeightedFairEscrow::new(answer.limit, max_tenants),
@@ -417,6 +549,9 @@ impl<Id: Clone> FairKey<Id> {
             deadline_ms,
             exhausted_until_ms: 0,
             guarantee: None,
+            guarantee_counts_expected: false,
+            guarantee_weight: 0,
+            round_trip_ms: now_ms.saturating_sub(sent_ms),
             retired: false,
         });
         if state.window != answer.window {
@@ -428,14 +563,17 @@ impl<Id: Clone> FairKey<Id> {
             }
             state.window = answer.window;
             state.deadline_ms = deadline_ms;
+            state.round_trip_ms = now_ms.saturating_sub(sent_ms);
             state.exhausted_until_ms = 0;
             state.guarantee = None;
+            state.guarantee_counts_expected = false;
         } else if !fresh {
             state.deadline_ms = state.deadline_ms.min(deadline_ms);
             // An ask within the window (not a join): a look at the ceiling
             // that raised nothing doubles the next wait; one that raised
             // the total, or an ask that found room beyond it, resets it.
-            let raised = answer.granted_total > state.escrow.budget();
+            // Rounding (the slack above) does not count as a raise.
+            let raised = answer.granted_total > state.escrow.budget().saturating_add(slack);
             let look = state.exhausted_until_ms > 0;
             if raised && (look || !at_ceiling) {
                 self.fruitless_re_asks = 0;
@@ -443,8 +581,10 @@ impl<Id: Clone> FairKey<Id> {
                 self.fruitless_re_asks = self.fruitless_re_asks.saturating_add(1);
             }
         }
-        if let Some(standing) = answer.standing {
+        if let Some(standing) = hint {
             state.guarantee = Some(standing.guarantee);
+            state.guarantee_counts_expected = answer.expected.is_some();
+            state.guarantee_weight = self.asked_weight;
         }
         // Asking again rejoins the pool with the region's weight.
         state.retired = false;
@@ -454,7 +594,19 @@ impl<Id: Clone> FairKey<Id> {
             let wait = re_ask_ms
                 .max(1)
                 .saturating_mul(1u64 << self.fruitless_re_asks.min(16));
-            state.exhausted_until_ms = now_ms.saturating_add(wait).min(state.deadline_ms);
+            let mut until = now_ms.saturating_add(wait).min(state.deadline_ms);
+            if waiting_on_expected {
+                let window_ms = state.window.end_ms.saturating_sub(state.window.start_ms);
+                // The leader's clock runs up to a one-way trip ahead of
+                // this estimate: a hundredth of the window past its end.
+                let expecting_for = window_ms - window_ms / EXPECTATION_SHARE;
+                let lapse = state
+                    .deadline_ms
+                    .saturating_sub(expecting_for)
+                    .saturating_add(window_ms / 100);
+                until = until.min(lapse);
+            }
+            state.exhausted_until_ms = until.max(now_ms.saturating_add(1));
         } else {
             state.exhausted_until_ms = 0;
         }
@@ -483,7 +635,7 @@ impl<Id: Clone> FairKey<Id> {
             return Some(tried_ms.saturating_add(probe_interval_ms.max(1)));
         }
         let state = self.granted.as_ref()?;
-        if state.retired || now_ms >= state.deadline_ms {
+        if state.retired || now_ms >= state.deadline_ms || !state.holds_back_anything() {
             return None;
         }
         Some(last_request_ms.saturating_add(idle_ms))
@@ -500,7 +652,7 @@ impl<Id: Clone> FairKey<Id> {
         let state = self
             .granted
             .as_mut()
-            .filter(|g| !g.retired && now_ms < g.deadline_ms)?;
+            .filter(|g| !g.retired && now_ms < g.deadline_ms && g.holds_back_anything())?;
         let from_total = state.escrow.budget();
         let keep_total = state.escrow.total_used().min(from_total);
         state.escrow.retire(state.window, keep_total);

@@ -1013,7 +1013,11 @@ impl<R> KeyMachine<R> {
         let Some(working) = self.working.as_ref() else {
             return;
         };
-        let (weight, cost) = (working.request.weight.max(1), working.request.tokens);
+        let (weight, cost, whole_or_nothing) = (
+            working.request.weight.max(1),
+            working.request.tokens,
+            working.request.whole_or_nothing,
+        );
         let (limit, max_tenants) = (self.limit(), self.config.max_tenants);
         if asks_left == 0 {
             let answer = Acquired::Denied {
@@ -1030,7 +1034,14 @@ impl<R> KeyMachine<R> {
         let step = self
             .fair
             .get_or_insert_with(|| FairKey::new(max_tenants))
-            .decide(&tenant, weight, cost, lease_size, now.mono_ms);
+            .decide(
+                &tenant,
+                weight,
+                cost,
+                lease_size,
+                whole_or_nothing,
+                now.mono_ms,
+            );
         // Answers carry the key's limit L (the proto's contract), not
         // the tenant's ceiling in the region.
         let (region_weight, want_total) = match step {

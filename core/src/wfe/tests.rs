@@ -298,3 +298,38 @@ fn tenants_lists_each_tenants_weight_and_use() {
     );
     assert_eq!(listed[0].2, escrow.used_by(&tenant("t0")));
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// `admissible` is the largest cost a check would admit from the
+    /// budget held, after any history of checks.
+    #[test]
+    fn admissible_is_the_largest_cost_a_check_admits(
+        budget in 1u64..120,
+        steps in proptest::collection::vec((0usize..4, 1u64..5, 1u64..9), 0..40),
+        asker in 0usize..4,
+        asker_weight in 1u64..5,
+        cost in 1u64..40,
+    ) {
+        let mut escrow = WeightedFairEscrow::new(budget, 8);
+        let mut pool = WholeBudget(budget);
+        for (t, w, c) in steps {
+            escrow.check(&tenant(&format!("t{t}")), w, c, WINDOW, 10, &mut pool);
+        }
+        let who = tenant(&format!("t{asker}"));
+        // The tenant must be known before it can be admitted anything.
+        let mut probe = escrow.clone();
+        probe.check(&who, asker_weight, u64::MAX, WINDOW, 10, &mut RecordedAsk { current: probe.budget(), asked: None });
+        let got = probe.admissible(&who, cost);
+        let largest = (1..=cost)
+            .filter(|c| {
+                let mut trial = probe.clone();
+                let mut ask = RecordedAsk { current: trial.budget(), asked: None };
+                trial.check(&who, asker_weight, *c, WINDOW, 10, &mut ask).allowed
+            })
+            .max()
+            .unwrap_or(0);
+        prop_assert_eq!(got, largest);
+    }
+}

@@ -22,6 +22,7 @@ use leasehold_core::escrow::{
 use leasehold_core::fair_pool::PoolStanding;
 use leasehold_core::ids::{ClientId, Key, RegionId, RequestId, TenantId};
 use leasehold_core::policy::{OutagePolicy, Policy, PolicyKind};
+use leasehold_core::pool_roster::{PoolRoster, StandingAnswer};
 use leasehold_core::principal::Principal;
 use leasehold_core::window::WindowBounds;
 
@@ -111,6 +112,8 @@ pub struct Coordinator {
     pub policy: Policy,
     /// `None`: a leader that answers no tenant demand totals.
     pub board: Option<DemandBoard>,
+    /// `None`: a leader that answers no expected standing.
+    pub roster: Option<PoolRoster>,
     /// Per region: the release id it last sent and the request id that
     /// went under (every resend of a release carries the same one, as the
     /// node sends it).
@@ -153,6 +156,7 @@ impl Coordinator {
             key: Key::new("fleet/key").expect("valid key"),
             policy,
             board: Some(DemandBoard::default()),
+            roster: Some(PoolRoster::default()),
             releases: BTreeMap::new(),
         }
     }
@@ -260,11 +264,23 @@ impl Coordinator {
         else {
             panic!("{ask:?} is not a pool grant");
         };
+        // The leader caps an ask by the ceiling that counts the regions
+        // it expects early in a window, as the API does.
+        let cap = self.roster.as_ref().and_then(|roster| {
+            let view = self.state.pool_view(&self.key, stamp_ms)?;
+            roster.cap(
+                &view,
+                &self.key,
+                &region(region_index),
+                *region_weight,
+                stamp_ms,
+            )
+        });
         let command = Command::PoolGrant {
             key: self.key.clone(),
             region: region(region_index),
             region_weight: *region_weight,
-            want_total: *want_total,
+            want_total: cap.map_or(*want_total, |cap| (*want_total).min(cap)),
             request_id: None,
             caller: Principal::Anonymous,
         };
@@ -339,25 +355,39 @@ impl Coordinator {
         request_id
     }
 
-    /// A pool grant as the API answers it: with the region's standing
-    /// (its ceiling at least what it holds).
-    fn pool_answer(&self, region_index: usize, grant: &PoolGrantOutcome) -> PoolAnswer {
-        let standing = self
+    /// A pool grant as the API answers it: with the region's standing,
+    /// plain and expected (each ceiling at least what it holds).
+    fn pool_answer(&mut self, region_index: usize, grant: &PoolGrantOutcome) -> PoolAnswer {
+        let window = WindowBounds {
+            start_ms: grant.window_start_ms,
+            end_ms: grant.window_end_ms,
+        };
+        let at_least_held = |s: PoolStanding| PoolStanding {
+            guarantee: s.guarantee,
+            ceiling: s.ceiling.max(grant.granted_total),
+        };
+        let now = grant.coordinator_now_ms;
+        let view = self
             .state
-            .pool_standing(&self.key, &region(region_index), grant.window_start_ms)
-            .map(|s| PoolStanding {
-                guarantee: s.guarantee,
-                ceiling: s.ceiling.max(grant.granted_total),
-            });
+            .pool_view(&self.key, now)
+            .filter(|view| view.bounds == window);
+        let answer = match (view, self.roster.as_mut()) {
+            (Some(view), Some(roster)) => {
+                roster.answer(&view, &self.key, &region(region_index), now)
+            }
+            (Some(view), None) => StandingAnswer {
+                expected: None,
+                ..PoolRoster::default().answer(&view, &self.key, &region(region_index), now)
+            },
+            (None, _) => StandingAnswer::default(),
+        };
         PoolAnswer {
             granted_total: grant.granted_total,
             limit: grant.limit,
-            window: WindowBounds {
-                start_ms: grant.window_start_ms,
-                end_ms: grant.window_end_ms,
-            },
+            window,
             remaining_lifetime_ms: grant.window_end_ms - grant.coordinator_now_ms,
-            standing,
+            standing: answer.standing.map(at_least_held),
+            expected: answer.expected.map(at_least_held),
         }
     }
 

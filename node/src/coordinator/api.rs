@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use leasehold_core::coordinator::{Command, Outcome};
 use leasehold_core::demand_board::DemandBoard;
+use leasehold_core::pool_roster::{CappedAsks, PoolRoster};
 use leasehold_proto::convert::coordinator as convert;
 use leasehold_proto::convert::InvalidField;
 use leasehold_proto::refusal::{item_refusal, refusal, Reason};
@@ -36,6 +37,12 @@ pub struct CoordinatorApi {
     /// Tenants' demand reported with pool asks (a hint held while leading;
     /// see `leasehold_core::demand_board`).
     demand_board: Arc<std::sync::Mutex<DemandBoard>>,
+    /// The regions of recent pool windows (a hint held while leading; see
+    /// `leasehold_core::pool_roster`).
+    pool_roster: Arc<std::sync::Mutex<PoolRoster>>,
+    /// The totals asks were capped to, by request id (see
+    /// `leasehold_core::pool_roster::CappedAsks`).
+    capped_asks: Arc<std::sync::Mutex<CappedAsks>>,
 }
 
 impl CoordinatorApi {
@@ -44,6 +51,8 @@ impl CoordinatorApi {
         Self {
             node,
             demand_board: Arc::default(),
+            pool_roster: Arc::default(),
+            capped_asks: Arc::default(),
         }
     }
 
@@ -119,11 +128,43 @@ impl CoordinatorApi {
             .map_err(|e| self.invalid(e))?;
         let request = request.into_inner();
         let demand_window = request.demand_window_start_ms;
-        let command = convert::pool_grant_command(request, caller).map_err(|e| self.invalid(e))?;
-        let (key, region) = match &command {
-            Command::PoolGrant { key, region, .. } => (key.clone(), region.clone()),
-            _ => return Err(refusal(Reason::Internal, "not a pool grant")),
+        let mut command =
+            convert::pool_grant_command(request, caller).map_err(|e| self.invalid(e))?;
+        let Command::PoolGrant {
+            key,
+            region,
+            region_weight,
+            want_total,
+            request_id,
+            caller,
+        } = &mut command
+        else {
+            return Err(refusal(Reason::Internal, "not a pool grant"));
         };
+        let (key, region) = (key.clone(), region.clone());
+        // Early in a window, room is kept for the regions of the window
+        // before that have not asked yet (the proto's PoolGrantRequest).
+        let now_ms = self.node.clock.now_ms();
+        let view = self.node.state.read(|state| state.pool_view(&key, now_ms));
+        let cap = view.and_then(|view| {
+            self.pool_roster
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .cap(&view, &key, &region, *region_weight, now_ms)
+        });
+        // A retry of a capped ask goes out with the total its first
+        // attempt had: a request id names one request.
+        *want_total = self
+            .capped_asks
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .total(
+                caller,
+                request_id.as_ref(),
+                *want_total,
+                cap.map(|cap| cap.max(1)),
+                now_ms,
+            );
         match self.write(command).await? {
             Outcome::PoolGrant(grant) => {
                 let mut response = pb::PoolGrantResponse::from(&grant);
@@ -149,14 +190,27 @@ impl CoordinatorApi {
                 }
                 // The region's standing as this member applied it: a hint
                 // for how much to ask next (the proto's guarantee_total,
-                // ceiling_total).
-                let standing = self
+                // ceiling_total and their expected_* versions).
+                let now_ms = grant.coordinator_now_ms;
+                let view = self
                     .node
                     .state
-                    .read(|state| state.pool_standing(&key, &region, grant.window_start_ms));
-                if let Some(standing) = standing {
-                    response.guarantee_total = standing.guarantee;
-                    response.ceiling_total = standing.ceiling.max(grant.granted_total);
+                    .read(|state| state.pool_view(&key, now_ms))
+                    .filter(|view| view.bounds.start_ms == grant.window_start_ms);
+                if let Some(view) = view {
+                    let answer = self
+                        .pool_roster
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .answer(&view, &key, &region, now_ms);
+                    if let Some(standing) = answer.standing {
+                        response.guarantee_total = standing.guarantee;
+                        response.ceiling_total = standing.ceiling.max(grant.granted_total);
+                    }
+                    if let Some(expected) = answer.expected {
+                        response.expected_guarantee_total = expected.guarantee;
+                        response.expected_ceiling_total = expected.ceiling.max(grant.granted_total);
+                    }
                 }
                 Ok(Response::new(response))
             }

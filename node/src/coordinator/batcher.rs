@@ -77,7 +77,7 @@ struct Pending {
     /// At most `max_batch` commands.
     commands: Vec<Command>,
     /// Their outcomes, in order.
-    reply: oneshot::Sender<Result<Vec<Outcome>, ProposeError>>,
+    reply: Reply,
     /// The submitter's span: the batch's span is a child of the first
     /// submitter's and linked to every other one.
     span: tracing::Span,
@@ -279,11 +279,14 @@ fn batch_span(batch: &[Pending]) -> tracing::Span {
     span
 }
 
+/// Where a submission's outcomes go.
+type Reply = oneshot::Sender<Result<Vec<Outcome>, ProposeError>>;
+
 /// Hands each submission its outcomes: `replies` holds each one's reply
 /// channel and command count, in proposal order.
 fn deliver(
     result: Result<ProposalResult, ProposeError>,
-    replies: Vec<(oneshot::Sender<Result<Vec<Outcome>, ProposeError>>, usize)>,
+    replies: Vec<(Reply, usize)>,
     metrics: &NodeMetrics,
 ) {
     let commands: usize = replies.iter().map(|(_, count)| count).sum();

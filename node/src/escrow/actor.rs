@@ -477,6 +477,18 @@ impl KeyActor {
             Ok(grant) => {
                 self.shared.lease_round_trip.record_duration(sent.elapsed());
                 self.shared.set_reachable(true, &self.key, outage, None);
+                tracing::debug!(
+                    key = %self.key,
+                    region_weight,
+                    want_total,
+                    granted_total = grant.granted_total,
+                    guarantee_total = grant.guarantee_total,
+                    ceiling_total = grant.ceiling_total,
+                    expected_guarantee_total = grant.expected_guarantee_total,
+                    expected_ceiling_total = grant.expected_ceiling_total,
+                    window_start_ms = grant.window_start_ms,
+                    "pool grant answered"
+                );
                 let tenant_demands = grant
                     .settled_tenant_demands
                     .iter()
@@ -496,6 +508,10 @@ impl KeyActor {
                         standing: (grant.ceiling_total > 0).then_some(PoolStanding {
                             guarantee: grant.guarantee_total,
                             ceiling: grant.ceiling_total,
+                        }),
+                        expected: (grant.expected_ceiling_total > 0).then_some(PoolStanding {
+                            guarantee: grant.expected_guarantee_total,
+                            ceiling: grant.expected_ceiling_total,
                         }),
                     },
                     tenant_demands,

@@ -1154,3 +1154,70 @@ async fn demand_reports_count_only_for_the_window_before_the_grant() -> Result<(
     ensure!(totals == [("t".to_string(), 5)], "totals {totals:?}");
     Ok(())
 }
+
+/// Early in a window the leader keeps room for the regions of the window
+/// before that have not asked yet: a region asking for everything gets
+/// its expected ceiling, and the answer says where it stands counting
+/// them (`expected_*`) and not (`guarantee_total`, `ceiling_total`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn early_in_a_window_the_leader_keeps_room_for_the_regions_of_the_window_before() -> Result<()>
+{
+    const WINDOW_MS: u64 = 2_000;
+    let wall_ms = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64)
+    };
+    // Well inside a window (its first quarter is 500 ms long).
+    let into_window = |at: u64| async move {
+        let now = wall_ms();
+        let wait = (now / WINDOW_MS * WINDOW_MS + WINDOW_MS + at).saturating_sub(now);
+        tokio::time::sleep(Duration::from_millis(wait)).await;
+    };
+    let cluster = Cluster::start_initialised(3, |_| {}).await?;
+    let client = cluster.client()?;
+    client
+        .admin()
+        .set_policy(fair(counter_policy("expect/", 100, WINDOW_MS)))
+        .await?;
+    // A window where eu (weight 1) and us (weight 3) both ask: the leader
+    // records them. Nothing recorded before it: no expected standing.
+    into_window(50).await;
+    let first = client.pool_grant("expect/k", "eu", 1_000, 1).await?;
+    ensure!(
+        first.expected_ceiling_total == 0 && first.expected_guarantee_total == 0,
+        "nothing to expect in the key's first window: {first:?}"
+    );
+    client.pool_grant("expect/k", "us", 3_000, 1).await?;
+    // The next window, within its first quarter: us asks for all of L.
+    into_window(50).await;
+    let us = client.pool_grant("expect/k", "us", 3_000, 100).await?;
+    ensure!(
+        us.window_start_ms == first.window_start_ms + WINDOW_MS,
+        "{us:?}"
+    );
+    ensure!(
+        us.granted_total == 75,
+        "us must leave eu its guarantee (25 of 100): {us:?}"
+    );
+    ensure!(
+        (us.expected_guarantee_total, us.expected_ceiling_total) == (75, 75),
+        "{us:?}"
+    );
+    ensure!(
+        (us.guarantee_total, us.ceiling_total) == (100, 100),
+        "alone in the window so far: {us:?}"
+    );
+    let eu = client.pool_grant("expect/k", "eu", 1_000, 100).await?;
+    ensure!(eu.granted_total == 25, "{eu:?}");
+    ensure!(
+        (eu.expected_guarantee_total, eu.expected_ceiling_total) == (25, 25),
+        "everyone expected has asked: {eu:?}"
+    );
+    // Once the first quarter is over, nobody is expected any more: a
+    // region that did not come leaves its share to the others.
+    into_window(600).await;
+    let us = client.pool_grant("expect/k", "us", 3_000, 100).await?;
+    ensure!(us.granted_total == 100, "{us:?}");
+    Ok(())
+}

@@ -30,6 +30,7 @@ fn a_spanning_tenant_weighs_its_share_of_its_demand() {
         },
         remaining_lifetime_ms: start + WINDOW_MS - now,
         standing: None,
+        expected: None,
     };
     key.on_pool_answer(answer(0, 10), 10, 10, 10, RE_ASK_MS);
     key.note_demand(&tenant(1), 30);
@@ -59,7 +60,7 @@ fn a_spanning_tenant_weighs_its_share_of_its_demand() {
     assert_eq!(key.split_weight(&tenant(2), 3), 3 * WEIGHT_SCALE);
     assert_eq!(key.split_weight(&tenant(3), 1), WEIGHT_SCALE);
     // The region weight asked for carries the split weight.
-    match key.decide(&tenant(1), 2, 200, LEASE_SIZE, later + 1) {
+    match key.decide(&tenant(1), 2, 200, LEASE_SIZE, true, later + 1) {
         FairStep::Ask { region_weight, .. } => assert_eq!(region_weight, WEIGHT_SCALE),
         other => panic!("expected an ask, got {other:?}"),
     }
@@ -98,6 +99,7 @@ proptest! {
                 window: WindowBounds { start_ms: start, end_ms: start + WINDOW_MS },
                 remaining_lifetime_ms: WINDOW_MS,
                 standing: None,
+                expected: None,
             };
             key.on_pool_answer(answer(0), 1, 0, 0, RE_ASK_MS);
             key.note_demand(&tenant(0), *own);
@@ -110,4 +112,274 @@ proptest! {
         prop_assert!(sum <= declared + demands.len() as u64 && sum + demands.len() as u64 >= declared,
             "shares {} vs declared {}", sum, declared);
     }
+}
+
+fn window(start: u64) -> WindowBounds {
+    WindowBounds {
+        start_ms: start,
+        end_ms: start + WINDOW_MS,
+    }
+}
+
+fn standing(guarantee: u64, ceiling: u64) -> Option<PoolStanding> {
+    Some(PoolStanding { guarantee, ceiling })
+}
+
+/// A grant of `granted` for the window starting at `start`, answered at
+/// `now` (sent then too) with the given standings.
+fn grant(
+    granted: u64,
+    start: u64,
+    now: u64,
+    plain: Option<PoolStanding>,
+    expected: Option<PoolStanding>,
+) -> PoolAnswer {
+    PoolAnswer {
+        granted_total: granted,
+        limit: 1_000,
+        window: window(start),
+        remaining_lifetime_ms: start + WINDOW_MS - now,
+        standing: plain,
+        expected,
+    }
+}
+
+/// A key that admitted `used` (one tenant, weight 1) under a grant of
+/// `granted` in window 0 whose answer carried `expected`; returns its join
+/// of window 1.
+fn join_after(used: u64, granted: u64, expected: Option<PoolStanding>) -> FairStep {
+    let mut key: FairKey<u64> = FairKey::new(8);
+    match key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 1) {
+        FairStep::Join { .. } => {}
+        other => panic!("a new key joins, got {other:?}"),
+    }
+    key.on_pool_answer(
+        grant(granted, 0, 1, standing(300, 300), expected),
+        1,
+        1,
+        1,
+        RE_ASK_MS,
+    );
+    for _ in 0..used {
+        assert!(matches!(
+            key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 2),
+            FairStep::Admit { .. }
+        ));
+    }
+    key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, WINDOW_MS + 1)
+}
+
+/// With the leader's expected guarantee the key joins the next window for
+/// all it expects to need in one call; without it, for half.
+#[test]
+fn a_key_joins_for_its_whole_share_only_after_an_expected_guarantee() {
+    // Admitted 300 of 300; needs min(300 + 75, 300) = 300 next window.
+    match join_after(300, 300, standing(300, 300)) {
+        FairStep::Join { want_total, .. } => assert_eq!(want_total, 300),
+        other => panic!("expected a join, got {other:?}"),
+    }
+    match join_after(300, 300, None) {
+        FairStep::Join { want_total, .. } => assert_eq!(want_total, 150),
+        other => panic!("expected a join, got {other:?}"),
+    }
+    // Admitted 100: needs min(100 + 25, 300) = 125.
+    match join_after(100, 300, standing(300, 300)) {
+        FairStep::Join { want_total, .. } => assert_eq!(want_total, 125),
+        other => panic!("expected a join, got {other:?}"),
+    }
+}
+
+/// The warm start scales the guarantee by the region's weight now over
+/// the weight it was heard with.
+#[test]
+fn the_warm_start_follows_the_region_weight() {
+    let mut key: FairKey<u64> = FairKey::new(8);
+    // Weight 2 (a tenant of weight 2) when the guarantee was heard.
+    assert!(matches!(
+        key.decide(&tenant(0), 2, 1, LEASE_SIZE, true, 1),
+        FairStep::Join {
+            region_weight: 2_000,
+            ..
+        }
+    ));
+    key.on_pool_answer(
+        grant(400, 0, 1, standing(400, 400), standing(400, 400)),
+        1,
+        1,
+        1,
+        RE_ASK_MS,
+    );
+    while matches!(
+        key.decide(&tenant(0), 2, 1, LEASE_SIZE, true, 2),
+        FairStep::Admit { .. }
+    ) {}
+    // The next window's join weighs 1: half the weight, half the share.
+    match key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, WINDOW_MS + 1) {
+        FairStep::Join {
+            region_weight,
+            want_total,
+        } => assert_eq!((region_weight, want_total), (1_000, 200)),
+        other => panic!("expected a join, got {other:?}"),
+    }
+}
+
+/// Credits are served in part when the tenant may take fewer than asked;
+/// a whole-or-nothing request is denied instead.
+#[test]
+fn credits_are_served_in_part_but_checks_whole_or_nothing() {
+    let mut key: FairKey<u64> = FairKey::new(8);
+    key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 1);
+    // The pool grants 10 and says that is the ceiling.
+    key.on_pool_answer(grant(10, 0, 1, standing(10, 10), None), 1, 1, 1, RE_ASK_MS);
+    for _ in 0..2 {
+        assert!(matches!(
+            key.decide(&tenant(0), 1, 4, LEASE_SIZE, true, 2),
+            FairStep::Admit {
+                served: Served { granted: 4, .. },
+                ..
+            }
+        ));
+    }
+    assert!(matches!(
+        key.decide(&tenant(0), 1, 4, LEASE_SIZE, true, 3),
+        FairStep::Deny { .. }
+    ));
+    match key.decide(&tenant(0), 1, 4, LEASE_SIZE, false, 3) {
+        FairStep::Admit { served, .. } => assert_eq!(served.granted, 2),
+        other => panic!("expected a part serve, got {other:?}"),
+    }
+    assert!(matches!(
+        key.decide(&tenant(0), 1, 4, LEASE_SIZE, false, 4),
+        FairStep::Deny { .. }
+    ));
+}
+
+/// Right after its grant's deadline the key waits a round trip for the
+/// leader's window to roll before it joins the next.
+#[test]
+fn a_key_joins_the_next_window_only_once_the_leader_has_rolled() {
+    let mut key: FairKey<u64> = FairKey::new(8);
+    key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 100);
+    // Sent at 100, answered at 106 (a 6 ms round trip), 900 ms left: the
+    // deadline is 1 000 here.
+    let answer = PoolAnswer {
+        remaining_lifetime_ms: 900,
+        ..grant(50, 0, 100, standing(50, 1_000), None)
+    };
+    key.on_pool_answer(answer, 1, 100, 106, RE_ASK_MS);
+    match key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 1_002) {
+        FairStep::Deny { retry_after_ms, .. } => assert_eq!(retry_after_ms, 4),
+        other => panic!("expected a wait for the roll, got {other:?}"),
+    }
+    assert!(matches!(
+        key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 1_006),
+        FairStep::Join { .. }
+    ));
+}
+
+/// A key that spent its whole grant at its share has nothing to release;
+/// one holding unspent tokens or a larger guarantee does.
+#[test]
+fn only_a_key_holding_something_back_releases() {
+    let held = |granted: u64, guarantee: u64, used: u64| {
+        let mut key: FairKey<u64> = FairKey::new(8);
+        key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 1);
+        key.on_pool_answer(
+            grant(granted, 0, 1, standing(guarantee, granted), None),
+            1,
+            1,
+            1,
+            RE_ASK_MS,
+        );
+        for _ in 0..used {
+            key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 2);
+        }
+        (
+            key.release_at(2, 100, 0, 10, 3).is_some(),
+            key.begin_release(7, 3).is_some(),
+        )
+    };
+    assert_eq!(held(10, 10, 10), (false, false), "spent at its share");
+    assert_eq!(held(10, 10, 6), (true, true), "4 unspent");
+    assert_eq!(
+        held(10, 30, 10),
+        (true, true),
+        "a guarantee above its total"
+    );
+}
+
+/// A ceiling within the pool's rounding (L / 200) is the ceiling, and a
+/// look raising the total by no more than that counts as fruitless; when
+/// only regions the leader still expects hold the key back, it looks
+/// again once they are no longer expected.
+#[test]
+fn rounding_is_not_worth_a_call_and_expected_regions_lapse() {
+    let mut key: FairKey<u64> = FairKey::new(8);
+    key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 1);
+    // L = 1 000: slack 5. Ceiling 104 for a grant of 100: at the ceiling.
+    key.on_pool_answer(
+        grant(100, 0, 1, standing(100, 104), standing(100, 104)),
+        1,
+        1,
+        1,
+        RE_ASK_MS,
+    );
+    while matches!(
+        key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 2),
+        FairStep::Admit { .. }
+    ) {}
+    assert!(matches!(
+        key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 3),
+        FairStep::Deny { retry_after_ms, .. } if retry_after_ms == RE_ASK_MS - 2
+    ));
+    // The look after the wait raises by 3 (rounding): fruitless, so the
+    // next wait doubles.
+    let at = 1 + RE_ASK_MS;
+    assert!(matches!(
+        key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, at),
+        FairStep::Ask { .. }
+    ));
+    key.on_pool_answer(
+        grant(103, 0, at, standing(100, 103), None),
+        200,
+        at,
+        at,
+        RE_ASK_MS,
+    );
+    while matches!(
+        key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, at),
+        FairStep::Admit { .. }
+    ) {}
+    assert!(matches!(
+        key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, at),
+        FairStep::Deny { retry_after_ms, .. } if retry_after_ms == 2 * RE_ASK_MS
+    ));
+
+    // Held back by an expected region only (expected ceiling 100, plain
+    // 600), with a long wait: the key looks again when the first quarter
+    // (plus a hundredth) is over, at 250 + 10 here.
+    let mut key: FairKey<u64> = FairKey::new(8);
+    key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 1);
+    key.on_pool_answer(
+        grant(100, 0, 1, standing(600, 600), standing(100, 100)),
+        1,
+        1,
+        1,
+        10_000,
+    );
+    while matches!(
+        key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 2),
+        FairStep::Admit { .. }
+    ) {}
+    assert!(matches!(
+        key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 2),
+        FairStep::Deny {
+            retry_after_ms: 258,
+            ..
+        }
+    ));
+    assert!(matches!(
+        key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 260),
+        FairStep::Ask { .. }
+    ));
 }

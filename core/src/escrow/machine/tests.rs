@@ -136,6 +136,7 @@ fn pool_answer(granted_total: u64, limit: u64, now_ms: u64) -> PoolAnswer {
         window,
         remaining_lifetime_ms: window.end_ms - now_ms,
         standing: None,
+        expected: None,
     }
 }
 
@@ -723,6 +724,7 @@ impl Sim {
                             window,
                             remaining_lifetime_ms: window.end_ms - self.now,
                             standing: None,
+                            expected: None,
                         },
                         tenant_demands: Vec::new(),
                     },
