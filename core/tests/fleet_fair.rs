@@ -5,7 +5,8 @@
 //! region it is active in; every tenant's *global* allocation (summed over
 //! its regions) is compared with the flat weighted max-min oracle once the
 //! demand split has settled (the leader's totals of a window are answered
-//! two windows later, and a region joins a window with the weights it knew).
+//! two windows later, and a region splits a window by the totals it knew
+//! when it joined it).
 
 mod fleet_support;
 
@@ -21,9 +22,11 @@ use leasehold_core::water_fill::{water_fill, Claim};
 
 const L: u64 = 600;
 const WINDOW_MS: u64 = 1_000;
-const WINDOWS: u64 = 6;
-/// The first window every region joins with the split weights.
-const FIRST_SPLIT_WINDOW: u64 = 3;
+const WINDOWS: u64 = 7;
+/// The first window every region joins with the split weights (the
+/// totals of window 0 are answered with the joins of window 2 and weigh
+/// from the next join on: the split holds for a whole window).
+const FIRST_SPLIT_WINDOW: u64 = 4;
 /// A fair key's batch beyond the need (its lease size).
 const LEASE_SIZE: u64 = 4;
 /// The escrow node's default `--pool-release-idle-ms`.

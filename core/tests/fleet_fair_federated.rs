@@ -46,8 +46,9 @@ const LEASE_SIZE: u64 = 4;
 /// The escrow node's default `--pool-release-idle-ms`.
 const RELEASE_IDLE_MS: u64 = 1_000;
 /// The first window every region joins with the split weights (window 0's
-/// totals are answered in window 2).
-const FIRST_SPLIT_WINDOW: u64 = 3;
+/// totals are answered with the joins of window 2 and weigh from the next
+/// join on: the split holds for a whole window).
+const FIRST_SPLIT_WINDOW: u64 = 4;
 
 /// A tenant: global weight and, per region it is active in, the percent
 /// chance per millisecond that it offers a request there.
@@ -334,7 +335,7 @@ fn spanning_world(split: Split) -> Config {
                 offers: vec![(2, 80)],
             },
         ],
-        windows: 6,
+        windows: 7,
         max_delay_ms: 2,
         max_cost: 1,
         split,

@@ -81,7 +81,10 @@
 //!   thousandths ([`WEIGHT_SCALE`]) so the split stays exact: a tenant
 //!   active in several regions is not served k-fold. Without totals a
 //!   tenant weighs its full weight, as before. Weights are hints for
-//!   fairness; no weight can make the pool grant past L.
+//!   fairness; no weight can make the pool grant past L. The split a key
+//!   joins a window with holds for the whole window (totals a join's
+//!   answer brings weigh from the next join on): the region weight the
+//!   join declared and the tenants' weights inside the region then agree.
 
 use std::collections::BTreeMap;
 
@@ -242,6 +245,11 @@ pub struct FairKey<Id> {
     fruitless_re_asks: u32,
     /// The region weight of the pool call in flight (or the last one).
     asked_weight: u64,
+    /// Each split tenant's (own, total) demand as the key last joined a
+    /// window: the split holds for that whole window, so the region's
+    /// pool weight (declared at the join) and its tenants' weights agree
+    /// (`None` before any join: the live settled window).
+    basis: Option<BTreeMap<TenantId, (u64, u64)>>,
 }
 
 impl<Id: Clone> FairKey<Id> {
@@ -259,6 +267,7 @@ impl<Id: Clone> FairKey<Id> {
             warm_target: 0,
             fruitless_re_asks: 0,
             asked_weight: 0,
+            basis: None,
         }
     }
 
@@ -314,24 +323,51 @@ impl<Id: Clone> FairKey<Id> {
 
     /// The weight `tenant` declared as `weight` has here, in thousandths:
     /// its share of its own demand in the settled window (two before the
-    /// current one) when that window's totals are known.
+    /// current one) when that window's totals are known — as they were
+    /// when the key joined the current window, so that the split does not
+    /// move under the region weight the join declared (a join's answer
+    /// brings the next settled totals; they take effect at the next join).
     pub fn split_weight(&self, tenant: &TenantId, weight: u64) -> u64 {
         let scaled = weight.max(1).saturating_mul(WEIGHT_SCALE);
-        let Some((start, counts)) = self.settled.as_ref() else {
-            return scaled;
+        let shares = match self.basis.as_ref() {
+            Some(basis) => basis.get(tenant).copied(),
+            None => self.live_share(tenant),
         };
-        let total = self
-            .totals
-            .as_ref()
-            .filter(|(s, _)| s == start)
-            .and_then(|(_, totals)| totals.get(tenant).copied());
-        match (counts.get(tenant).copied(), total) {
-            (Some(own), Some(total)) if own > 0 && total > own => {
+        match shares {
+            Some((own, total)) if own > 0 && total > own => {
                 let share = u128::from(scaled) * u128::from(own) / u128::from(total);
                 u64::try_from(share).unwrap_or(scaled).max(1)
             }
             _ => scaled,
         }
+    }
+
+    /// `tenant`'s (own, total) demand in the settled window, when its
+    /// totals are known.
+    fn live_share(&self, tenant: &TenantId) -> Option<(u64, u64)> {
+        let (start, counts) = self.settled.as_ref()?;
+        let total = self
+            .totals
+            .as_ref()
+            .filter(|(s, _)| s == start)
+            .and_then(|(_, totals)| totals.get(tenant).copied())?;
+        Some((counts.get(tenant).copied()?, total))
+    }
+
+    /// Freezes the split for the window being joined (see
+    /// [`Self::split_weight`]).
+    fn freeze_split(&mut self) {
+        let basis = self
+            .settled
+            .as_ref()
+            .map(|(_, counts)| {
+                counts
+                    .keys()
+                    .filter_map(|tenant| Some((tenant.clone(), self.live_share(tenant)?)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        self.basis = Some(basis);
     }
 
     /// Decides `cost` tokens for `tenant` (weight ≥ 1) at monotonic
@@ -349,7 +385,7 @@ impl<Id: Clone> FairKey<Id> {
         now_ms: u64,
     ) -> FairStep {
         let cost = cost.max(1);
-        let weight = self.split_weight(tenant, weight);
+        let declared = weight;
         if let Some(state) = self.granted.as_ref() {
             // The grant has just expired here, but the leader's window ends
             // up to a round trip later: a join now would be answered for
@@ -366,6 +402,10 @@ impl<Id: Clone> FairKey<Id> {
                 };
             }
         }
+        if !self.is_live(now_ms) {
+            self.freeze_split();
+        }
+        let weight = self.split_weight(tenant, declared);
         let Some(state) = self.granted.as_mut().filter(|g| now_ms < g.deadline_ms) else {
             let region_weight = self.join_weight(tenant, weight, now_ms);
             let (target, whole) = self.warm_start(lease_size, region_weight, now_ms);
