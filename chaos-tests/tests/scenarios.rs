@@ -178,11 +178,11 @@ fn fair_pool_idle_region_reclaim() {
     // Without reclaim the busy region gets its guarantee, more once the
     // demand split weighs the quiet region by the little it asks; the
     // quiet region's reserve beyond what it admits is stranded in some
-    // windows. With reclaim the busy region takes it: in seeds 1–2, 0.98
-    // of what the quiet region left (windows used 0.98), against 0.93
-    // without (0.95).
+    // windows. With reclaim the busy region takes it: in seeds 1–2, 0.99
+    // of what the quiet region left (windows used 0.99), against 0.96
+    // without (0.97).
     assert!(
-        left_with >= 0.97 && used_with >= 0.97 && left_with - left_without >= 0.03,
+        left_with >= 0.97 && used_with >= 0.97 && left_with - left_without >= 0.02,
         "busy region's share of what the quiet one left: {left_with:.3} with reclaim, \
          {left_without:.3} without; windows used {used_with:.3} / {used_without:.3}"
     );

@@ -95,6 +95,28 @@ where
     }
 }
 
+/// What the pool reserves for the regions of `others` beyond what they
+/// hold: `Σ_j max(granted_j, g_j) − granted_j`, their guarantees not yet
+/// taken (with `asker` counted in the weights, as for [`standing`]). A
+/// region at its ceiling may find more once these regions release.
+pub fn reserved_unheld<I>(limit: u64, asker: PoolMember, others: I) -> u64
+where
+    I: IntoIterator<Item = PoolMember>,
+    I::IntoIter: Clone,
+{
+    let others = others.into_iter();
+    let total_weight: u128 =
+        others.clone().map(|m| u128::from(m.weight)).sum::<u128>() + u128::from(asker.weight);
+    let kept: u64 = others
+        .clone()
+        .filter(|m| m.weight == 0)
+        .fold(0u64, |sum, m| sum.saturating_add(m.granted));
+    let base = limit.saturating_sub(kept);
+    others.fold(0u64, |sum, m| {
+        sum.saturating_add(guarantee(base, m.weight, total_weight).saturating_sub(m.granted))
+    })
+}
+
 /// The asking region's new total grant (see the module doc for the formula).
 ///
 /// `asker` carries the asker's refreshed weight and current total; `others`

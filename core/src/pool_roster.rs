@@ -30,7 +30,7 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use crate::coordinator::{PoolView, MAX_REGIONS_PER_WINDOW};
-use crate::fair_pool::{standing, PoolMember, PoolStanding};
+use crate::fair_pool::{reserved_unheld, standing, PoolMember, PoolStanding};
 use crate::ids::{Key, RegionId, RequestId};
 use crate::principal::Principal;
 use crate::window::WindowBounds;
@@ -135,6 +135,9 @@ pub struct StandingAnswer {
     /// module doc); `None` when the roster holds nothing of the window
     /// before.
     pub expected: Option<PoolStanding>,
+    /// What the pool reserves for the other regions beyond what they
+    /// hold ([`reserved_unheld`]).
+    pub reserved_unheld: u64,
 }
 
 impl PoolRoster {
@@ -273,6 +276,20 @@ impl PoolRoster {
             return StandingAnswer::default();
         }
         let standing = Self::standing_in(view, region, None, &[]);
+        let own = view
+            .regions
+            .iter()
+            .find(|(id, _)| id == region)
+            .map(|(_, member)| *member)
+            .unwrap_or_default();
+        let unheld = reserved_unheld(
+            view.limit,
+            own,
+            view.regions
+                .iter()
+                .filter(|(id, _)| id != region)
+                .map(|(_, member)| *member),
+        );
         let expected = self
             .expected(key, view.bounds, now_ms, |id| {
                 view.regions.iter().any(|(r, _)| r == id)
@@ -287,6 +304,7 @@ impl PoolRoster {
         StandingAnswer {
             standing: Some(standing),
             expected,
+            reserved_unheld: unheld,
         }
     }
 

@@ -445,6 +445,7 @@ struct Demand {
 
 fn demand_world() -> impl Strategy<Value = Vec<Demand>> {
     let rate = prop_oneof![
+        2 => 20u64..200,    // light: 20–200 requests per window
         3 => 800u64..1_000, // heavy: beyond any share of L
         1 => Just(0u64),    // quiet
     ];
@@ -459,17 +460,23 @@ fn demand_world() -> impl Strategy<Value = Vec<Demand>> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(64))]
+    #![proptest_config(ProptestConfig::with_cases(96))]
 
     /// Random demand worlds (2–4 regions of random weights, each heavy —
-    /// far beyond any share of L — or quiet, which it is switching half
-    /// way), every call answered, reclaim at the node's default: once each
-    /// demand regime has run three windows, every window uses at least 99 %
-    /// of what it could (L, or all the requests offered when they are
-    /// fewer) at no more than 2·k − 1 pool calls for k active regions (5
-    /// per 600 admissions for three: under 10 per 1 000). (A region asking
-    /// a trickle, below its share, keeps its guarantee reserved while it
-    /// keeps asking: not covered yet.)
+    /// far beyond any share of L —, light — 20 to 200 requests a window —
+    /// or quiet, which it is switching half way), every call answered,
+    /// reclaim at the node's default, once each demand regime has run
+    /// three windows. Heavy and quiet regions only: every window uses at
+    /// least 99 % of what it could (L, or all the requests offered when
+    /// they are fewer) at no more than 2·k − 1 pool calls for k active
+    /// regions (5 per 600 admissions for three: under 10 per 1 000). With
+    /// light regions, which hand back the guarantee their pace does not
+    /// need a quarter window in: at least 70 % over the steady windows of
+    /// a world (400 worlds: lowest 76 %, one in ten under 89 %; a third
+    /// of their windows under 99 %, one in twenty under 73 %; without the
+    /// hand-back, where a heavy region sat at its guarantee beside a light
+    /// one, 60 % of the windows were under 99 % and one in twenty under
+    /// 45 %), at most 5 calls per region.
     #[test]
     fn random_demand_worlds_use_the_window_at_few_calls(
         world in demand_world(),
@@ -501,14 +508,20 @@ proptest! {
         }
         let steady: Vec<u64> = (3..shift).chain(shift + 3..windows).map(|w| start + w * WINDOW_MS).collect();
         let (mut admitted, mut calls) = (0, 0);
+        let (mut used_sum, mut could_sum) = (0u64, 0u64);
+        let light_world = world.iter().any(|d| {
+            (1..500).contains(&d.per_mille_before) || (1..500).contains(&d.per_mille_after)
+        });
         for w in &steady {
             let total = fleet.admitted.total(*w);
             let could = limit.min(offered.get(w).copied().unwrap_or(0));
             prop_assert!(total <= limit);
             prop_assert!(
-                total * 100 >= could * 99,
+                light_world || total * 100 >= could * 99,
                 "window {}: {} admitted of {} possible ({:?})", w, total, could, world
             );
+            used_sum += total;
+            could_sum += could;
             admitted += total;
             // Each active region joins once; those that joined before every
             // expected region had look once more when the leader stops
@@ -519,12 +532,23 @@ proptest! {
                 .filter(|d| if regime_after { d.per_mille_after > 0 } else { d.per_mille_before > 0 })
                 .count() as u64;
             let window_calls = fleet.grant_calls.get(w).copied().unwrap_or(0);
+            // A region asking less than its share also hands back the
+            // guarantee it does not need, and may ask and hand back again.
+            let light = world.iter().any(|d| {
+                let rate = if regime_after { d.per_mille_after } else { d.per_mille_before };
+                (1..500).contains(&rate)
+            });
+            let bound = if light { 5 * active } else { (2 * active).saturating_sub(1).max(1) };
             prop_assert!(
-                window_calls <= (2 * active).saturating_sub(1).max(1),
+                window_calls <= bound,
                 "window {}: {} pool calls for {} active regions ({:?})", w, window_calls, active, world
             );
             calls += window_calls;
         }
         prop_assert!(calls <= admitted, "{} calls for {} admissions", calls, admitted);
+        prop_assert!(
+            used_sum * 100 >= could_sum * if light_world { 70 } else { 99 },
+            "{} admitted of {} possible over the steady windows ({:?})", used_sum, could_sum, world
+        );
     }
 }

@@ -58,7 +58,18 @@
 //!   are not left in the window for want of a full batch.
 //! - **Reclaim**: only a key that holds something back releases: tokens
 //!   granted and not admitted, or a guarantee above its total (a key that
-//!   spent its whole grant at its share has nothing to give).
+//!   spent its whole grant at its share has nothing to give). An idle key
+//!   keeps what it admitted. Once a window, a quarter in (when the leader
+//!   stops expecting regions, plus a hundredth), and again after any
+//!   later raise, a busy key checks its *surplus*: at its pace so far it
+//!   will need `used + used · left / elapsed · 9/8 + max(used / 16, 2)`;
+//!   it releases keeping that when it holds a hundredth of L more, or
+//!   when the pool reserves a guarantee that much above both the need and
+//!   its total while its total nearly covers the need (within a
+//!   hundredth of L; a key whose pace needs more than it holds keeps its
+//!   weight, or it could not get its guarantee back). Regions at their
+//!   ceiling while others hold reserves they do not use
+//!   (`reserved_unheld`) look again just after that check.
 //!   [`FairKey::begin_release`] lowers the budget to what was
 //!   admitted *before* the release is sent, and the release stays pending
 //!   until a definitive answer; the caller must resend it (same request id)
@@ -155,6 +166,9 @@ pub struct PoolAnswer {
     /// The same, also counting the regions the leader expects to join the
     /// window early on ([`crate::pool_roster`]), when it said.
     pub expected: Option<PoolStanding>,
+    /// What the pool reserves for the other regions beyond what they hold
+    /// (0 when the leader did not say).
+    pub reserved_unheld: u64,
 }
 
 /// A pool release as answered by the coordinator.
@@ -204,10 +218,40 @@ struct Granted {
     /// The round trip of the call whose answer set the deadline: the
     /// leader's window ends up to that much after the deadline here.
     round_trip_ms: u64,
+    /// Whether this window's surplus check (see [`FairKey::release_at`])
+    /// has run.
+    surplus_checked: bool,
     retired: bool,
 }
 
 impl Granted {
+    /// When, on the monotonic clock here, the leader stops expecting
+    /// regions in this window: its first quarter, plus a hundredth of it
+    /// for the clocks.
+    fn expectation_ends_ms(&self) -> u64 {
+        let window_ms = self.window.end_ms.saturating_sub(self.window.start_ms);
+        let expecting_for = window_ms - window_ms / EXPECTATION_SHARE;
+        self.deadline_ms
+            .saturating_sub(expecting_for)
+            .saturating_add(window_ms / 100)
+    }
+
+    /// What a region that keeps asking at its pace so far still needs
+    /// this window at `now_ms`, with a margin: its admissions per ms so
+    /// far times the time left, plus an eighth, plus a sixteenth of what
+    /// it admitted (at least 2 tokens).
+    fn projected_need(&self, now_ms: u64) -> u64 {
+        let window_ms = self.window.end_ms.saturating_sub(self.window.start_ms);
+        let started = self.deadline_ms.saturating_sub(window_ms);
+        let elapsed = now_ms.saturating_sub(started).max(1);
+        let left = self.deadline_ms.saturating_sub(now_ms);
+        let used = self.escrow.total_used();
+        let pace = u128::from(used) * u128::from(left) * 9 / 8 / u128::from(elapsed);
+        u64::try_from(pace)
+            .unwrap_or(u64::MAX)
+            .saturating_add((used / 16).max(2))
+    }
+
     /// Whether retiring would hand anything back: tokens granted and not
     /// admitted, or a guarantee (as last heard) above the region's total
     /// that the pool keeps reserving for it. A region that spent its whole
@@ -582,6 +626,9 @@ impl<Id: Clone> FairKey<Id> {
             (Some(expected), Some(plain)) => expected.ceiling < plain.ceiling,
             _ => false,
         };
+        // Held back by reserves other regions do not hold: quiet ones hand
+        // theirs back once the first quarter is over (their surplus check).
+        let waiting_on_reserves = answer.reserved_unheld >= (answer.limit / 100).max(1);
         let fresh = self.granted.is_none();
         let state = self.granted.get_or_insert_with(|| Granted {
             escrow: WeightedFairEscrow::new(answer.limit, max_tenants),
@@ -592,6 +639,7 @@ impl<Id: Clone> FairKey<Id> {
             guarantee_counts_expected: false,
             guarantee_weight: 0,
             round_trip_ms: now_ms.saturating_sub(sent_ms),
+            surplus_checked: false,
             retired: false,
         });
         if state.window != answer.window {
@@ -604,6 +652,7 @@ impl<Id: Clone> FairKey<Id> {
             state.window = answer.window;
             state.deadline_ms = deadline_ms;
             state.round_trip_ms = now_ms.saturating_sub(sent_ms);
+            state.surplus_checked = false;
             state.exhausted_until_ms = 0;
             state.guarantee = None;
             state.guarantee_counts_expected = false;
@@ -620,6 +669,12 @@ impl<Id: Clone> FairKey<Id> {
             } else if look && !raised {
                 self.fruitless_re_asks = self.fruitless_re_asks.saturating_add(1);
             }
+            // A raise after the surplus check (a quiet region whose demand
+            // grew): check again, the pool may reserve more than it needs.
+            if answer.granted_total > state.escrow.budget() && now_ms >= state.expectation_ends_ms()
+            {
+                state.surplus_checked = false;
+            }
         }
         if let Some(standing) = hint {
             state.guarantee = Some(standing.guarantee);
@@ -635,16 +690,12 @@ impl<Id: Clone> FairKey<Id> {
                 .max(1)
                 .saturating_mul(1u64 << self.fruitless_re_asks.min(16));
             let mut until = now_ms.saturating_add(wait).min(state.deadline_ms);
-            if waiting_on_expected {
-                let window_ms = state.window.end_ms.saturating_sub(state.window.start_ms);
-                // The leader's clock runs up to a one-way trip ahead of
-                // this estimate: a hundredth of the window past its end.
-                let expecting_for = window_ms - window_ms / EXPECTATION_SHARE;
-                let lapse = state
-                    .deadline_ms
-                    .saturating_sub(expecting_for)
-                    .saturating_add(window_ms / 100);
-                until = until.min(lapse);
+            // Look again once the leader stops expecting regions and the
+            // quiet regions' surplus checks (at that moment) have run.
+            let window_ms = state.window.end_ms.saturating_sub(state.window.start_ms);
+            let look_at = state.expectation_ends_ms().saturating_add(window_ms / 50);
+            if (waiting_on_expected || waiting_on_reserves) && now_ms < look_at {
+                until = until.min(look_at);
             }
             state.exhausted_until_ms = until.max(now_ms.saturating_add(1));
         } else {
@@ -678,14 +729,23 @@ impl<Id: Clone> FairKey<Id> {
         if state.retired || now_ms >= state.deadline_ms || !state.holds_back_anything() {
             return None;
         }
-        Some(last_request_ms.saturating_add(idle_ms))
+        let idle_at = last_request_ms.saturating_add(idle_ms);
+        if state.surplus_checked {
+            return Some(idle_at);
+        }
+        Some(idle_at.min(state.expectation_ends_ms()))
     }
 
     /// Starts reclaiming the live grant under `request_id`: the budget drops
     /// to what was admitted at once, and the release is pending until
     /// answered. `None` (nothing to send) when a release is already
     /// pending, no live grant is held, or it was released already.
-    pub fn begin_release(&mut self, request_id: Id, now_ms: u64) -> Option<&PendingRelease<Id>> {
+    pub fn begin_release(
+        &mut self,
+        request_id: Id,
+        idle: bool,
+        now_ms: u64,
+    ) -> Option<&PendingRelease<Id>> {
         if self.pending.is_some() {
             return None;
         }
@@ -694,7 +754,33 @@ impl<Id: Clone> FairKey<Id> {
             .as_mut()
             .filter(|g| !g.retired && now_ms < g.deadline_ms && g.holds_back_anything())?;
         let from_total = state.escrow.budget();
-        let keep_total = state.escrow.total_used().min(from_total);
+        let used = state.escrow.total_used().min(from_total);
+        let keep_total = if idle {
+            used
+        } else {
+            // The surplus check, once a window: hand back what the pace so
+            // far will not need, when that is worth a call.
+            state.surplus_checked = true;
+            let need = used.saturating_add(state.projected_need(now_ms));
+            let keep = need.min(from_total);
+            // Worth a call: a hundredth of L unspent beyond the need, or a
+            // guarantee that much above both the need and what it holds
+            // while what it holds nearly covers the need (the pool reserves
+            // the guarantee for the region whatever it holds; the little
+            // it may lack it asks for again). A region whose pace needs
+            // more than it holds must not retire its weight: it could not
+            // get its guarantee back.
+            let worth = (state.escrow.limit() / 100).max(1);
+            let surplus = from_total - keep >= worth;
+            let idle_reserve = need <= from_total.saturating_add(worth)
+                && state
+                    .guarantee
+                    .is_some_and(|g| g >= need.max(from_total).saturating_add(worth));
+            if !surplus && !idle_reserve {
+                return None;
+            }
+            keep
+        };
         state.escrow.retire(state.window, keep_total);
         state.exhausted_until_ms = 0;
         self.pending = Some(PendingRelease {

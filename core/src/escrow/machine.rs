@@ -732,7 +732,14 @@ impl<R> KeyMachine<R> {
         if let Some(fair) = self.fair.as_mut() {
             // From now on the key spends no more than it keeps, whatever
             // becomes of the release.
-            if fair.pending_release().is_none() && fair.begin_release(id, now.mono_ms).is_some() {
+            // Idle (or shutting down): keep what was admitted; otherwise
+            // the window's surplus check keeps what the pace still needs.
+            let idle = self.stopping
+                || now.mono_ms.saturating_sub(self.last_request_ms)
+                    >= self.config.pool_release_idle_ms;
+            if fair.pending_release().is_none()
+                && fair.begin_release(id, idle, now.mono_ms).is_some()
+            {
                 self.next_call = id;
             }
         }

@@ -388,6 +388,7 @@ impl Coordinator {
             remaining_lifetime_ms: grant.window_end_ms - grant.coordinator_now_ms,
             standing: answer.standing.map(at_least_held),
             expected: answer.expected.map(at_least_held),
+            reserved_unheld: answer.reserved_unheld,
         }
     }
 

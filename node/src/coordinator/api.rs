@@ -207,6 +207,7 @@ impl CoordinatorApi {
                         response.guarantee_total = standing.guarantee;
                         response.ceiling_total = standing.ceiling.max(grant.granted_total);
                     }
+                    response.reserved_unheld_total = answer.reserved_unheld;
                     if let Some(expected) = answer.expected {
                         response.expected_guarantee_total = expected.guarantee;
                         response.expected_ceiling_total = expected.ceiling.max(grant.granted_total);

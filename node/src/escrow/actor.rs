@@ -513,6 +513,7 @@ impl KeyActor {
                             guarantee: grant.expected_guarantee_total,
                             ceiling: grant.expected_ceiling_total,
                         }),
+                        reserved_unheld: grant.reserved_unheld_total,
                     },
                     tenant_demands,
                 }

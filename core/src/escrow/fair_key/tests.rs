@@ -31,6 +31,7 @@ fn a_spanning_tenant_weighs_its_share_of_its_demand() {
         remaining_lifetime_ms: start + WINDOW_MS - now,
         standing: None,
         expected: None,
+        reserved_unheld: 0,
     };
     key.on_pool_answer(answer(0, 10), 10, 10, 10, RE_ASK_MS);
     key.note_demand(&tenant(1), 30);
@@ -100,6 +101,7 @@ proptest! {
                 remaining_lifetime_ms: WINDOW_MS,
                 standing: None,
                 expected: None,
+                reserved_unheld: 0,
             };
             key.on_pool_answer(answer(0), 1, 0, 0, RE_ASK_MS);
             key.note_demand(&tenant(0), *own);
@@ -141,6 +143,7 @@ fn grant(
         remaining_lifetime_ms: start + WINDOW_MS - now,
         standing: plain,
         expected,
+        reserved_unheld: 0,
     }
 }
 
@@ -296,7 +299,7 @@ fn only_a_key_holding_something_back_releases() {
         }
         (
             key.release_at(2, 100, 0, 10, 3).is_some(),
-            key.begin_release(7, 3).is_some(),
+            key.begin_release(7, true, 3).is_some(),
         )
     };
     assert_eq!(held(10, 10, 10), (false, false), "spent at its share");
@@ -357,7 +360,8 @@ fn rounding_is_not_worth_a_call_and_expected_regions_lapse() {
 
     // Held back by an expected region only (expected ceiling 100, plain
     // 600), with a long wait: the key looks again when the first quarter
-    // (plus a hundredth) is over, at 250 + 10 here.
+    // (plus a hundredth) is over and the quiet regions' surplus checks
+    // have run (a fiftieth later): at 250 + 10 + 20 here.
     let mut key: FairKey<u64> = FairKey::new(8);
     key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 1);
     key.on_pool_answer(
@@ -374,12 +378,42 @@ fn rounding_is_not_worth_a_call_and_expected_regions_lapse() {
     assert!(matches!(
         key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 2),
         FairStep::Deny {
-            retry_after_ms: 258,
+            retry_after_ms: 278,
             ..
         }
     ));
     assert!(matches!(
-        key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 260),
+        key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 280),
         FairStep::Ask { .. }
     ));
+}
+
+/// A quarter window in, a region that asks less than its share hands back
+/// the guarantee it will not need, keeping what its pace so far needs; a
+/// region spending its whole grant keeps its weight.
+#[test]
+fn a_quiet_region_hands_back_the_guarantee_its_pace_does_not_need() {
+    let checked = |used: u64| {
+        let mut key: FairKey<u64> = FairKey::new(8);
+        key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 0);
+        // A grant of 100 with a guarantee of 500, L = 1 000.
+        key.on_pool_answer(
+            grant(100, 0, 0, standing(500, 500), None),
+            1,
+            0,
+            0,
+            RE_ASK_MS,
+        );
+        for _ in 0..used {
+            key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 100);
+        }
+        // The check falls due when the first quarter (plus a hundredth) is over.
+        assert_eq!(key.release_at(100, 1_000, 0, 10, 200), Some(260));
+        key.begin_release(9, false, 260)
+            .map(|p| (p.from_total, p.keep_total))
+    };
+    // 10 used in 260 ms: 10 + 10·740/260·9/8 + 2 = 44 kept of 100.
+    assert_eq!(checked(10), Some((100, 44)));
+    // All 100 spent: its pace needs far more than its guarantee; it keeps it.
+    assert_eq!(checked(100), None);
 }

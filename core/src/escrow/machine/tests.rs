@@ -137,6 +137,7 @@ fn pool_answer(granted_total: u64, limit: u64, now_ms: u64) -> PoolAnswer {
         remaining_lifetime_ms: window.end_ms - now_ms,
         standing: None,
         expected: None,
+        reserved_unheld: 0,
     }
 }
 
@@ -725,6 +726,7 @@ impl Sim {
                             remaining_lifetime_ms: window.end_ms - self.now,
                             standing: None,
                             expected: None,
+                            reserved_unheld: 0,
                         },
                         tenant_demands: Vec::new(),
                     },
