@@ -252,14 +252,19 @@ impl Granted {
             .saturating_add((used / 16).max(2))
     }
 
-    /// Whether retiring would hand anything back: tokens granted and not
-    /// admitted, or a guarantee (as last heard) above the region's total
-    /// that the pool keeps reserving for it. A region that spent its whole
-    /// grant at or above its guarantee — one whose clients only wait out a
-    /// denial — has nothing to give and sends no release.
+    /// Whether retiring would hand anything worth a call back (a
+    /// hundredth of L): tokens granted and not admitted, or a guarantee (as
+    /// last heard) above the region's total that the pool keeps reserving
+    /// for it. A region that spent its whole grant at or about its
+    /// guarantee — one whose clients only wait out a denial — has nothing
+    /// to give and sends no release (retiring would only drop its weight).
     fn holds_back_anything(&self) -> bool {
         let total = self.escrow.budget();
-        self.escrow.total_used() < total || self.guarantee.is_some_and(|g| g > total)
+        let worth = (self.escrow.limit() / 100).max(1);
+        self.escrow.total_used().saturating_add(worth) <= total
+            || self
+                .guarantee
+                .is_some_and(|g| g >= total.saturating_add(worth))
     }
 }
 
@@ -628,7 +633,9 @@ impl<Id: Clone> FairKey<Id> {
         };
         // Held back by reserves other regions do not hold: quiet ones hand
         // theirs back once the first quarter is over (their surplus check).
-        let waiting_on_reserves = answer.reserved_unheld >= (answer.limit / 100).max(1);
+        // (A twentieth of L: rounding and a demand split's drift leave a
+        // few tokens reserved and unheld in any busy window.)
+        let waiting_on_reserves = answer.reserved_unheld >= (answer.limit / 20).max(1);
         let fresh = self.granted.is_none();
         let state = self.granted.get_or_insert_with(|| Granted {
             escrow: WeightedFairEscrow::new(answer.limit, max_tenants),

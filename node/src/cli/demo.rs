@@ -275,11 +275,11 @@ async fn counter_phase(
 async fn fair_phase(certs: &Path, args: &DemoArgs, escrow: &[String]) -> Result<(), CliError> {
     let t: Tally = Arc::default();
     let start = wall_ms();
-    // Three windows of warm-up: the demand split weighs a tenant by the
+    // Four windows of warm-up: the demand split weighs a tenant by the
     // settled window two back, which a cold key does not have yet, and a
-    // region that joins each window in one call weighs its join by the
-    // totals it heard in the window before.
-    let windows = measured_windows(start + 2 * args.window_ms, args.window_ms, args.windows);
+    // region splits a window by the totals it knew when it joined it (the
+    // ones its join a window earlier brought).
+    let windows = measured_windows(start + 3 * args.window_ms, args.window_ms, args.windows);
     let until = windows.last().copied().unwrap_or(start) + args.window_ms;
     let calls_before = coordinator_calls(certs, escrow).await;
     let calls_at_first = calls_at(certs, escrow, windows.first().copied().unwrap_or(start));

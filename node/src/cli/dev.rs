@@ -160,7 +160,8 @@ pub struct DevCluster {
     pub members: Vec<(u64, String)>,
     /// Where the cluster's CA and certificates are (see [`crate::certs`]).
     pub certs: PathBuf,
-    stop: watch::Sender<bool>,
+    /// Each member's stop signal, by id.
+    stops: Vec<(u64, watch::Sender<bool>)>,
     tasks: JoinSet<(u64, Result<(), NodeError>)>,
 }
 
@@ -173,7 +174,7 @@ impl DevCluster {
         };
         let certs = args.data_dir.join("certs");
         mint_dev_certificates(&certs, args.nodes)?;
-        let (stop, stopped) = watch::channel(false);
+        let mut stops = Vec::new();
         let mut tasks = JoinSet::new();
         let mut members = Vec::new();
         for id in 1..=args.nodes {
@@ -192,7 +193,8 @@ impl DevCluster {
             };
             config.validate()?;
             members.push((id, config.listen.clone()));
-            let mut stopped = stopped.clone();
+            let (stop, mut stopped) = watch::channel(false);
+            stops.push((id, stop));
             tasks.spawn(async move {
                 let shutdown = async move {
                     let _ = stopped.wait_for(|stop| *stop).await;
@@ -203,7 +205,7 @@ impl DevCluster {
         Ok(Self {
             members,
             certs,
-            stop,
+            stops,
             tasks,
         })
     }
@@ -252,13 +254,40 @@ impl DevCluster {
         }
     }
 
-    /// Stops every member and waits for them to release their data.
+    /// Stops every member and waits for them to release their data: the
+    /// leader first (when one is known), so that it does not replicate to
+    /// followers that are already gone, then the others (they stop long
+    /// before they would miss it and call an election).
     pub async fn stop(mut self) {
-        let _ = self.stop.send(true);
-        while let Some(joined) = self.tasks.join_next().await {
-            if let Ok((id, Err(e))) = joined {
-                tracing::warn!(id, error = %e, "member stopped with an error");
+        let leader = match self.admin() {
+            Ok(admin) => tokio::time::timeout(Duration::from_secs(1), admin.status())
+                .await
+                .ok()
+                .and_then(Result::ok)
+                .and_then(|status| status.current_leader),
+            Err(_) => None,
+        };
+        if let Some((_, stop)) = self.stops.iter().find(|(id, _)| Some(*id) == leader) {
+            let _ = stop.send(true);
+            while let Some(joined) = self.tasks.join_next().await {
+                let stopped = joined.as_ref().is_ok_and(|(id, _)| Some(*id) == leader);
+                Self::report(joined);
+                if stopped {
+                    break;
+                }
             }
+        }
+        for (_, stop) in &self.stops {
+            let _ = stop.send(true);
+        }
+        while let Some(joined) = self.tasks.join_next().await {
+            Self::report(joined);
+        }
+    }
+
+    fn report(joined: Result<(u64, Result<(), NodeError>), tokio::task::JoinError>) {
+        if let Ok((id, Err(e))) = joined {
+            tracing::warn!(id, error = %e, "member stopped with an error");
         }
     }
 }

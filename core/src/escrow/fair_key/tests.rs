@@ -302,13 +302,16 @@ fn only_a_key_holding_something_back_releases() {
             key.begin_release(7, true, 3).is_some(),
         )
     };
-    assert_eq!(held(10, 10, 10), (false, false), "spent at its share");
-    assert_eq!(held(10, 10, 6), (true, true), "4 unspent");
+    // L = 1 000: worth a call from 10 tokens on.
+    assert_eq!(held(100, 100, 100), (false, false), "spent at its share");
+    assert_eq!(held(100, 100, 60), (true, true), "40 unspent");
+    assert_eq!(held(100, 100, 95), (false, false), "5 unspent");
     assert_eq!(
-        held(10, 30, 10),
+        held(100, 300, 100),
         (true, true),
         "a guarantee above its total"
     );
+    assert_eq!(held(100, 104, 100), (false, false), "above it by rounding");
 }
 
 /// A ceiling within the pool's rounding (L / 200) is the ceiling, and a
