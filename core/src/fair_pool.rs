@@ -67,6 +67,21 @@ pub struct PoolStanding {
     pub ceiling: u64,
 }
 
+/// Σ of the weights (`asker` included) and the base the guarantees share:
+/// `L −` what retired (weight-0) regions keep.
+fn shared_base(
+    limit: u64,
+    asker: PoolMember,
+    others: impl Iterator<Item = PoolMember> + Clone,
+) -> (u128, u64) {
+    let total_weight: u128 =
+        others.clone().map(|m| u128::from(m.weight)).sum::<u128>() + u128::from(asker.weight);
+    let kept: u64 = others
+        .filter(|m| m.weight == 0)
+        .fold(0u64, |sum, m| sum.saturating_add(m.granted));
+    (total_weight, limit.saturating_sub(kept))
+}
+
 /// The asker's [`PoolStanding`] with `asker`'s weight and total among
 /// `others` (every other active region, as for [`next_grant`]).
 pub fn standing<I>(limit: u64, asker: PoolMember, others: I) -> PoolStanding
@@ -75,14 +90,7 @@ where
     I::IntoIter: Clone,
 {
     let others = others.into_iter();
-    let total_weight: u128 =
-        others.clone().map(|m| u128::from(m.weight)).sum::<u128>() + u128::from(asker.weight);
-    // What retired (weight-0) regions keep is out of the shared base.
-    let kept: u64 = others
-        .clone()
-        .filter(|m| m.weight == 0)
-        .fold(0u64, |sum, m| sum.saturating_add(m.granted));
-    let base = limit.saturating_sub(kept);
+    let (total_weight, base) = shared_base(limit, asker, others.clone());
     let others_hold: u128 = others
         .map(|m| u128::from(m.granted.max(guarantee(base, m.weight, total_weight))))
         .sum();
@@ -105,13 +113,7 @@ where
     I::IntoIter: Clone,
 {
     let others = others.into_iter();
-    let total_weight: u128 =
-        others.clone().map(|m| u128::from(m.weight)).sum::<u128>() + u128::from(asker.weight);
-    let kept: u64 = others
-        .clone()
-        .filter(|m| m.weight == 0)
-        .fold(0u64, |sum, m| sum.saturating_add(m.granted));
-    let base = limit.saturating_sub(kept);
+    let (total_weight, base) = shared_base(limit, asker, others.clone());
     others.fold(0u64, |sum, m| {
         sum.saturating_add(guarantee(base, m.weight, total_weight).saturating_sub(m.granted))
     })

@@ -125,6 +125,15 @@ pub struct PoolRoster {
     cells: usize,
 }
 
+/// `region`'s weight and total in `view` (nothing when it has not joined).
+fn member_of(view: &PoolView, region: &RegionId) -> PoolMember {
+    view.regions
+        .iter()
+        .find(|(id, _)| id == region)
+        .map(|(_, member)| *member)
+        .unwrap_or_default()
+}
+
 /// What the leader answers about a region's place in a pool window after
 /// a grant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -208,12 +217,7 @@ impl PoolRoster {
         weight: Option<u64>,
         absent: &[(RegionId, u64)],
     ) -> PoolStanding {
-        let own = view
-            .regions
-            .iter()
-            .find(|(id, _)| id == region)
-            .map(|(_, member)| *member)
-            .unwrap_or_default();
+        let own = member_of(view, region);
         let asker = PoolMember {
             weight: weight.unwrap_or(own.weight),
             granted: own.granted,
@@ -276,15 +280,9 @@ impl PoolRoster {
             return StandingAnswer::default();
         }
         let standing = Self::standing_in(view, region, None, &[]);
-        let own = view
-            .regions
-            .iter()
-            .find(|(id, _)| id == region)
-            .map(|(_, member)| *member)
-            .unwrap_or_default();
         let unheld = reserved_unheld(
             view.limit,
-            own,
+            member_of(view, region),
             view.regions
                 .iter()
                 .filter(|(id, _)| id != region)

@@ -224,6 +224,20 @@ struct Granted {
     retired: bool,
 }
 
+/// Credits of `granted` tokens in `window`, living `remaining` ms more.
+fn admitted(granted: u64, window: WindowBounds, remaining: u64, limit: u64) -> FairStep {
+    FairStep::Admit {
+        served: Served {
+            granted,
+            window_start_ms: window.start_ms,
+            window_end_ms: window.end_ms,
+            remaining_lifetime_ms: remaining,
+            from_fallback: false,
+        },
+        limit,
+    }
+}
+
 impl Granted {
     /// When, on the monotonic clock here, the leader stops expecting
     /// regions in this window: its first quarter, plus a hundredth of it
@@ -477,16 +491,7 @@ impl<Id: Clone> FairKey<Id> {
                 .escrow
                 .check(tenant, weight, cost, window, coordinator_now, &mut ask);
         if decision.allowed {
-            return FairStep::Admit {
-                served: Served {
-                    granted: cost,
-                    window_start_ms: window.start_ms,
-                    window_end_ms: window.end_ms,
-                    remaining_lifetime_ms: remaining,
-                    from_fallback: false,
-                },
-                limit: decision.limit,
-            };
+            return admitted(cost, window, remaining, decision.limit);
         }
         let at_ceiling = now_ms < state.exhausted_until_ms;
         match ask.asked.filter(|_| !at_ceiling) {
@@ -527,16 +532,7 @@ impl<Id: Clone> FairKey<Id> {
                             .escrow
                             .check(tenant, weight, part, window, coordinator_now, &mut ask);
                     if served.allowed {
-                        return FairStep::Admit {
-                            served: Served {
-                                granted: part,
-                                window_start_ms: window.start_ms,
-                                window_end_ms: window.end_ms,
-                                remaining_lifetime_ms: remaining,
-                                from_fallback: false,
-                            },
-                            limit: served.limit,
-                        };
+                        return admitted(part, window, remaining, served.limit);
                     }
                 }
                 FairStep::Deny {
