@@ -8,16 +8,19 @@
 //! window for its whole expected share in one call (the warm start) could
 //! not tell its share from that. The leader remembers, per (key, window),
 //! the regions that held a pool weight in it and their weights; a grant's
-//! *expected standing* ([`expected_standing`]) counts every region of the
+//! *expected standing* ([`PoolRoster::answer`]) counts every region of the
 //! window right before that has not asked in this one yet as if it had
 //! joined with its weight and nothing granted — while the window is in its
 //! first [`EXPECTATION_SHARE`]-th (`window length / 4`). After that, a
-//! region that has not come is not waited for.
+//! region that has not come is not waited for. During that first quarter
+//! the leader also caps each ask at the asker's expected ceiling
+//! ([`PoolRoster::cap`]) before proposing it.
 //!
 //! A hint, not state: it lives in the leader's memory only (never
-//! replicated), and only tells an escrow node how much to ask for; the pool
-//! still grants by its own rule, so no roster can make it grant past `L`.
-//! Losing it (a leader change) costs one window of the half-size join.
+//! replicated); it tells an escrow node how much to ask for and lowers
+//! what an ask proposes, while the pool still grants by its own rule, so
+//! no roster can make it grant past `L`. Losing it (a leader change) costs
+//! one window of the half-size join and no cap.
 //! Bounded: at most [`MAX_ROSTER_WINDOWS`] (key, window) entries and
 //! [`MAX_ROSTER_CELLS`] (window, region) entries in all; the oldest windows
 //! go first.
@@ -125,13 +128,13 @@ pub struct PoolRoster {
     cells: usize,
 }
 
-/// `region`'s weight and total in `view` (nothing when it has not joined).
-fn member_of(view: &PoolView, region: &RegionId) -> PoolMember {
+/// `region`'s weight and total in `view` (`None` when it has not joined;
+/// the view's regions are sorted).
+fn member_of(view: &PoolView, region: &RegionId) -> Option<PoolMember> {
     view.regions
-        .iter()
-        .find(|(id, _)| id == region)
-        .map(|(_, member)| *member)
-        .unwrap_or_default()
+        .binary_search_by(|(id, _)| id.cmp(region))
+        .ok()
+        .map(|at| view.regions[at].1)
 }
 
 /// What the leader answers about a region's place in a pool window after
@@ -209,34 +212,29 @@ impl PoolRoster {
     }
 
     /// Where `region` stands in `view` (with `weight` when given, else
-    /// its weight there), counting `absent` regions that are not in the
-    /// window as joined with nothing granted.
+    /// its weight there), counting the `absent` regions — from
+    /// [`Self::expected`]: neither in the window nor `region`, of weight
+    /// ≥ 1 — as joined with nothing granted.
     fn standing_in(
         view: &PoolView,
         region: &RegionId,
         weight: Option<u64>,
         absent: &[(RegionId, u64)],
     ) -> PoolStanding {
-        let own = member_of(view, region);
+        let own = member_of(view, region).unwrap_or_default();
         let asker = PoolMember {
             weight: weight.unwrap_or(own.weight),
             granted: own.granted,
         };
-        let present = |id: &RegionId| view.regions.iter().any(|(r, _)| r == id);
         let others = view
             .regions
             .iter()
             .filter(|(id, _)| id != region)
             .map(|(_, member)| *member)
-            .chain(
-                absent
-                    .iter()
-                    .filter(|(id, weight)| *weight > 0 && id != region && !present(id))
-                    .map(|(_, weight)| PoolMember {
-                        weight: *weight,
-                        granted: 0,
-                    }),
-            );
+            .chain(absent.iter().map(|(_, weight)| PoolMember {
+                weight: *weight,
+                granted: 0,
+            }));
         standing(view.limit, asker, others)
     }
 
@@ -258,7 +256,7 @@ impl PoolRoster {
             return None;
         }
         let absent = self.expected(key, view.bounds, now_ms, |id| {
-            id == region || view.regions.iter().any(|(r, _)| r == id)
+            id == region || member_of(view, id).is_some()
         })?;
         if absent.is_empty() {
             return None;
@@ -276,22 +274,20 @@ impl PoolRoster {
         region: &RegionId,
         now_ms: u64,
     ) -> StandingAnswer {
-        if !view.regions.iter().any(|(id, _)| id == region) {
+        let Some(own) = member_of(view, region) else {
             return StandingAnswer::default();
-        }
+        };
         let standing = Self::standing_in(view, region, None, &[]);
         let unheld = reserved_unheld(
             view.limit,
-            member_of(view, region),
+            own,
             view.regions
                 .iter()
                 .filter(|(id, _)| id != region)
                 .map(|(_, member)| *member),
         );
         let expected = self
-            .expected(key, view.bounds, now_ms, |id| {
-                view.regions.iter().any(|(r, _)| r == id)
-            })
+            .expected(key, view.bounds, now_ms, |id| member_of(view, id).is_some())
             .map(|absent| Self::standing_in(view, region, None, &absent));
         let regions = view
             .regions

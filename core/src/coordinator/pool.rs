@@ -44,7 +44,7 @@ use super::lease::MAX_REGIONS_PER_WINDOW;
 use super::region_uses::RegionUses;
 use super::state::CoordinatorState;
 use super::windows::RegionUse;
-use crate::fair_pool::{next_grant, retire, standing, PoolMember, PoolStanding};
+use crate::fair_pool::{next_grant, retire, PoolMember};
 use crate::ids::{Key, RegionId};
 use crate::policy::PolicyKind;
 use crate::shadow;
@@ -79,29 +79,6 @@ pub struct PoolView {
 }
 
 impl CoordinatorState {
-    /// Where `region` stands in `key`'s live pool window (read-only): its
-    /// guarantee and the most it could hold if it asked now, with the
-    /// window's start. `None` when the window starting at
-    /// `window_start_ms` is not live or the region has not joined it.
-    pub fn pool_standing(
-        &self,
-        key: &Key,
-        region: &RegionId,
-        window_start_ms: u64,
-    ) -> Option<PoolStanding> {
-        let record = self.windows.live(key, self.now_ms)?;
-        if record.bounds.start_ms != window_start_ms {
-            return None;
-        }
-        let used = record.regions.get(region)?;
-        let asker = PoolMember {
-            weight: used.pool_weight,
-            granted: used.granted,
-        };
-        let others = pool_members_besides(&record.regions, region);
-        Some(standing(record.limit, asker, others))
-    }
-
     /// `key`'s pool window as of `now_ms`, read-only: the live window's
     /// bounds, effective limit and regions, or — when no window is live —
     /// the bounds and limit of the one a pool call would open, with no

@@ -486,6 +486,7 @@ impl KeyActor {
                     ceiling_total = grant.ceiling_total,
                     expected_guarantee_total = grant.expected_guarantee_total,
                     expected_ceiling_total = grant.expected_ceiling_total,
+                    reserved_unheld_total = grant.reserved_unheld_total,
                     window_start_ms = grant.window_start_ms,
                     "pool grant answered"
                 );
