@@ -51,10 +51,12 @@ pub const MAX_CAPPED_ASKS: usize = 65_536;
 /// a request id's answer at least.
 pub const CAPPED_ASK_RETAIN_MS: u64 = crate::coordinator::SESSION_MIN_RETAIN_MS;
 
-/// The totals the leader capped asks to, by request id, so that a retry
-/// of the same id (through the same leader) carries the same total: a
-/// request id names one request, `want_total` included, and a retry whose
-/// total differed would be refused as a reused id. Bounded: at most
+/// The totals asks went out with, by request id, so that a retry of the
+/// same id (through the same leader) carries the same total: a request id
+/// names one request, `want_total` included, and a retry whose total
+/// differed would be refused as a reused id — whether the first attempt
+/// was capped and the retry is not, or the other way round, or both by
+/// different caps (the cap moves as regions join). Bounded: at most
 /// [`MAX_CAPPED_ASKS`], each kept [`CAPPED_ASK_RETAIN_MS`] (the oldest go
 /// first). A leader that did not cap the first attempt (a leader change
 /// in between) cannot know its total; such a retry may be refused as a
@@ -69,7 +71,7 @@ impl CappedAsks {
     /// The total an ask of `want_total` under `id` from `caller` goes out
     /// with at `now_ms`, capped at `cap` (when any): the one its id went
     /// out with before, if remembered; otherwise `min(want_total, cap)`,
-    /// remembered when it differs from `want_total`.
+    /// remembered under the id.
     pub fn total(
         &mut self,
         caller: &Principal,
@@ -87,15 +89,13 @@ impl CappedAsks {
             return *total;
         }
         let total = cap.map_or(want_total, |cap| want_total.min(cap));
-        if total != want_total {
-            if self.totals.len() >= MAX_CAPPED_ASKS {
-                if let Some((_, caller, id)) = self.order.pop_front() {
-                    self.totals.remove(&(caller, id));
-                }
+        if self.totals.len() >= MAX_CAPPED_ASKS {
+            if let Some((_, caller, id)) = self.order.pop_front() {
+                self.totals.remove(&(caller, id));
             }
-            self.totals.insert(entry, total);
-            self.order.push_back((now_ms, caller.clone(), id.clone()));
         }
+        self.totals.insert(entry, total);
+        self.order.push_back((now_ms, caller.clone(), id.clone()));
         total
     }
 
@@ -428,14 +428,21 @@ mod tests {
         // The retry finds another cap (others joined meanwhile): same total.
         assert_eq!(asks.total(&caller, Some(&id), 300, Some(150), 1_010), 200);
         assert_eq!(asks.total(&caller, Some(&id), 300, None, 1_020), 200);
-        // Without an id, or uncapped, nothing is remembered.
+        // Without an id nothing is remembered.
         assert_eq!(asks.total(&caller, None, 300, Some(100), 1_030), 100);
+        assert_eq!(asks.len(), 1);
+        // An id that went out uncapped stays uncapped on its retry, even
+        // if a cap has come into force meanwhile.
         let other = RequestId {
             seq: 8,
             ..id.clone()
         };
-        assert_eq!(asks.total(&caller, Some(&other), 50, Some(100), 1_040), 50);
-        assert_eq!(asks.len(), 1);
+        assert_eq!(asks.total(&caller, Some(&other), 300, None, 1_040), 300);
+        assert_eq!(
+            asks.total(&caller, Some(&other), 300, Some(100), 1_050),
+            300
+        );
+        assert_eq!(asks.len(), 2);
         // Forgotten once its retention is over.
         let later = 1_000 + CAPPED_ASK_RETAIN_MS + 1;
         assert_eq!(asks.total(&caller, Some(&id), 300, Some(250), later), 250);

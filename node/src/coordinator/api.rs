@@ -152,8 +152,8 @@ impl CoordinatorApi {
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .cap(&view, &key, &region, *region_weight, now_ms)
         });
-        // A retry of a capped ask goes out with the total its first
-        // attempt had: a request id names one request.
+        // A retried id goes out with the total its first attempt had,
+        // capped or not: a request id names one request.
         *want_total = self
             .capped_asks
             .lock()
