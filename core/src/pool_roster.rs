@@ -7,7 +7,9 @@
 //! hear that it may take all of `L`, and an escrow node that joins a
 //! window for its whole expected share in one call (the warm start) could
 //! not tell its share from that. The leader remembers, per (key, window),
-//! the regions that held a pool weight in it and their weights; a grant's
+//! the regions that held a pool weight in it and their weights (the last
+//! weight ≥ 1 of each: a region that retired during the window is still
+//! expected in the next); a grant's
 //! *expected standing* ([`PoolRoster::answer`]) counts every region of the
 //! window right before that has not asked in this one yet as if it had
 //! joined with its weight and nothing granted — while the window is in its
@@ -154,13 +156,24 @@ pub struct StandingAnswer {
 
 impl PoolRoster {
     /// Records that `key`'s window starting at `window_start_ms` holds
-    /// `regions` (region, pool weight), replacing what was recorded for it.
-    /// Weight-0 regions are dropped; at most
-    /// [`MAX_REGIONS_PER_WINDOW`] are kept. A window older than every kept
-    /// one is not recorded once the roster is full.
+    /// `regions` (region, pool weight), merged with what was recorded for
+    /// it: a region keeps the latest weight ≥ 1 it was recorded with, so
+    /// one that retired during the window (weight 0 now: it handed back
+    /// what its pace would not need) is still expected in the next one.
+    /// At most [`MAX_REGIONS_PER_WINDOW`] are kept, in region order. A
+    /// window older than every kept one is not recorded once the roster is
+    /// full.
     pub fn record(&mut self, key: &Key, window_start_ms: u64, regions: Vec<(RegionId, u64)>) {
-        let mut regions: Vec<(RegionId, u64)> =
-            regions.into_iter().filter(|(_, w)| *w > 0).collect();
+        let id = (window_start_ms, key.clone());
+        let mut merged: BTreeMap<RegionId, u64> = self
+            .entries
+            .get(&id)
+            .map(|old| old.iter().cloned().collect())
+            .unwrap_or_default();
+        for (region, weight) in regions.into_iter().filter(|(_, w)| *w > 0) {
+            merged.insert(region, weight);
+        }
+        let mut regions: Vec<(RegionId, u64)> = merged.into_iter().collect();
         regions.truncate(MAX_REGIONS_PER_WINDOW);
         let id = (window_start_ms, key.clone());
         if let Some(old) = self.entries.remove(&id) {
@@ -368,6 +381,21 @@ mod tests {
         );
     }
 
+    /// A region that retired during a window (weight 0 in later records
+    /// of it: it handed back what its pace would not need) is expected in
+    /// the next window with the weight it had.
+    #[test]
+    fn a_region_that_retired_during_a_window_is_expected_in_the_next() {
+        let mut roster = PoolRoster::default();
+        roster.record(&key(1), 1_000, vec![(region(1), 3), (region(2), 2)]);
+        roster.record(&key(1), 1_000, vec![(region(1), 3), (region(2), 0)]);
+        roster.record(&key(1), 1_000, vec![(region(1), 4)]);
+        assert_eq!(
+            roster.expected(&key(1), window(2_000), 2_000, |_| false),
+            Some(vec![(region(1), 4), (region(2), 2)])
+        );
+    }
+
     proptest! {
         #[test]
         fn the_roster_stays_bounded_and_expects_exactly_the_absent_regions(
@@ -379,16 +407,18 @@ mod tests {
             at in 0u64..1_000,
         ) {
             let mut roster = PoolRoster::default();
-            let mut model: BTreeMap<(u64, u8), Vec<(RegionId, u64)>> = BTreeMap::new();
+            let mut model: BTreeMap<(u64, u8), BTreeMap<RegionId, u64>> = BTreeMap::new();
             for (k, w, regions) in &records {
                 let regions: Vec<(RegionId, u64)> =
                     regions.iter().map(|(r, weight)| (region(*r), *weight)).collect();
                 roster.record(&key(*k), w * 1_000, regions.clone());
-                model.insert(
-                    (w * 1_000, *k),
-                    regions.into_iter().filter(|(_, weight)| *weight > 0).collect(),
-                );
-                let cells: usize = model.values().map(Vec::len).sum();
+                // A window's record merges: the latest weight ≥ 1 of every
+                // region recorded in it.
+                model
+                    .entry((w * 1_000, *k))
+                    .or_default()
+                    .extend(regions.into_iter().filter(|(_, weight)| *weight > 0));
+                let cells: usize = model.values().map(BTreeMap::len).sum();
                 prop_assert_eq!(roster.cells(), cells);
                 prop_assert!(roster.cells() <= MAX_ROSTER_CELLS);
             }
@@ -406,7 +436,7 @@ mod tests {
                             regions
                                 .iter()
                                 .filter(|(id, _)| !present_ids.contains(id))
-                                .cloned()
+                                .map(|(id, weight)| (id.clone(), *weight))
                                 .collect()
                         }
                     });

@@ -470,14 +470,15 @@ proptest! {
     /// least 99 % of what it could (L, or all the requests offered when
     /// they are fewer) at no more than 2·k − 1 pool calls for k active
     /// regions (5 per 600 admissions for three: under 10 per 1 000). With
-    /// light regions, which hand back the guarantee their pace does not
-    /// need a quarter window in: at least 60 % over the steady windows of
-    /// a world (1 340 worlds: lowest 69 %, one in a hundred under 79 %, one
-    /// in twenty under 86 %; a third of their windows under 99 %; without the
-    /// hand-back, where a heavy region sat at its guarantee beside a light
-    /// one, 60 % of the windows were under 99 % and one in twenty under
-    /// 45 %), at most 6 calls per region (join, hand-back, and a region
-    /// that misjudged its pace asks and hands back again).
+    /// light regions — which hand back the guarantee their pace does not
+    /// need a quarter window in (raising to that need first when they hold
+    /// less), and what is left of their margin an eighth before the end —
+    /// at least 80 % over the steady windows of a world (1 343 worlds: lowest
+    /// 85 %, one in a hundred under 93 %, median 99.4 %; a quarter of their
+    /// windows under 99 %, one in twenty under 96 %. Before the raise, the
+    /// late check and a roster that remembers retired regions: lowest 75 %,
+    /// one in twenty under 87 %, a third of the windows under 99 % and one
+    /// in twenty under 76 %), at most 6 calls per region (measured: 5.3).
     #[test]
     fn random_demand_worlds_use_the_window_at_few_calls(
         world in demand_world(),
@@ -548,7 +549,7 @@ proptest! {
         }
         prop_assert!(calls <= admitted, "{} calls for {} admissions", calls, admitted);
         prop_assert!(
-            used_sum * 100 >= could_sum * if light_world { 60 } else { 99 },
+            used_sum * 100 >= could_sum * if light_world { 80 } else { 99 },
             "{} admitted of {} possible over the steady windows ({:?})", used_sum, could_sum, world
         );
     }

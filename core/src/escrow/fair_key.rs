@@ -66,10 +66,20 @@
 //!   it releases keeping that when it holds a hundredth of L more, or
 //!   when the pool reserves a guarantee that much above both the need and
 //!   its total while its total nearly covers the need (within a
-//!   hundredth of L; a key whose pace needs more than it holds keeps its
-//!   weight, or it could not get its guarantee back). Regions at their
-//!   ceiling while others hold reserves they do not use
-//!   (`reserved_unheld`) look again just after that check.
+//!   hundredth of L). A key whose pace needs more than it holds while its
+//!   guarantee lies a hundredth of L above that need first *raises* its
+//!   total to the need ([`FairKey::take_retiring_raise`], once a window)
+//!   and then retires at it: retiring at less would leave it short (once
+//!   retired, it could not get its guarantee back), keeping its weight
+//!   would keep the whole guarantee reserved for a region that will not
+//!   use it. Every key checks once more an eighth of the window before
+//!   its end (the *late check*, plus a hundredth for the clocks) and hands
+//!   back what it holds beyond its need then the same way — for a retired
+//!   key, what is left of its margin. Regions at
+//!   their ceiling while others hold reserves they do not use
+//!   (`reserved_unheld`) look again just after the first check; one whose
+//!   look raised its total (so some region hands back) looks once more
+//!   just after the late check, and not in between.
 //!   [`FairKey::begin_release`] lowers the budget to what was
 //!   admitted *before* the release is sent, and the release stays pending
 //!   until a definitive answer; the caller must resend it (same request id)
@@ -221,6 +231,17 @@ struct Granted {
     /// Whether this window's surplus check (see [`FairKey::release_at`])
     /// has run.
     surplus_checked: bool,
+    /// A raise to the projected need, to retire at it (see
+    /// [`FairKey::take_retiring_raise`]): waiting to be sent, and whether
+    /// one went out in this window (once a window).
+    retiring_raise: Option<u64>,
+    raised_to_retire: bool,
+    /// Whether the window's late surplus check (an eighth of the window
+    /// before its end) has run.
+    late_checked: bool,
+    /// Whether a look at the ceiling raised the total in this window:
+    /// some region hands back, and may hand back its margin late.
+    others_hand_back: bool,
     retired: bool,
 }
 
@@ -250,6 +271,15 @@ impl Granted {
             .saturating_add(window_ms / 100)
     }
 
+    /// When, on the monotonic clock here, the late surplus check runs: an
+    /// eighth of the window before its end, plus a hundredth for the clocks.
+    fn late_check_ms(&self) -> u64 {
+        let window_ms = self.window.end_ms.saturating_sub(self.window.start_ms);
+        self.deadline_ms
+            .saturating_sub(window_ms / 8)
+            .saturating_add(window_ms / 100)
+    }
+
     /// What a region that keeps asking at its pace so far still needs
     /// this window at `now_ms`, with a margin: its admissions per ms so
     /// far times the time left, plus an eighth, plus a sixteenth of what
@@ -275,10 +305,13 @@ impl Granted {
     fn holds_back_anything(&self) -> bool {
         let total = self.escrow.budget();
         let worth = (self.escrow.limit() / 100).max(1);
+        // (A retired region's guarantee is the one it had before: the pool
+        // reserves nothing for it any more.)
         self.escrow.total_used().saturating_add(worth) <= total
-            || self
-                .guarantee
-                .is_some_and(|g| g >= total.saturating_add(worth))
+            || !self.retired
+                && self
+                    .guarantee
+                    .is_some_and(|g| g >= total.saturating_add(worth))
     }
 }
 
@@ -643,6 +676,10 @@ impl<Id: Clone> FairKey<Id> {
             guarantee_weight: 0,
             round_trip_ms: now_ms.saturating_sub(sent_ms),
             surplus_checked: false,
+            retiring_raise: None,
+            raised_to_retire: false,
+            late_checked: false,
+            others_hand_back: false,
             retired: false,
         });
         if state.window != answer.window {
@@ -656,6 +693,10 @@ impl<Id: Clone> FairKey<Id> {
             state.deadline_ms = deadline_ms;
             state.round_trip_ms = now_ms.saturating_sub(sent_ms);
             state.surplus_checked = false;
+            state.retiring_raise = None;
+            state.raised_to_retire = false;
+            state.late_checked = false;
+            state.others_hand_back = false;
             state.exhausted_until_ms = 0;
             state.guarantee = None;
             state.guarantee_counts_expected = false;
@@ -672,11 +713,20 @@ impl<Id: Clone> FairKey<Id> {
             } else if look && !raised {
                 self.fruitless_re_asks = self.fruitless_re_asks.saturating_add(1);
             }
+            // A look that raised the total: some region handed back, and
+            // will hand back the rest of its margin late in the window.
+            if raised && look {
+                state.others_hand_back = true;
+            }
             // A raise after the surplus check (a quiet region whose demand
-            // grew): check again, the pool may reserve more than it needs.
-            if answer.granted_total > state.escrow.budget() && now_ms >= state.expectation_ends_ms()
+            // grew): the late check looks again (the pool may reserve more
+            // than it needs) — not at once, or a batch asked for would be
+            // handed straight back.
+            if answer.granted_total > state.escrow.budget()
+                && now_ms >= state.expectation_ends_ms()
+                && now_ms < state.late_check_ms()
             {
-                state.surplus_checked = false;
+                state.late_checked = false;
             }
         }
         if let Some(standing) = hint {
@@ -699,6 +749,13 @@ impl<Id: Clone> FairKey<Id> {
             let look_at = state.expectation_ends_ms().saturating_add(window_ms / 50);
             if (waiting_on_expected || waiting_on_reserves) && now_ms < look_at {
                 until = until.min(look_at);
+            }
+            // Regions that handed back keep a margin for their pace: they
+            // hand back what is left of it an eighth of the window before
+            // its end; look again just after.
+            let late_look_at = state.late_check_ms().saturating_add(window_ms / 50);
+            if state.others_hand_back && now_ms < late_look_at {
+                until = late_look_at;
             }
             state.exhausted_until_ms = until.max(now_ms.saturating_add(1));
         } else {
@@ -729,14 +786,22 @@ impl<Id: Clone> FairKey<Id> {
             return Some(tried_ms.saturating_add(probe_interval_ms.max(1)));
         }
         let state = self.granted.as_ref()?;
-        if state.retired || now_ms >= state.deadline_ms || !state.holds_back_anything() {
+        if now_ms >= state.deadline_ms || !state.holds_back_anything() {
             return None;
         }
-        let idle_at = last_request_ms.saturating_add(idle_ms);
-        if state.surplus_checked {
-            return Some(idle_at);
+        // A retired region holds only what it kept for its pace: the late
+        // check hands back what it will not need.
+        if state.retired {
+            return (!state.late_checked).then(|| state.late_check_ms());
         }
-        Some(idle_at.min(state.expectation_ends_ms()))
+        let idle_at = last_request_ms.saturating_add(idle_ms);
+        if !state.surplus_checked {
+            return Some(idle_at.min(state.expectation_ends_ms()));
+        }
+        if !state.late_checked {
+            return Some(idle_at.min(state.late_check_ms()));
+        }
+        Some(idle_at)
     }
 
     /// Starts reclaiming the live grant under `request_id`: the budget drops
@@ -755,14 +820,21 @@ impl<Id: Clone> FairKey<Id> {
         let state = self
             .granted
             .as_mut()
-            .filter(|g| !g.retired && now_ms < g.deadline_ms && g.holds_back_anything())?;
+            .filter(|g| now_ms < g.deadline_ms && g.holds_back_anything())?;
+        if state.retired && (idle || state.late_checked || now_ms < state.late_check_ms()) {
+            return None;
+        }
         let from_total = state.escrow.budget();
         let used = state.escrow.total_used().min(from_total);
         let keep_total = if idle {
             used
         } else {
-            // The surplus check, once a window: hand back what the pace so
-            // far will not need, when that is worth a call.
+            // The surplus checks, a quarter in and an eighth before the
+            // end: hand back what the pace so far will not need, when that
+            // is worth a call.
+            if state.surplus_checked && now_ms >= state.late_check_ms() {
+                state.late_checked = true;
+            }
             state.surplus_checked = true;
             let need = used.saturating_add(state.projected_need(now_ms));
             let keep = need.min(from_total);
@@ -775,11 +847,27 @@ impl<Id: Clone> FairKey<Id> {
             // get its guarantee back.
             let worth = (state.escrow.limit() / 100).max(1);
             let surplus = from_total - keep >= worth;
-            let idle_reserve = need <= from_total.saturating_add(worth)
+            // (After the late check only tokens are worth a call: the
+            // regions at their ceiling have had their last look.)
+            let idle_reserve = !state.retired
+                && !state.late_checked
+                && need <= from_total.saturating_add(worth)
                 && state
                     .guarantee
                     .is_some_and(|g| g >= need.max(from_total).saturating_add(worth));
             if !surplus && !idle_reserve {
+                // Its pace needs more than it holds, but the pool reserves
+                // well beyond that need: raise the total to the need, then
+                // retire at it (once a window) — the reserve beyond goes to
+                // the regions still asking.
+                let reserve_beyond_need = need > from_total.saturating_add(worth)
+                    && state
+                        .guarantee
+                        .is_some_and(|g| g >= need.saturating_add(worth));
+                if reserve_beyond_need && !state.raised_to_retire {
+                    state.raised_to_retire = true;
+                    state.retiring_raise = Some(need.min(state.escrow.limit()));
+                }
                 return None;
             }
             keep
@@ -793,6 +881,16 @@ impl<Id: Clone> FairKey<Id> {
             window: state.window,
         });
         self.pending.as_ref()
+    }
+
+    /// The raise the surplus check asked for, if any, as a pool ask's
+    /// (region weight, total): its answer is followed at once by another
+    /// surplus check, which retires the region at the need it was raised to.
+    pub fn take_retiring_raise(&mut self, now_ms: u64) -> Option<(u64, u64)> {
+        let weight = self.asked_weight;
+        let state = self.granted.as_mut().filter(|g| now_ms < g.deadline_ms)?;
+        let want_total = state.retiring_raise.take()?;
+        (weight > 0 && want_total > state.escrow.budget()).then_some((weight, want_total))
     }
 
     /// The release that must be resent before any other pool call.

@@ -391,6 +391,8 @@ enum Outbound {
         want_total: u64,
         sent_ms: u64,
         demand_window_ms: u64,
+        /// A surplus check's raise: retire at the new total once answered.
+        then_retire: bool,
     },
     Release {
         release: u64,
@@ -741,6 +743,14 @@ impl<R> KeyMachine<R> {
                 && fair.begin_release(id, idle, now.mono_ms).is_some()
             {
                 self.next_call = id;
+            }
+            // A region whose pace needs more than it holds while the pool
+            // reserves well beyond that: raise to the need, then retire.
+            if fair.pending_release().is_none() {
+                if let Some((region_weight, want_total)) = fair.take_retiring_raise(now.mono_ms) {
+                    self.send_pool_ask(region_weight, want_total, 0, true, now, out);
+                    return;
+                }
             }
         }
         self.send_pending_release(now, out);
@@ -1109,6 +1119,18 @@ impl<R> KeyMachine<R> {
         now: Now,
         out: &mut Vec<Action<R>>,
     ) {
+        self.send_pool_ask(region_weight, want_total, asks_left, false, now, out);
+    }
+
+    fn send_pool_ask(
+        &mut self,
+        region_weight: u64,
+        want_total: u64,
+        asks_left: usize,
+        then_retire: bool,
+        now: Now,
+        out: &mut Vec<Action<R>>,
+    ) {
         let (demand_window_ms, demands) = self
             .fair
             .as_ref()
@@ -1120,6 +1142,7 @@ impl<R> KeyMachine<R> {
             want_total,
             sent_ms: now.mono_ms,
             demand_window_ms,
+            then_retire,
         });
         if let Some(working) = self.working.as_mut() {
             working.stage = Stage::Pool { asks_left };
@@ -1146,6 +1169,7 @@ impl<R> KeyMachine<R> {
             want_total,
             sent_ms,
             demand_window_ms,
+            then_retire,
         }) = self.outbound
         else {
             return;
@@ -1170,6 +1194,10 @@ impl<R> KeyMachine<R> {
         fair.on_tenant_demands(demand_window_ms.saturating_sub(window_ms), tenant_demands);
         fair.on_pool_answer(answer, want_total, sent_ms, now.mono_ms, re_ask_ms);
         self.last_window_end_ms = answer.window.end_ms;
+        if then_retire && self.working.is_none() {
+            self.release_pool(now, out);
+            return;
+        }
         let Some(working) = self.working.as_mut() else {
             return;
         };

@@ -420,3 +420,65 @@ fn a_quiet_region_hands_back_the_guarantee_its_pace_does_not_need() {
     // All 100 spent: its pace needs far more than its guarantee; it keeps it.
     assert_eq!(checked(100), None);
 }
+
+/// A region whose pace needs more than it holds while its guarantee lies
+/// well above that need raises its total to the need and then retires at
+/// it (once a window); an eighth of the window before its end it hands
+/// back what is left of its margin.
+#[test]
+fn a_region_short_of_its_pace_raises_to_it_retires_and_hands_back_its_margin_late() {
+    let mut key: FairKey<u64> = FairKey::new(8);
+    key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 0);
+    // A grant of 100 with a guarantee of 500, L = 1 000.
+    key.on_pool_answer(
+        grant(100, 0, 0, standing(500, 500), None),
+        1,
+        0,
+        0,
+        RE_ASK_MS,
+    );
+    for _ in 0..40 {
+        assert!(matches!(
+            key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 100),
+            FairStep::Admit { .. }
+        ));
+    }
+    assert_eq!(key.release_at(100, 1_000, 0, 10, 200), Some(260));
+    // 40 used in 260 ms: needs 40 + 40·740/260·9/8 + 2 = 170 > 100 held.
+    assert!(key.begin_release(9, false, 260).is_none());
+    let (weight, want_total) = key.take_retiring_raise(260).expect("a raise to the need");
+    assert_eq!((weight, want_total), (WEIGHT_SCALE, 170));
+    assert_eq!(key.take_retiring_raise(260), None, "taken once");
+    key.on_pool_answer(
+        grant(170, 0, 260, standing(500, 500), None),
+        want_total,
+        260,
+        260,
+        RE_ASK_MS,
+    );
+    // Checked again at once: retires keeping its need (169 a ms later).
+    let pending = key.begin_release(10, false, 261).expect("retires");
+    assert_eq!((pending.from_total, pending.keep_total), (170, 169));
+    key.on_release_answer(ReleaseAnswer::Released { released: 1 });
+    assert_eq!(key.take_retiring_raise(300), None, "once a window");
+    // Retired, it spends what it kept; the late check falls due an eighth
+    // of the window before its end (plus a hundredth): 1 000 − 125 + 10.
+    for _ in 40..120 {
+        assert!(matches!(
+            key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 800),
+            FairStep::Admit { .. }
+        ));
+    }
+    assert_eq!(key.release_at(800, 1_000, 0, 10, 800), Some(885));
+    // 120 used in 885 ms: needs 120 + 120·115/885·9/8 + 7 = 144 of 169.
+    let pending = key
+        .begin_release(11, false, 885)
+        .expect("hands back its margin");
+    assert_eq!((pending.from_total, pending.keep_total), (169, 144));
+    key.on_release_answer(ReleaseAnswer::Released { released: 25 });
+    assert_eq!(
+        key.release_at(800, 1_000, 0, 10, 886),
+        None,
+        "nothing more to check"
+    );
+}
