@@ -152,6 +152,10 @@ pub struct StandingAnswer {
     /// What the pool reserves for the other regions beyond what they
     /// hold ([`reserved_unheld`]).
     pub reserved_unheld: u64,
+    /// What the other regions that retired from the window (weight 0:
+    /// they handed back what their pace would not need) keep: they may
+    /// hand back what is left of their margin late in the window.
+    pub retired_kept: u64,
 }
 
 impl PoolRoster {
@@ -308,10 +312,16 @@ impl PoolRoster {
             .map(|(id, member)| (id.clone(), member.weight))
             .collect();
         self.record(key, view.bounds.start_ms, regions);
+        let retired_kept = view
+            .regions
+            .iter()
+            .filter(|(id, member)| id != region && member.weight == 0)
+            .fold(0u64, |sum, (_, member)| sum.saturating_add(member.granted));
         StandingAnswer {
             standing: Some(standing),
             expected,
             reserved_unheld: unheld,
+            retired_kept,
         }
     }
 
@@ -379,6 +389,32 @@ mod tests {
             roster.expected(&key(2), window(2_000), 2_000, present),
             None
         );
+    }
+
+    /// An answer says what the other retired regions keep, and what the
+    /// others reserve and do not hold.
+    #[test]
+    fn an_answer_counts_what_other_retired_regions_keep() {
+        let member = |weight, granted| PoolMember { weight, granted };
+        let view = PoolView {
+            bounds: window(1_000),
+            limit: 600,
+            shadow: false,
+            regions: vec![
+                (region(1), member(1, 100)),
+                (region(2), member(0, 120)),
+                (region(3), member(0, 30)),
+                (region(4), member(2, 50)),
+            ],
+        };
+        let mut roster = PoolRoster::default();
+        let answer = roster.answer(&view, &key(1), &region(1), 1_100);
+        assert_eq!(answer.retired_kept, 150);
+        // L − kept = 450 shared by weights 1 and 2: region 4 is owed 300
+        // and holds 50.
+        assert_eq!(answer.reserved_unheld, 250);
+        let retired = roster.answer(&view, &key(1), &region(2), 1_100);
+        assert_eq!(retired.retired_kept, 30, "its own total is not counted");
     }
 
     /// A region that retired during a window (weight 0 in later records

@@ -474,11 +474,11 @@ proptest! {
     /// need a quarter window in (raising to that need first when they hold
     /// less), and what is left of their margin an eighth before the end —
     /// at least 80 % over the steady windows of a world (1 343 worlds: lowest
-    /// 85 %, one in a hundred under 93 %, median 99.4 %; a quarter of their
-    /// windows under 99 %, one in twenty under 96 %. Before the raise, the
-    /// late check and a roster that remembers retired regions: lowest 75 %,
-    /// one in twenty under 87 %, a third of the windows under 99 % and one
-    /// in twenty under 76 %), at most 6 calls per region (measured: 5.3).
+    /// 87 %, one in a hundred under 94 %, median 99.6 %; one window in six
+    /// under 99 %. Before the raise, the late check and a roster that
+    /// remembers retired regions: lowest 75 %, one in twenty under 87 %, a
+    /// third of the windows under 99 %), at most 6 calls per region
+    /// (measured: 5).
     #[test]
     fn random_demand_worlds_use_the_window_at_few_calls(
         world in demand_world(),

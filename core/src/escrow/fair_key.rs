@@ -60,9 +60,9 @@
 //!   granted and not admitted, or a guarantee above its total (a key that
 //!   spent its whole grant at its share has nothing to give). An idle key
 //!   keeps what it admitted. Once a window, a quarter in (when the leader
-//!   stops expecting regions, plus a hundredth), and again after any
-//!   later raise, a busy key checks its *surplus*: at its pace so far it
-//!   will need `used + used · left / elapsed · 9/8 + max(used / 16, 2)`;
+//!   stops expecting regions, plus a hundredth), a busy key checks its
+//!   *surplus*: at its pace so far it will need
+//!   `used + used · left / elapsed · 9/8 + max(used / 16, 2)`;
 //!   it releases keeping that when it holds a hundredth of L more, or
 //!   when the pool reserves a guarantee that much above both the need and
 //!   its total while its total nearly covers the need (within a
@@ -74,12 +74,20 @@
 //!   would keep the whole guarantee reserved for a region that will not
 //!   use it. Every key checks once more an eighth of the window before
 //!   its end (the *late check*, plus a hundredth for the clocks) and hands
-//!   back what it holds beyond its need then the same way — for a retired
-//!   key, what is left of its margin. Regions at
-//!   their ceiling while others hold reserves they do not use
-//!   (`reserved_unheld`) look again just after the first check; one whose
-//!   look raised its total (so some region hands back) looks once more
-//!   just after the late check, and not in between.
+//!   back what it holds beyond its need then — for a retired key, what is
+//!   left of its margin, for a key raised since the first check, what the
+//!   raise brought beyond its need (checked then, not at once: a batch
+//!   asked for would be handed straight back); the rest of the window is
+//!   short by then and its count close to its mean, so the need there is
+//!   `rest + √rest / 2 + 2` for `rest = used · left / elapsed` (a key
+//!   short by a few asks again).
+//!   A key denied at the pool's ceiling in the window hands nothing back
+//!   at either check: its pace is what it was let have, not what it
+//!   wants. Regions at their ceiling while others hold reserves they do
+//!   not use (`reserved_unheld`) look again just after the first check;
+//!   one whose look raised its total, or that heard retired regions keep
+//!   a twentieth of L or more (`retired_kept`: their margins), looks once
+//!   more just after the late check, and not in between.
 //!   [`FairKey::begin_release`] lowers the budget to what was
 //!   admitted *before* the release is sent, and the release stays pending
 //!   until a definitive answer; the caller must resend it (same request id)
@@ -179,6 +187,9 @@ pub struct PoolAnswer {
     /// What the pool reserves for the other regions beyond what they hold
     /// (0 when the leader did not say).
     pub reserved_unheld: u64,
+    /// What the other regions that retired from the window keep (0 when
+    /// the leader did not say).
+    pub retired_kept: u64,
 }
 
 /// A pool release as answered by the coordinator.
@@ -242,6 +253,10 @@ struct Granted {
     /// Whether a look at the ceiling raised the total in this window:
     /// some region hands back, and may hand back its margin late.
     others_hand_back: bool,
+    /// Whether a request was denied at the pool's ceiling in this window:
+    /// the region's pace so far is what it was let have, not what it
+    /// wants, so its late check hands nothing back.
+    held_back: bool,
     retired: bool,
 }
 
@@ -282,14 +297,24 @@ impl Granted {
 
     /// What a region that keeps asking at its pace so far still needs
     /// this window at `now_ms`, with a margin: its admissions per ms so
-    /// far times the time left, plus an eighth, plus a sixteenth of what
-    /// it admitted (at least 2 tokens).
+    /// far times the time left (`rest`), plus an eighth, plus a sixteenth
+    /// of what it admitted (at least 2 tokens); from the late check on,
+    /// `rest + √rest / 2 + 2`.
     fn projected_need(&self, now_ms: u64) -> u64 {
         let window_ms = self.window.end_ms.saturating_sub(self.window.start_ms);
         let started = self.deadline_ms.saturating_sub(window_ms);
         let elapsed = now_ms.saturating_sub(started).max(1);
         let left = self.deadline_ms.saturating_sub(now_ms);
         let used = self.escrow.total_used();
+        if now_ms >= self.late_check_ms() {
+            // Late in the window the rest is short and its count close to
+            // its mean: half a standard deviation of a Poisson count (a
+            // region short by a few asks again; the regions at their
+            // ceiling have taken the rest by then).
+            let rest = u128::from(used) * u128::from(left) / u128::from(elapsed);
+            let rest = u64::try_from(rest).unwrap_or(u64::MAX);
+            return rest.saturating_add(rest.isqrt() / 2).saturating_add(2);
+        }
         let pace = u128::from(used) * u128::from(left) * 9 / 8 / u128::from(elapsed);
         u64::try_from(pace)
             .unwrap_or(u64::MAX)
@@ -568,6 +593,9 @@ impl<Id: Clone> FairKey<Id> {
                         return admitted(part, window, remaining, served.limit);
                     }
                 }
+                if at_ceiling {
+                    state.held_back = true;
+                }
                 FairStep::Deny {
                     retry_after_ms: if at_ceiling {
                         state.exhausted_until_ms - now_ms
@@ -680,6 +708,7 @@ impl<Id: Clone> FairKey<Id> {
             raised_to_retire: false,
             late_checked: false,
             others_hand_back: false,
+            held_back: false,
             retired: false,
         });
         if state.window != answer.window {
@@ -697,6 +726,7 @@ impl<Id: Clone> FairKey<Id> {
             state.raised_to_retire = false;
             state.late_checked = false;
             state.others_hand_back = false;
+            state.held_back = false;
             state.exhausted_until_ms = 0;
             state.guarantee = None;
             state.guarantee_counts_expected = false;
@@ -728,6 +758,11 @@ impl<Id: Clone> FairKey<Id> {
             {
                 state.late_checked = false;
             }
+        }
+        // Regions that retired keep a margin for their pace and hand back
+        // what is left of it at their late check: worth a look after it.
+        if answer.retired_kept >= (answer.limit / 20).max(1) {
+            state.others_hand_back = true;
         }
         if let Some(standing) = hint {
             state.guarantee = Some(standing.guarantee);
@@ -832,10 +867,15 @@ impl<Id: Clone> FairKey<Id> {
             // The surplus checks, a quarter in and an eighth before the
             // end: hand back what the pace so far will not need, when that
             // is worth a call.
+            let late_check_done = state.late_checked;
             if state.surplus_checked && now_ms >= state.late_check_ms() {
                 state.late_checked = true;
             }
             state.surplus_checked = true;
+            // Denied at the pool's ceiling: it would use whatever it holds.
+            if state.held_back {
+                return None;
+            }
             let need = used.saturating_add(state.projected_need(now_ms));
             let keep = need.min(from_total);
             // Worth a call: a hundredth of L unspent beyond the need, or a
@@ -850,7 +890,7 @@ impl<Id: Clone> FairKey<Id> {
             // (After the late check only tokens are worth a call: the
             // regions at their ceiling have had their last look.)
             let idle_reserve = !state.retired
-                && !state.late_checked
+                && !late_check_done
                 && need <= from_total.saturating_add(worth)
                 && state
                     .guarantee

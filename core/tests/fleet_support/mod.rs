@@ -389,6 +389,7 @@ impl Coordinator {
             standing: answer.standing.map(at_least_held),
             expected: answer.expected.map(at_least_held),
             reserved_unheld: answer.reserved_unheld,
+            retired_kept: answer.retired_kept,
         }
     }
 

@@ -208,6 +208,7 @@ impl CoordinatorApi {
                         response.ceiling_total = standing.ceiling.max(grant.granted_total);
                     }
                     response.reserved_unheld_total = answer.reserved_unheld;
+                    response.retired_kept_total = answer.retired_kept;
                     if let Some(expected) = answer.expected {
                         response.expected_guarantee_total = expected.guarantee;
                         response.expected_ceiling_total = expected.ceiling.max(grant.granted_total);

@@ -487,6 +487,7 @@ impl KeyActor {
                     expected_guarantee_total = grant.expected_guarantee_total,
                     expected_ceiling_total = grant.expected_ceiling_total,
                     reserved_unheld_total = grant.reserved_unheld_total,
+                    retired_kept_total = grant.retired_kept_total,
                     window_start_ms = grant.window_start_ms,
                     "pool grant answered"
                 );
@@ -515,6 +516,7 @@ impl KeyActor {
                             ceiling: grant.expected_ceiling_total,
                         }),
                         reserved_unheld: grant.reserved_unheld_total,
+                        retired_kept: grant.retired_kept_total,
                     },
                     tenant_demands,
                 }

@@ -32,6 +32,7 @@ fn a_spanning_tenant_weighs_its_share_of_its_demand() {
         standing: None,
         expected: None,
         reserved_unheld: 0,
+        retired_kept: 0,
     };
     key.on_pool_answer(answer(0, 10), 10, 10, 10, RE_ASK_MS);
     key.note_demand(&tenant(1), 30);
@@ -102,6 +103,7 @@ proptest! {
                 standing: None,
                 expected: None,
                 reserved_unheld: 0,
+                retired_kept: 0,
             };
             key.on_pool_answer(answer(0), 1, 0, 0, RE_ASK_MS);
             key.note_demand(&tenant(0), *own);
@@ -144,6 +146,7 @@ fn grant(
         standing: plain,
         expected,
         reserved_unheld: 0,
+        retired_kept: 0,
     }
 }
 
@@ -470,15 +473,61 @@ fn a_region_short_of_its_pace_raises_to_it_retires_and_hands_back_its_margin_lat
         ));
     }
     assert_eq!(key.release_at(800, 1_000, 0, 10, 800), Some(885));
-    // 120 used in 885 ms: needs 120 + 120·115/885·9/8 + 7 = 144 of 169.
+    // 120 used in 885 ms: the rest at that pace is 120·115/885 = 15, and
+    // late in the window the margin is √15 / 2 + 2: needs 138 of 169.
     let pending = key
         .begin_release(11, false, 885)
         .expect("hands back its margin");
-    assert_eq!((pending.from_total, pending.keep_total), (169, 144));
-    key.on_release_answer(ReleaseAnswer::Released { released: 25 });
+    assert_eq!((pending.from_total, pending.keep_total), (169, 138));
+    key.on_release_answer(ReleaseAnswer::Released { released: 31 });
     assert_eq!(
         key.release_at(800, 1_000, 0, 10, 886),
         None,
         "nothing more to check"
     );
+}
+
+/// A region denied at the pool's ceiling in a window wants more than its
+/// pace shows (its pace is what it was let have): its late check hands
+/// nothing back, even when a late look just raised its total.
+#[test]
+fn a_region_held_back_by_the_ceiling_hands_nothing_back_late() {
+    let mut key: FairKey<u64> = FairKey::new(8);
+    key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 0);
+    // At its ceiling from the start: a grant of 100, all it could hold;
+    // it looks again 850 ms later.
+    key.on_pool_answer(grant(100, 0, 0, standing(100, 100), None), 150, 0, 0, 850);
+    for _ in 0..100 {
+        assert!(matches!(
+            key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 100),
+            FairStep::Admit { .. }
+        ));
+    }
+    assert!(matches!(
+        key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 100),
+        FairStep::Deny { .. }
+    ));
+    // A look just before the late check finds 100 more (another region
+    // handed back); it admits 10 of them by then.
+    assert!(matches!(
+        key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 880),
+        FairStep::Ask { .. }
+    ));
+    key.on_pool_answer(
+        grant(200, 0, 880, standing(100, 200), None),
+        200,
+        880,
+        880,
+        RE_ASK_MS,
+    );
+    for _ in 0..10 {
+        assert!(matches!(
+            key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 881),
+            FairStep::Admit { .. }
+        ));
+    }
+    // Its pace (110 in 885 ms) would need 127 of 200: it keeps them all.
+    assert!(key.release_at(881, 1_000, 0, 10, 881).is_some());
+    assert!(key.begin_release(12, false, 885).is_none());
+    assert_eq!(key.pending_release(), None);
 }

@@ -138,6 +138,7 @@ fn pool_answer(granted_total: u64, limit: u64, now_ms: u64) -> PoolAnswer {
         standing: None,
         expected: None,
         reserved_unheld: 0,
+        retired_kept: 0,
     }
 }
 
@@ -727,6 +728,7 @@ impl Sim {
                             standing: None,
                             expected: None,
                             reserved_unheld: 0,
+                            retired_kept: 0,
                         },
                         tenant_demands: Vec::new(),
                     },
