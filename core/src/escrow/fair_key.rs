@@ -24,8 +24,11 @@
 //!   that guarantee was the leader's *expected* one (it counted the
 //!   regions of the window before that had not asked yet:
 //!   [`crate::pool_roster`]), it was the region's share among all of them
-//!   and the key joins for the whole of it: steady demand costs one pool
-//!   call per window. Otherwise (a leader that did not say: after a leader
+//!   and the key joins for the whole of it — asking a hundredth of L
+//!   beyond, since the scaled guarantee drifts by a few tokens a window
+//!   with the demand split and the leader caps the ask at the expected
+//!   ceiling anyway: steady demand costs one pool call per window.
+//!   Otherwise (a leader that did not say: after a leader
 //!   change, an older leader) a guarantee heard early in a window, before
 //!   other regions joined, can be too large: a join of the whole would let
 //!   the first region of a window take what regions joining a moment later
@@ -532,9 +535,21 @@ impl<Id: Clone> FairKey<Id> {
             let (target, whole) = self.warm_start(lease_size, region_weight, now_ms);
             self.warm_target = target;
             self.asked_weight = region_weight;
+            // A whole join asks a hundredth of L beyond its target: the
+            // guarantee it scales drifts with the demand split by a few
+            // tokens a window, and the leader caps the ask at the expected
+            // ceiling anyway (a join short of it would ask again soon).
+            let allowance = self.granted.as_ref().map_or(0, |g| g.escrow.limit() / 100);
+            let want_total = if whole {
+                target
+                    .saturating_add(allowance)
+                    .min(self.granted.as_ref().map_or(u64::MAX, |g| g.escrow.limit()))
+            } else {
+                target / 2
+            };
             return FairStep::Join {
                 region_weight,
-                want_total: cost.max(if whole { target } else { target / 2 }),
+                want_total: cost.max(want_total),
             };
         };
         let remaining = state.deadline_ms - now_ms;

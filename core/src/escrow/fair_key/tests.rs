@@ -176,21 +176,23 @@ fn join_after(used: u64, granted: u64, expected: Option<PoolStanding>) -> FairSt
 }
 
 /// With the leader's expected guarantee the key joins the next window for
-/// all it expects to need in one call; without it, for half.
+/// all it expects to need in one call (and a hundredth of L beyond, which
+/// the leader's cap trims to the expected ceiling); without it, for half.
 #[test]
 fn a_key_joins_for_its_whole_share_only_after_an_expected_guarantee() {
-    // Admitted 300 of 300; needs min(300 + 75, 300) = 300 next window.
+    // Admitted 300 of 300; needs min(300 + 75, 300) = 300 next window,
+    // asks 300 + 1 000 / 100.
     match join_after(300, 300, standing(300, 300)) {
-        FairStep::Join { want_total, .. } => assert_eq!(want_total, 300),
+        FairStep::Join { want_total, .. } => assert_eq!(want_total, 310),
         other => panic!("expected a join, got {other:?}"),
     }
     match join_after(300, 300, None) {
         FairStep::Join { want_total, .. } => assert_eq!(want_total, 150),
         other => panic!("expected a join, got {other:?}"),
     }
-    // Admitted 100: needs min(100 + 25, 300) = 125.
+    // Admitted 100: needs min(100 + 25, 300) = 125, asks 135.
     match join_after(100, 300, standing(300, 300)) {
-        FairStep::Join { want_total, .. } => assert_eq!(want_total, 125),
+        FairStep::Join { want_total, .. } => assert_eq!(want_total, 135),
         other => panic!("expected a join, got {other:?}"),
     }
 }
@@ -219,12 +221,13 @@ fn the_warm_start_follows_the_region_weight() {
         key.decide(&tenant(0), 2, 1, LEASE_SIZE, true, 2),
         FairStep::Admit { .. }
     ) {}
-    // The next window's join weighs 1: half the weight, half the share.
+    // The next window's join weighs 1: half the weight, half the share
+    // (200, asked with a hundredth of L beyond).
     match key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, WINDOW_MS + 1) {
         FairStep::Join {
             region_weight,
             want_total,
-        } => assert_eq!((region_weight, want_total), (1_000, 200)),
+        } => assert_eq!((region_weight, want_total), (1_000, 210)),
         other => panic!("expected a join, got {other:?}"),
     }
 }
