@@ -554,3 +554,61 @@ proptest! {
         );
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+
+    /// Random demand worlds as above, with every pool call — joins, asks,
+    /// the light regions' raises and hand-backs, the late hand-backs and
+    /// looks, and the releases' resends — answered, lost after being
+    /// applied, or never applied, at random: Σ admitted per window never
+    /// exceeds L, and the pool never grants past it.
+    #[test]
+    fn lost_and_unapplied_calls_never_admit_past_the_limit(
+        world in demand_world(),
+        seed in 0u64..1_000,
+        lost_per_mille in 0u64..300,
+    ) {
+        let limit = 600;
+        let mut fleet = Fleet::new(limit, world.len(), NODE_RELEASE_IDLE_MS);
+        let start = 10 * WINDOW_MS;
+        let (windows, shift) = (6u64, 3u64);
+        let mut rng = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+        let mut next = move || {
+            rng = rng.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+            (rng >> 33) % 1_000
+        };
+        let mut fate = |draw: u64| {
+            if draw < lost_per_mille / 2 {
+                Delivery::Lost
+            } else if draw < lost_per_mille {
+                Delivery::NotApplied
+            } else {
+                Delivery::Answered
+            }
+        };
+        for now in start..start + windows * WINDOW_MS {
+            let window = (now - start) / WINDOW_MS;
+            for (r, demand) in world.iter().enumerate() {
+                let per_mille = if window < shift {
+                    demand.per_mille_before
+                } else {
+                    demand.per_mille_after
+                };
+                if next() < per_mille {
+                    let deliveries = [fate(next()), fate(next())];
+                    fleet.request(r, &tenant(r), demand.weight, 1, &deliveries, now);
+                }
+                let delivery = fate(next());
+                fleet.tick(r, delivery, now);
+            }
+            let key = fleet.coordinator.key.clone();
+            if let Ok(view) = fleet.coordinator.state.window_view(&key, now) {
+                prop_assert!(view.granted <= limit, "the pool granted {} > {}", view.granted, limit);
+            }
+        }
+        for (window, admitted) in fleet.admitted.totals() {
+            prop_assert!(admitted <= limit, "window {}: {} admitted > {}", window, admitted, limit);
+        }
+    }
+}
