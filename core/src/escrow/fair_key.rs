@@ -63,7 +63,8 @@
 //!   granted and not admitted, or a guarantee above its total (a key that
 //!   spent its whole grant at its share has nothing to give). An idle key
 //!   keeps what it admitted. Once a window, a quarter in (when the leader
-//!   stops expecting regions, plus a hundredth), a busy key checks its
+//!   stops expecting regions, plus a hundredth; never before), a busy key
+//!   checks its
 //!   *surplus*: at its pace so far it will need
 //!   `used + used · left / elapsed · 9/8 + max(used / 16, 2)`;
 //!   it releases keeping that when it holds a hundredth of L more, or
@@ -872,6 +873,12 @@ impl<Id: Clone> FairKey<Id> {
             .as_mut()
             .filter(|g| now_ms < g.deadline_ms && g.holds_back_anything())?;
         if state.retired && (idle || state.late_checked || now_ms < state.late_check_ms()) {
+            return None;
+        }
+        // No surplus check before the first quarter is over: a pace from a
+        // few ms of a window says nothing (a raise answered late, in the
+        // next window, would otherwise retire the region at once).
+        if !idle && now_ms < state.expectation_ends_ms() {
             return None;
         }
         let from_total = state.escrow.budget();

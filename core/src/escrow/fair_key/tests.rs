@@ -534,3 +534,27 @@ fn a_region_held_back_by_the_ceiling_hands_nothing_back_late() {
     assert!(key.begin_release(12, false, 885).is_none());
     assert_eq!(key.pending_release(), None);
 }
+
+/// No surplus check runs before the window's first quarter is over: a
+/// pace from a few ms of a window says nothing (a raise answered late, in
+/// the next window, must not retire the region there at once).
+#[test]
+fn no_surplus_check_before_the_first_quarter_is_over() {
+    let mut key: FairKey<u64> = FairKey::new(8);
+    key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 0);
+    key.on_pool_answer(
+        grant(100, 0, 0, standing(500, 500), None),
+        1,
+        0,
+        0,
+        RE_ASK_MS,
+    );
+    key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 5);
+    // 1 admitted in 10 ms would "need" 1 + 1·990/10·9/8 + 2 = 114, more
+    // than it holds, with a guarantee far above: a raise, then a retire.
+    assert!(key.begin_release(1, false, 10).is_none());
+    assert_eq!(key.take_retiring_raise(10), None);
+    // An idle key still hands back what it did not admit.
+    let pending = key.begin_release(2, true, 10).expect("idle release");
+    assert_eq!((pending.from_total, pending.keep_total), (100, 1));
+}
