@@ -584,7 +584,7 @@ proptest! {
             rng = rng.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
             (rng >> 33) % 1_000
         };
-        let mut fate = |draw: u64| {
+        let fate = |draw: u64| {
             if draw < lost_per_mille / 2 {
                 Delivery::Lost
             } else if draw < lost_per_mille {
@@ -742,4 +742,52 @@ fn light_worlds_use_their_windows_and_keep_regions_near_their_share() {
         "shortfall {:.3}",
         at(&shortfalls, 0.99)
     );
+}
+
+/// What handing back costs: a weight-1 region asking 100 a window beside
+/// an equal heavy one hands back the guarantee it does not need; when its
+/// demand jumps to 950 a window half way through a window, it is served
+/// only what the pool still has free for the rest of that window (the
+/// heavy region took the rest), and its full share from the next window
+/// on. Σ admitted ≤ L throughout.
+#[test]
+fn a_region_whose_demand_jumps_after_handing_back_gets_its_share_from_the_next_window() {
+    let limit = 600;
+    let mut fleet = Fleet::new(limit, 2, NODE_RELEASE_IDLE_MS);
+    let start = 10 * WINDOW_MS;
+    let jump_window = 8u64;
+    let mut rng = 12_345u64;
+    for now in start..start + 12 * WINDOW_MS {
+        let (window, into) = ((now - start) / WINDOW_MS, (now - start) % WINDOW_MS);
+        for r in 0..2 {
+            let jumped = window > jump_window || (window == jump_window && into >= WINDOW_MS / 2);
+            let per_mille = if r == 1 || jumped { 950 } else { 100 };
+            rng = rng
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            if (rng >> 33) % 1_000 < per_mille {
+                fleet.request(r, &tenant(r), 1, 1, &[], now);
+            }
+            fleet.tick(r, Delivery::Answered, now);
+        }
+    }
+    let window = |w: u64| start + w * WINDOW_MS;
+    for w in 5..12 {
+        assert!(fleet.admitted.total(window(w)) <= limit);
+    }
+    // Light: all of its ~100, the heavy region the rest of L.
+    for w in 5..jump_window {
+        assert!(
+            fleet.admitted.total(window(w)) * 100 >= limit * 99,
+            "window {w}"
+        );
+    }
+    // The jump window: what it kept at its hand-back, not its share.
+    let jumped = fleet.admitted.of(window(jump_window), &0);
+    assert!(jumped < limit / 4, "{jumped} admitted after the jump");
+    // From the next window on: its weighted share, 300 of 600.
+    for w in jump_window + 1..12 {
+        let got = fleet.admitted.of(window(w), &0);
+        assert!((294..=306).contains(&got), "window {w}: {got}");
+    }
 }
