@@ -179,7 +179,6 @@ impl PoolRoster {
         }
         let mut regions: Vec<(RegionId, u64)> = merged.into_iter().collect();
         regions.truncate(MAX_REGIONS_PER_WINDOW);
-        let id = (window_start_ms, key.clone());
         if let Some(old) = self.entries.remove(&id) {
             self.cells -= old.len();
         }

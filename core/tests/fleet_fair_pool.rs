@@ -118,6 +118,24 @@ impl Fleet {
         self.perform(r, calls, deliveries, now);
     }
 
+    /// What the coordinator's pool has granted in the window of `now`
+    /// (0 before any grant).
+    fn pool_granted(&self, now: u64) -> u64 {
+        let key = self.coordinator.key.clone();
+        self.coordinator
+            .state
+            .window_view(&key, now)
+            .map_or(0, |view| view.granted)
+    }
+
+    /// The largest number admitted in any window, with that window.
+    fn most_admitted(&self) -> Option<(u64, u64)> {
+        self.admitted
+            .totals()
+            .into_iter()
+            .max_by_key(|(_, admitted)| *admitted)
+    }
+
     /// Region `r`'s timer, if it is due at `now`: a release of an idle
     /// key's grant (or its resend), delivered as `delivery` says.
     fn tick(&mut self, r: usize, delivery: Delivery, now: u64) {
@@ -185,12 +203,10 @@ proptest! {
                 }
                 Op::Tick { region, delivery } => fleet.tick(region, delivery, now),
             }
-            let key = fleet.coordinator.key.clone();
-            if let Ok(view) = fleet.coordinator.state.window_view(&key, now) {
-                prop_assert!(view.granted <= limit, "the pool granted {} > {}", view.granted, limit);
-            }
+            let granted = fleet.pool_granted(now);
+            prop_assert!(granted <= limit, "the pool granted {} > {}", granted, limit);
         }
-        for (window, admitted) in fleet.admitted.totals() {
+        if let Some((window, admitted)) = fleet.most_admitted() {
             prop_assert!(admitted <= limit, "window {}: {} admitted > {}", window, admitted, limit);
         }
     }
@@ -608,12 +624,10 @@ proptest! {
                 let delivery = fate(next());
                 fleet.tick(r, delivery, now);
             }
-            let key = fleet.coordinator.key.clone();
-            if let Ok(view) = fleet.coordinator.state.window_view(&key, now) {
-                prop_assert!(view.granted <= limit, "the pool granted {} > {}", view.granted, limit);
-            }
+            let granted = fleet.pool_granted(now);
+            prop_assert!(granted <= limit, "the pool granted {} > {}", granted, limit);
         }
-        for (window, admitted) in fleet.admitted.totals() {
+        if let Some((window, admitted)) = fleet.most_admitted() {
             prop_assert!(admitted <= limit, "window {}: {} admitted > {}", window, admitted, limit);
         }
     }
@@ -627,7 +641,7 @@ proptest! {
 /// [`demand_world`] (2–4 regions of weight 1–3, each heavy, light or
 /// quiet, switching half way), drawn from a fixed seed, every call
 /// answered. 24 worlds by default;
-/// `FAIR_WORLDS=1500 cargo test --release -p leasehold-core --test fleet_fair_pool light_worlds -- --nocapture`
+/// `FAIR_WORLDS=1343 cargo test --release -p leasehold-core --test fleet_fair_pool light_worlds -- --nocapture`
 /// for the figures in docs/benchmarks.md. Asserts Σ ≤ L per window, at
 /// least 80 % per world, and a 99th-percentile shortfall under a tenth of L.
 #[test]
@@ -782,9 +796,10 @@ fn a_region_whose_demand_jumps_after_handing_back_gets_its_share_from_the_next_w
             "window {w}"
         );
     }
-    // The jump window: what it kept at its hand-back, not its share.
+    // The jump window: at least what it asked for before the jump (what
+    // it kept at its hand-back; 107 here, of a 300 share).
     let jumped = fleet.admitted.of(window(jump_window), &0);
-    assert!(jumped < limit / 4, "{jumped} admitted after the jump");
+    assert!(jumped >= 100, "{jumped} admitted in the jump window");
     // From the next window on: its weighted share, 300 of 600.
     for w in jump_window + 1..12 {
         let got = fleet.admitted.of(window(w), &0);

@@ -748,7 +748,7 @@ impl<R> KeyMachine<R> {
             // reserves well beyond that: raise to the need, then retire.
             if fair.pending_release().is_none() {
                 if let Some((region_weight, want_total)) = fair.take_retiring_raise(now.mono_ms) {
-                    self.send_pool_ask(region_weight, want_total, 0, true, now, out);
+                    self.send_pool_grant(region_weight, want_total, 0, true, now, out);
                     return;
                 }
             }
@@ -1108,21 +1108,12 @@ impl<R> KeyMachine<R> {
             }
             return;
         }
-        self.send_pool_grant(region_weight, want_total, asks_left, now, out);
+        self.send_pool_grant(region_weight, want_total, asks_left, false, now, out);
     }
 
+    /// Sends a pool ask; `then_retire`: a surplus check's raise, retired at
+    /// once when answered.
     fn send_pool_grant(
-        &mut self,
-        region_weight: u64,
-        want_total: u64,
-        asks_left: usize,
-        now: Now,
-        out: &mut Vec<Action<R>>,
-    ) {
-        self.send_pool_ask(region_weight, want_total, asks_left, false, now, out);
-    }
-
-    fn send_pool_ask(
         &mut self,
         region_weight: u64,
         want_total: u64,
@@ -1219,7 +1210,7 @@ impl<R> KeyMachine<R> {
             return;
         };
         if resolved {
-            self.send_pool_grant(region_weight, want_total, asks_left, now, out);
+            self.send_pool_grant(region_weight, want_total, asks_left, false, now, out);
         } else {
             let answer = self.fair_outage(now);
             self.finish(Ok(answer), now, out);
