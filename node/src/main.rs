@@ -10,6 +10,11 @@ use leasehold_node::cli::output::OutputFormat;
 use leasehold_node::cli::{failure, run, Cli};
 use leasehold_node::logging::{self, LogOptions};
 
+/// The process's allocator (ADR 0014: glibc's malloc was a sixth of a
+/// member's CPU under load).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// How long a command exporting traces lets its tasks finish before the
 /// exporter flushes at exit.
 const TRACE_SETTLE: std::time::Duration = std::time::Duration::from_millis(100);

@@ -3,7 +3,7 @@
 //! versions (format 2 of entries and snapshots, upgraded on read).
 
 use leasehold_core::coordinator::format_v2::{CoordinatorStateV2, ProposalV2};
-use leasehold_core::coordinator::CoordinatorState;
+use leasehold_core::coordinator::{CoordinatorState, Proposal};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
@@ -59,7 +59,9 @@ impl From<EntryV2> for Entry {
     fn from(old: EntryV2) -> Self {
         let payload = match old.payload {
             EntryPayloadV2::Blank => EntryPayload::Blank,
-            EntryPayloadV2::Normal(proposal) => EntryPayload::Normal(proposal.into()),
+            EntryPayloadV2::Normal(proposal) => {
+                EntryPayload::Normal(Proposal::from(proposal).into())
+            }
             EntryPayloadV2::Membership(membership) => EntryPayload::Membership(membership),
         };
         Entry {
@@ -155,7 +157,7 @@ mod decode_fuzz {
 
     use std::collections::{BTreeMap, BTreeSet};
 
-    use leasehold_core::coordinator::{Command, Proposal};
+    use leasehold_core::coordinator::Command;
     use leasehold_core::ids::{ClientId, Key, RegionId, RequestId};
     use leasehold_core::principal::Principal;
     use openraft::{CommittedLeaderId, EntryPayload, Membership};
@@ -171,22 +173,25 @@ mod decode_fuzz {
     fn lease_entry() -> Entry {
         Entry {
             log_id: log_id(7),
-            payload: EntryPayload::Normal(Proposal {
-                stamp_ms: 1_000,
-                commands: vec![
-                    Command::Lease {
-                        key: Key::new("k").unwrap(),
-                        region: RegionId::new("eu").unwrap(),
-                        tokens: 5,
-                        request_id: Some(RequestId {
-                            client: ClientId::new("c").unwrap(),
-                            seq: 1,
-                        }),
-                        caller: Principal::Region(RegionId::new("eu").unwrap()),
-                    },
-                    Command::Tick,
-                ],
-            }),
+            payload: EntryPayload::Normal(
+                Proposal {
+                    stamp_ms: 1_000,
+                    commands: vec![
+                        Command::Lease {
+                            key: Key::new("k").unwrap(),
+                            region: RegionId::new("eu").unwrap(),
+                            tokens: 5,
+                            request_id: Some(RequestId {
+                                client: ClientId::new("c").unwrap(),
+                                seq: 1,
+                            }),
+                            caller: Principal::Region(RegionId::new("eu").unwrap()),
+                        },
+                        Command::Tick,
+                    ],
+                }
+                .into(),
+            ),
         }
     }
 

@@ -104,17 +104,20 @@ async fn run<E: StorageEngine>(
     raft.initialize(BTreeMap::from([(NODE, BasicNode::default())]))
         .await?;
     raft.wait(WAIT).current_leader(NODE, "elected").await?;
-    raft.client_write(Proposal {
-        stamp_ms: 1,
-        commands: vec![Command::SetPolicy(Policy {
-            prefix: "disk/".into(),
-            limit: 1 << 40,
-            window_ms: 3_600_000,
-            kind: PolicyKind::Counter,
-            outage: OutagePolicy::FailClosed,
-            shadow: false,
-        })],
-    })
+    raft.client_write(
+        Proposal {
+            stamp_ms: 1,
+            commands: vec![Command::SetPolicy(Policy {
+                prefix: "disk/".into(),
+                limit: 1 << 40,
+                window_ms: 3_600_000,
+                kind: PolicyKind::Counter,
+                outage: OutagePolicy::FailClosed,
+                shadow: false,
+            })],
+        }
+        .into(),
+    )
     .await?;
 
     let mut largest_seen = 0;
@@ -123,10 +126,13 @@ async fn run<E: StorageEngine>(
         let commands = (0..KEYS_PER_PROPOSAL)
             .map(|slot| lease(proposal, slot))
             .collect();
-        raft.client_write(Proposal {
-            stamp_ms: 2 + proposal,
-            commands,
-        })
+        raft.client_write(
+            Proposal {
+                stamp_ms: 2 + proposal,
+                commands,
+            }
+            .into(),
+        )
         .await?;
         if proposal % 250 == 249 {
             largest_seen = largest_seen.max(directory_bytes(dir.path()));

@@ -44,7 +44,7 @@ fn expected_entries() -> Vec<(String, Entry)> {
             format!("entry-{index}"),
             Entry {
                 log_id: log_id(2, index),
-                payload: EntryPayload::Normal(proposal),
+                payload: EntryPayload::Normal(proposal.into()),
             },
         ));
     }

@@ -55,7 +55,7 @@ async fn acknowledged_proposals_survive_power_loss_and_restart() -> anyhow::Resu
             stamp_ms,
             commands: vec![Command::Tick],
         };
-        let response = raft.client_write(proposal).await?;
+        let response = raft.client_write(proposal.into()).await?;
         assert_eq!(response.data.outcomes.len(), 1, "one outcome per command");
         last_acknowledged = Some(response.log_id);
     }

@@ -144,15 +144,18 @@ impl Sessions {
         retain_until_ms: u64,
     ) {
         let name = (caller.clone(), id.client.clone());
-        if !self.by_name.contains_key(&name) {
-            *self.per_principal.entry(caller.clone()).or_insert(0) += 1;
-        }
-        let session = self.by_name.entry(name.clone()).or_insert(Session {
-            responses: BTreeMap::new(),
-            floor_seq: 0,
-            retain_until_ms: 0,
-        });
-        self.expiry.remove(&(session.retain_until_ms, name.clone()));
+        let (session, opened) = match self.by_name.get_mut(&name) {
+            Some(session) => (session, false),
+            None => {
+                *self.per_principal.entry(caller.clone()).or_insert(0) += 1;
+                let session = self.by_name.entry(name.clone()).or_insert(Session {
+                    responses: BTreeMap::new(),
+                    floor_seq: 0,
+                    retain_until_ms: 0,
+                });
+                (session, true)
+            }
+        };
         session
             .responses
             .insert(id.seq, (fingerprint, outcome.clone()));
@@ -161,8 +164,19 @@ impl Sessions {
                 session.floor_seq = session.floor_seq.max(dropped_seq.saturating_add(1));
             }
         }
-        session.retain_until_ms = session.retain_until_ms.max(retain_until_ms);
-        self.expiry.insert((session.retain_until_ms, name));
+        // The expiry index is touched only when the session's expiry moves
+        // (the commands of one proposal share a clock, so a session's
+        // requests in one batch usually keep it where it is).
+        let filed_until = session.retain_until_ms;
+        session.retain_until_ms = filed_until.max(retain_until_ms);
+        if opened || session.retain_until_ms != filed_until {
+            let mut filed = (filed_until, name);
+            if !opened {
+                self.expiry.remove(&filed);
+            }
+            filed.0 = session.retain_until_ms;
+            self.expiry.insert(filed);
+        }
     }
 
     /// Drops every session whose `retain_until_ms <= now_ms`; returns how many.
@@ -390,7 +404,9 @@ mod tests {
     proptest! {
         /// Against a model that remembers every executed id forever: an id
         /// is executed at most once while its session lives, a replay always
-        /// returns the first outcome, and a changed fingerprint never replays.
+        /// returns the first outcome, and a changed fingerprint never replays;
+        /// after every step the expiry index files each session exactly once,
+        /// under its expiry, and the per-principal counts match the table.
         #[test]
         fn an_id_is_executed_at_most_once_within_retention(steps in prop::collection::vec(step(), 1..200)) {
             let callers = [Principal::Anonymous, region("eu"), region("us")];
@@ -432,6 +448,17 @@ mod tests {
                         }
                     }
                 }
+                let filed: BTreeSet<(u64, SessionName)> = sessions
+                    .by_name
+                    .iter()
+                    .map(|(name, session)| (session.retain_until_ms, name.clone()))
+                    .collect();
+                prop_assert_eq!(&sessions.expiry, &filed);
+                let mut held: BTreeMap<Principal, u64> = BTreeMap::new();
+                for (principal, _) in sessions.by_name.keys() {
+                    *held.entry(principal.clone()).or_insert(0) += 1;
+                }
+                prop_assert_eq!(&sessions.per_principal, &held);
             }
         }
     }

@@ -144,7 +144,7 @@ impl Proposer for RaftProposer {
         let raft = self.raft.clone();
         let timeout = self.timeout;
         Box::pin(async move {
-            match tokio::time::timeout(timeout, raft.client_write(proposal)).await {
+            match tokio::time::timeout(timeout, raft.client_write(proposal.into())).await {
                 Ok(Ok(response)) => {
                     tracing::Span::current().record("raft.log_index", response.log_id.index);
                     Ok(response.data)

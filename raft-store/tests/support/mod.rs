@@ -35,10 +35,13 @@ pub fn membership_entry(term: u64, index: u64) -> Entry {
 pub fn proposal_entry(term: u64, index: u64) -> Entry {
     Entry {
         log_id: log_id(term, index),
-        payload: EntryPayload::Normal(Proposal {
-            stamp_ms: index * 1_000,
-            commands: vec![Command::Tick],
-        }),
+        payload: EntryPayload::Normal(
+            Proposal {
+                stamp_ms: index * 1_000,
+                commands: vec![Command::Tick],
+            }
+            .into(),
+        ),
     }
 }
 
