@@ -72,13 +72,6 @@ pub type ClientWriteResponse = openraft::raft::ClientWriteResponse<TypeConfig>;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SharedProposal(Arc<Proposal>);
 
-impl SharedProposal {
-    /// The proposal.
-    pub fn proposal(&self) -> &Proposal {
-        &self.0
-    }
-}
-
 impl std::ops::Deref for SharedProposal {
     type Target = Proposal;
 
@@ -144,7 +137,7 @@ mod tests {
             let plain = postcard::to_allocvec(&proposal).unwrap();
             prop_assert_eq!(&postcard::to_allocvec(&shared).unwrap(), &plain);
             let read: SharedProposal = postcard::from_bytes(&plain).unwrap();
-            prop_assert_eq!(read.proposal(), &proposal);
+            prop_assert_eq!(&*read, &proposal);
         }
     }
 }

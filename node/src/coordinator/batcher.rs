@@ -240,21 +240,7 @@ async fn run(
         let Some(first) = first else { break };
         let mut count = first.commands.len();
         let mut batch = vec![first];
-        let take = |next: Pending, count: &mut usize, batch: &mut Vec<Pending>| {
-            if *count + next.commands.len() <= max_batch {
-                *count += next.commands.len();
-                batch.push(next);
-                None
-            } else {
-                Some(next)
-            }
-        };
-        while count < max_batch && carried.is_none() {
-            match receiver.try_recv() {
-                Ok(next) => carried = take(next, &mut count, &mut batch),
-                Err(_) => break,
-            }
-        }
+        carried = drain(&mut receiver, &mut count, &mut batch, max_batch);
         // Closed loops settle into two halves alternating in proposals:
         // while one half commits, the other queues. When the queue holds a
         // real batch but fewer commands than the last proposal plus what
@@ -275,13 +261,8 @@ async fn run(
                     _ = tokio::time::sleep_until(deadline) => None,
                 };
                 let Some(next) = next else { break };
-                carried = take(next, &mut count, &mut batch);
-                while count < expected && carried.is_none() {
-                    match receiver.try_recv() {
-                        Ok(next) => carried = take(next, &mut count, &mut batch),
-                        Err(_) => break,
-                    }
-                }
+                carried = take(next, &mut count, &mut batch, max_batch)
+                    .or_else(|| drain(&mut receiver, &mut count, &mut batch, max_batch));
             }
         }
         last_proposed = count;
@@ -318,6 +299,40 @@ async fn run(
     }
     // Wait for the proposals still replicating.
     let _ = slots.acquire_many(max_inflight as u32).await;
+}
+
+/// Adds `next` to `batch` if it fits in `max_batch` commands; hands it
+/// back otherwise (it waits for the next proposal).
+fn take(
+    next: Pending,
+    count: &mut usize,
+    batch: &mut Vec<Pending>,
+    max_batch: usize,
+) -> Option<Pending> {
+    if *count + next.commands.len() <= max_batch {
+        *count += next.commands.len();
+        batch.push(next);
+        None
+    } else {
+        Some(next)
+    }
+}
+
+/// Takes what is queued into `batch` without waiting, up to `max_batch`
+/// commands; hands back the first group that does not fit.
+fn drain(
+    receiver: &mut mpsc::Receiver<Pending>,
+    count: &mut usize,
+    batch: &mut Vec<Pending>,
+    max_batch: usize,
+) -> Option<Pending> {
+    while *count < max_batch {
+        let Ok(next) = receiver.try_recv() else { break };
+        if let Some(unfit) = take(next, count, batch, max_batch) {
+            return Some(unfit);
+        }
+    }
+    None
 }
 
 /// The span of one proposal: from handing the batch to Raft until it is
@@ -670,7 +685,10 @@ mod tests {
         let before_b = tokio::time::Instant::now();
         b.await.unwrap().unwrap();
         assert_eq!(before_b.elapsed(), Duration::from_millis(5));
-        assert_eq!(*raft.batches.lock().unwrap(), vec![1, 1, 1, 40, 31]);
+        assert_eq!(
+            *raft.batches.lock().unwrap(),
+            vec![1, 1, 1, 40, LINGER_FLOOR - 1]
+        );
     }
 
     #[tokio::test]
