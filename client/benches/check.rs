@@ -3,6 +3,11 @@
 //!
 //! `cargo bench -p leasehold-client --bench check`
 //!
+//! Two limiters: `leasehold_leased` reads the check clock
+//! `CheckClock::CycleCounter` (what a service sets), `leasehold_runtime`
+//! the default `CheckClock::Runtime` (tokio's clock on every check).
+//! governor reads its default clock, `quanta`'s scaled cycle counter.
+//!
 //! Cases: one hot key and 1 000 keys, from 1 and 2 threads. The limiter's
 //! source grants 2^40 tokens for an hour per refill, so after one warm-up
 //! check per key every measured check is a local spend. governor is given a
@@ -22,8 +27,9 @@ use criterion::{criterion_group, BenchmarkId, Criterion};
 use futures::future::BoxFuture;
 use futures::FutureExt;
 use leasehold_client::{
-    AcquireRequest, CheckReply, CheckRequest, ClientError, CreditSource, Grant, LeaseOptions,
-    LeaseSizing, Limiter, LimiterConfig, Mode, ReturnRequest,
+    cycle_counter_status, AcquireRequest, CheckClock, CheckReply, CheckRequest, ClientError,
+    CreditSource, CycleCounterStatus, Grant, LeaseOptions, LeaseSizing, Limiter, LimiterConfig,
+    Mode, ReturnRequest,
 };
 use leasehold_core::ids::ClientId;
 
@@ -58,9 +64,14 @@ fn keys(count: usize) -> Vec<String> {
     (0..count).map(|i| format!("tenant-{i}/api")).collect()
 }
 
-fn leased_limiter(runtime: &tokio::runtime::Runtime, keys: &[String]) -> Limiter {
+fn leased_limiter(
+    runtime: &tokio::runtime::Runtime,
+    keys: &[String],
+    clock: CheckClock,
+) -> Limiter {
     let options = LeaseOptions {
         sizing: LeaseSizing::Fixed(1 << 40),
+        clock,
         ..LeaseOptions::default()
     };
     let config = LimiterConfig::new(
@@ -74,6 +85,18 @@ fn leased_limiter(runtime: &tokio::runtime::Runtime, keys: &[String]) -> Limiter
             assert!(decision.allowed, "warm-up check admitted");
         }
     });
+    if clock == CheckClock::CycleCounter {
+        // The counter's rate is measured in the background (tens of ms).
+        let give_up = Instant::now() + Duration::from_secs(5);
+        while matches!(
+            cycle_counter_status(),
+            CycleCounterStatus::Measuring | CycleCounterStatus::NotStarted
+        ) && Instant::now() < give_up
+        {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        eprintln!("cycle counter: {:?}", cycle_counter_status());
+    }
     limiter
 }
 
@@ -145,16 +168,21 @@ fn check(c: &mut Criterion) {
         let keys = Arc::new(keys(key_count));
         for threads in [1_usize, 2] {
             let case = format!("{key_count}key/{threads}thread");
-            let limiter = leased_limiter(&runtime, &keys);
             let handle = runtime.handle().clone();
-            group.bench_function(BenchmarkId::new("leasehold_leased", &case), |b| {
-                b.iter_custom(|iterations| {
-                    let limiter = limiter.clone();
-                    timed(&handle, threads, iterations, &keys, move |key| {
-                        check_held(&limiter, key)
+            for (name, clock) in [
+                ("leasehold_leased", CheckClock::CycleCounter),
+                ("leasehold_runtime", CheckClock::Runtime),
+            ] {
+                let limiter = leased_limiter(&runtime, &keys, clock);
+                group.bench_function(BenchmarkId::new(name, &case), |b| {
+                    b.iter_custom(|iterations| {
+                        let limiter = limiter.clone();
+                        timed(&handle, threads, iterations, &keys, move |key| {
+                            check_held(&limiter, key)
+                        })
                     })
-                })
-            });
+                });
+            }
             let governor = Arc::new(governor_limiter());
             group.bench_function(BenchmarkId::new("governor_keyed", &case), |b| {
                 b.iter_custom(|iterations| {
@@ -185,9 +213,11 @@ fn paired(rounds: usize) {
     for key_count in [1_usize, 1_000] {
         let keys = Arc::new(keys(key_count));
         for threads in [1_usize, 2] {
-            let limiter = leased_limiter(&runtime, &keys);
+            let limiter = leased_limiter(&runtime, &keys, CheckClock::CycleCounter);
+            let runtime_clock = leased_limiter(&runtime, &keys, CheckClock::Runtime);
             let governor = Arc::new(governor_limiter());
             let (mut ours, mut theirs, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+            let mut ours_runtime = Vec::new();
             for _ in 0..rounds {
                 let limiter = limiter.clone();
                 let leased = per_check(timed(
@@ -197,6 +227,14 @@ fn paired(rounds: usize) {
                     &keys,
                     move |key| check_held(&limiter, key),
                 ));
+                let runtime_clock = runtime_clock.clone();
+                ours_runtime.push(per_check(timed(
+                    &handle,
+                    threads,
+                    PAIRED_ROUND_CHECKS,
+                    &keys,
+                    move |key| check_held(&runtime_clock, key),
+                )));
                 let governor = Arc::clone(&governor);
                 let keyed = per_check(timed(
                     &handle,
@@ -217,10 +255,13 @@ fn paired(rounds: usize) {
             println!(
                 "check/paired/{key_count}key/{threads}thread: leasehold_leased {:.1} ns, \
                  governor_keyed {:.1} ns (fastest of {rounds} rounds): {:.2}x; \
-                 median of the rounds' ratios {median:.2}x",
+                 median of the rounds' ratios {median:.2}x; \
+                 leasehold_runtime (tokio's clock) {:.1} ns: {:.2}x",
                 fastest(&ours),
                 fastest(&theirs),
                 fastest(&ours) / fastest(&theirs),
+                fastest(&ours_runtime),
+                fastest(&ours_runtime) / fastest(&theirs),
             );
         }
     }

@@ -28,7 +28,8 @@ use anyhow::{bail, Context};
 use leasehold_client::tls::{ClientTlsFiles, TlsDialer};
 use leasehold_client::transport::{Dialer, TcpDialer};
 use leasehold_client::{
-    EscrowSource, EscrowSourceOptions, LeaseOptions, LeaseSizing, Limiter, LimiterConfig, Mode,
+    CheckClock, EscrowSource, EscrowSourceOptions, LeaseOptions, LeaseSizing, Limiter,
+    LimiterConfig, Mode,
 };
 use leasehold_core::ids::ClientId;
 
@@ -49,6 +50,9 @@ async fn main() -> anyhow::Result<()> {
             low_water: 2,
             return_idle_after: Some(Duration::from_secs(5)),
             max_refill_rounds: 16,
+            // A real-time service: checks with credits held read the cycle
+            // counter instead of the clock.
+            clock: CheckClock::CycleCounter,
         }),
         "strict" => Mode::Strict,
         "cached-deny" => Mode::CachedDeny,

@@ -106,7 +106,7 @@ pub mod trace_context;
 pub mod transport;
 pub mod wallet;
 
-pub use config::{incarnation_id, LeaseOptions, LimiterConfig, Mode};
+pub use config::{incarnation_id, CheckClock, LeaseOptions, LimiterConfig, Mode};
 pub use coordinator_source::CoordinatorSource;
 pub use decision::{combine, Admission, Decision};
 pub use error::{ClientError, ConfigError};
@@ -115,6 +115,7 @@ pub use fair_throttle::{
     FairAdmission, FairGate, FairThrottle, FairThrottleOptions, FairThrottleStats,
     ProtectedResource,
 };
+pub use limiter::counter_clock::{status as cycle_counter_status, CycleCounterStatus};
 pub use limiter::Limiter;
 pub use sizing::LeaseSizing;
 pub use source::{AcquireRequest, CheckReply, CheckRequest, CreditSource, Grant, ReturnRequest};

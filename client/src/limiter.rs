@@ -4,13 +4,17 @@
 //! The mode-specific paths live in private submodules: `leased` (local
 //! credits, coalesced refills, prefetch), `remote` (strict and cached-deny),
 //! `idle` (returning idle credits, key eviction), `keys` (the bounded
-//! per-key table) and `credit_lane` (the lock-free per-key credits a check
-//! with credits held spends).
+//! per-key table), `credit_lane` (the lock-free per-key credits a check
+//! with credits held spends), `recent_cells` (each thread's cache of the
+//! cells it checked lately) and `counter_clock` (the cycle-counter bound on
+//! the clock such a check may read instead of the clock).
 
+pub(crate) mod counter_clock;
 mod credit_lane;
 mod idle;
 mod keys;
 mod leased;
+mod recent_cells;
 mod remote;
 
 use std::collections::HashMap;
@@ -24,7 +28,7 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use leasehold_core::ids::{ClientId, Key, RequestId};
 
-use crate::config::{LimiterConfig, Mode};
+use crate::config::{CheckClock, LimiterConfig, Mode};
 use crate::decision::{Admission, Decision};
 use crate::error::{ClientError, ConfigError};
 use crate::source::CreditSource;
@@ -64,6 +68,18 @@ pub(crate) struct Inner {
     sweeper_started: AtomicBool,
     /// The instant the credit lanes count their nanoseconds from.
     clock_origin: tokio::time::Instant,
+    /// What a check with credits held reads as the time.
+    lane_clock: LaneClock,
+}
+
+/// The time source of the lock-free spend ([`CheckClock`], resolved).
+#[derive(Debug, Clone, Copy)]
+enum LaneClock {
+    /// `tokio::time::Instant::now()`.
+    Runtime,
+    /// The cycle-counter bound, whose origin lies `origin_ns` before the
+    /// limiter's clock origin.
+    CycleCounter { origin_ns: u64 },
 }
 
 impl Limiter {
@@ -84,6 +100,22 @@ impl Limiter {
         } else {
             config.client_id.clone()
         };
+        let wants_counter =
+            matches!(&config.mode, Mode::Leased(o) if o.clock == CheckClock::CycleCounter);
+        if wants_counter {
+            // Before the limiter's origin is read: the counter's origin
+            // must not be later.
+            counter_clock::start();
+        }
+        let clock_origin = tokio::time::Instant::now();
+        let lane_clock = match clock_origin
+            .into_std()
+            .checked_duration_since(counter_clock::origin())
+            .and_then(|since| u64::try_from(since.as_nanos()).ok())
+        {
+            Some(origin_ns) if wants_counter => LaneClock::CycleCounter { origin_ns },
+            _ => LaneClock::Runtime,
+        };
         Ok(Limiter {
             inner: Arc::new(Inner {
                 source,
@@ -94,7 +126,8 @@ impl Limiter {
                 client_id,
                 next_seq: AtomicU64::new(1),
                 sweeper_started: AtomicBool::new(false),
-                clock_origin: tokio::time::Instant::now(),
+                clock_origin,
+                lane_clock,
             }),
         })
     }

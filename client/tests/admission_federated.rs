@@ -37,6 +37,7 @@ fn region_gate(fake: &Arc<FakeCoordinator>, region: usize) -> AdmissionGate {
         low_water: 0,
         return_idle_after: None,
         max_refill_rounds: 64,
+        ..LeaseOptions::default()
     };
     let mut config = LimiterConfig::new(
         Mode::Leased(options),

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use common::{assert_well_formed, FakeCoordinator};
-use leasehold_client::{LeaseOptions, LeaseSizing, Limiter, LimiterConfig, Mode};
+use leasehold_client::{CheckClock, LeaseOptions, LeaseSizing, Limiter, LimiterConfig, Mode};
 use leasehold_core::ids::ClientId;
 use proptest::prelude::*;
 
@@ -22,6 +22,7 @@ fn mode() -> impl Strategy<Value = Mode> {
                     low_water,
                     return_idle_after: idle.map(Duration::from_millis),
                     max_refill_rounds: 8,
+                    clock: CheckClock::Runtime,
                 })
             }
         ),

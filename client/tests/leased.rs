@@ -20,6 +20,7 @@ fn leased(batch: u64, low_water: u64) -> LeaseOptions {
         low_water,
         return_idle_after: None,
         max_refill_rounds: 64,
+        ..LeaseOptions::default()
     }
 }
 

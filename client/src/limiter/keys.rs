@@ -6,10 +6,12 @@
 //! the same cache line. Inserts and removals (slow paths only) are also
 //! serialised by one writer mutex, which keeps the key count and eviction
 //! exact. A key is hashed once per lookup: the shard and the bucket both come
-//! from the same 64-bit hash.
+//! from the same 64-bit hash (and, in front of the table, the set of the
+//! checking thread's cache of recent cells, `recent_cells`).
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use futures::future::{BoxFuture, Shared};
@@ -68,29 +70,54 @@ pub(crate) struct KeyState {
 
 /// A key's cell, shared between checks and refill tasks, laid out in the
 /// order a check reads it (`repr(C)`): the lock-free credits on their own
-/// cache line, then the key as lookups compare it on the next, then the
-/// rest.
+/// cache line, then its table's id and the key as lookups compare them on
+/// the next, then the rest.
 #[repr(C)]
 pub(crate) struct KeyCell {
     pub lane: CreditLane,
+    /// The id of the table the cell was made for.
+    table: u64,
     lookup_key: InlineKey,
+    /// Set once the cell has left its table: its lane is drained and never
+    /// lent to again (see [`KeyCell::retire`]).
+    retired: AtomicBool,
     pub key: Box<str>,
     pub state: Mutex<KeyState>,
 }
 
 impl KeyCell {
-    fn new(key: &str, lane: CreditLane, state: KeyState) -> Self {
+    fn new(table: u64, key: &str, lane: CreditLane, state: KeyState) -> Self {
         KeyCell {
             lane,
+            table,
             lookup_key: InlineKey::new(key),
+            retired: AtomicBool::new(false),
             key: key.into(),
             state: Mutex::new(state),
         }
     }
 
+    /// The id of the table this cell was made for.
+    #[inline]
+    pub(crate) fn table(&self) -> u64 {
+        self.table
+    }
+
+    /// Marks the cell as out of its table. Call with its state mutex held,
+    /// before draining its lane for the last time.
+    pub(crate) fn retire(&self) {
+        self.retired.store(true, Ordering::Release);
+    }
+
+    /// Whether the cell has left its table.
+    #[inline]
+    pub(crate) fn is_retired(&self) -> bool {
+        self.retired.load(Ordering::Acquire)
+    }
+
     /// Whether this is the cell of `key`.
     #[inline]
-    fn is_for(&self, key: &str) -> bool {
+    pub(crate) fn is_for(&self, key: &str) -> bool {
         let key = key.as_bytes();
         match self.lookup_key.bytes() {
             Some(held) => same_bytes(held, key),
@@ -99,13 +126,13 @@ impl KeyCell {
     }
 }
 
-/// Bytes of a key its cell holds inline.
-const INLINE_KEY_BYTES: usize = 62;
+/// Bytes of a key its cell holds inline: with the length and the cell's
+/// table id, one cache line.
+const INLINE_KEY_BYTES: usize = 54;
 
 /// A key of at most [`INLINE_KEY_BYTES`] (most keys) copied into its cell,
-/// one cache line, so that a lookup compares it without reading the
-/// key's own allocation.
-#[repr(C, align(64))]
+/// so that a lookup compares it without reading the key's own allocation.
+#[repr(C)]
 struct InlineKey {
     /// The key's length; more than [`INLINE_KEY_BYTES`] when the key is
     /// longer (its bytes are then not held).
@@ -134,6 +161,9 @@ impl InlineKey {
 
 /// The bounded, sharded map of key cells.
 pub(crate) struct KeyTable {
+    /// This table's id, unique in the process (cells carry it, so that a
+    /// thread's cache of recent cells can serve several limiters).
+    id: u64,
     /// foldhash, seeded per table: a fraction of SipHash's cost on the
     /// check path, and still not predictable by whoever chooses the keys.
     hasher: foldhash::fast::RandomState,
@@ -204,7 +234,9 @@ impl ShardCells {
 
 impl KeyTable {
     pub(crate) fn new(max_keys: usize) -> Self {
+        static NEXT_TABLE_ID: AtomicU64 = AtomicU64::new(1);
         KeyTable {
+            id: NEXT_TABLE_ID.fetch_add(1, Ordering::Relaxed),
             hasher: foldhash::fast::RandomState::default(),
             shards: std::array::from_fn(|_| Shard::default()),
             writer: Mutex::new(0),
@@ -212,8 +244,15 @@ impl KeyTable {
         }
     }
 
+    /// This table's id.
     #[inline]
-    fn hash(&self, key: &str) -> u64 {
+    pub(crate) fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The hash the table files `key` under.
+    #[inline]
+    pub(crate) fn hash(&self, key: &str) -> u64 {
         let mut hasher = self.hasher.build_hasher();
         hasher.write(key.as_bytes());
         hasher.finish()
@@ -228,7 +267,17 @@ impl KeyTable {
     /// reference count is touched); `None` when the key is not in the table.
     #[inline]
     pub(crate) fn with_cell<R>(&self, key: &str, f: impl FnOnce(&Arc<KeyCell>) -> R) -> Option<R> {
-        let hash = self.hash(key);
+        self.with_hashed_cell(self.hash(key), key, f)
+    }
+
+    /// [`with_cell`](Self::with_cell) for a key already hashed.
+    #[inline]
+    pub(crate) fn with_hashed_cell<R>(
+        &self,
+        hash: u64,
+        key: &str,
+        f: impl FnOnce(&Arc<KeyCell>) -> R,
+    ) -> Option<R> {
         let cells = read(&self.shard(hash).cells);
         cells.find(hash, key).map(f)
     }
@@ -262,7 +311,7 @@ impl KeyTable {
                 *count -= 1;
             }
         }
-        let cell = Arc::new(KeyCell::new(key, CreditLane::new(now_ns), fresh()));
+        let cell = Arc::new(KeyCell::new(self.id, key, CreditLane::new(now_ns), fresh()));
         write(&self.shard(hash).cells).insert(hash, Arc::clone(&cell));
         *count += 1;
         (cell, evicted)
@@ -384,6 +433,14 @@ fn read<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
     lock.read().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
+#[cfg(test)]
+impl KeyTable {
+    /// The cell of `key`, made with an empty state when absent.
+    pub(crate) fn insert_for_test(&self, key: &str) -> Arc<KeyCell> {
+        self.get_or_insert(key, 0, tests::fresh_state).0
+    }
+}
+
 /// Write-locks a shard (see [`read`]).
 fn write<T>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
     lock.write()
@@ -395,7 +452,7 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn fresh_state() -> KeyState {
+    pub(crate) fn fresh_state() -> KeyState {
         KeyState {
             wallet: CreditWallet::new(),
             pending: None,
@@ -435,6 +492,15 @@ mod tests {
             }
             prop_assert_eq!(same_bytes(&a, &b), a == b);
         }
+    }
+
+    /// A check reads a cell's lane, then its table id and key: the two
+    /// first cache lines of the cell.
+    #[test]
+    fn a_lookup_reads_two_cache_lines() {
+        assert_eq!(std::mem::offset_of!(KeyCell, table), 64);
+        assert_eq!(std::mem::offset_of!(KeyCell, lookup_key), 72);
+        assert_eq!(std::mem::size_of::<InlineKey>(), 56);
     }
 
     /// Keys short enough to sit in their cell and longer ones (boxed) are

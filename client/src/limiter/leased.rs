@@ -21,7 +21,7 @@ use tokio::time::Instant;
 
 use super::credit_lane::MAX_LANE_TOKENS;
 use super::keys::{KeyCell, KeyState, PendingRefill, RefillReport};
-use super::{lock, Inner};
+use super::{counter_clock, lock, recent_cells, Inner, LaneClock};
 use crate::config::{LeaseOptions, Mode};
 use crate::decision::{allowed, denied, Admission};
 use crate::error::ClientError;
@@ -31,13 +31,23 @@ use crate::wallet::{
     CreditOutcome, CreditWallet, GrantTerms, MonotonicTime, SpendOutcome, WindowLabel,
 };
 
+/// Why a lock-free spend from one cell's lane did not happen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LaneMiss {
+    /// The lane cannot cover the check (the full path decides).
+    Short,
+    /// The cell has left its table: look the key up there.
+    Retired,
+}
+
 impl Inner {
     /// The whole check when `key` already holds enough live credits: one
-    /// shard read lock, one clock read and one compare-and-swap on the key's
-    /// [`CreditLane`] — no key allocation, no mutex, no timer, no await.
-    /// `None` sends the check down the full path (not leased mode, a zero
-    /// cost, a key never seen, or too few live credits in the lane), which
-    /// decides it from scratch.
+    /// lookup in this thread's cache of recent cells (the table's shard read
+    /// lock when the key is not cached there), one read of the check clock
+    /// and one compare-and-swap on the key's [`CreditLane`] — no key
+    /// allocation, no mutex, no timer, no await. `None` sends the check down
+    /// the full path (not leased mode, a zero cost, a key never seen, or too
+    /// few live credits in the lane), which decides it from scratch.
     #[inline]
     pub(super) fn spend_held_credits(self: &Arc<Self>, key: &str, cost: u64) -> Option<Admission> {
         let Mode::Leased(options) = &self.config.mode else {
@@ -46,23 +56,63 @@ impl Inner {
         if cost == 0 {
             return None;
         }
-        // Only keys that passed validation are in the table.
-        let (spend, prefetch_cell) = self.keys.with_cell(key, |cell| {
-            if !cell.lane.may_cover(cost) {
-                return None;
-            }
-            let now_ns = self.nanos_since_origin(Instant::now())?;
-            let spend = cell.lane.try_spend(cost, now_ns)?;
-            let prefetch = options.low_water > 0 && spend.remaining <= options.low_water;
-            Some((spend, prefetch.then(|| Arc::clone(cell))))
-        })??;
-        if let Some(cell) = prefetch_cell {
-            self.prefetch(&cell);
+        let hash = self.keys.hash(key);
+        let low_water = options.low_water;
+        let spend = |cell: &Arc<KeyCell>| self.spend_from_lane(cell, cost, low_water);
+        match recent_cells::with_cached(self.keys.id(), hash, key, spend) {
+            Some(Ok(admission)) => Some(admission),
+            Some(Err(LaneMiss::Short)) => None,
+            // Not cached, or cached but out of the table: the table's cell
+            // (only keys that passed validation are in the table).
+            Some(Err(LaneMiss::Retired)) | None => self
+                .keys
+                .with_hashed_cell(hash, key, |cell| {
+                    recent_cells::remember(hash, key, cell);
+                    spend(cell)
+                })?
+                .ok(),
         }
-        Some(Admission {
+    }
+
+    /// Spends `cost` from `cell`'s lane if it holds that many live tokens,
+    /// starting a refill when that leaves at most `low_water`.
+    #[inline(always)]
+    fn spend_from_lane(
+        self: &Arc<Self>,
+        cell: &Arc<KeyCell>,
+        cost: u64,
+        low_water: u64,
+    ) -> Result<Admission, LaneMiss> {
+        let spent = if cell.lane.may_cover(cost) {
+            self.lane_now_ns()
+                .and_then(|now_ns| cell.lane.try_spend(cost, now_ns))
+        } else {
+            None
+        };
+        let Some(spend) = spent else {
+            return Err(if cell.is_retired() {
+                LaneMiss::Retired
+            } else {
+                LaneMiss::Short
+            });
+        };
+        if low_water > 0 && spend.remaining <= low_water {
+            self.prefetch(cell);
+        }
+        Ok(Admission {
             decision: allowed(spend.window.limit, spend.remaining, spend.window.end_ms),
             window_start_ms: Some(spend.window.start_ms),
         })
+    }
+
+    /// The time a lane spend is judged at, nanoseconds since the clock
+    /// origin (never earlier than the clock; `None` before the origin).
+    #[inline]
+    fn lane_now_ns(&self) -> Option<u64> {
+        match self.lane_clock {
+            LaneClock::Runtime => self.nanos_since_origin(Instant::now()),
+            LaneClock::CycleCounter { origin_ns } => counter_clock::now_ns().checked_sub(origin_ns),
+        }
     }
 
     /// Starts a background refill of `cell` unless one is in flight.
@@ -106,6 +156,9 @@ impl Inner {
     /// Lends the key's live credits to its lane, so that the next checks
     /// spend them without the mutex. Every use of the wallet ends with this.
     pub(super) fn lend_to_lane(&self, cell: &KeyCell, state: &mut KeyState, now: Instant) {
+        if cell.is_retired() {
+            return;
+        }
         let Some(loan) = state.wallet.lend(now, MAX_LANE_TOKENS) else {
             return;
         };
@@ -125,6 +178,7 @@ impl Inner {
     /// admissions to the counters.
     pub(super) fn retire_cell(&self, cell: &KeyCell) {
         let mut state = lock(&cell.state);
+        cell.retire();
         self.settle_lane(cell, &mut state, Instant::now());
         bump(&self.stats.admitted, cell.lane.take_admitted());
     }

@@ -1,0 +1,162 @@
+//! Each thread's cache of the key cells it checked lately, so that a check
+//! with credits held finds its key's cell without taking the table's shard
+//! lock (whose read acquire and release are two atomic read-modify-writes
+//! on a cache line every checking thread shares).
+//!
+//! The cache is set-associative: [`SETS`] sets of [`WAYS`] cells, the set
+//! chosen by the key's table hash, the newest cell first in its set. A
+//! thread that checks keys allocates it on its first check (64 KiB) and
+//! holds up to [`SETS`] × [`WAYS`] cells alive, which may include cells
+//! that have since left their table: such a cell is *retired* (its lane
+//! drained and never lent to again, see `Inner::retire_cell`), so a check
+//! that finds it cannot spend there, looks in the table instead, and
+//! replaces it. Cells of every limiter the thread checks share the cache
+//! (each cell knows its table).
+
+use std::cell::RefCell;
+use std::sync::Arc;
+
+use super::keys::KeyCell;
+
+/// Sets in a thread's cache (a power of two).
+const SETS: usize = 1024;
+/// Cells per set.
+const WAYS: usize = 4;
+/// Where the set index is taken from in a key's hash (bits the table's
+/// shard index does not use).
+const SET_SHIFT: u32 = 16;
+
+/// One cached cell and its key's hash in its table.
+#[derive(Default)]
+struct Slot {
+    hash: u64,
+    cell: Option<Arc<KeyCell>>,
+}
+
+thread_local! {
+    static RECENT: RefCell<Vec<Slot>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The slots of `hash`'s set.
+#[inline]
+fn set_of(slots: &[Slot], hash: u64) -> Option<&[Slot]> {
+    let first = ((hash >> SET_SHIFT) as usize & (SETS - 1)) * WAYS;
+    slots.get(first..first + WAYS)
+}
+
+/// Runs `f` on this thread's cached cell of `key` in table `table` (whose
+/// hash of it is `hash`); `None` when none is cached.
+#[inline]
+pub(crate) fn with_cached<R>(
+    table: u64,
+    hash: u64,
+    key: &str,
+    f: impl FnOnce(&Arc<KeyCell>) -> R,
+) -> Option<R> {
+    RECENT
+        .try_with(|recent| {
+            let slots = recent.try_borrow().ok()?;
+            let cell = set_of(&slots, hash)?
+                .iter()
+                .filter(|slot| slot.hash == hash)
+                .filter_map(|slot| slot.cell.as_ref())
+                .find(|cell| cell.table() == table && cell.is_for(key))?;
+            Some(f(cell))
+        })
+        .ok()
+        .flatten()
+}
+
+/// Files `cell` (of key `key`, hash `hash`) as the newest of its set,
+/// replacing any cell of the same key and table, else the set's oldest.
+pub(crate) fn remember(hash: u64, key: &str, cell: &Arc<KeyCell>) {
+    let _ = RECENT.try_with(|recent| {
+        let Ok(mut slots) = recent.try_borrow_mut() else {
+            return;
+        };
+        if slots.is_empty() {
+            slots.resize_with(SETS * WAYS, Slot::default);
+        }
+        let first = ((hash >> SET_SHIFT) as usize & (SETS - 1)) * WAYS;
+        let Some(set) = slots.get_mut(first..first + WAYS) else {
+            return;
+        };
+        let table = cell.table();
+        let same = set.iter().position(|slot| {
+            slot.hash == hash
+                && slot
+                    .cell
+                    .as_ref()
+                    .is_some_and(|c| c.table() == table && c.is_for(key))
+        });
+        // The way to reuse: the same key's, else the oldest; the ways before
+        // it move one down.
+        let reused = same.unwrap_or(WAYS - 1);
+        set[..=reused].rotate_right(1);
+        set[0] = Slot {
+            hash,
+            cell: Some(Arc::clone(cell)),
+        };
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limiter::keys::KeyTable;
+
+    /// Keys whose hashes fall in one set of the cache.
+    fn keys_in_one_set(table: &KeyTable, count: usize) -> Vec<(String, u64)> {
+        let mut found: Vec<(String, u64)> = Vec::new();
+        let mut set = None;
+        for i in 0.. {
+            let key = format!("key-{i}");
+            let hash = table.hash(&key);
+            let this_set = (hash >> SET_SHIFT) as usize & (SETS - 1);
+            if *set.get_or_insert(this_set) == this_set {
+                found.push((key, hash));
+                if found.len() == count {
+                    break;
+                }
+            }
+        }
+        found
+    }
+
+    #[test]
+    fn a_set_keeps_its_newest_cells_and_one_cell_per_key() {
+        std::thread::spawn(|| {
+            let table = KeyTable::new(100);
+            let keys = keys_in_one_set(&table, WAYS + 1);
+            let cells: Vec<_> = keys
+                .iter()
+                .map(|(key, _)| table.insert_for_test(key))
+                .collect();
+            for ((key, hash), cell) in keys.iter().zip(&cells).take(WAYS) {
+                remember(*hash, key, cell);
+            }
+            for ((key, hash), cell) in keys.iter().zip(&cells).take(WAYS) {
+                let found = with_cached(table.id(), *hash, key, Arc::clone);
+                assert!(found.is_some_and(|c| Arc::ptr_eq(&c, cell)), "{key} cached");
+            }
+            // Re-filing a key moves it to the front without a second copy.
+            remember(keys[0].1, &keys[0].0, &cells[0]);
+            // One more key pushes out the oldest, which is now keys[1].
+            let (key, hash) = &keys[WAYS];
+            remember(*hash, key, &cells[WAYS]);
+            assert!(with_cached(table.id(), keys[1].1, &keys[1].0, |_| ()).is_none());
+            for i in [0, 2, 3, WAYS] {
+                assert!(
+                    with_cached(table.id(), keys[i].1, &keys[i].0, |_| ()).is_some(),
+                    "{} still cached",
+                    keys[i].0
+                );
+            }
+            // Another table's lookup of the same key finds nothing.
+            let other = KeyTable::new(100);
+            assert!(with_cached(other.id(), keys[0].1, &keys[0].0, |_| ()).is_none());
+        })
+        .join()
+        .expect("cache test thread");
+    }
+}

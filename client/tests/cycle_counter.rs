@@ -1,0 +1,162 @@
+//! Leased mode with `CheckClock::CycleCounter`, in real time on several
+//! threads: credits are never spent once their window is over, and keys
+//! evicted under checking threads (whose caches of recent cells still hold
+//! them) never spend past their grants, with every admitted token counted.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::{assert_well_formed, FakeCoordinator};
+use leasehold_client::{
+    cycle_counter_status, CheckClock, CycleCounterStatus, LeaseOptions, LeaseSizing, Limiter,
+    LimiterConfig, Mode,
+};
+use leasehold_core::ids::ClientId;
+use tokio::time::Instant;
+
+fn counter_limiter(fake: Arc<FakeCoordinator>, batch: u64, max_keys: usize) -> Limiter {
+    let options = LeaseOptions {
+        sizing: LeaseSizing::Fixed(batch),
+        clock: CheckClock::CycleCounter,
+        ..LeaseOptions::default()
+    };
+    let mut config = LimiterConfig::new(
+        Mode::Leased(options),
+        ClientId::new("counter").expect("valid id"),
+    );
+    config.max_keys = max_keys;
+    Limiter::new(fake, config).expect("valid config")
+}
+
+/// Waits (at most 5 s) until the counter's rate is measured; it must end in
+/// use or unavailable, never disabled.
+async fn counter_measured() {
+    let give_up = Instant::now() + Duration::from_secs(5);
+    while matches!(
+        cycle_counter_status(),
+        CycleCounterStatus::Measuring | CycleCounterStatus::NotStarted
+    ) && Instant::now() < give_up
+    {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(
+        !matches!(cycle_counter_status(), CycleCounterStatus::Disabled),
+        "{:?}",
+        cycle_counter_status()
+    );
+}
+
+/// Grants far larger than the checks spend, so the lanes still hold credits
+/// when each window ends: a check that starts after its window's end must
+/// not be admitted under that window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credits_are_never_spent_after_their_window() {
+    let fake = FakeCoordinator::new(1_000_000, 40, 1_700_000_000_011);
+    let limiter = counter_limiter(fake.clone(), 100_000, 1_000);
+    counter_measured().await;
+    let late = Arc::new(Mutex::new(Vec::new()));
+    let windows = Arc::new(Mutex::new(std::collections::BTreeSet::new()));
+    let tasks: Vec<_> = (0..4)
+        .map(|t| {
+            let limiter = limiter.clone();
+            let fake = fake.clone();
+            let late = late.clone();
+            let windows = windows.clone();
+            tokio::spawn(async move {
+                let until = Instant::now() + Duration::from_millis(400);
+                let mut checks = 0u64;
+                while Instant::now() < until {
+                    let started = Instant::now();
+                    let admission = limiter
+                        .check_labelled(&format!("key-{}", checks % 3), 1 + t % 2)
+                        .await
+                        .expect("no error");
+                    assert_well_formed(&admission);
+                    if let Some(start) = admission.window_start_ms {
+                        windows.lock().expect("lock").insert(start);
+                        if started >= fake.instant_of(start + fake.window_ms) {
+                            late.lock().expect("lock").push(start);
+                        }
+                    }
+                    checks += 1;
+                    if checks.is_multiple_of(64) {
+                        tokio::task::yield_now().await;
+                    }
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.expect("checking task");
+    }
+    assert!(
+        windows.lock().expect("lock").len() >= 5,
+        "the run spans several windows"
+    );
+    assert_eq!(
+        *late.lock().expect("lock"),
+        Vec::<u64>::new(),
+        "admitted under a window that had ended"
+    );
+    assert!(
+        limiter.stats().tokens_expired > 0,
+        "credits died with their windows"
+    );
+}
+
+/// A key table far smaller than the keys checked: cells are evicted while
+/// other threads hold them in their caches. Admissions per window never
+/// exceed what was granted (less what came back), and the limiter counts
+/// exactly the tokens its checks were admitted for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn evicted_keys_never_spend_past_their_grants() {
+    let fake = FakeCoordinator::new(200_000, 100, 1_700_000_000_000);
+    let limiter = counter_limiter(fake.clone(), 16, 3);
+    counter_measured().await;
+    let admitted = Arc::new(Mutex::new(BTreeMap::<u64, u64>::new()));
+    let tasks: Vec<_> = (0..4u64)
+        .map(|t| {
+            let limiter = limiter.clone();
+            let admitted = admitted.clone();
+            tokio::spawn(async move {
+                for i in 0..4_000u64 {
+                    // Runs of one key, so cached cells are spent from
+                    // before the next key's insert evicts them.
+                    let key = format!("key-{}", (i / 8 + t) % 8);
+                    let cost = 1 + (i + t) % 3;
+                    let admission = limiter.check_labelled(&key, cost).await.expect("no error");
+                    assert_well_formed(&admission);
+                    if admission.decision.allowed {
+                        let start = admission.window_start_ms.expect("a leased label");
+                        *admitted.lock().expect("lock").entry(start).or_default() += cost;
+                    }
+                    if i.is_multiple_of(32) {
+                        tokio::task::yield_now().await;
+                    }
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.expect("checking task");
+    }
+    let usage = fake.usage();
+    let admitted = admitted.lock().expect("lock");
+    for (start, spent) in admitted.iter() {
+        let used = usage.get(start).copied().unwrap_or_default();
+        assert!(
+            *spent <= used.granted - used.returned,
+            "window {start}: admitted {spent} > {used:?}"
+        );
+    }
+    let stats = limiter.stats();
+    assert_eq!(
+        stats.admitted_tokens,
+        admitted.values().sum::<u64>(),
+        "every admitted token is counted: {stats:?}"
+    );
+    assert!(stats.admitted_tokens <= stats.tokens_leased, "{stats:?}");
+}
