@@ -287,7 +287,7 @@ pub fn status() -> CycleCounterStatus {
 /// A bound on the monotonic clock now, nanoseconds since [`origin`]: never
 /// earlier than the clock (the clock itself until the counter's rate is
 /// known, and at each re-pin).
-#[inline]
+#[inline(always)]
 pub(crate) fn now_ns() -> u64 {
     let rate = RATE.load(Ordering::Acquire);
     if rate < RATE_SMALLEST {

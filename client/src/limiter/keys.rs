@@ -116,7 +116,7 @@ impl KeyCell {
     }
 
     /// Whether this is the cell of `key`.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn is_for(&self, key: &str) -> bool {
         let key = key.as_bytes();
         match self.lookup_key.bytes() {

@@ -107,7 +107,7 @@ impl Inner {
 
     /// The time a lane spend is judged at, nanoseconds since the clock
     /// origin (never earlier than the clock; `None` before the origin).
-    #[inline]
+    #[inline(always)]
     fn lane_now_ns(&self) -> Option<u64> {
         match self.lane_clock {
             LaneClock::Runtime => self.nanos_since_origin(Instant::now()),
