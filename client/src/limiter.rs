@@ -228,9 +228,10 @@ impl Limiter {
     /// This limiter's Prometheus metrics, for a service to serve on its own
     /// `/metrics`: `leasehold_client_*` counters (admitted, denied, backend
     /// calls, refills, tokens leased, returned and expired, …), whether the
-    /// backend answers, and the backend round-trip histogram. No series per
-    /// key. Several limiters in one process: give each document its own
-    /// `job`/instance, or use [`Limiter::stats`].
+    /// backend answers, the backend round-trip histogram, and (leased mode)
+    /// the check clock in use. No series per key. Several limiters in one
+    /// process: give each document its own `job`/instance, or use
+    /// [`Limiter::stats`].
     pub fn write_metrics(&self, doc: &mut leasehold_core::metrics::Exposition) {
         let mode = match self.inner.config.mode {
             crate::Mode::Leased(_) => "leased",
@@ -239,6 +240,33 @@ impl Limiter {
         };
         self.inner.fold_lane_counters();
         self.inner.stats.write_metrics(doc, mode);
+        if let crate::Mode::Leased(options) = &self.inner.config.mode {
+            let (clock, state) = match options.clock {
+                CheckClock::Runtime => ("runtime", "in_use"),
+                CheckClock::CycleCounter => (
+                    "cycle_counter",
+                    match counter_clock::status() {
+                        counter_clock::CycleCounterStatus::NotStarted
+                        | counter_clock::CycleCounterStatus::Measuring => "measuring",
+                        counter_clock::CycleCounterStatus::InUse { .. } => "in_use",
+                        counter_clock::CycleCounterStatus::Unavailable => "unavailable",
+                        counter_clock::CycleCounterStatus::Disabled => "disabled",
+                    },
+                ),
+            };
+            doc.family(
+                "leasehold_client_check_clock",
+                leasehold_core::metrics::MetricKind::Gauge,
+                "Always 1; the clock a check with credits held reads (runtime, cycle_counter) \
+                 and its state (in_use; for the cycle counter also measuring, unavailable or \
+                 disabled, when checks read the clock instead).",
+            );
+            doc.sample(
+                "leasehold_client_check_clock",
+                &[("clock", clock), ("state", state)],
+                1.0,
+            );
+        }
     }
 
     /// [`Limiter::write_metrics`] as a whole text exposition document.

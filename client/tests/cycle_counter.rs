@@ -105,6 +105,11 @@ async fn credits_are_never_spent_after_their_window() {
         limiter.stats().tokens_expired > 0,
         "credits died with their windows"
     );
+    let text = limiter.metrics_text();
+    assert!(
+        text.contains("leasehold_client_check_clock{clock=\"cycle_counter\",state=\"in_use\"} 1"),
+        "{text}"
+    );
 }
 
 /// A key table far smaller than the keys checked: cells are evicted while

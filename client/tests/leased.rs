@@ -493,6 +493,14 @@ async fn metrics_follow_stats_round_trips_and_reachability() {
         Some(1.0),
         "{text}"
     );
+    assert_eq!(
+        sample(
+            &text,
+            "leasehold_client_check_clock{clock=\"runtime\",state=\"in_use\"}"
+        ),
+        Some(1.0),
+        "{text}"
+    );
     assert_eq!(sample(&text, "leasehold_client_admitted_total"), Some(25.0));
     assert_eq!(
         sample(&text, "leasehold_client_refills_total"),

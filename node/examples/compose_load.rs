@@ -31,7 +31,8 @@ use leasehold_client::coordinator::{CoordinatorClient, RetryOptions};
 use leasehold_client::tls::{ClientTlsFiles, TlsDialer};
 use leasehold_client::transport::Dialer;
 use leasehold_client::{
-    EscrowSource, EscrowSourceOptions, LeaseOptions, LeaseSizing, Limiter, LimiterConfig, Mode,
+    CheckClock, EscrowSource, EscrowSourceOptions, LeaseOptions, LeaseSizing, Limiter,
+    LimiterConfig, Mode,
 };
 use leasehold_core::ids::ClientId;
 
@@ -214,6 +215,7 @@ async fn load(args: LoadArgs) -> Result<()> {
                 .with_context(|| format!("escrow node {addr}"))?;
             let mode = Mode::Leased(LeaseOptions {
                 sizing: LeaseSizing::Fixed(8),
+                clock: CheckClock::CycleCounter,
                 ..LeaseOptions::default()
             });
             let client_id = ClientId::new(format!("load-{region}-{index}-{start_ms}"))?;

@@ -15,7 +15,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::Args;
 use leasehold_client::{
-    EscrowSource, EscrowSourceOptions, LeaseOptions, LeaseSizing, Limiter, LimiterConfig, Mode,
+    CheckClock, EscrowSource, EscrowSourceOptions, LeaseOptions, LeaseSizing, Limiter,
+    LimiterConfig, Mode,
 };
 use leasehold_core::ids::{ClientId, RegionId, TenantId};
 use leasehold_core::policy::Policy;
@@ -92,6 +93,7 @@ fn spawn_client(
     .map_err(|e| failed(&e))?;
     let mode = Mode::Leased(LeaseOptions {
         sizing: LeaseSizing::Fixed(4),
+        clock: CheckClock::CycleCounter,
         ..LeaseOptions::default()
     });
     let mut config = LimiterConfig::new(
