@@ -65,6 +65,18 @@
 //! # }
 //! ```
 //!
+//! # The check clock
+//!
+//! In leased mode a check with credits held decides in-process: it finds
+//! its key's credits in a per-thread cache of recently checked keys and
+//! spends them with one compare-and-swap, provided their deadline is still
+//! ahead. [`LeaseOptions::clock`] says what it reads to know that:
+//! [`CheckClock::Runtime`] (the default) reads tokio's clock, right under
+//! tokio's paused test clock too; [`CheckClock::CycleCounter`], what a
+//! service in real time should set, reads a bound on the clock from the
+//! CPU's cycle counter that is never earlier than the clock (see
+//! [`cycle_counter_status`] and ADR 0015), a third cheaper per check.
+//!
 //! # Layout
 //! - [`admission`] — [`AdmissionGate`](admission::AdmissionGate): one
 //!   decision across concurrency, rate and cost.
