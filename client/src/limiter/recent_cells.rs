@@ -33,15 +33,19 @@ struct Slot {
     cell: Option<Arc<KeyCell>>,
 }
 
+/// The ways of one set, newest first, on one cache line.
+#[repr(align(64))]
+#[derive(Default)]
+struct Set([Slot; WAYS]);
+
 thread_local! {
-    static RECENT: RefCell<Vec<Slot>> = const { RefCell::new(Vec::new()) };
+    static RECENT: RefCell<Vec<Set>> = const { RefCell::new(Vec::new()) };
 }
 
-/// The slots of `hash`'s set.
+/// The index of `hash`'s set.
 #[inline]
-fn set_of(slots: &[Slot], hash: u64) -> Option<&[Slot]> {
-    let first = ((hash >> SET_SHIFT) as usize & (SETS - 1)) * WAYS;
-    slots.get(first..first + WAYS)
+fn set_index(hash: u64) -> usize {
+    (hash >> SET_SHIFT) as usize & (SETS - 1)
 }
 
 /// Runs `f` on this thread's cached cell of `key` in table `table` (whose
@@ -55,8 +59,10 @@ pub(crate) fn with_cached<R>(
 ) -> Option<R> {
     RECENT
         .try_with(|recent| {
-            let slots = recent.try_borrow().ok()?;
-            let cell = set_of(&slots, hash)?
+            let sets = recent.try_borrow().ok()?;
+            let cell = sets
+                .get(set_index(hash))?
+                .0
                 .iter()
                 .filter(|slot| slot.hash == hash)
                 .filter_map(|slot| slot.cell.as_ref())
@@ -71,14 +77,13 @@ pub(crate) fn with_cached<R>(
 /// replacing any cell of the same key and table, else the set's oldest.
 pub(crate) fn remember(hash: u64, key: &str, cell: &Arc<KeyCell>) {
     let _ = RECENT.try_with(|recent| {
-        let Ok(mut slots) = recent.try_borrow_mut() else {
+        let Ok(mut sets) = recent.try_borrow_mut() else {
             return;
         };
-        if slots.is_empty() {
-            slots.resize_with(SETS * WAYS, Slot::default);
+        if sets.is_empty() {
+            sets.resize_with(SETS, Set::default);
         }
-        let first = ((hash >> SET_SHIFT) as usize & (SETS - 1)) * WAYS;
-        let Some(set) = slots.get_mut(first..first + WAYS) else {
+        let Some(Set(set)) = sets.get_mut(set_index(hash)) else {
             return;
         };
         let table = cell.table();
@@ -112,7 +117,7 @@ mod tests {
         for i in 0.. {
             let key = format!("key-{i}");
             let hash = table.hash(&key);
-            let this_set = (hash >> SET_SHIFT) as usize & (SETS - 1);
+            let this_set = set_index(hash);
             if *set.get_or_insert(this_set) == this_set {
                 found.push((key, hash));
                 if found.len() == count {
