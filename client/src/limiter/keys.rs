@@ -77,6 +77,8 @@ pub(crate) struct KeyCell {
     pub lane: CreditLane,
     /// The id of the table the cell was made for.
     table: u64,
+    /// The table's hash of the key.
+    hash: u64,
     lookup_key: InlineKey,
     /// Set once the cell has left its table: its lane is drained and never
     /// lent to again (see [`KeyCell::retire`]).
@@ -86,10 +88,11 @@ pub(crate) struct KeyCell {
 }
 
 impl KeyCell {
-    fn new(table: u64, key: &str, lane: CreditLane, state: KeyState) -> Self {
+    fn new(table: u64, hash: u64, key: &str, lane: CreditLane, state: KeyState) -> Self {
         KeyCell {
             lane,
             table,
+            hash,
             lookup_key: InlineKey::new(key),
             retired: AtomicBool::new(false),
             key: key.into(),
@@ -101,6 +104,12 @@ impl KeyCell {
     #[inline]
     pub(crate) fn table(&self) -> u64 {
         self.table
+    }
+
+    /// Whether this is the cell of `key` (hashed `hash`) in table `table`.
+    #[inline(always)]
+    pub(crate) fn is_for_in(&self, table: u64, hash: u64, key: &str) -> bool {
+        self.hash == hash && self.table == table && self.is_for(key)
     }
 
     /// Marks the cell as out of its table. Call with its state mutex held,
@@ -126,9 +135,9 @@ impl KeyCell {
     }
 }
 
-/// Bytes of a key its cell holds inline: with the length and the cell's
-/// table id, one cache line.
-const INLINE_KEY_BYTES: usize = 54;
+/// Bytes of a key its cell holds inline: with the length, the cell's
+/// table id and the key's hash, one cache line.
+const INLINE_KEY_BYTES: usize = 46;
 
 /// A key of at most [`INLINE_KEY_BYTES`] (most keys) copied into its cell,
 /// so that a lookup compares it without reading the key's own allocation.
@@ -311,7 +320,13 @@ impl KeyTable {
                 *count -= 1;
             }
         }
-        let cell = Arc::new(KeyCell::new(self.id, key, CreditLane::new(now_ns), fresh()));
+        let cell = Arc::new(KeyCell::new(
+            self.id,
+            hash,
+            key,
+            CreditLane::new(now_ns),
+            fresh(),
+        ));
         write(&self.shard(hash).cells).insert(hash, Arc::clone(&cell));
         *count += 1;
         (cell, evicted)
@@ -499,8 +514,9 @@ mod tests {
     #[test]
     fn a_lookup_reads_two_cache_lines() {
         assert_eq!(std::mem::offset_of!(KeyCell, table), 64);
-        assert_eq!(std::mem::offset_of!(KeyCell, lookup_key), 72);
-        assert_eq!(std::mem::size_of::<InlineKey>(), 56);
+        assert_eq!(std::mem::offset_of!(KeyCell, hash), 72);
+        assert_eq!(std::mem::offset_of!(KeyCell, lookup_key), 80);
+        assert_eq!(std::mem::size_of::<InlineKey>(), 48);
     }
 
     /// Keys short enough to sit in their cell and longer ones (boxed) are

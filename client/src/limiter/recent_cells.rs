@@ -5,7 +5,7 @@
 //!
 //! The cache is set-associative: [`SETS`] sets of [`WAYS`] cells, the set
 //! chosen by the key's table hash, the newest cell first in its set. A
-//! thread that checks keys allocates it on its first check (64 KiB) and
+//! thread that checks keys allocates it on its first check (32 KiB) and
 //! holds up to [`SETS`] × [`WAYS`] cells alive, which may include cells
 //! that have since left their table: such a cell is *retired* (its lane
 //! drained and never lent to again, see `Inner::retire_cell`), so a check
@@ -26,17 +26,12 @@ const WAYS: usize = 4;
 /// shard index does not use).
 const SET_SHIFT: u32 = 16;
 
-/// One cached cell and its key's hash in its table.
+/// The ways of one set, newest first: half a cache line. A cell keeps its
+/// table id and its key's hash next to the key, so a lookup reads the set
+/// and, in the common case, the newest way's cell.
+#[repr(align(32))]
 #[derive(Default)]
-struct Slot {
-    hash: u64,
-    cell: Option<Arc<KeyCell>>,
-}
-
-/// The ways of one set, newest first, on one cache line.
-#[repr(align(64))]
-#[derive(Default)]
-struct Set([Slot; WAYS]);
+struct Set([Option<Arc<KeyCell>>; WAYS]);
 
 thread_local! {
     static RECENT: RefCell<Vec<Set>> = const { RefCell::new(Vec::new()) };
@@ -64,9 +59,8 @@ pub(crate) fn with_cached<R>(
                 .get(set_index(hash))?
                 .0
                 .iter()
-                .filter(|slot| slot.hash == hash)
-                .filter_map(|slot| slot.cell.as_ref())
-                .find(|cell| cell.table() == table && cell.is_for(key))?;
+                .flatten()
+                .find(|cell| cell.is_for_in(table, hash, key))?;
             Some(f(cell))
         })
         .ok()
@@ -87,21 +81,14 @@ pub(crate) fn remember(hash: u64, key: &str, cell: &Arc<KeyCell>) {
             return;
         };
         let table = cell.table();
-        let same = set.iter().position(|slot| {
-            slot.hash == hash
-                && slot
-                    .cell
-                    .as_ref()
-                    .is_some_and(|c| c.table() == table && c.is_for(key))
-        });
+        let same = set
+            .iter()
+            .position(|slot| slot.as_ref().is_some_and(|c| c.is_for_in(table, hash, key)));
         // The way to reuse: the same key's, else the oldest; the ways before
         // it move one down.
         let reused = same.unwrap_or(WAYS - 1);
         set[..=reused].rotate_right(1);
-        set[0] = Slot {
-            hash,
-            cell: Some(Arc::clone(cell)),
-        };
+        set[0] = Some(Arc::clone(cell));
     });
 }
 
