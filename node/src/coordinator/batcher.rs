@@ -18,7 +18,10 @@
 //! which otherwise settles into two halves alternating in proposals), the
 //! task waits for more, at most `LINGER_MAX`, so the halves merge and one
 //! proposal's fixed cost (about ten messages and two flushes) serves both.
-//! One lease at a time and light traffic never wait. A group
+//! A wait that runs out (an open loop: callers that do not come back) makes
+//! the next 2, 4, … 64 proposals that would wait leave at once instead, so
+//! independent traffic pays the wait on one proposal in 65 at most. One
+//! lease at a time and light traffic never wait. A group
 //! costs one reply channel and one wake-up however many commands it holds.
 //! The queue is bounded in commands (a group counts every command it holds);
 //! a submission that would pass the bound is refused at once
@@ -85,6 +88,41 @@ pub struct BatcherOptions {
 const LINGER_FLOOR: usize = 32;
 /// Longest a proposal waits for the callers of the last one.
 const LINGER_MAX: std::time::Duration = std::time::Duration::from_millis(1);
+/// After this many waits in a row ran out, the back-off stops growing:
+/// `2^LINGER_BACKOFF_STEPS` proposals leave without waiting.
+const LINGER_BACKOFF_STEPS: u32 = 6;
+
+/// Whether a proposal may wait for the callers of the last one: after a
+/// wait that ran out, the next proposals that would wait leave at once,
+/// twice as many after each miss in a row, up to 64.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct LingerBackoff {
+    /// Waits in a row that ran out.
+    misses: u32,
+    /// Proposals that would wait still to leave at once.
+    skip: u32,
+}
+
+impl LingerBackoff {
+    /// Called for a proposal that would wait: whether it may.
+    fn may_wait(&mut self) -> bool {
+        if self.skip == 0 {
+            return true;
+        }
+        self.skip -= 1;
+        false
+    }
+
+    /// Records how a wait ended: `filled` when the callers came back.
+    fn record(&mut self, filled: bool) {
+        if filled {
+            *self = LingerBackoff::default();
+        } else {
+            self.misses = self.misses.saturating_add(1);
+            self.skip = 1 << self.misses.min(LINGER_BACKOFF_STEPS);
+        }
+    }
+}
 
 /// One submission: a command, or a group that rides in one proposal.
 struct Pending {
@@ -216,6 +254,7 @@ async fn run(
     let mut carried: Option<Pending> = None;
     // Commands in the last proposal taken: its callers are expected back.
     let mut last_proposed = 0usize;
+    let mut backoff = LingerBackoff::default();
     loop {
         let Ok(slot) = slots.clone().acquire_owned().await else {
             break;
@@ -253,7 +292,7 @@ async fn run(
             last_proposed.saturating_add(count)
         }
         .min(max_batch);
-        if count >= LINGER_FLOOR && count < expected && carried.is_none() {
+        if count >= LINGER_FLOOR && count < expected && carried.is_none() && backoff.may_wait() {
             let deadline = tokio::time::Instant::now() + LINGER_MAX;
             while count < expected && carried.is_none() {
                 let next = tokio::select! {
@@ -264,6 +303,7 @@ async fn run(
                 carried = take(next, &mut count, &mut batch, max_batch)
                     .or_else(|| drain(&mut receiver, &mut count, &mut batch, max_batch));
             }
+            backoff.record(count >= expected || carried.is_some());
         }
         last_proposed = count;
         let span = batch_span(&batch);
@@ -407,6 +447,8 @@ mod tests {
     struct FakeRaft {
         state: Mutex<CoordinatorState>,
         batches: Mutex<Vec<usize>>,
+        /// When each proposal was handed over.
+        starts: Mutex<Vec<tokio::time::Instant>>,
         fail: bool,
     }
 
@@ -416,6 +458,10 @@ mod tests {
             proposal: Proposal,
         ) -> BoxFuture<'static, Result<ProposalResult, ProposeError>> {
             self.batches.lock().unwrap().push(proposal.commands.len());
+            self.starts
+                .lock()
+                .unwrap()
+                .push(tokio::time::Instant::now());
             let result = self.state.lock().unwrap().apply(&proposal);
             let fail = self.fail;
             Box::pin(async move {
@@ -463,6 +509,7 @@ mod tests {
         let raft = Arc::new(FakeRaft {
             state: Mutex::default(),
             batches: Mutex::default(),
+            starts: Mutex::default(),
             fail,
         });
         let policy = Policy {
@@ -689,6 +736,55 @@ mod tests {
             *raft.batches.lock().unwrap(),
             vec![1, 1, 1, 40, LINGER_FLOOR - 1]
         );
+    }
+
+    /// Callers that never come back (an open loop: a group of 40 every
+    /// 2 ms, whatever the replies): a proposal that waited in vain makes
+    /// the next ones leave at once, so few of the proposals wait.
+    #[tokio::test(start_paused = true)]
+    async fn an_open_loop_pays_the_wait_on_few_proposals() {
+        let (batcher, raft, _stop, _task) = start(false, 1024);
+        let mut calls = Vec::new();
+        for _ in 0..150 {
+            calls.push(submit_group(&batcher, 40));
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        for call in calls {
+            call.await.unwrap().unwrap();
+        }
+        // With one proposal in flight, a proposal that did not wait starts
+        // when the one before it is applied (5 ms later).
+        let starts = raft.starts.lock().unwrap();
+        let waited = starts
+            .windows(2)
+            .filter(|pair| pair[1] - pair[0] > Duration::from_millis(5))
+            .count();
+        assert!(starts.len() > 40, "{} proposals", starts.len());
+        assert!(
+            (1..=6).contains(&waited),
+            "{waited} of {} proposals waited",
+            starts.len()
+        );
+    }
+
+    #[test]
+    fn each_miss_in_a_row_doubles_the_proposals_that_leave_at_once() {
+        let mut backoff = LingerBackoff::default();
+        let mut waits = Vec::new();
+        for _ in 0..300 {
+            if backoff.may_wait() {
+                waits.push(true);
+                backoff.record(false);
+            } else {
+                waits.push(false);
+            }
+        }
+        // Skips of 2, 4, 8, 16, 32, then 64 each time.
+        let at: Vec<usize> = (0..waits.len()).filter(|&i| waits[i]).collect();
+        assert_eq!(at, vec![0, 3, 8, 17, 34, 67, 132, 197, 262]);
+        // A wait that fills resets it.
+        backoff.record(true);
+        assert!(backoff.may_wait());
     }
 
     #[tokio::test]
