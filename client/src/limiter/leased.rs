@@ -63,14 +63,15 @@ impl Inner {
             Some(Ok(admission)) => Some(admission),
             Some(Err(LaneMiss::Short)) => None,
             // Not cached, or cached but out of the table: the table's cell
-            // (only keys that passed validation are in the table).
-            Some(Err(LaneMiss::Retired)) | None => self
-                .keys
-                .with_hashed_cell(hash, key, |cell| {
-                    recent_cells::remember(hash, key, cell);
-                    spend(cell)
-                })?
-                .ok(),
+            // (only keys that passed validation are in the table), spent
+            // from once the shard lock is released (a prefetch takes the
+            // cell's mutex).
+            Some(Err(LaneMiss::Retired)) | None => {
+                let cell = self.keys.with_hashed_cell(hash, key, Arc::clone)?;
+                let outcome = spend(&cell);
+                recent_cells::remember(hash, key, cell);
+                outcome.ok()
+            }
         }
     }
 

@@ -69,7 +69,7 @@ pub(crate) fn with_cached<R>(
 
 /// Files `cell` (of key `key`, hash `hash`) as the newest of its set,
 /// replacing any cell of the same key and table, else the set's oldest.
-pub(crate) fn remember(hash: u64, key: &str, cell: &Arc<KeyCell>) {
+pub(crate) fn remember(hash: u64, key: &str, cell: Arc<KeyCell>) {
     let _ = RECENT.try_with(|recent| {
         let Ok(mut sets) = recent.try_borrow_mut() else {
             return;
@@ -88,7 +88,7 @@ pub(crate) fn remember(hash: u64, key: &str, cell: &Arc<KeyCell>) {
         // it move one down.
         let reused = same.unwrap_or(WAYS - 1);
         set[..=reused].rotate_right(1);
-        set[0] = Some(Arc::clone(cell));
+        set[0] = Some(cell);
     });
 }
 
@@ -125,17 +125,17 @@ mod tests {
                 .map(|(key, _)| table.insert_for_test(key))
                 .collect();
             for ((key, hash), cell) in keys.iter().zip(&cells).take(WAYS) {
-                remember(*hash, key, cell);
+                remember(*hash, key, Arc::clone(cell));
             }
             for ((key, hash), cell) in keys.iter().zip(&cells).take(WAYS) {
                 let found = with_cached(table.id(), *hash, key, Arc::clone);
                 assert!(found.is_some_and(|c| Arc::ptr_eq(&c, cell)), "{key} cached");
             }
             // Re-filing a key moves it to the front without a second copy.
-            remember(keys[0].1, &keys[0].0, &cells[0]);
+            remember(keys[0].1, &keys[0].0, Arc::clone(&cells[0]));
             // One more key pushes out the oldest, which is now keys[1].
             let (key, hash) = &keys[WAYS];
-            remember(*hash, key, &cells[WAYS]);
+            remember(*hash, key, Arc::clone(&cells[WAYS]));
             assert!(with_cached(table.id(), keys[1].1, &keys[1].0, |_| ()).is_none());
             for i in [0, 2, 3, WAYS] {
                 assert!(
