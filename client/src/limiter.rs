@@ -108,13 +108,15 @@ impl Limiter {
             counter_clock::start();
         }
         let clock_origin = tokio::time::Instant::now();
-        let lane_clock = match clock_origin
-            .into_std()
-            .checked_duration_since(counter_clock::origin())
-            .and_then(|since| u64::try_from(since.as_nanos()).ok())
-        {
-            Some(origin_ns) if wants_counter => LaneClock::CycleCounter { origin_ns },
-            _ => LaneClock::Runtime,
+        let counter_origin_ns = || {
+            let since = clock_origin
+                .into_std()
+                .checked_duration_since(counter_clock::origin())?;
+            u64::try_from(since.as_nanos()).ok()
+        };
+        let lane_clock = match wants_counter.then(counter_origin_ns).flatten() {
+            Some(origin_ns) => LaneClock::CycleCounter { origin_ns },
+            None => LaneClock::Runtime,
         };
         Ok(Limiter {
             inner: Arc::new(Inner {
@@ -243,16 +245,7 @@ impl Limiter {
         if let crate::Mode::Leased(options) = &self.inner.config.mode {
             let (clock, state) = match options.clock {
                 CheckClock::Runtime => ("runtime", "in_use"),
-                CheckClock::CycleCounter => (
-                    "cycle_counter",
-                    match counter_clock::status() {
-                        counter_clock::CycleCounterStatus::NotStarted
-                        | counter_clock::CycleCounterStatus::Measuring => "measuring",
-                        counter_clock::CycleCounterStatus::InUse { .. } => "in_use",
-                        counter_clock::CycleCounterStatus::Unavailable => "unavailable",
-                        counter_clock::CycleCounterStatus::Disabled => "disabled",
-                    },
-                ),
+                CheckClock::CycleCounter => ("cycle_counter", counter_clock::status().label()),
             };
             doc.family(
                 "leasehold_client_check_clock",

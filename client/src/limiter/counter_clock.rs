@@ -186,6 +186,18 @@ pub enum CycleCounterStatus {
     Disabled,
 }
 
+impl CycleCounterStatus {
+    /// The state as the `leasehold_client_check_clock` gauge labels it.
+    pub(crate) fn label(&self) -> &'static str {
+        match self {
+            CycleCounterStatus::NotStarted | CycleCounterStatus::Measuring => "measuring",
+            CycleCounterStatus::InUse { .. } => "in_use",
+            CycleCounterStatus::Unavailable => "unavailable",
+            CycleCounterStatus::Disabled => "disabled",
+        }
+    }
+}
+
 /// [`RATE`] while the rate is not (yet) known.
 const RATE_UNKNOWN: u64 = 0;
 /// [`RATE`] once measuring failed.
@@ -230,19 +242,21 @@ pub(crate) fn start() {
     });
 }
 
+/// One clock read between two counter reads.
+fn sample(counter: &quanta::Clock) -> Sample {
+    let before = counter.raw();
+    let clock_ns = clock_ns();
+    let after = counter.raw();
+    Sample {
+        before,
+        clock_ns,
+        after,
+    }
+}
+
 /// Measures the rate and installs it.
 fn calibrate() {
     let counter = quanta::Clock::new();
-    let sample = |counter: &quanta::Clock| {
-        let before = counter.raw();
-        let clock_ns = clock_ns();
-        let after = counter.raw();
-        Sample {
-            before,
-            clock_ns,
-            after,
-        }
-    };
     let mut rate = None;
     for attempt in 0..CALIBRATION_ATTEMPTS {
         let first = sample(&counter);
@@ -318,14 +332,8 @@ fn repin(
     rate: TickRate,
     counter: &quanta::Clock,
 ) -> u64 {
-    let before = counter.raw();
-    let clock_ns = clock_ns();
-    let after = counter.raw();
-    let sample = Sample {
-        before,
-        clock_ns,
-        after,
-    };
+    let sample = sample(counter);
+    let clock_ns = sample.clock_ns;
     if previous.is_some_and(|p| !p.held_at(rate, sample)) {
         if RATE.swap(RATE_DISABLED, Ordering::AcqRel) != RATE_DISABLED {
             tracing::warn!(

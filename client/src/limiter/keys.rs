@@ -358,7 +358,7 @@ impl KeyTable {
             }
         }
         let victim = oldest.map(|(_, cell)| cell).or(any)?;
-        let hash = self.hash(&victim.key);
+        let hash = victim.hash;
         write(&self.shard(hash).cells)
             .remove(hash, &victim)
             .then_some(victim)
@@ -377,7 +377,7 @@ impl KeyTable {
     /// whether it was removed.
     pub(crate) fn remove_if_same(&self, cell: &Arc<KeyCell>) -> bool {
         let mut count = lock(&self.writer);
-        let hash = self.hash(&cell.key);
+        let hash = cell.hash;
         let removed = write(&self.shard(hash).cells).remove(hash, cell);
         if removed {
             *count -= 1;

@@ -21,9 +21,9 @@
 //! Two waits in a row that run out with fewer than half of them back (an
 //! open loop: callers that do not come back) make the next 2, 4, … 64
 //! proposals that would wait leave at once instead, so independent traffic
-//! pays the wait on one proposal in 65 at most. One
-//! lease at a time and light traffic never wait. A group
-//! costs one reply channel and one wake-up however many commands it holds.
+//! pays the wait on one proposal in 65 at most. One lease at a time and
+//! light traffic never wait. A group costs one reply channel and one
+//! wake-up however many commands it holds.
 //! The queue is bounded in commands (a group counts every command it holds);
 //! a submission that would pass the bound is refused at once
 //! ([`ProposeError::Overloaded`]) rather than growing without bound.
