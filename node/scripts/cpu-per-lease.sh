@@ -9,7 +9,8 @@
 #
 # Needs a release build, jq and python3:
 #   cargo build --release -p leasehold-node --bin leasehold
-#   node/scripts/cpu-per-lease.sh [IN_FLIGHT...]        (default: 1 256)
+#   node/scripts/cpu-per-lease.sh [CALLS_IN_FLIGHT...]  (default: 1 256)
+#   BATCH=64 node/scripts/cpu-per-lease.sh 4 16          # LeaseBatch calls of 64
 # Prints the disk floor, then one JSON line per run.
 set -euo pipefail
 
@@ -78,10 +79,10 @@ members_cpu_ticks() {
 for n in "${LEVELS[@]}"; do
   before=$(members_cpu_ticks)
   result=$("$BIN" bench --insecure --endpoint "$ENDPOINTS" --region bench --key lease: \
-    --keys "$KEYS" --no-setup --connections 1 --concurrency "$n" \
+    --keys "$KEYS" --no-setup --connections 1 --concurrency "$n" --batch "${BATCH:-1}" \
     --duration-secs "$DURATION" --output json)
   after=$(members_cpu_ticks)
   echo "$result" | jq -c --argjson ticks "$((after - before))" --argjson hz "$ticks_per_sec" \
-    '{in_flight: .concurrency, leases_per_sec, p50_ms: .latency_ms.p50, p99_ms: .latency_ms.p99,
+    '{calls_in_flight: .concurrency, leases_per_call: .batch, leases_per_sec, p50_ms: .latency_ms.p50, p99_ms: .latency_ms.p99,
       errors, members_cpu_us_per_lease: (if .leases > 0 then ($ticks / $hz * 1e6 / .leases | floor) else null end)}'
 done

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use leasehold_node::cli::output::OutputFormat;
-use leasehold_node::cli::{failure, run, Cli};
+use leasehold_node::cli::{failure, run, runtime, Cli};
 use leasehold_node::logging::{self, LogOptions};
 
 /// The process's allocator (ADR 0014: glibc's malloc was a sixth of a
@@ -21,7 +21,25 @@ const TRACE_SETTLE: std::time::Duration = std::time::Duration::from_millis(100);
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let runtime = match tokio::runtime::Runtime::new() {
+    let cores = std::thread::available_parallelism().unwrap_or(std::num::NonZeroUsize::MIN);
+    let tokio_env = std::env::var("TOKIO_WORKER_THREADS").ok();
+    let workers = match runtime::worker_threads(
+        cli.runtime.worker_threads,
+        tokio_env.as_deref(),
+        cli.worker_default(),
+        cores,
+    ) {
+        Ok(workers) => workers,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers.get())
+        .enable_all()
+        .build()
+    {
         Ok(runtime) => runtime,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");

@@ -15,6 +15,7 @@
 //! - [`health`]: one gRPC health check of a member or escrow node (probes).
 //! - [`config`](mod@config): `config check FILE...`, every problem of member
 //!   configs, escrow configs and policy files.
+//! - [`runtime`]: `--worker-threads`, the tokio workers of the process.
 //! - [`output`]: `--output text|json` rendering.
 //! - [`failure`]: what a failed command prints, and its exit code.
 //!
@@ -37,6 +38,7 @@ pub mod fair_eval;
 pub mod health;
 pub mod output;
 pub mod policy;
+pub mod runtime;
 pub mod serve;
 pub mod watch;
 
@@ -63,6 +65,20 @@ pub struct Cli {
     /// Log format and trace export (global: valid before or after the command).
     #[command(flatten)]
     pub log: crate::logging::LogArgs,
+    /// The async runtime's worker threads (global).
+    #[command(flatten)]
+    pub runtime: runtime::RuntimeArgs,
+}
+
+impl Cli {
+    /// Whether this command's default worker count is capped (ADR 0016):
+    /// a coordinator member and the load generator.
+    pub fn worker_default(&self) -> runtime::WorkerDefault {
+        match self.command {
+            Command::Serve(_) | Command::Bench(_) => runtime::WorkerDefault::Capped,
+            _ => runtime::WorkerDefault::PerCore,
+        }
+    }
 }
 
 /// The subcommands.
