@@ -111,6 +111,25 @@ mod tests {
         }
     }
 
+    #[test]
+    fn the_flag_is_global_and_serve_and_bench_are_capped() {
+        use clap::Parser;
+        let parse = |args: &[&str]| crate::cli::Cli::try_parse_from(args).unwrap();
+        let bench = parse(&["leasehold", "bench", "--worker-threads", "3"]);
+        assert_eq!(bench.runtime.worker_threads, Some(nz(3)));
+        assert_eq!(bench.worker_default(), WorkerDefault::Capped);
+        let before = parse(&["leasehold", "--worker-threads", "5", "serve", "--insecure"]);
+        assert_eq!(before.runtime.worker_threads, Some(nz(5)));
+        assert_eq!(before.worker_default(), WorkerDefault::Capped);
+        let demo = parse(&["leasehold", "demo"]);
+        assert_eq!(demo.runtime.worker_threads, None);
+        assert_eq!(demo.worker_default(), WorkerDefault::PerCore);
+        assert!(
+            crate::cli::Cli::try_parse_from(["leasehold", "bench", "--worker-threads", "0"])
+                .is_err()
+        );
+    }
+
     proptest! {
         #[test]
         fn the_flag_wins_and_the_default_never_exceeds_the_cores(
