@@ -9,9 +9,18 @@
 //! remaining count, so strict decisions from this source carry
 //! `remaining = 0` (a valid lower bound).
 //!
+//! Strict checks that are in flight together leave together: they go
+//! through one [`LeaseCoalescer`] per source (started on the first check),
+//! so concurrent checks of any keys become `LeaseBatch` calls — at most
+//! four outstanding, each carrying whatever queued meanwhile — and a lone
+//! check is still one plain `Lease`. Each check's answer is its own item's,
+//! exactly as if sent alone.
+//!
 //! `fair` keys are leased per tenant through an escrow node's weighted-fair
 //! escrow; asking the coordinator for one, or naming a tenant, is
 //! [`ClientError::Unsupported`].
+
+use std::sync::{Arc, OnceLock};
 
 use futures::future::{BoxFuture, FutureExt};
 use leasehold_core::ids::RegionId;
@@ -20,6 +29,7 @@ use leasehold_proto::v1 as wire;
 use crate::coordinator::{CoordinatorClient, CoordinatorError};
 use crate::decision::{allowed, denied};
 use crate::error::ClientError;
+use crate::lease_coalescer::LeaseCoalescer;
 use crate::source::{AcquireRequest, CheckReply, CheckRequest, CreditSource, Grant, ReturnRequest};
 
 /// A [`CreditSource`] leasing from the coordinator for one region.
@@ -27,12 +37,34 @@ use crate::source::{AcquireRequest, CheckReply, CheckRequest, CreditSource, Gran
 pub struct CoordinatorSource {
     client: CoordinatorClient,
     region: RegionId,
+    /// The strict checks' coalescer, started by the first check (inside
+    /// the runtime that runs it); shared by clones.
+    strict_checks: Arc<OnceLock<LeaseCoalescer>>,
 }
 
 impl CoordinatorSource {
     /// A source leasing for `region` through `client`.
     pub fn new(client: CoordinatorClient, region: RegionId) -> Self {
-        CoordinatorSource { client, region }
+        CoordinatorSource {
+            client,
+            region,
+            strict_checks: Arc::new(OnceLock::new()),
+        }
+    }
+
+    /// Calls made for strict checks so far (`LeaseBatch` and plain
+    /// `Lease`), and checks sent: fewer calls than checks is coalescing.
+    pub fn strict_check_calls(&self) -> (u64, u64) {
+        self.strict_checks
+            .get()
+            .map(|coalescer| {
+                let stats = coalescer.stats();
+                (
+                    stats.calls.load(std::sync::atomic::Ordering::Relaxed),
+                    stats.items_per_call.snapshot().sum,
+                )
+            })
+            .unwrap_or((0, 0))
     }
 
     /// The region this source leases for.
@@ -69,9 +101,14 @@ impl CreditSource for CoordinatorSource {
         async move {
             reject_tenant(&request.tenant)?;
             let key = request.key.as_str();
-            let grant = self
-                .lease(key, request.cost, self.client.next_request_id())
-                .await?;
+            let coalescer = self
+                .strict_checks
+                .get_or_init(|| LeaseCoalescer::spawn(self.client.clone()));
+            let response = coalescer
+                .lease(key, self.region.as_str(), request.cost)
+                .await
+                .map_err(|e| client_error(key, e))?;
+            let grant = grant_from_lease(&response);
             let decision = if grant.granted >= request.cost {
                 allowed(grant.limit, 0, grant.window_end_ms)
             } else {

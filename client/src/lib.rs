@@ -108,6 +108,7 @@ pub mod decision;
 pub mod error;
 pub mod escrow_source;
 pub mod fair_throttle;
+pub mod lease_coalescer;
 pub mod limiter;
 pub mod sizing;
 pub mod source;

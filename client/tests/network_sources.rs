@@ -355,3 +355,138 @@ async fn strict_checks_against_the_coordinator() {
     let d = l1.check("plain", 5).await.expect("ok");
     assert!(!d.allowed && d.retry_after_ms >= 1);
 }
+
+/// A coordinator that serves `LeaseBatch` too, slowly enough that
+/// concurrent callers queue: grants `min(tokens, 3)` per item, counting
+/// the calls of each kind.
+#[derive(Clone, Default)]
+struct BatchingCoordinator {
+    leases: Arc<std::sync::atomic::AtomicU64>,
+    batches: Arc<std::sync::atomic::AtomicU64>,
+    batched_items: Arc<std::sync::atomic::AtomicU64>,
+}
+
+fn capped_grant(tokens: u64) -> wire::LeaseResponse {
+    wire::LeaseResponse {
+        granted: tokens.min(3),
+        limit: 3,
+        window_start_ms: 0,
+        window_end_ms: 1_000_000,
+        coordinator_now_ms: 10,
+        remaining_lifetime_ms: 999_990,
+    }
+}
+
+#[tonic::async_trait]
+impl Coordinator for BatchingCoordinator {
+    async fn lease(
+        &self,
+        request: Request<wire::LeaseRequest>,
+    ) -> Result<Response<wire::LeaseResponse>, Status> {
+        use std::sync::atomic::Ordering;
+        self.leases.fetch_add(1, Ordering::Relaxed);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        Ok(Response::new(capped_grant(request.into_inner().tokens)))
+    }
+    async fn lease_batch(
+        &self,
+        request: Request<wire::LeaseBatchRequest>,
+    ) -> Result<Response<wire::LeaseBatchResponse>, Status> {
+        use std::sync::atomic::Ordering;
+        let items = request.into_inner().items;
+        self.batches.fetch_add(1, Ordering::Relaxed);
+        self.batched_items
+            .fetch_add(items.len() as u64, Ordering::Relaxed);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let results = items
+            .into_iter()
+            .map(|item| wire::LeaseItemResult {
+                result: Some(wire::lease_item_result::Result::Granted(capped_grant(
+                    item.tokens,
+                ))),
+            })
+            .collect();
+        Ok(Response::new(wire::LeaseBatchResponse { results }))
+    }
+    async fn reconcile(
+        &self,
+        request: Request<wire::ReconcileRequest>,
+    ) -> Result<Response<wire::ReconcileResponse>, Status> {
+        FakeCoordinatorNode.reconcile(request).await
+    }
+    async fn pool_grant(
+        &self,
+        request: Request<wire::PoolGrantRequest>,
+    ) -> Result<Response<wire::PoolGrantResponse>, Status> {
+        FakeCoordinatorNode.pool_grant(request).await
+    }
+    async fn pool_release(
+        &self,
+        request: Request<wire::PoolReleaseRequest>,
+    ) -> Result<Response<wire::PoolReleaseResponse>, Status> {
+        FakeCoordinatorNode.pool_release(request).await
+    }
+    async fn get_window(
+        &self,
+        request: Request<wire::GetWindowRequest>,
+    ) -> Result<Response<wire::GetWindowResponse>, Status> {
+        FakeCoordinatorNode.get_window(request).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_strict_checks_leave_together_and_each_gets_its_own_answer() {
+    use std::sync::atomic::Ordering;
+    let (incoming, addr) = loopback();
+    let fake = BatchingCoordinator::default();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(CoordinatorServer::new(fake.clone()))
+            .serve_with_incoming(incoming),
+    );
+    let client = CoordinatorClient::with_options(
+        [addr],
+        Arc::new(TcpDialer::default()),
+        RetryOptions::default(),
+    )
+    .expect("valid");
+    let source = CoordinatorSource::new(client, RegionId::new("eu").expect("valid"));
+    let l1 = Arc::new(
+        Limiter::new(
+            source.clone(),
+            LimiterConfig::new(Mode::Strict, ClientId::new("s").expect("valid")),
+        )
+        .expect("valid config"),
+    );
+    const CHECKS: u64 = 200;
+    let checks = (0..CHECKS).map(|n| {
+        let l1 = l1.clone();
+        // Costs 1..=5 over keys k0..k49: the fake grants at most 3, so a
+        // cost above 3 must be denied (and its partial grant handed back).
+        let cost = n % 5 + 1;
+        tokio::spawn(async move { (cost, l1.check(&format!("k{}", n % 50), cost).await) })
+    });
+    for joined in futures::future::join_all(checks).await {
+        let (cost, decision) = joined.expect("task");
+        let decision = decision.expect("every check is answered");
+        assert_eq!(decision.allowed, cost <= 3, "cost {cost}: {decision:?}");
+    }
+    let (calls, sent) = source.strict_check_calls();
+    assert_eq!(sent, CHECKS, "every check went through the coalescer");
+    let leases = fake.leases.load(Ordering::Relaxed);
+    let batches = fake.batches.load(Ordering::Relaxed);
+    assert_eq!(
+        calls,
+        leases + batches,
+        "the source counts what the server saw"
+    );
+    assert_eq!(
+        leases + fake.batched_items.load(Ordering::Relaxed),
+        CHECKS,
+        "each check is one item exactly once"
+    );
+    assert!(
+        calls <= CHECKS / 4,
+        "{calls} calls for {CHECKS} concurrent checks ({leases} single, {batches} batches)"
+    );
+}

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use clap::Args;
 use leasehold_client::coordinator::{CoordinatorClient, LeaseItem};
+use leasehold_client::lease_coalescer::LeaseCoalescer;
 use leasehold_core::policy::{Policy, MAX_LIMIT};
 use serde_json::json;
 use tokio::time::Instant;
@@ -42,6 +43,13 @@ pub struct BenchArgs {
     /// this many items (at most 64) and leases are counted per item.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=64))]
     pub batch: u64,
+    /// Send the callers' single leases through one lease coalescer per
+    /// connection (what a `CoordinatorSource` does with strict checks):
+    /// leases in flight together leave as `LeaseBatch` calls, at most 4
+    /// outstanding per connection; latency is then per lease. Not with
+    /// `--batch`.
+    #[arg(long, conflicts_with = "batch")]
+    pub coalesce: bool,
     /// Client connections the callers share (default: up to 4).
     #[arg(long)]
     pub connections: Option<usize>,
@@ -103,9 +111,14 @@ pub async fn measure(clients: Vec<CoordinatorClient>, args: &BenchArgs) -> Bench
     let shared = Arc::new(Mutex::new(Shared::default()));
     let started = Instant::now();
     let until = started + Duration::from_secs(args.duration_secs);
+    let coalescers: Vec<Option<LeaseCoalescer>> = clients
+        .iter()
+        .map(|client| args.coalesce.then(|| LeaseCoalescer::spawn(client.clone())))
+        .collect();
     let mut workers = Vec::new();
     for worker in 0..args.concurrency.max(1) {
         let client = clients[worker % clients.len()].clone();
+        let coalescer = coalescers[worker % clients.len()].clone();
         let shared = shared.clone();
         let (key, region, tokens) = (args.key.clone(), args.region.clone(), args.tokens);
         let batch = usize::try_from(args.batch).unwrap_or(1).max(1);
@@ -135,7 +148,12 @@ pub async fn measure(clients: Vec<CoordinatorClient>, args: &BenchArgs) -> Bench
                 let key = items[0].key.clone();
                 let sent = Instant::now();
                 // (items leased, tokens granted) of the call.
-                let result = if batch == 1 {
+                let result = if let Some(coalescer) = &coalescer {
+                    coalescer
+                        .lease(&key, &region, tokens)
+                        .await
+                        .map(|response| (1, response.granted))
+                } else if batch == 1 {
                     client
                         .lease(&key, &region, tokens)
                         .await
@@ -217,6 +235,7 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
     let json = json!({
         "concurrency": args.concurrency,
         "batch": args.batch,
+        "coalesce": args.coalesce,
         "keys": args.keys,
         "duration_secs": report.elapsed.as_secs_f64(),
         "leases": report.leases,

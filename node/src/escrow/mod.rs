@@ -24,7 +24,6 @@
 pub mod actor;
 pub mod config_file;
 pub mod fair_throttle;
-pub mod lease_coalescer;
 pub mod outage;
 pub mod prometheus;
 pub mod service;

@@ -16,11 +16,11 @@ use leasehold_core::policy::{OutagePolicy, Policy, PolicyTable};
 use leasehold_proto::v1 as pb;
 use tokio::time::Instant;
 
-use super::lease_coalescer::LeaseCoalescer;
 use super::outage::{describe_outage, OutageChange, OutageCounters, OutageTracker};
 use super::EscrowConfig;
 use crate::net::ConnectionCounters;
 use crate::telemetry;
+use leasehold_client::lease_coalescer::LeaseCoalescer;
 
 /// State shared by the service and every key actor.
 pub struct EscrowShared {

@@ -1,21 +1,25 @@
-//! Coalesced refills: the key actors of an escrow node ask for leases
-//! through one queue, and whatever is queued when a call can go out leaves
-//! as one `LeaseBatch` (one coordinator round trip and, usually, one Raft
-//! proposal for many keys). A lone request goes out as a plain `Lease`.
+//! Coalesced leases: callers (an escrow node's key actors, a
+//! [`CoordinatorSource`](crate::CoordinatorSource)'s strict checks) ask for
+//! leases through one queue, and whatever is queued when a call can go out
+//! leaves as one `LeaseBatch` (one coordinator round trip and, usually, one
+//! Raft proposal for many keys). A request that finds the coalescer idle —
+//! no call out, nothing queued — is sent at once from the caller's own task
+//! as a plain `Lease`, with no hand-off to another task (one lease at a
+//! time costs what an uncoalesced lease costs).
 //!
-//! At most [`MAX_CALLS_IN_FLIGHT`] calls are outstanding; requests arriving
-//! meanwhile wait in the queue and make the next batch bigger, so the batch
-//! size follows the load with no timer. Each request is answered with its
+//! At most [`MAX_CALLS_IN_FLIGHT`] coalesced calls are outstanding, besides
+//! that one; requests arriving meanwhile wait in the queue and make the
+//! next batch bigger, so the batch size follows the load with no timer. Each request is answered with its
 //! own item's outcome, as the same `Lease` alone would have been; a failure
 //! of the whole call (no leader, unreachable) is every item's answer.
 //!
 //! A coordinator without `LeaseBatch` (an older member during a rolling
 //! upgrade answers `UNIMPLEMENTED`) is served item by item from then on.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use leasehold_client::coordinator::{CoordinatorClient, CoordinatorError, LeaseItem};
+use crate::coordinator::{CoordinatorClient, CoordinatorError, LeaseItem, ITEMS_PER_BATCH_CALL};
 use leasehold_core::metrics::{Histogram, SIZE_BOUNDS};
 use leasehold_proto::v1::LeaseResponse;
 use tokio::sync::{mpsc, oneshot, Semaphore};
@@ -24,7 +28,7 @@ use tracing::Instrument;
 /// Most coalesced calls outstanding at once.
 pub const MAX_CALLS_IN_FLIGHT: usize = 4;
 /// Most items in one call (a `LeaseBatch` of one session).
-pub const MAX_ITEMS: usize = leasehold_client::coordinator::ITEMS_PER_BATCH_CALL;
+pub const MAX_ITEMS: usize = ITEMS_PER_BATCH_CALL;
 /// Requests waiting for a call; beyond it actors wait to enqueue.
 const QUEUE: usize = 4_096;
 
@@ -43,6 +47,9 @@ struct Pending {
 pub struct CoalescerStats {
     /// Calls sent (`LeaseBatch` and plain `Lease`).
     pub calls: AtomicU64,
+    /// Of those, plain `Lease` calls sent at once by a caller that found
+    /// the coalescer idle.
+    pub direct_calls: AtomicU64,
     /// Items per call.
     pub items_per_call: Histogram,
 }
@@ -51,16 +58,30 @@ impl Default for CoalescerStats {
     fn default() -> Self {
         Self {
             calls: AtomicU64::new(0),
+            direct_calls: AtomicU64::new(0),
             items_per_call: Histogram::new(SIZE_BOUNDS),
         }
     }
 }
 
-/// The handle actors lease through. Cheap to clone.
+/// The handle callers lease through. Cheap to clone.
 #[derive(Clone)]
 pub struct LeaseCoalescer {
     queue: mpsc::Sender<Pending>,
     stats: Arc<CoalescerStats>,
+    client: CoordinatorClient,
+    /// Calls outstanding, coalesced or sent directly.
+    calls_out: Arc<AtomicUsize>,
+}
+
+/// One call counted in `calls_out` until dropped (a caller that gives up
+/// mid-call still releases it).
+struct CallOut(Arc<AtomicUsize>);
+
+impl Drop for CallOut {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl std::fmt::Debug for LeaseCoalescer {
@@ -75,13 +96,36 @@ impl LeaseCoalescer {
     pub fn spawn(client: CoordinatorClient) -> Self {
         let (queue, receiver) = mpsc::channel(QUEUE);
         let stats = Arc::new(CoalescerStats::default());
-        tokio::spawn(run(client, receiver, stats.clone()));
-        Self { queue, stats }
+        let calls_out = Arc::new(AtomicUsize::new(0));
+        tokio::spawn(run(
+            client.clone(),
+            receiver,
+            stats.clone(),
+            calls_out.clone(),
+        ));
+        Self {
+            queue,
+            stats,
+            client,
+            calls_out,
+        }
     }
 
     /// Leases `tokens` of `key` for `region`, coalesced with whatever other
     /// keys are asking at the same time.
     pub async fn lease(&self, key: &str, region: &str, tokens: u64) -> Answer {
+        let idle = self.queue.capacity() == self.queue.max_capacity()
+            && self
+                .calls_out
+                .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok();
+        if idle {
+            let _out = CallOut(self.calls_out.clone());
+            self.stats.calls.fetch_add(1, Ordering::Relaxed);
+            self.stats.direct_calls.fetch_add(1, Ordering::Relaxed);
+            self.stats.items_per_call.record(1);
+            return self.client.lease(key, region, tokens).await;
+        }
         let (reply, answer) = oneshot::channel();
         let pending = Pending {
             item: LeaseItem {
@@ -107,7 +151,7 @@ impl LeaseCoalescer {
 fn stopped() -> CoordinatorError {
     CoordinatorError::Unavailable {
         addr: String::new(),
-        message: "the escrow node is stopping".into(),
+        message: "the lease coalescer has stopped".into(),
     }
 }
 
@@ -115,6 +159,7 @@ async fn run(
     client: CoordinatorClient,
     mut receiver: mpsc::Receiver<Pending>,
     stats: Arc<CoalescerStats>,
+    calls_out: Arc<AtomicUsize>,
 ) {
     let slots = Arc::new(Semaphore::new(MAX_CALLS_IN_FLIGHT));
     let batch_unsupported = Arc::new(AtomicBool::new(false));
@@ -132,6 +177,8 @@ async fn run(
                 Err(_) => break,
             }
         }
+        calls_out.fetch_add(1, Ordering::AcqRel);
+        let out = CallOut(calls_out.clone());
         let client = client.clone();
         let stats = stats.clone();
         let batch_unsupported = batch_unsupported.clone();
@@ -142,6 +189,7 @@ async fn run(
         tokio::spawn(
             async move {
                 call(&client, batch, &stats, &batch_unsupported).await;
+                drop(out);
                 drop(slot);
             }
             .instrument(span),
@@ -201,8 +249,8 @@ mod tests {
     use std::sync::Arc;
     use std::time::Duration;
 
-    use leasehold_client::coordinator::{CoordinatorClient, RetryOptions};
-    use leasehold_client::transport::TcpDialer;
+    use crate::coordinator::{CoordinatorClient, RetryOptions};
+    use crate::transport::TcpDialer;
     use leasehold_proto::v1 as pb;
     use leasehold_proto::v1::coordinator_server::{Coordinator, CoordinatorServer};
     use tonic::{Request, Response, Status};
@@ -268,8 +316,8 @@ mod tests {
         }
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn an_older_coordinator_is_served_lease_by_lease() {
+    /// A coalescer over a fresh [`OlderCoordinator`] on loopback.
+    async fn coalescer_over_older() -> (LeaseCoalescer, OlderCoordinator) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
         let fake = OlderCoordinator::default();
@@ -284,7 +332,35 @@ mod tests {
             RetryOptions::default(),
         )
         .unwrap();
-        let coalescer = LeaseCoalescer::spawn(client);
+        (LeaseCoalescer::spawn(client), fake)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn one_lease_at_a_time_is_sent_by_its_caller_with_no_hand_off() {
+        let (coalescer, fake) = coalescer_over_older().await;
+        for n in 1..=5u64 {
+            let grant = coalescer.lease("k", "eu", n).await.expect("answered");
+            assert_eq!(grant.granted, n);
+        }
+        let stats = coalescer.stats();
+        assert_eq!(stats.direct_calls.load(Ordering::Relaxed), 5);
+        assert_eq!(stats.calls.load(Ordering::Relaxed), 5);
+        assert_eq!(fake.leases.load(Ordering::Relaxed), 5);
+        assert_eq!(fake.batches.load(Ordering::Relaxed), 0);
+
+        // A caller that gives up mid-call releases its call: the next lone
+        // lease is sent directly again (not queued behind a call that will
+        // never end).
+        let gave_up =
+            tokio::time::timeout(Duration::from_millis(1), coalescer.lease("k", "eu", 1)).await;
+        assert!(gave_up.is_err(), "the fake takes 5 ms");
+        coalescer.lease("k", "eu", 1).await.expect("answered");
+        assert_eq!(stats.direct_calls.load(Ordering::Relaxed), 7);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_older_coordinator_is_served_lease_by_lease() {
+        let (coalescer, fake) = coalescer_over_older().await;
         let asks = (0..40u64).map(|n| {
             let coalescer = coalescer.clone();
             tokio::spawn(async move { coalescer.lease(&format!("k{n}"), "eu", n + 1).await })
