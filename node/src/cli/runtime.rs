@@ -3,8 +3,8 @@
 //! A coordinator member's work is mostly serial — one Raft core, one state
 //! machine, one log flusher — plus per-connection gRPC framing; `bench`
 //! drives one or a few connections. On a 16-core host the tokio default
-//! (one worker per core) made a member burn 179 µs of CPU per lease at 256
-//! single leases in flight where 4 workers burnt 96 µs, for the same
+//! (one worker per core) made three members burn 179 µs of CPU per lease
+//! at 256 single leases in flight where 4 workers each burnt 96 µs, for the same
 //! throughput, because idle workers park and are woken for every task that
 //! becomes ready; `bench` over one connection reached 40k single leases/s
 //! on 4 workers and 31k on 16 (its HTTP/2 connection's shared state is
