@@ -13,7 +13,9 @@
 #   leasehold, 3 members    three `leasehold serve` processes on loopback,
 #                           fsync on, plaintext (like the Redis runs); N
 #                           callers with one Lease each, and the same N
-#                           leases in flight as LeaseBatch calls of up to 64
+#                           leases in flight as LeaseBatch calls of up to 64,
+#                           and N callers leasing through the client's lease
+#                           coalescer (bench --coalesce)
 #
 # Needs redis-server (Debian package `redis-server`), a release build and
 # jq:
@@ -107,4 +109,11 @@ for n in "${LEVELS[@]}"; do
       jq -c --arg t "leasehold-batch-$items" --arg n "$n" \
         '{target: $t, in_flight: ($n|tonumber), calls_in_flight: .concurrency, leases_per_sec, p50_ms: .latency_ms.p50, p99_ms: .latency_ms.p99, errors}'
   done
+  # N callers with one lease each, through the client's lease coalescer
+  # (what a CoordinatorSource does with strict checks).
+  "$BIN" bench --insecure --endpoint "$ENDPOINTS" --region bench --key lease: --keys "$KEYS" \
+    --no-setup --connections 1 --concurrency "$n" --coalesce \
+    --duration-secs "$DURATION" --output json |
+    jq -c --arg n "$n" \
+      '{target: "leasehold-coalesced", in_flight: ($n|tonumber), leases_per_sec, p50_ms: .latency_ms.p50, p99_ms: .latency_ms.p99, errors}'
 done
