@@ -11,9 +11,9 @@
 //!
 //! Strict checks that are in flight together leave together: they go
 //! through one [`LeaseCoalescer`] per source (started on the first check),
-//! so concurrent checks of any keys become `LeaseBatch` calls — at most
-//! four outstanding, each carrying whatever queued meanwhile — and a lone
-//! check is still one plain `Lease`. Each check's answer is its own item's,
+//! so concurrent checks of any keys become `LeaseBatch` calls, each
+//! carrying whatever queued meanwhile (the coalescer's module says how
+//! many go out at once), and a lone check is still one plain `Lease`. Each check's answer is its own item's,
 //! exactly as if sent alone.
 //!
 //! `fair` keys are leased per tenant through an escrow node's weighted-fair

@@ -7,11 +7,15 @@
 //! as a plain `Lease`, with no hand-off to another task (one lease at a
 //! time costs what an uncoalesced lease costs).
 //!
-//! At most [`MAX_CALLS_IN_FLIGHT`] coalesced calls are outstanding, besides
-//! that one; requests arriving meanwhile wait in the queue and make the
-//! next batch bigger, so the batch size follows the load with no timer. Each request is answered with its
-//! own item's outcome, as the same `Lease` alone would have been; a failure
-//! of the whole call (no leader, unreachable) is every item's answer.
+//! A batch that is not full leaves only while fewer than
+//! [`MAX_CALLS_IN_FLIGHT`] calls are out; otherwise it waits, taking in
+//! requests, until it is full or a call returns — so at light load requests
+//! arriving meanwhile make the next batch bigger, with no timer. Full
+//! batches ([`MAX_ITEMS`]) may go on up to [`MAX_FULL_CALLS_IN_FLIGHT`]
+//! calls out, so a deep queue is not held to four calls' worth of leases.
+//! Each request is answered with its own item's outcome, as the same
+//! `Lease` alone would have been; a failure of the whole call (no leader,
+//! unreachable) is every item's answer.
 //!
 //! A coordinator without `LeaseBatch` (an older member during a rolling
 //! upgrade answers `UNIMPLEMENTED`) is served item by item from then on.
@@ -22,11 +26,14 @@ use std::sync::Arc;
 use crate::coordinator::{CoordinatorClient, CoordinatorError, LeaseItem, ITEMS_PER_BATCH_CALL};
 use leasehold_core::metrics::{Histogram, SIZE_BOUNDS};
 use leasehold_proto::v1::LeaseResponse;
-use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio::sync::{mpsc, oneshot, Notify, Semaphore};
 use tracing::Instrument;
 
-/// Most coalesced calls outstanding at once.
+/// Most calls outstanding when a batch that is not full may leave.
 pub const MAX_CALLS_IN_FLIGHT: usize = 4;
+/// Most calls outstanding at all (the calls beyond [`MAX_CALLS_IN_FLIGHT`]
+/// carry full batches).
+pub const MAX_FULL_CALLS_IN_FLIGHT: usize = 16;
 /// Most items in one call (a `LeaseBatch` of one session).
 pub const MAX_ITEMS: usize = ITEMS_PER_BATCH_CALL;
 /// Requests waiting for a call; beyond it actors wait to enqueue.
@@ -161,7 +168,8 @@ async fn run(
     stats: Arc<CoalescerStats>,
     calls_out: Arc<AtomicUsize>,
 ) {
-    let slots = Arc::new(Semaphore::new(MAX_CALLS_IN_FLIGHT));
+    let slots = Arc::new(Semaphore::new(MAX_FULL_CALLS_IN_FLIGHT));
+    let call_returned = Arc::new(Notify::new());
     let batch_unsupported = Arc::new(AtomicBool::new(false));
     loop {
         let Ok(slot) = slots.clone().acquire_owned().await else {
@@ -171,10 +179,19 @@ async fn run(
             return;
         };
         let mut batch = vec![first];
-        while batch.len() < MAX_ITEMS {
-            match receiver.try_recv() {
-                Ok(next) => batch.push(next),
-                Err(_) => break,
+        take_queued(&mut receiver, &mut batch);
+        // A batch that is not full waits for more requests or for a call
+        // to return while MAX_CALLS_IN_FLIGHT are out.
+        while batch.len() < MAX_ITEMS && calls_out.load(Ordering::Acquire) >= MAX_CALLS_IN_FLIGHT {
+            tokio::select! {
+                next = receiver.recv() => match next {
+                    Some(next) => {
+                        batch.push(next);
+                        take_queued(&mut receiver, &mut batch);
+                    }
+                    None => break,
+                },
+                () = call_returned.notified() => {}
             }
         }
         calls_out.fetch_add(1, Ordering::AcqRel);
@@ -182,6 +199,7 @@ async fn run(
         let client = client.clone();
         let stats = stats.clone();
         let batch_unsupported = batch_unsupported.clone();
+        let call_returned = call_returned.clone();
         let span = batch[0].span.clone();
         for other in &batch[1..] {
             span.follows_from(&other.span);
@@ -191,9 +209,20 @@ async fn run(
                 call(&client, batch, &stats, &batch_unsupported).await;
                 drop(out);
                 drop(slot);
+                call_returned.notify_one();
             }
             .instrument(span),
         );
+    }
+}
+
+/// Moves what is queued into `batch`, up to [`MAX_ITEMS`].
+fn take_queued(receiver: &mut mpsc::Receiver<Pending>, batch: &mut Vec<Pending>) {
+    while batch.len() < MAX_ITEMS {
+        match receiver.try_recv() {
+            Ok(next) => batch.push(next),
+            Err(_) => break,
+        }
     }
 }
 
@@ -316,14 +345,95 @@ mod tests {
         }
     }
 
-    /// A coalescer over a fresh [`OlderCoordinator`] on loopback.
-    async fn coalescer_over_older() -> (LeaseCoalescer, OlderCoordinator) {
+    /// A coordinator that serves `LeaseBatch`, 5 ms per call, granting
+    /// every item in full, and records the most calls it had at once.
+    #[derive(Clone, Default)]
+    struct PacedCoordinator {
+        in_flight: Arc<AtomicUsize>,
+        most_in_flight: Arc<AtomicUsize>,
+        items: Arc<AtomicU64>,
+    }
+
+    impl PacedCoordinator {
+        async fn paced<T>(&self, items: u64, answer: T) -> T {
+            let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+            self.most_in_flight.fetch_max(now, Ordering::SeqCst);
+            self.items.fetch_add(items, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            self.in_flight.fetch_sub(1, Ordering::SeqCst);
+            answer
+        }
+    }
+
+    fn full_grant(tokens: u64) -> pb::LeaseResponse {
+        pb::LeaseResponse {
+            granted: tokens,
+            limit: 1 << 40,
+            window_start_ms: 0,
+            window_end_ms: 60_000,
+            coordinator_now_ms: 1,
+            remaining_lifetime_ms: 59_999,
+        }
+    }
+
+    #[tonic::async_trait]
+    impl Coordinator for PacedCoordinator {
+        async fn lease(
+            &self,
+            request: Request<pb::LeaseRequest>,
+        ) -> Result<Response<pb::LeaseResponse>, Status> {
+            let grant = full_grant(request.into_inner().tokens);
+            Ok(Response::new(self.paced(1, grant).await))
+        }
+        async fn lease_batch(
+            &self,
+            request: Request<pb::LeaseBatchRequest>,
+        ) -> Result<Response<pb::LeaseBatchResponse>, Status> {
+            let items = request.into_inner().items;
+            let count = items.len() as u64;
+            let results = items
+                .into_iter()
+                .map(|item| pb::LeaseItemResult {
+                    result: Some(pb::lease_item_result::Result::Granted(full_grant(
+                        item.tokens,
+                    ))),
+                })
+                .collect();
+            let answer = pb::LeaseBatchResponse { results };
+            Ok(Response::new(self.paced(count, answer).await))
+        }
+        async fn reconcile(
+            &self,
+            _: Request<pb::ReconcileRequest>,
+        ) -> Result<Response<pb::ReconcileResponse>, Status> {
+            Err(Status::unimplemented("fake"))
+        }
+        async fn pool_grant(
+            &self,
+            _: Request<pb::PoolGrantRequest>,
+        ) -> Result<Response<pb::PoolGrantResponse>, Status> {
+            Err(Status::unimplemented("fake"))
+        }
+        async fn pool_release(
+            &self,
+            _: Request<pb::PoolReleaseRequest>,
+        ) -> Result<Response<pb::PoolReleaseResponse>, Status> {
+            Err(Status::unimplemented("fake"))
+        }
+        async fn get_window(
+            &self,
+            _: Request<pb::GetWindowRequest>,
+        ) -> Result<Response<pb::GetWindowResponse>, Status> {
+            Err(Status::unimplemented("fake"))
+        }
+    }
+
+    async fn coalescer_over<C: Coordinator>(fake: C) -> LeaseCoalescer {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
-        let fake = OlderCoordinator::default();
         tokio::spawn(
             tonic::transport::Server::builder()
-                .add_service(CoordinatorServer::new(fake.clone()))
+                .add_service(CoordinatorServer::new(fake))
                 .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
         );
         let client = CoordinatorClient::with_options(
@@ -332,7 +442,74 @@ mod tests {
             RetryOptions::default(),
         )
         .unwrap();
-        (LeaseCoalescer::spawn(client), fake)
+        LeaseCoalescer::spawn(client)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_deep_queue_goes_out_in_full_batches_beyond_four_calls() {
+        let fake = PacedCoordinator::default();
+        let coalescer = coalescer_over(fake.clone()).await;
+        const LEASES: u64 = 2_048;
+        let asks = (0..LEASES).map(|n| {
+            let coalescer = coalescer.clone();
+            tokio::spawn(async move { coalescer.lease(&format!("k{n}"), "eu", n + 1).await })
+        });
+        for (n, answer) in futures::future::join_all(asks)
+            .await
+            .into_iter()
+            .enumerate()
+        {
+            let grant = answer.unwrap().expect("answered");
+            assert_eq!(
+                grant.granted,
+                n as u64 + 1,
+                "each lease gets its own answer"
+            );
+        }
+        assert_eq!(
+            fake.items.load(Ordering::SeqCst),
+            LEASES,
+            "each lease sent once"
+        );
+        let most = fake.most_in_flight.load(Ordering::SeqCst);
+        assert!(
+            most > MAX_CALLS_IN_FLIGHT + 1 && most <= MAX_FULL_CALLS_IN_FLIGHT + 1,
+            "{most} calls at once"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn batches_that_are_not_full_keep_to_four_calls() {
+        let fake = PacedCoordinator::default();
+        let coalescer = coalescer_over(fake.clone()).await;
+        // 40 callers in a closed loop: no batch can fill (64), so at most
+        // four calls are ever out, the direct one included.
+        let callers = (0..40u64).map(|n| {
+            let coalescer = coalescer.clone();
+            tokio::spawn(async move {
+                for round in 0..10u64 {
+                    let grant = coalescer
+                        .lease(&format!("k{n}"), "eu", round + 1)
+                        .await
+                        .expect("answered");
+                    assert_eq!(grant.granted, round + 1);
+                }
+            })
+        });
+        for caller in futures::future::join_all(callers).await {
+            caller.unwrap();
+        }
+        assert_eq!(fake.items.load(Ordering::SeqCst), 400);
+        let most = fake.most_in_flight.load(Ordering::SeqCst);
+        assert!(most <= MAX_CALLS_IN_FLIGHT, "{most} calls at once");
+        let calls = coalescer.stats().calls.load(Ordering::Relaxed);
+        assert!(calls < 200, "{calls} calls for 400 leases");
+    }
+
+    /// A coalescer over a fresh [`OlderCoordinator`] on loopback.
+    async fn coalescer_over_older() -> (LeaseCoalescer, OlderCoordinator) {
+        let fake = OlderCoordinator::default();
+        (coalescer_over(fake.clone()).await, fake)
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

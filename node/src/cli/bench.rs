@@ -45,9 +45,9 @@ pub struct BenchArgs {
     pub batch: u64,
     /// Send the callers' single leases through one lease coalescer per
     /// connection (what a `CoordinatorSource` does with strict checks):
-    /// leases in flight together leave as `LeaseBatch` calls, at most 4
-    /// outstanding per connection; latency is then per lease. Not with
-    /// `--batch`.
+    /// leases in flight together leave as `LeaseBatch` calls (4 out per
+    /// connection, up to 16 when they are full); latency is then per
+    /// lease. Not with `--batch`.
     #[arg(long, conflicts_with = "batch")]
     pub coalesce: bool,
     /// Client connections the callers share (default: up to 4).
