@@ -141,15 +141,26 @@ async fn run<E: StorageEngine>(
     let written = bytes_written_by_this_process() - written_before;
     let commands = PROPOSALS * KEYS_PER_PROPOSAL;
     let last_index = raft.metrics().borrow().last_applied.map(|id| id.index);
-    raft.wait(WAIT)
-        .metrics(
-            |m| {
-                m.snapshot.map(|id| id.index) >= last_index.map(|i| i - SNAPSHOT_EVERY)
-                    && m.purged.is_some()
-            },
-            "latest snapshot built and log purged",
-        )
-        .await?;
+    // The policy starts a snapshot when an apply finds SNAPSHOT_EVERY
+    // entries since the last one, but not while a build is running; on a
+    // loaded machine the last proposals can all be applied during one, and
+    // nothing is applied after them. Ask for the latest until it is there.
+    let latest_built = |m: &openraft::RaftMetrics<_, _>| {
+        m.snapshot.map(|id| id.index) >= last_index.map(|i| i - SNAPSHOT_EVERY)
+            && m.purged.is_some()
+    };
+    let deadline = std::time::Instant::now() + WAIT.expect("bounded");
+    loop {
+        let waited = raft
+            .wait(Some(Duration::from_secs(1)))
+            .metrics(latest_built, "latest snapshot built and log purged")
+            .await;
+        match waited {
+            Ok(_) => break,
+            Err(_) if std::time::Instant::now() < deadline => raft.trigger().snapshot().await?,
+            Err(e) => return Err(e.into()),
+        }
+    }
 
     // What the store has to keep: the latest snapshot and the log after it.
     let snapshot = raft.get_snapshot().await?.expect("a snapshot was built");
