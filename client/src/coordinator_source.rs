@@ -13,8 +13,8 @@
 //! through one [`LeaseCoalescer`] per source (started on the first check),
 //! so concurrent checks of any keys become `LeaseBatch` calls, each
 //! carrying whatever queued meanwhile (the coalescer's module says how
-//! many go out at once), and a lone check is still one plain `Lease`. Each check's answer is its own item's,
-//! exactly as if sent alone.
+//! many go out at once), and a lone check is still one plain `Lease`.
+//! Each check's answer is its own item's, exactly as if sent alone.
 //!
 //! `fair` keys are leased per tenant through an escrow node's weighted-fair
 //! escrow; asking the coordinator for one, or naming a tenant, is

@@ -286,75 +286,28 @@ mod tests {
 
     use super::*;
 
-    /// A coordinator from before `LeaseBatch`: it grants every lease in
-    /// full and answers `UNIMPLEMENTED` to batches, counting both.
+    /// A coordinator that grants every lease in full, 5 ms per call (slow
+    /// enough that concurrent callers queue), counting its calls and the
+    /// most it had at once. `older`: one from before `LeaseBatch`, which
+    /// answers batches `UNIMPLEMENTED`.
     #[derive(Clone, Default)]
-    struct OlderCoordinator {
+    struct FakeCoordinator {
+        older: bool,
         leases: Arc<AtomicU64>,
         batches: Arc<AtomicU64>,
-    }
-
-    #[tonic::async_trait]
-    impl Coordinator for OlderCoordinator {
-        async fn lease(
-            &self,
-            request: Request<pb::LeaseRequest>,
-        ) -> Result<Response<pb::LeaseResponse>, Status> {
-            self.leases.fetch_add(1, Ordering::Relaxed);
-            // Slow enough that concurrent refills queue behind each other.
-            tokio::time::sleep(Duration::from_millis(5)).await;
-            Ok(Response::new(pb::LeaseResponse {
-                granted: request.into_inner().tokens,
-                limit: 1_000,
-                window_start_ms: 0,
-                window_end_ms: 60_000,
-                coordinator_now_ms: 1,
-                remaining_lifetime_ms: 59_999,
-            }))
-        }
-        async fn lease_batch(
-            &self,
-            _: Request<pb::LeaseBatchRequest>,
-        ) -> Result<Response<pb::LeaseBatchResponse>, Status> {
-            self.batches.fetch_add(1, Ordering::Relaxed);
-            Err(Status::unimplemented("unknown method LeaseBatch"))
-        }
-        async fn reconcile(
-            &self,
-            _: Request<pb::ReconcileRequest>,
-        ) -> Result<Response<pb::ReconcileResponse>, Status> {
-            Err(Status::unimplemented("fake"))
-        }
-        async fn pool_grant(
-            &self,
-            _: Request<pb::PoolGrantRequest>,
-        ) -> Result<Response<pb::PoolGrantResponse>, Status> {
-            Err(Status::unimplemented("fake"))
-        }
-        async fn pool_release(
-            &self,
-            _: Request<pb::PoolReleaseRequest>,
-        ) -> Result<Response<pb::PoolReleaseResponse>, Status> {
-            Err(Status::unimplemented("fake"))
-        }
-        async fn get_window(
-            &self,
-            _: Request<pb::GetWindowRequest>,
-        ) -> Result<Response<pb::GetWindowResponse>, Status> {
-            Err(Status::unimplemented("fake"))
-        }
-    }
-
-    /// A coordinator that serves `LeaseBatch`, 5 ms per call, granting
-    /// every item in full, and records the most calls it had at once.
-    #[derive(Clone, Default)]
-    struct PacedCoordinator {
+        items: Arc<AtomicU64>,
         in_flight: Arc<AtomicUsize>,
         most_in_flight: Arc<AtomicUsize>,
-        items: Arc<AtomicU64>,
     }
 
-    impl PacedCoordinator {
+    impl FakeCoordinator {
+        fn older() -> Self {
+            Self {
+                older: true,
+                ..Self::default()
+            }
+        }
+
         async fn paced<T>(&self, items: u64, answer: T) -> T {
             let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
             self.most_in_flight.fetch_max(now, Ordering::SeqCst);
@@ -377,11 +330,12 @@ mod tests {
     }
 
     #[tonic::async_trait]
-    impl Coordinator for PacedCoordinator {
+    impl Coordinator for FakeCoordinator {
         async fn lease(
             &self,
             request: Request<pb::LeaseRequest>,
         ) -> Result<Response<pb::LeaseResponse>, Status> {
+            self.leases.fetch_add(1, Ordering::SeqCst);
             let grant = full_grant(request.into_inner().tokens);
             Ok(Response::new(self.paced(1, grant).await))
         }
@@ -389,6 +343,10 @@ mod tests {
             &self,
             request: Request<pb::LeaseBatchRequest>,
         ) -> Result<Response<pb::LeaseBatchResponse>, Status> {
+            self.batches.fetch_add(1, Ordering::SeqCst);
+            if self.older {
+                return Err(Status::unimplemented("unknown method LeaseBatch"));
+            }
             let items = request.into_inner().items;
             let count = items.len() as u64;
             let results = items
@@ -447,7 +405,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_deep_queue_goes_out_in_full_batches_beyond_four_calls() {
-        let fake = PacedCoordinator::default();
+        let fake = FakeCoordinator::default();
         let coalescer = coalescer_over(fake.clone()).await;
         const LEASES: u64 = 2_048;
         let asks = (0..LEASES).map(|n| {
@@ -480,7 +438,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn batches_that_are_not_full_keep_to_four_calls() {
-        let fake = PacedCoordinator::default();
+        let fake = FakeCoordinator::default();
         let coalescer = coalescer_over(fake.clone()).await;
         // 40 callers in a closed loop: no batch can fill (64), so at most
         // four calls are ever out, the direct one included.
@@ -506,15 +464,10 @@ mod tests {
         assert!(calls < 200, "{calls} calls for 400 leases");
     }
 
-    /// A coalescer over a fresh [`OlderCoordinator`] on loopback.
-    async fn coalescer_over_older() -> (LeaseCoalescer, OlderCoordinator) {
-        let fake = OlderCoordinator::default();
-        (coalescer_over(fake.clone()).await, fake)
-    }
-
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn one_lease_at_a_time_is_sent_by_its_caller_with_no_hand_off() {
-        let (coalescer, fake) = coalescer_over_older().await;
+        let fake = FakeCoordinator::older();
+        let coalescer = coalescer_over(fake.clone()).await;
         for n in 1..=5u64 {
             let grant = coalescer.lease("k", "eu", n).await.expect("answered");
             assert_eq!(grant.granted, n);
@@ -537,7 +490,8 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn an_older_coordinator_is_served_lease_by_lease() {
-        let (coalescer, fake) = coalescer_over_older().await;
+        let fake = FakeCoordinator::older();
+        let coalescer = coalescer_over(fake.clone()).await;
         let asks = (0..40u64).map(|n| {
             let coalescer = coalescer.clone();
             tokio::spawn(async move { coalescer.lease(&format!("k{n}"), "eu", n + 1).await })

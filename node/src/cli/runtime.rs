@@ -30,7 +30,7 @@ pub const DEFAULT_CAPPED_WORKERS: usize = 4;
 pub struct RuntimeArgs {
     /// Tokio worker threads for this process (default: min(cores, 4) for
     /// `serve` and `bench`, one per core otherwise; `TOKIO_WORKER_THREADS`
-    /// is honoured when this is unset).
+    /// is honoured when this is unset; at most 1 024).
     #[arg(long, global = true, env = "LEASEHOLD_WORKER_THREADS")]
     pub worker_threads: Option<NonZeroUsize>,
 }
@@ -44,10 +44,25 @@ pub enum WorkerDefault {
     PerCore,
 }
 
-/// Why [`worker_threads`] refused the environment.
+/// The most worker threads a process may ask for (a typo such as
+/// `--worker-threads 40000` is refused, not attempted).
+pub const MAX_WORKER_THREADS: usize = 1_024;
+
+/// Why [`worker_threads`] refused the flag or the environment.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("TOKIO_WORKER_THREADS must be a whole number above 0, got {0:?}")]
-pub struct BadWorkerThreads(pub String);
+pub enum BadWorkerThreads {
+    /// `TOKIO_WORKER_THREADS` is not a whole number above 0.
+    #[error("TOKIO_WORKER_THREADS must be a whole number above 0, got {0:?}")]
+    NotANumber(String),
+    /// More than [`MAX_WORKER_THREADS`].
+    #[error("{asked} worker threads asked for ({by}); at most {MAX_WORKER_THREADS}")]
+    TooMany {
+        /// How many.
+        asked: usize,
+        /// Where: the flag or the variable.
+        by: &'static str,
+    },
+}
 
 /// The number of worker threads: the flag, else `TOKIO_WORKER_THREADS`
 /// (`tokio_env`, its raw value), else the command's default on `cores`.
@@ -57,14 +72,25 @@ pub fn worker_threads(
     default: WorkerDefault,
     cores: NonZeroUsize,
 ) -> Result<NonZeroUsize, BadWorkerThreads> {
+    let within = |asked: NonZeroUsize, by| {
+        if asked.get() > MAX_WORKER_THREADS {
+            Err(BadWorkerThreads::TooMany {
+                asked: asked.get(),
+                by,
+            })
+        } else {
+            Ok(asked)
+        }
+    };
     if let Some(n) = flag {
-        return Ok(n);
+        return within(n, "--worker-threads");
     }
     if let Some(raw) = tokio_env {
-        return raw
+        let n = raw
             .trim()
             .parse::<NonZeroUsize>()
-            .map_err(|_| BadWorkerThreads(raw.to_string()));
+            .map_err(|_| BadWorkerThreads::NotANumber(raw.to_string()))?;
+        return within(n, "TOKIO_WORKER_THREADS");
     }
     Ok(match default {
         WorkerDefault::PerCore => cores,
@@ -106,9 +132,27 @@ mod tests {
         for bad in ["0", "-1", "many", ""] {
             assert_eq!(
                 worker_threads(None, Some(bad), WorkerDefault::Capped, nz(16)),
-                Err(BadWorkerThreads(bad.to_string()))
+                Err(BadWorkerThreads::NotANumber(bad.to_string()))
             );
         }
+        assert_eq!(
+            worker_threads(None, Some("40000"), WorkerDefault::Capped, nz(16)),
+            Err(BadWorkerThreads::TooMany {
+                asked: 40_000,
+                by: "TOKIO_WORKER_THREADS"
+            })
+        );
+        assert_eq!(
+            worker_threads(Some(nz(1_025)), None, WorkerDefault::Capped, nz(16)),
+            Err(BadWorkerThreads::TooMany {
+                asked: 1_025,
+                by: "--worker-threads"
+            })
+        );
+        assert_eq!(
+            worker_threads(Some(nz(1_024)), None, WorkerDefault::Capped, nz(16)),
+            Ok(nz(1_024))
+        );
     }
 
     #[test]
