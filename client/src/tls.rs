@@ -9,11 +9,15 @@
 //! stays the plaintext dialer for `--insecure` deployments.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use tonic::transport::{Certificate, ClientTlsConfig, Identity};
 
 use crate::transport::{
-    normalize_addr, DialError, DialFuture, Dialer, TcpDialer, TcpDialerOptions,
+    normalize_addr, ByteStream, DialError, DialFuture, Dialer, StreamDialFuture, TcpDialer,
+    TcpDialerOptions,
 };
 
 /// Where a client's TLS material lives (PEM files).
@@ -53,22 +57,61 @@ impl TlsDialer {
         &self.files
     }
 
-    fn tls_config(&self, addr: &str) -> Result<ClientTlsConfig, DialError> {
+    /// The CA bundle, certificate chain and key, read now.
+    fn read_files(&self, addr: &str) -> Result<(Vec<u8>, Vec<u8>, Vec<u8>), DialError> {
         let read = |path: &Path| {
             std::fs::read(path).map_err(|e| DialError::Credentials {
                 addr: addr.to_string(),
                 reason: format!("cannot read {}: {e}", path.display()),
             })
         };
-        let ca = read(&self.files.ca)?;
-        let cert = read(&self.files.cert)?;
-        let key = read(&self.files.key)?;
+        Ok((
+            read(&self.files.ca)?,
+            read(&self.files.cert)?,
+            read(&self.files.key)?,
+        ))
+    }
+
+    fn tls_config(&self, addr: &str) -> Result<ClientTlsConfig, DialError> {
+        let (ca, cert, key) = self.read_files(addr)?;
         let host = server_name(addr);
         Ok(ClientTlsConfig::new()
             .ca_certificate(Certificate::from_pem(ca))
             .identity(Identity::from_pem(cert, key))
             .domain_name(host))
     }
+}
+
+/// A rustls client configuration presenting `cert`/`key` and trusting
+/// `ca` (PEM), as tonic builds it for the gRPC channels (ring provider,
+/// TLS 1.2 and 1.3), without ALPN: the stream carries no HTTP/2.
+fn stream_tls_config(
+    addr: &str,
+    ca: &[u8],
+    cert: &[u8],
+    key: &[u8],
+) -> Result<rustls::ClientConfig, DialError> {
+    let bad = |reason: String| DialError::Credentials {
+        addr: addr.to_string(),
+        reason,
+    };
+    let mut roots = rustls::RootCertStore::empty();
+    for ca_cert in CertificateDer::pem_slice_iter(ca) {
+        let ca_cert = ca_cert.map_err(|e| bad(format!("CA bundle: {e}")))?;
+        roots
+            .add(ca_cert)
+            .map_err(|e| bad(format!("CA bundle: {e}")))?;
+    }
+    let chain = CertificateDer::pem_slice_iter(cert)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| bad(format!("certificate: {e}")))?;
+    let key = PrivateKeyDer::from_pem_slice(key).map_err(|e| bad(format!("key: {e}")))?;
+    rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| bad(e.to_string()))?
+        .with_root_certificates(roots)
+        .with_client_auth_cert(chain, key)
+        .map_err(|e| bad(e.to_string()))
 }
 
 /// The name a server certificate must carry for `addr` (`host:port`): the
@@ -93,6 +136,37 @@ impl Dialer for TlsDialer {
                 })
         });
         Box::pin(async move { Ok(endpoint?.connect_lazy()) })
+    }
+
+    fn dial_stream(&self, addr: &str) -> StreamDialFuture {
+        let (dialer, addr) = (self.clone(), addr.to_string());
+        Box::pin(async move {
+            let addr = normalize_addr(&addr)?;
+            let (ca, cert, key) = dialer.read_files(&addr)?;
+            let config = stream_tls_config(&addr, &ca, &cert, &key)?;
+            let name = ServerName::try_from(server_name(&addr)).map_err(|e| {
+                DialError::InvalidAddress {
+                    addr: addr.clone(),
+                    reason: e.to_string(),
+                }
+            })?;
+            let tcp = dialer.tcp.connect_tcp(&addr).await?;
+            let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+            let handshake = connector.connect(name, tcp);
+            let timeout = dialer.tcp.options().connect_timeout;
+            let stream = tokio::time::timeout(timeout, handshake)
+                .await
+                .map_err(|_| DialError::Connect {
+                    addr: addr.clone(),
+                    reason: format!("no TLS handshake within {} ms", timeout.as_millis()),
+                })?
+                .map_err(|e| DialError::Connect {
+                    addr: addr.clone(),
+                    reason: format!("TLS handshake: {e}"),
+                })?;
+            let stream: Box<dyn ByteStream> = Box::new(stream);
+            Ok(stream)
+        })
     }
 }
 

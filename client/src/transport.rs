@@ -1,6 +1,7 @@
 //! How Leasehold processes reach each other and read the time: the [`Dialer`]
-//! seam (a `host:port` becomes a tonic [`Channel`]) and the [`WallClock`]
-//! seam (epoch milliseconds).
+//! seam (a `host:port` becomes a tonic [`Channel`], or for the members'
+//! framed Raft transport a plain byte stream) and the [`WallClock`] seam
+//! (epoch milliseconds).
 //!
 //! Both are injected rather than called directly so the same node and client
 //! code runs over real TCP and the system clock in production, and over a
@@ -15,10 +16,21 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpStream;
 use tonic::transport::{Channel, Endpoint};
 
 /// The future a [`Dialer`] returns.
 pub type DialFuture = Pin<Box<dyn Future<Output = Result<Channel, DialError>> + Send + 'static>>;
+
+/// A connected byte stream (TCP, TLS over TCP, a simulated socket).
+pub trait ByteStream: AsyncRead + AsyncWrite + Send + Unpin + 'static {}
+
+impl<T: AsyncRead + AsyncWrite + Send + Unpin + 'static> ByteStream for T {}
+
+/// The future [`Dialer::dial_stream`] returns.
+pub type StreamDialFuture =
+    Pin<Box<dyn Future<Output = Result<Box<dyn ByteStream>, DialError>> + Send + 'static>>;
 
 /// Turns a peer address into a gRPC channel. Implementations decide how the
 /// bytes travel (real TCP, a simulated network) and set connection-level
@@ -29,6 +41,16 @@ pub type DialFuture = Pin<Box<dyn Future<Output = Result<Channel, DialError>> + 
 pub trait Dialer: Send + Sync + 'static {
     /// A channel to `addr` (`host:port`, already normalised).
     fn dial(&self, addr: &str) -> DialFuture;
+
+    /// A connected byte stream to `addr` (`host:port`), with the same
+    /// security as [`dial`](Self::dial)'s channels (TLS when they use it),
+    /// bounded by the dialer's connect timeout. The coordinator members'
+    /// framed Raft transport runs over it. The default is
+    /// [`DialError::Unsupported`]: the members then use gRPC.
+    fn dial_stream(&self, addr: &str) -> StreamDialFuture {
+        let addr = addr.to_string();
+        Box::pin(async move { Err(DialError::Unsupported { addr }) })
+    }
 }
 
 /// Why a peer address could not be turned into a channel.
@@ -57,6 +79,12 @@ pub enum DialError {
         addr: String,
         /// The transport's explanation.
         reason: String,
+    },
+    /// This dialer makes gRPC channels only, not byte streams.
+    #[error("no byte streams to {addr} from this dialer")]
+    Unsupported {
+        /// The address dialled.
+        addr: String,
     },
 }
 
@@ -157,10 +185,46 @@ impl TcpDialer {
     }
 }
 
+impl TcpDialer {
+    /// The options this dialer connects with.
+    pub fn options(&self) -> TcpDialerOptions {
+        self.options
+    }
+
+    /// A TCP connection to `addr` (`host:port`) within the connect
+    /// timeout, with `TCP_NODELAY`.
+    pub async fn connect_tcp(&self, addr: &str) -> Result<TcpStream, DialError> {
+        let addr = normalize_addr(addr)?;
+        let failed = |reason: String| DialError::Connect {
+            addr: addr.clone(),
+            reason,
+        };
+        let stream = tokio::time::timeout(self.options.connect_timeout, TcpStream::connect(&addr))
+            .await
+            .map_err(|_| {
+                failed(format!(
+                    "no connection within {} ms",
+                    self.options.connect_timeout.as_millis()
+                ))
+            })?
+            .map_err(|e| failed(e.to_string()))?;
+        stream.set_nodelay(true).map_err(|e| failed(e.to_string()))?;
+        Ok(stream)
+    }
+}
+
 impl Dialer for TcpDialer {
     fn dial(&self, addr: &str) -> DialFuture {
         let endpoint = self.endpoint(addr);
         Box::pin(async move { Ok(endpoint?.connect_lazy()) })
+    }
+
+    fn dial_stream(&self, addr: &str) -> StreamDialFuture {
+        let (dialer, addr) = (self.clone(), addr.to_string());
+        Box::pin(async move {
+            let stream: Box<dyn ByteStream> = Box::new(dialer.connect_tcp(&addr).await?);
+            Ok(stream)
+        })
     }
 }
 

@@ -1,5 +1,6 @@
 //! tonic over turmoil's simulated network: a [`Dialer`] whose connections
-//! are turmoil TCP streams, and the stream of accepted connections a
+//! (gRPC channels, and the byte streams of the members' framed Raft
+//! transport) are turmoil TCP streams, and the stream of accepted connections a
 //! coordinator member serves on. turmoil TCP never retransmits, so every
 //! channel has HTTP/2 keep-alive and every RPC a deadline (set by callers).
 
@@ -9,7 +10,9 @@ use std::time::Duration;
 
 use futures::Stream;
 use hyper_util::rt::TokioIo;
-use leasehold_client::transport::{normalize_addr, DialError, DialFuture, Dialer};
+use leasehold_client::transport::{
+    normalize_addr, ByteStream, DialError, DialFuture, Dialer, StreamDialFuture,
+};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tonic::transport::server::Connected;
 use tonic::transport::{Endpoint, Uri};
@@ -42,6 +45,24 @@ impl Dialer for SimDialer {
                 }
             });
             Ok(endpoint.connect_with_connector_lazy(connector))
+        })
+    }
+
+    fn dial_stream(&self, addr: &str) -> StreamDialFuture {
+        let addr = addr.to_string();
+        Box::pin(async move {
+            let addr = normalize_addr(&addr)?;
+            let failed = |reason: String| DialError::Connect {
+                addr: addr.clone(),
+                reason,
+            };
+            let connect = turmoil::net::TcpStream::connect(addr.as_str());
+            let stream = tokio::time::timeout(Duration::from_millis(500), connect)
+                .await
+                .map_err(|_| failed("no connection within 500 ms".into()))?
+                .map_err(|e| failed(e.to_string()))?;
+            let stream: Box<dyn ByteStream> = Box::new(stream);
+            Ok(stream)
         })
     }
 }

@@ -10,7 +10,9 @@
 //!
 //! Layout: [`context`] (what handlers share), [`api`] and [`admin`] (the two
 //! public services), [`batcher`] (group commit), [`leader`] (leader view and
-//! hints), [`network`] and [`raft_service`] (the peer transport), [`metrics`] (counters), `tasks`
+//! hints), [`network`], [`raft_service`], [`peer_frames`], [`frame_link`] and
+//! [`frame_server`] (the peer transport: frames, or gRPC to older members),
+//! [`metrics`] (counters), `tasks`
 //! (health and clock ticks), [`status_log`] and [`peer_links`] (one log
 //! line per change of leader, membership or peer link).
 
@@ -18,9 +20,12 @@ pub mod admin;
 pub mod api;
 pub mod batcher;
 pub mod context;
+pub mod frame_link;
+pub mod frame_server;
 pub mod leader;
 pub mod metrics;
 pub mod network;
+pub mod peer_frames;
 pub mod peer_links;
 pub mod prometheus;
 pub mod raft_service;
@@ -46,6 +51,7 @@ use self::admin::AdminApi;
 use self::api::CoordinatorApi;
 use self::batcher::{Batcher, BatcherOptions};
 use self::context::{NodeContext, RaftProposer};
+use self::frame_server::{split_framed, FrameServer};
 use self::metrics::NodeMetrics;
 use self::network::PeerNetwork;
 use self::raft_service::RaftService;
@@ -108,6 +114,14 @@ where
     let connection_counters = metrics.connections();
     let incoming = bounded_incoming(incoming, &limits, connection_counters.clone());
     let (stop, stopped) = watch::channel(false);
+    let incoming = split_framed(
+        incoming,
+        FrameServer {
+            service: RaftService::new(raft.clone(), metrics.auth.clone()),
+            max_frame_bytes: peer_message_limit,
+            stopped: stopped.clone(),
+        },
+    );
     let options = BatcherOptions {
         max_batch: config.max_batch_commands,
         queue_capacity: config.batch_queue_capacity,

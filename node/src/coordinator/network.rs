@@ -1,12 +1,18 @@
-//! The Raft transport, client side: openraft's `RaftNetworkFactory` over the
-//! `leasehold.v1.Raft` gRPC service, with postcard-encoded openraft messages.
+//! The Raft transport, client side: openraft's `RaftNetworkFactory`, sending
+//! postcard-encoded openraft messages as frames over one connection per
+//! peer ([`super::frame_link`]), or as calls of the `leasehold.v1.Raft` gRPC
+//! service to a peer that does not speak frames (an older member) or over
+//! a dialer that makes no byte streams.
 //!
-//! Channels come from the injected [`Dialer`] and are cached per peer
-//! address. Every call is bounded by openraft's `option.hard_ttl()`; after any
-//! failed or timed-out call the cached channel is dropped, so the next call
-//! re-dials instead of reusing a connection that may be wedged.
+//! Links and channels come from the injected [`Dialer`] and are cached per
+//! peer address; a peer that answered the frame preface with anything else
+//! is called over gRPC for [`GRPC_FALLBACK_FOR`] before frames are tried
+//! again. Every call is bounded by openraft's `option.hard_ttl()`; after any
+//! failed or timed-out call the cached link and channel are dropped, so the
+//! next call re-dials instead of reusing a connection that may be wedged.
 
 use std::collections::HashMap;
+use std::io;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -25,7 +31,22 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tonic::transport::Channel;
 
+use super::frame_link::{FrameLink, LinkError};
+use super::peer_frames::FrameKind;
 use super::peer_links::{LinkChange, PeerLinks, LOST_AFTER_FAILURES};
+
+/// How long a peer that does not speak frames is called over gRPC before
+/// frames are tried again (a rolling upgrade moves it on meanwhile).
+pub const GRPC_FALLBACK_FOR: Duration = Duration::from_secs(30);
+
+/// The framed link to one peer address, as last found.
+#[derive(Clone)]
+enum FrameLinkState {
+    /// Connected.
+    Up(Arc<FrameLink>),
+    /// The peer (or the dialer) speaks gRPC only, until then.
+    GrpcUntil(tokio::time::Instant),
+}
 
 /// Ceiling of the peer message limit: no configuration may let a peer
 /// message exceed this. The limit actually in force is derived from the
@@ -69,6 +90,7 @@ pub struct PeerNetwork {
     my_id: NodeId,
     dialer: Arc<dyn Dialer>,
     channels: Arc<Mutex<HashMap<String, Channel>>>,
+    frame_links: Arc<Mutex<HashMap<String, FrameLinkState>>>,
     max_message_bytes: usize,
     links: Arc<Mutex<PeerLinks>>,
     started: tokio::time::Instant,
@@ -83,6 +105,7 @@ impl PeerNetwork {
             my_id,
             dialer,
             channels: Arc::default(),
+            frame_links: Arc::default(),
             max_message_bytes: MAX_PEER_MESSAGE_BYTES,
             links: Arc::default(),
             started: tokio::time::Instant::now(),
@@ -122,6 +145,10 @@ enum CallError {
     Status(tonic::Status),
     Timeout(Duration),
     Codec(postcard::Error),
+    /// The framed link failed.
+    Frames(LinkError),
+    /// The peer refused the framed request (a UTF-8 reason).
+    Refused(String),
 }
 
 impl std::fmt::Display for CallError {
@@ -133,6 +160,8 @@ impl std::fmt::Display for CallError {
             }
             CallError::Timeout(after) => write!(f, "no answer within {} ms", after.as_millis()),
             CallError::Codec(e) => write!(f, "bad message: {e}"),
+            CallError::Frames(e) => write!(f, "{e}"),
+            CallError::Refused(reason) => write!(f, "refused: {reason}"),
         }
     }
 }
@@ -158,6 +187,93 @@ impl PeerConnection {
         self.cache().remove(&self.addr);
     }
 
+    fn frame_links(&self) -> std::sync::MutexGuard<'_, HashMap<String, FrameLinkState>> {
+        self.network
+            .frame_links
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The framed link to the peer, dialled if there is none; `None` while
+    /// the peer (or the dialer) speaks gRPC only.
+    async fn frame_link(&self, ttl: Duration) -> Result<Option<Arc<FrameLink>>, CallError> {
+        let now = tokio::time::Instant::now();
+        match self.frame_links().get(&self.addr) {
+            Some(FrameLinkState::Up(link)) if !link.is_broken() => return Ok(Some(link.clone())),
+            Some(FrameLinkState::GrpcUntil(until)) if now < *until => return Ok(None),
+            _ => {}
+        }
+        let connected = FrameLink::connect(
+            self.network.dialer.as_ref(),
+            &self.addr,
+            ttl,
+            self.network.max_message_bytes,
+        )
+        .await;
+        let state = match connected {
+            Ok(link) => FrameLinkState::Up(link),
+            Err(LinkError::NotSpoken | LinkError::Dial(DialError::Unsupported { .. })) => {
+                tracing::debug!(
+                    member = self.network.my_id,
+                    peer = self.target,
+                    addr = %self.addr,
+                    "member {} does not answer framed Raft; calling it over gRPC",
+                    self.target
+                );
+                FrameLinkState::GrpcUntil(now + GRPC_FALLBACK_FOR)
+            }
+            Err(error) => return Err(CallError::Frames(error)),
+        };
+        self.frame_links().insert(self.addr.clone(), state.clone());
+        Ok(match state {
+            FrameLinkState::Up(link) => Some(link),
+            FrameLinkState::GrpcUntil(_) => None,
+        })
+    }
+
+    fn forget_frame_link(&self) {
+        let mut links = self.frame_links();
+        if matches!(links.get(&self.addr), Some(FrameLinkState::Up(_))) {
+            links.remove(&self.addr);
+        }
+    }
+
+    /// Sends one encoded request and returns the encoded answer: as a
+    /// frame when the peer speaks frames, else as a gRPC call.
+    async fn exchange(
+        &self,
+        action: RPCTypes,
+        data: Vec<u8>,
+        ttl: Duration,
+    ) -> Result<Vec<u8>, CallError> {
+        if let Some(link) = self.frame_link(ttl).await? {
+            let kind = match action {
+                RPCTypes::AppendEntries => FrameKind::AppendEntries,
+                RPCTypes::Vote => FrameKind::Vote,
+                RPCTypes::InstallSnapshot => FrameKind::InstallSnapshot,
+            };
+            return match link.call(kind, &data).await {
+                Ok(Ok(answer)) => Ok(answer),
+                Ok(Err(reason)) => Err(CallError::Refused(reason)),
+                Err(error) => Err(CallError::Frames(error)),
+            };
+        }
+        let channel = self.channel().await.map_err(CallError::Dial)?;
+        let mut client = RaftClient::new(channel)
+            .max_decoding_message_size(self.network.max_message_bytes)
+            .max_encoding_message_size(self.network.max_message_bytes);
+        let mut grpc_request = tonic::Request::new(RaftPayload { data });
+        grpc_request.set_timeout(ttl);
+        let answer = match action {
+            RPCTypes::AppendEntries => client.append_entries(grpc_request).await,
+            RPCTypes::Vote => client.vote(grpc_request).await,
+            RPCTypes::InstallSnapshot => client.install_snapshot(grpc_request).await,
+        };
+        answer
+            .map(|response| response.into_inner().data)
+            .map_err(CallError::Status)
+    }
+
     async fn call<Req, Resp>(
         &self,
         action: RPCTypes,
@@ -169,28 +285,15 @@ impl PeerConnection {
         Resp: DeserializeOwned,
     {
         let data = postcard::to_allocvec(request).map_err(CallError::Codec)?;
-        let channel = self.channel().await.map_err(CallError::Dial)?;
-        let mut client = RaftClient::new(channel)
-            .max_decoding_message_size(self.network.max_message_bytes)
-            .max_encoding_message_size(self.network.max_message_bytes);
-        let mut grpc_request = tonic::Request::new(RaftPayload { data });
-        grpc_request.set_timeout(ttl);
-        let call = async {
-            match action {
-                RPCTypes::AppendEntries => client.append_entries(grpc_request).await,
-                RPCTypes::Vote => client.vote(grpc_request).await,
-                RPCTypes::InstallSnapshot => client.install_snapshot(grpc_request).await,
-            }
-        };
-        let result = match tokio::time::timeout(ttl, call).await {
+        let result = match tokio::time::timeout(ttl, self.exchange(action, data, ttl)).await {
             Err(_) => Err(CallError::Timeout(ttl)),
-            Ok(Err(status)) => Err(CallError::Status(status)),
-            Ok(Ok(response)) => {
-                postcard::from_bytes(&response.into_inner().data).map_err(CallError::Codec)
+            Ok(answer) => {
+                answer.and_then(|data| postcard::from_bytes(&data).map_err(CallError::Codec))
             }
         };
         if result.is_err() {
             self.forget_channel();
+            self.forget_frame_link();
         }
         self.note_link(action, &result);
         result
@@ -256,6 +359,15 @@ impl PeerConnection {
             }
             CallError::Status(status) => RPCError::Network(NetworkError::new(&status)),
             CallError::Codec(e) => RPCError::Network(NetworkError::new(&e)),
+            // A dial that failed or a connection that broke: as gRPC's
+            // `Unavailable`.
+            CallError::Frames(e @ (LinkError::Dial(_) | LinkError::Lost(_))) => {
+                RPCError::Unreachable(Unreachable::new(&e))
+            }
+            CallError::Frames(e) => RPCError::Network(NetworkError::new(&e)),
+            CallError::Refused(reason) => {
+                RPCError::Network(NetworkError::new(&io::Error::other(reason)))
+            }
         }
     }
 

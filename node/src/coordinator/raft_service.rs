@@ -1,7 +1,8 @@
-//! The Raft transport, server side: the `leasehold.v1.Raft` service decodes
+//! The Raft transport, server side: [`RaftService::handle`] decodes
 //! postcard-encoded openraft requests, hands them to the local Raft member
 //! and returns its `Result` (postcard-encoded, errors included) so the
-//! sending side sees openraft's own errors.
+//! sending side sees openraft's own errors — for the `leasehold.v1.Raft`
+//! gRPC service and for the framed transport ([`super::frame_server`]).
 //!
 //! Before a message reaches Raft, its claimed sender (the vote's node id)
 //! is checked against the caller's certificate and this node's current
@@ -31,11 +32,39 @@ pub struct RaftService {
     refusals: Arc<AuthRefusals>,
 }
 
+/// One of Raft's three peer messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RaftMessage {
+    /// `AppendEntries` (heartbeats included).
+    AppendEntries,
+    /// `Vote`.
+    Vote,
+    /// `InstallSnapshot` (one chunk).
+    InstallSnapshot,
+}
+
+impl RaftMessage {
+    /// The call's name in refusals and logs.
+    fn call_name(self) -> &'static str {
+        match self {
+            RaftMessage::AppendEntries => "Raft/AppendEntries",
+            RaftMessage::Vote => "Raft/Vote",
+            RaftMessage::InstallSnapshot => "Raft/InstallSnapshot",
+        }
+    }
+}
+
 impl RaftService {
-    /// The service for `raft`, with message limits large enough for
+    /// The handler of `raft`'s peer messages; refused senders are counted
+    /// in `refusals`.
+    pub fn new(raft: Raft, refusals: Arc<AuthRefusals>) -> Self {
+        Self { raft, refusals }
+    }
+
+    /// The gRPC service for `raft`, with message limits large enough for
     /// snapshot chunks; refused senders are counted in `refusals`.
     pub fn server(raft: Raft, refusals: Arc<AuthRefusals>) -> RaftServer<Self> {
-        RaftServer::new(Self { raft, refusals })
+        RaftServer::new(Self::new(raft, refusals))
             .max_decoding_message_size(MAX_PEER_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_PEER_MESSAGE_BYTES)
     }
@@ -56,25 +85,66 @@ impl RaftService {
     /// Decodes the message and admits it only from its claimed sender.
     fn admit<T: DeserializeOwned>(
         &self,
-        request: Request<RaftPayload>,
+        data: &[u8],
+        peer: Option<&PeerInfo>,
         what: &str,
         sender: impl Fn(&T) -> NodeId,
     ) -> Result<T, Status> {
-        let peer = request.extensions().get::<PeerInfo>().cloned();
-        let rpc: T = decode(request)?;
+        let rpc: T = decode(data)?;
         let claimed = sender(&rpc);
-        authorize_raft_sender(
-            peer.as_ref().map(|p| &p.principal),
-            claimed,
-            &self.members(),
-        )
-        .map_err(|refusal| self.refusals.refuse(peer.as_ref(), what, refusal))?;
+        authorize_raft_sender(peer.map(|p| &p.principal), claimed, &self.members())
+            .map_err(|refusal| self.refusals.refuse(peer, what, refusal))?;
         Ok(rpc)
+    }
+
+    /// Decodes one postcard-encoded message from `peer` (`None` on a
+    /// plaintext listener), admits it only from its claimed sender, hands
+    /// it to Raft and returns Raft's `Result` postcard-encoded (errors
+    /// included, so the sender sees openraft's own). Both transports — the
+    /// gRPC `Raft` service and the framed one — answer through it.
+    pub async fn handle(
+        &self,
+        message: RaftMessage,
+        data: &[u8],
+        peer: Option<&PeerInfo>,
+    ) -> Result<Vec<u8>, Status> {
+        let what = message.call_name();
+        match message {
+            RaftMessage::AppendEntries => {
+                let rpc = self.admit(data, peer, what, |r: &AppendEntriesRequest| {
+                    r.vote.leader_id.node_id
+                })?;
+                encode(&self.raft.append_entries(rpc).await)
+            }
+            RaftMessage::Vote => {
+                let rpc = self.admit(data, peer, what, |r: &VoteRequest| {
+                    r.vote.leader_id.node_id
+                })?;
+                encode(&self.raft.vote(rpc).await)
+            }
+            RaftMessage::InstallSnapshot => {
+                let rpc = self.admit(data, peer, what, |r: &InstallSnapshotRequest| {
+                    r.vote.leader_id.node_id
+                })?;
+                encode(&self.raft.install_snapshot(rpc).await)
+            }
+        }
+    }
+
+    async fn serve_grpc(
+        &self,
+        message: RaftMessage,
+        request: Request<RaftPayload>,
+    ) -> Result<Response<RaftPayload>, Status> {
+        let peer = request.extensions().get::<PeerInfo>().cloned();
+        let data = request.into_inner().data;
+        let data = self.handle(message, &data, peer.as_ref()).await?;
+        Ok(Response::new(RaftPayload { data }))
     }
 }
 
-fn decode<T: DeserializeOwned>(request: Request<RaftPayload>) -> Result<T, Status> {
-    postcard::from_bytes(&request.into_inner().data).map_err(|e| {
+fn decode<T: DeserializeOwned>(data: &[u8]) -> Result<T, Status> {
+    postcard::from_bytes(data).map_err(|e| {
         refusal(
             Reason::MalformedRequest,
             format!("undecodable raft payload: {e}"),
@@ -82,9 +152,8 @@ fn decode<T: DeserializeOwned>(request: Request<RaftPayload>) -> Result<T, Statu
     })
 }
 
-fn encode<T: Serialize>(value: &T) -> Result<Response<RaftPayload>, Status> {
+fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, Status> {
     postcard::to_allocvec(value)
-        .map(|data| Response::new(RaftPayload { data }))
         .map_err(|e| refusal(Reason::Internal, format!("cannot encode raft reply: {e}")))
 }
 
@@ -94,28 +163,17 @@ impl RaftRpc for RaftService {
         &self,
         request: Request<RaftPayload>,
     ) -> Result<Response<RaftPayload>, Status> {
-        let rpc = self.admit(request, "Raft/AppendEntries", |r: &AppendEntriesRequest| {
-            r.vote.leader_id.node_id
-        })?;
-        encode(&self.raft.append_entries(rpc).await)
+        self.serve_grpc(RaftMessage::AppendEntries, request).await
     }
 
     async fn vote(&self, request: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
-        let rpc = self.admit(request, "Raft/Vote", |r: &VoteRequest| {
-            r.vote.leader_id.node_id
-        })?;
-        encode(&self.raft.vote(rpc).await)
+        self.serve_grpc(RaftMessage::Vote, request).await
     }
 
     async fn install_snapshot(
         &self,
         request: Request<RaftPayload>,
     ) -> Result<Response<RaftPayload>, Status> {
-        let rpc = self.admit(
-            request,
-            "Raft/InstallSnapshot",
-            |r: &InstallSnapshotRequest| r.vote.leader_id.node_id,
-        )?;
-        encode(&self.raft.install_snapshot(rpc).await)
+        self.serve_grpc(RaftMessage::InstallSnapshot, request).await
     }
 }

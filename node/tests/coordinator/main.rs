@@ -8,6 +8,8 @@
 //! - `bad_input`: every error code, with no state change.
 //! - `hostile_bytes`: arbitrary bytes and field values on every method.
 //! - `exactly_once`: request ids reused for other requests, session floods.
+//! - `framed_raft`: the members' framed Raft transport fed hostile frames;
+//!   a gRPC-only listener told apart at the preface.
 //! - `lease_batch`: `LeaseBatch` items answered as alone, exactly-once per item.
 //! - `cli`: `leasehold dev` and the binary's client commands.
 //! - `health`: `leasehold health` before and after `cluster init`.
@@ -41,6 +43,7 @@ mod config_check;
 mod escrow;
 mod escrow_fair;
 mod exactly_once;
+mod framed_raft;
 mod harness;
 mod health;
 mod hostile_bytes;

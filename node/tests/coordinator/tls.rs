@@ -12,6 +12,8 @@ use leasehold_client::transport::{Dialer, SystemClock, TcpDialer};
 use leasehold_core::ids::RegionId;
 use leasehold_core::principal::Principal;
 use leasehold_node::certs::{files_for, mint, CertificateAuthority, MintPlan};
+use leasehold_node::coordinator::frame_link::FrameLink;
+use leasehold_node::coordinator::peer_frames::FrameKind;
 use leasehold_node::coordinator::{open_stores, run_coordinator};
 use leasehold_node::tls::{ReloadingServerConfig, Security, TlsFiles, TlsIncoming};
 use leasehold_node::{NodeConfig, NodeError};
@@ -248,6 +250,20 @@ async fn send_append_entries(
     }
 }
 
+/// The same message as a frame of the members' framed transport: `Ok` for
+/// an answer, else the refusal's reason (it starts with the status code).
+async fn send_framed_append_entries(
+    dialer: &dyn Dialer,
+    addr: &str,
+    payload: &pb::RaftPayload,
+) -> Result<String> {
+    let link = FrameLink::connect(dialer, addr, Duration::from_secs(5), 1 << 20).await?;
+    match link.call(FrameKind::AppendEntries, &payload.data).await? {
+        Ok(_) => Ok("Ok".to_string()),
+        Err(reason) => Ok(reason),
+    }
+}
+
 /// A refusal counter of member `addr` (from its Status metrics).
 async fn refusals(cluster: &TlsCluster, addr: &str, name: &str) -> Result<u64> {
     let admin = CoordinatorClient::with_options(
@@ -436,6 +452,13 @@ async fn forged_raft_messages_from_non_members_or_impostors_leave_terms_unchange
             code == Code::PermissionDenied,
             "member 99 got {code:?} from {addr}"
         );
+        let framed =
+            send_framed_append_entries(&*outsider, addr, &forged_append_entries(99, far_term)?)
+                .await?;
+        ensure!(
+            framed.starts_with("PermissionDenied"),
+            "member 99 got {framed} in frames from {addr}"
+        );
     }
     // Member 2 is in the membership but claims to be member 3.
     let impostor = cluster.dialer_as(&Principal::Member(2));
@@ -446,6 +469,13 @@ async fn forged_raft_messages_from_non_members_or_impostors_leave_terms_unchange
             code == Code::PermissionDenied,
             "member 2 posing as 3 got {code:?} from {addr}"
         );
+        let framed =
+            send_framed_append_entries(&*impostor, addr, &forged_append_entries(3, far_term)?)
+                .await?;
+        ensure!(
+            framed.starts_with("PermissionDenied"),
+            "member 2 posing as 3 got {framed} in frames from {addr}"
+        );
     }
     // An operator certificate is not a member at all.
     let code = send_append_entries(
@@ -455,6 +485,16 @@ async fn forged_raft_messages_from_non_members_or_impostors_leave_terms_unchange
     )
     .await?;
     ensure!(code == Code::PermissionDenied, "an operator got {code:?}");
+    let framed = send_framed_append_entries(
+        &*cluster.dialer_as(&operator()),
+        &cluster.addrs[0],
+        &forged_append_entries(1, far_term)?,
+    )
+    .await?;
+    ensure!(
+        framed.starts_with("PermissionDenied"),
+        "an operator got {framed} in frames"
+    );
 
     let terms_after = cluster.terms().await?;
     ensure!(
@@ -505,6 +545,16 @@ async fn insecure_members_refuse_raft_messages_from_outside_the_membership() -> 
         ensure!(
             code == Code::PermissionDenied,
             "node 99 got {code:?} from member {id}"
+        );
+        let framed = send_framed_append_entries(
+            &dialer,
+            &cluster.addr(id),
+            &forged_append_entries(99, far_term)?,
+        )
+        .await?;
+        ensure!(
+            framed.starts_with("PermissionDenied"),
+            "node 99 got {framed} in frames from member {id}"
         );
     }
     for id in 1..=3 {
