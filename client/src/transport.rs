@@ -208,7 +208,9 @@ impl TcpDialer {
                 ))
             })?
             .map_err(|e| failed(e.to_string()))?;
-        stream.set_nodelay(true).map_err(|e| failed(e.to_string()))?;
+        stream
+            .set_nodelay(true)
+            .map_err(|e| failed(e.to_string()))?;
         Ok(stream)
     }
 }

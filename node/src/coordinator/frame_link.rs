@@ -86,9 +86,9 @@ impl FrameLink {
                 Ok(_) | Err(_) => Err(LinkError::NotSpoken),
             }
         };
-        let stream = tokio::time::timeout(timeout, opened)
-            .await
-            .map_err(|_| LinkError::Lost(format!("no preface within {} ms", timeout.as_millis())))??;
+        let stream = tokio::time::timeout(timeout, opened).await.map_err(|_| {
+            LinkError::Lost(format!("no preface within {} ms", timeout.as_millis()))
+        })??;
         let (reader, writer) = tokio::io::split(stream);
         let waiting: Arc<Waiting> = Arc::new(Mutex::new(Some(HashMap::new())));
         let broken = Arc::new(AtomicBool::new(false));
@@ -174,8 +174,12 @@ impl FrameLink {
     }
 }
 
-fn lock(waiting: &Waiting) -> std::sync::MutexGuard<'_, Option<HashMap<u64, oneshot::Sender<Answer>>>> {
-    waiting.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+fn lock(
+    waiting: &Waiting,
+) -> std::sync::MutexGuard<'_, Option<HashMap<u64, oneshot::Sender<Answer>>>> {
+    waiting
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Drops a call's waiting slot when the call ends without its answer
@@ -357,7 +361,9 @@ mod tests {
             let mut preface = [0u8; 8];
             far.read_exact(&mut preface).await.unwrap();
             // What an HTTP/1 server says to bytes it cannot parse.
-            far.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n").await.unwrap();
+            far.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+                .await
+                .unwrap();
             far
         };
         let (link, _far) = tokio::join!(connecting, answering);

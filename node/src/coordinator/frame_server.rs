@@ -11,7 +11,10 @@
 //! own. A connection that sends neither within [`SNIFF_TIMEOUT`] is
 //! closed.
 //!
-//! A session echoes the preface, then reads frames and answers each on a
+//! On a TLS listener only a member's certificate may open a framed
+//! connection (as only members may call the gRPC `Raft` service); any other
+//! is closed without the preface echoed, before a frame is read. A session
+//! echoes the preface, then reads frames and answers each on a
 //! task of its own (at most [`MAX_CALLS_IN_FLIGHT`] per connection; the
 //! next frame is read once one ends), through the same
 //! [`RaftService::handle`] as the gRPC `Raft` service: the same decoding,
@@ -179,10 +182,21 @@ where
     match tokio::time::timeout(SNIFF_TIMEOUT, read_preface(&mut io)).await {
         Ok(Some(Told::Frames)) => {
             let peer = peer_info(&io);
-            tokio::spawn(serve_session(io, peer, server));
+            // A certificate that is not a member's gets no preface back (and
+            // no frame read): the connection is closed.
+            if server
+                .service
+                .admit_framed_connection(peer.as_ref())
+                .is_ok()
+            {
+                tokio::spawn(serve_session(io, peer, server));
+            }
             None
         }
-        Ok(Some(Told::Other(read_back))) => Some(SniffedConnection { read_back, inner: io }),
+        Ok(Some(Told::Other(read_back))) => Some(SniffedConnection {
+            read_back,
+            inner: io,
+        }),
         Ok(None) | Err(_) => None,
     }
 }

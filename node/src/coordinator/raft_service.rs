@@ -23,7 +23,7 @@ use serde::Serialize;
 use tonic::{Request, Response, Status};
 
 use super::network::MAX_PEER_MESSAGE_BYTES;
-use crate::auth::{authorize_raft_sender, AuthRefusals, PeerInfo};
+use crate::auth::{authorize_call, authorize_raft_sender, AuthRefusals, PeerInfo, Scope};
 
 /// Serves peer Raft RPCs for one member.
 #[derive(Clone)]
@@ -97,6 +97,19 @@ impl RaftService {
         Ok(rpc)
     }
 
+    /// Whether `peer` (`None` on a plaintext listener) may open a framed
+    /// Raft connection: on a TLS listener only a member's certificate, as
+    /// for the gRPC `Raft` service (each message's sender is checked
+    /// again). A refusal is counted and logged like a refused call.
+    pub fn admit_framed_connection(&self, peer: Option<&PeerInfo>) -> Result<(), Status> {
+        authorize_call(
+            "/leasehold.v1.Raft/AppendEntries",
+            peer.map(|p| &p.principal),
+            &Scope::Coordinator,
+        )
+        .map_err(|refusal| self.refusals.refuse(peer, "Raft (framed)", refusal))
+    }
+
     /// Decodes one postcard-encoded message from `peer` (`None` on a
     /// plaintext listener), admits it only from its claimed sender, hands
     /// it to Raft and returns Raft's `Result` postcard-encoded (errors
@@ -117,9 +130,8 @@ impl RaftService {
                 encode(&self.raft.append_entries(rpc).await)
             }
             RaftMessage::Vote => {
-                let rpc = self.admit(data, peer, what, |r: &VoteRequest| {
-                    r.vote.leader_id.node_id
-                })?;
+                let rpc =
+                    self.admit(data, peer, what, |r: &VoteRequest| r.vote.leader_id.node_id)?;
                 encode(&self.raft.vote(rpc).await)
             }
             RaftMessage::InstallSnapshot => {
