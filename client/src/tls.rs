@@ -31,6 +31,9 @@ pub struct ClientTlsFiles {
     pub key: PathBuf,
 }
 
+/// The PEM bytes of a CA bundle, a certificate chain and a key.
+type PemFiles = (Vec<u8>, Vec<u8>, Vec<u8>);
+
 /// Dials peers over mutual TLS (HTTP/2 over TLS 1.2/1.3, ring provider).
 #[derive(Debug, Clone)]
 pub struct TlsDialer {
@@ -58,7 +61,7 @@ impl TlsDialer {
     }
 
     /// The CA bundle, certificate chain and key, read now.
-    fn read_files(&self, addr: &str) -> Result<(Vec<u8>, Vec<u8>, Vec<u8>), DialError> {
+    fn read_files(&self, addr: &str) -> Result<PemFiles, DialError> {
         let read = |path: &Path| {
             std::fs::read(path).map_err(|e| DialError::Credentials {
                 addr: addr.to_string(),

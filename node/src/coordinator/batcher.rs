@@ -3,8 +3,11 @@
 //! one fsync per batch rather than per command, and throughput grows with
 //! concurrency.
 //!
-//! A [`Batcher`] is a handle plus one task. Callers [`submit`](Batcher::submit)
-//! a command — or [`submit_all`](Batcher::submit_all) a group of them, such as
+//! A [`Batcher`] is a handle plus one task. When the batcher is idle — a
+//! free proposal slot, nothing queued, and the last proposal held a single
+//! command (one lease at a time) — a lone command is proposed by its
+//! submitter itself, sparing two task hand-offs each way; otherwise callers
+//! [`submit`](Batcher::submit) a command — or [`submit_all`](Batcher::submit_all) a group of them, such as
 //! the items of one `LeaseBatch` call — into a bounded queue and await the
 //! [`Outcome`]s. The task waits for a free proposal slot (at most
 //! `max_inflight` proposals replicate at once), then drains whatever has
@@ -28,6 +31,7 @@
 //! a submission that would pass the bound is refused at once
 //! ([`ProposeError::Overloaded`]) rather than growing without bound.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
@@ -149,8 +153,23 @@ pub struct Batcher {
     queue: mpsc::Sender<Pending>,
     /// Free room in the queue, in commands (`queue_capacity` in all).
     room: Arc<Semaphore>,
+    /// `queue_capacity`: the room when nothing is queued.
+    capacity: usize,
     /// Most commands per proposal (and so per submitted group).
     max_batch: usize,
+    /// What the task and the idle fast path share.
+    shared: Arc<Shared>,
+}
+
+/// What the batching task and a submitter proposing on its own share.
+struct Shared {
+    proposer: Arc<dyn Proposer>,
+    clock: Arc<dyn WallClock>,
+    metrics: Arc<NodeMetrics>,
+    /// Proposal slots: at most `max_inflight` proposals replicate at once.
+    slots: Arc<Semaphore>,
+    /// Commands in the proposal started last (by the task or a submitter).
+    last_proposal_commands: AtomicUsize,
 }
 
 impl std::fmt::Debug for Batcher {
@@ -176,13 +195,22 @@ impl Batcher {
         // channel itself never fills before the room runs out.
         let (queue, receiver) = mpsc::channel(capacity);
         let room = Arc::new(Semaphore::new(capacity));
-        let task = tokio::spawn(run(receiver, proposer, clock, options, metrics, stop));
+        let shared = Arc::new(Shared {
+            proposer,
+            clock,
+            metrics,
+            slots: Arc::new(Semaphore::new(options.max_inflight.max(1))),
+            last_proposal_commands: AtomicUsize::new(0),
+        });
+        let task = tokio::spawn(run(receiver, shared.clone(), options, stop));
         let max_batch = options.max_batch.max(1);
         (
             Self {
                 queue,
                 room,
+                capacity,
                 max_batch,
+                shared,
             },
             task,
         )
@@ -218,6 +246,9 @@ impl Batcher {
         if commands.is_empty() {
             return Ok(Vec::new());
         }
+        if let Some(slot) = self.idle_slot(commands.len()) {
+            return self.propose_alone(commands, slot).await;
+        }
         let room = u32::try_from(commands.len())
             .ok()
             .and_then(|count| Arc::clone(&self.room).try_acquire_many_owned(count).ok())
@@ -244,16 +275,70 @@ impl Batcher {
     }
 }
 
+impl Batcher {
+    /// A proposal slot for a lone command when the batcher is idle — a
+    /// free slot, nothing queued, and the last proposal held one command
+    /// (one lease at a time) — so its submitter proposes it on its own
+    /// instead of through the task: two task hand-offs fewer each way. In
+    /// a closed loop of many callers the last proposal held many, and the
+    /// first caller back queues for the batch as before.
+    fn idle_slot(&self, commands: usize) -> Option<OwnedSemaphorePermit> {
+        if commands != 1
+            || self.shared.last_proposal_commands.load(Ordering::Relaxed) > 1
+            || self.room.available_permits() < self.capacity
+            || self.queue.is_closed()
+        {
+            return None;
+        }
+        self.shared.slots.clone().try_acquire_owned().ok()
+    }
+
+    /// Proposes `commands` from the submitter's own task, holding `slot`.
+    /// A submitter dropped meanwhile drops the proposal's answer (the entry
+    /// may still commit, as for a caller that hangs up) and frees the slot.
+    async fn propose_alone(
+        &self,
+        commands: Vec<Command>,
+        slot: OwnedSemaphorePermit,
+    ) -> Result<Vec<Outcome>, ProposeError> {
+        let shared = &self.shared;
+        let count = commands.len();
+        shared
+            .last_proposal_commands
+            .store(count, Ordering::Relaxed);
+        let span = tracing::debug_span!(
+            "raft.client_write",
+            commands = count,
+            raft.log_index = tracing::field::Empty
+        );
+        let proposal = Proposal {
+            stamp_ms: shared.clock.now_ms(),
+            commands,
+        };
+        let started = std::time::Instant::now();
+        let result = shared.proposer.propose(proposal).instrument(span).await;
+        drop(slot);
+        shared
+            .metrics
+            .record_proposal(count, result.is_ok(), started.elapsed());
+        split_outcomes(result, &[count], &shared.metrics)
+            .pop()
+            .unwrap_or_else(|| {
+                Err(ProposeError::Unavailable(
+                    "internal error: a proposal got no outcome".into(),
+                ))
+            })
+    }
+}
+
 async fn run(
     mut receiver: mpsc::Receiver<Pending>,
-    proposer: Arc<dyn Proposer>,
-    clock: Arc<dyn WallClock>,
+    shared: Arc<Shared>,
     options: BatcherOptions,
-    metrics: Arc<NodeMetrics>,
     mut stop: watch::Receiver<bool>,
 ) {
     let max_inflight = options.max_inflight.max(1);
-    let slots = Arc::new(Semaphore::new(max_inflight));
+    let slots = shared.slots.clone();
     let max_batch = options.max_batch.max(1);
     // A group drained from the queue that did not fit in the last proposal.
     let mut carried: Option<Pending> = None;
@@ -261,19 +346,17 @@ async fn run(
     let mut last_proposed = 0usize;
     let mut backoff = LingerBackoff::default();
     loop {
-        let Ok(slot) = slots.clone().acquire_owned().await else {
-            break;
-        };
-        // Whether the queue was empty when the slot came free (nothing
-        // arrived while the last proposal was in flight).
-        let mut waited = false;
+        // The first submission, then a free slot: the slot is not held
+        // while the queue is empty, so an idle batcher leaves it to a lone
+        // submitter proposing on its own (`Batcher::idle_slot`).
+        let mut found_queue_empty = false;
         let first = match carried.take() {
             Some(pending) => Some(pending),
             None => match receiver.try_recv() {
                 Ok(pending) => Some(pending),
                 Err(mpsc::error::TryRecvError::Disconnected) => None,
                 Err(mpsc::error::TryRecvError::Empty) => {
-                    waited = true;
+                    found_queue_empty = true;
                     tokio::select! {
                         next = receiver.recv() => next,
                         _ = stop.wait_for(|stopped| *stopped) => None,
@@ -282,6 +365,19 @@ async fn run(
             },
         };
         let Some(first) = first else { break };
+        // Whether the queue was empty when the slot came free (nothing
+        // arrived while the last proposal was in flight): the submission
+        // was waited for, and the slot was free when it came.
+        let (slot, waited) = match slots.clone().try_acquire_owned() {
+            Ok(slot) => (slot, found_queue_empty),
+            Err(_) => match slots.clone().acquire_owned().await {
+                Ok(slot) => (slot, false),
+                Err(_) => {
+                    carried = Some(first);
+                    break;
+                }
+            },
+        };
         let mut count = first.commands.len();
         let mut batch = vec![first];
         carried = drain(&mut receiver, &mut count, &mut batch, max_batch);
@@ -315,6 +411,9 @@ async fn run(
             backoff.record(carried.is_some() || 2 * (count - before) >= expected - before);
         }
         last_proposed = count;
+        shared
+            .last_proposal_commands
+            .store(count, Ordering::Relaxed);
         let span = batch_span(&batch);
         let mut commands = Vec::with_capacity(count);
         let mut replies = Vec::with_capacity(batch.len());
@@ -323,11 +422,11 @@ async fn run(
             commands.extend(pending.commands);
         }
         let proposal = Proposal {
-            stamp_ms: clock.now_ms(),
+            stamp_ms: shared.clock.now_ms(),
             commands,
         };
-        let proposer = proposer.clone();
-        let metrics = metrics.clone();
+        let proposer = shared.proposer.clone();
+        let metrics = shared.metrics.clone();
         tokio::spawn(
             async move {
                 let count = proposal.commands.len();
@@ -411,17 +510,35 @@ fn deliver(
     replies: Vec<(Reply, usize)>,
     metrics: &NodeMetrics,
 ) {
-    let commands: usize = replies.iter().map(|(_, count)| count).sum();
+    let counts: Vec<usize> = replies.iter().map(|(_, count)| *count).collect();
+    let groups = split_outcomes(result, &counts, metrics);
+    for ((reply, _), group) in replies.into_iter().zip(groups) {
+        let _ = reply.send(group);
+    }
+}
+
+/// Cuts a proposal's outcomes into its submissions' groups of `counts`
+/// commands, in proposal order (counting each outcome in `metrics`), or
+/// gives every group the proposal's error.
+fn split_outcomes(
+    result: Result<ProposalResult, ProposeError>,
+    counts: &[usize],
+    metrics: &NodeMetrics,
+) -> Vec<Result<Vec<Outcome>, ProposeError>> {
+    let commands: usize = counts.iter().sum();
     match result {
         Ok(result) if result.outcomes.len() == commands => {
             let mut outcomes = result.outcomes.into_iter();
-            for (reply, count) in replies {
-                let group: Vec<Outcome> = outcomes.by_ref().take(count).collect();
-                group
-                    .iter()
-                    .for_each(|outcome| metrics.record_outcome(outcome));
-                let _ = reply.send(Ok(group));
-            }
+            counts
+                .iter()
+                .map(|count| {
+                    let group: Vec<Outcome> = outcomes.by_ref().take(*count).collect();
+                    group
+                        .iter()
+                        .for_each(|outcome| metrics.record_outcome(outcome));
+                    Ok(group)
+                })
+                .collect()
         }
         Ok(result) => {
             tracing::error!(
@@ -429,17 +546,16 @@ fn deliver(
                 commands,
                 "state machine returned a wrong number of outcomes"
             );
-            for (reply, _) in replies {
-                let _ = reply.send(Err(ProposeError::Unavailable(
-                    "internal error: outcome count mismatch".into(),
-                )));
-            }
+            counts
+                .iter()
+                .map(|_| {
+                    Err(ProposeError::Unavailable(
+                        "internal error: outcome count mismatch".into(),
+                    ))
+                })
+                .collect()
         }
-        Err(error) => {
-            for (reply, _) in replies {
-                let _ = reply.send(Err(error.clone()));
-            }
-        }
+        Err(error) => counts.iter().map(|_| Err(error.clone())).collect(),
     }
 }
 
@@ -547,6 +663,35 @@ mod tests {
             stop,
         );
         (batcher, raft, stop_tx, task)
+    }
+
+    #[tokio::test]
+    async fn a_lone_command_on_an_idle_batcher_is_proposed_by_its_submitter() {
+        let (batcher, raft, _stop, _task) = start(false, 64);
+        // The batching task has not run yet (one thread, nothing yielded).
+        let mut call = Box::pin(batcher.submit(lease(1)));
+        assert!(futures::poll!(&mut call).is_pending());
+        assert_eq!(
+            raft.batches.lock().unwrap().clone(),
+            vec![1],
+            "proposed from the submitter's own poll"
+        );
+        assert!(matches!(call.await, Ok(Outcome::Lease(_))));
+        // After a proposal of many, a lone command queues for the task.
+        batcher
+            .submit_all((0..40).map(|_| lease(1)).collect())
+            .await
+            .unwrap();
+        let mut call = Box::pin(batcher.submit(lease(1)));
+        assert!(futures::poll!(&mut call).is_pending());
+        assert_eq!(raft.batches.lock().unwrap().clone(), vec![1, 40]);
+        call.await.unwrap();
+        assert_eq!(raft.batches.lock().unwrap().clone(), vec![1, 40, 1]);
+        // The slot is free again: the next lone command goes on its own.
+        let mut call = Box::pin(batcher.submit(lease(1)));
+        assert!(futures::poll!(&mut call).is_pending());
+        assert_eq!(raft.batches.lock().unwrap().len(), 4);
+        call.await.unwrap();
     }
 
     #[tokio::test]
