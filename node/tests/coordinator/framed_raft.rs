@@ -2,12 +2,16 @@
 //! preface, unknown kinds, undecodable bodies and oversized lengths end in
 //! a refusal frame or a closed connection — never a panic, never a moved
 //! term — and the member keeps granting; a listener that speaks only gRPC
-//! is told apart at the preface. (Forged senders over frames are in `tls`.)
+//! is told apart at the preface, and members whose dialer makes no byte
+//! streams replicate over the gRPC `Raft` service, as a mixed-release
+//! cluster does. (Forged senders over frames are in `tls`.)
 
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
-use leasehold_client::transport::TcpDialer;
+use std::sync::Arc;
+
+use leasehold_client::transport::{DialFuture, Dialer, TcpDialer};
 use leasehold_node::coordinator::frame_link::{FrameLink, LinkError};
 use leasehold_node::coordinator::peer_frames::{
     read_frame, write_frame, FrameKind, HEADER_BYTES, PREFACE,
@@ -134,4 +138,56 @@ async fn a_listener_that_speaks_only_grpc_is_told_apart_at_the_preface() -> Resu
     ensure!(matches!(link, LinkError::NotSpoken), "{link:?}");
     server.abort();
     Ok(())
+}
+
+/// Makes gRPC channels only (`dial_stream` left to its `Unsupported`
+/// default): the members call each other over the gRPC `Raft` service.
+struct ChannelsOnly(TcpDialer);
+
+impl Dialer for ChannelsOnly {
+    fn dial(&self, addr: &str) -> DialFuture {
+        self.0.dial(addr)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_without_byte_streams_replicate_over_grpc_and_survive_a_leader_loss() -> Result<()>
+{
+    let mut cluster = Cluster::start_with_dialer(
+        3,
+        |config| config.insecure = true,
+        Arc::new(ChannelsOnly(TcpDialer::default())),
+    )
+    .await?;
+    cluster.admin_of(1)?.init(&cluster.member_list()).await?;
+    let leader = cluster.leader().await?;
+    let client = cluster.client()?;
+    client
+        .admin()
+        .set_policy(counter_policy("grpc/", 1_000, LONG_WINDOW_MS))
+        .await?;
+    for _ in 0..20 {
+        ensure!(client.lease("grpc/k", "eu", 1).await?.granted == 1);
+    }
+    // Every member applied the leases: they reached the followers.
+    let applied = cluster.status(leader).await?.last_applied_index;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    for id in 1..=3 {
+        while cluster.status(id).await?.last_applied_index < applied {
+            ensure!(
+                tokio::time::Instant::now() < deadline,
+                "member {id} did not apply up to {applied}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    // A new leader is elected and replicates over gRPC too.
+    cluster.stop(leader).await?;
+    let next = cluster.leader().await?;
+    ensure!(next != leader);
+    ensure!(
+        client.lease("grpc/k", "eu", 5).await?.granted == 5,
+        "the new leader grants"
+    );
+    cluster.stop_all().await
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use leasehold_client::coordinator::{AdminClient, CoordinatorClient, RetryOptions};
-use leasehold_client::transport::{SystemClock, TcpDialer};
+use leasehold_client::transport::{Dialer, SystemClock, TcpDialer};
 use leasehold_core::policy::Policy;
 use leasehold_node::coordinator::{open_stores, run_coordinator};
 use leasehold_node::{NodeConfig, NodeError};
@@ -31,6 +31,8 @@ struct Member {
 pub struct Cluster {
     _dir: TempDir,
     members: Vec<Member>,
+    /// How members reach each other.
+    dialer: Arc<dyn Dialer>,
 }
 
 /// Timings that keep tests quick on loopback.
@@ -60,7 +62,7 @@ pub fn patient() -> RetryOptions {
     }
 }
 
-fn spawn(config: NodeConfig, listener: TcpListener) -> Result<Running> {
+fn spawn(config: NodeConfig, listener: TcpListener, dialer: Arc<dyn Dialer>) -> Result<Running> {
     let stores = open_stores(&config)?;
     let (stop, stopped) = oneshot::channel::<()>();
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
@@ -68,7 +70,7 @@ fn spawn(config: NodeConfig, listener: TcpListener) -> Result<Running> {
         config,
         stores,
         incoming,
-        Arc::new(TcpDialer::default()),
+        dialer,
         Arc::new(SystemClock),
         async move {
             let _ = stopped.await;
@@ -80,6 +82,15 @@ fn spawn(config: NodeConfig, listener: TcpListener) -> Result<Running> {
 impl Cluster {
     /// Starts `n` members (ids 1..=n), not yet initialised.
     pub async fn start(n: u64, tweak: impl Fn(&mut NodeConfig)) -> Result<Self> {
+        Self::start_with_dialer(n, tweak, Arc::new(TcpDialer::default())).await
+    }
+
+    /// Starts `n` members reaching each other through `dialer`.
+    pub async fn start_with_dialer(
+        n: u64,
+        tweak: impl Fn(&mut NodeConfig),
+        dialer: Arc<dyn Dialer>,
+    ) -> Result<Self> {
         let dir = tempfile::tempdir()?;
         let mut members = Vec::new();
         for id in 1..=n {
@@ -87,13 +98,17 @@ impl Cluster {
             let addr = listener.local_addr()?.to_string();
             let mut config = fast_config(id, addr, dir.path().join(format!("node-{id}")));
             tweak(&mut config);
-            let running = spawn(config.clone(), listener)?;
+            let running = spawn(config.clone(), listener, dialer.clone())?;
             members.push(Member {
                 config,
                 running: Some(running),
             });
         }
-        Ok(Self { _dir: dir, members })
+        Ok(Self {
+            _dir: dir,
+            members,
+            dialer,
+        })
     }
 
     /// Starts `n` members and initialises them as one cluster.
@@ -200,7 +215,7 @@ impl Cluster {
                 Err(e) => return Err(e.into()),
             }
         };
-        member.running = Some(spawn(member.config.clone(), listener)?);
+        member.running = Some(spawn(member.config.clone(), listener, self.dialer.clone())?);
         Ok(())
     }
 
