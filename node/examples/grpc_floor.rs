@@ -100,7 +100,8 @@ fn server_cpu_ticks() -> Result<u64> {
 fn cpu_us_per_call(before: u64, after: u64, calls: u64) -> u64 {
     // Linux reports thread CPU in USER_HZ ticks, 100 per second on every
     // architecture it runs on.
-    (after - before) * 10_000 / calls.max(1)
+    // (A blocking-pool thread that ended meanwhile takes its ticks along.)
+    after.saturating_sub(before) * 10_000 / calls.max(1)
 }
 
 fn sorted_us(mut took: Vec<Duration>) -> Vec<u64> {

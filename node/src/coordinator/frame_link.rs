@@ -11,7 +11,7 @@
 //! a new one.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -48,9 +48,9 @@ type Waiting = Mutex<Option<HashMap<u64, oneshot::Sender<Answer>>>>;
 /// One framed connection to one peer.
 pub struct FrameLink {
     writer: tokio::sync::Mutex<WriteHalf<Box<dyn ByteStream>>>,
+    /// `None` once the link broke.
     waiting: Arc<Waiting>,
     next_call: AtomicU64,
-    broken: Arc<AtomicBool>,
     max_frame_bytes: usize,
     reader: tokio::task::JoinHandle<()>,
 }
@@ -91,18 +91,11 @@ impl FrameLink {
         })??;
         let (reader, writer) = tokio::io::split(stream);
         let waiting: Arc<Waiting> = Arc::new(Mutex::new(Some(HashMap::new())));
-        let broken = Arc::new(AtomicBool::new(false));
-        let reader = tokio::spawn(read_answers(
-            reader,
-            waiting.clone(),
-            broken.clone(),
-            max_frame_bytes,
-        ));
+        let reader = tokio::spawn(read_answers(reader, waiting.clone(), max_frame_bytes));
         Ok(Arc::new(Self {
             writer: tokio::sync::Mutex::new(writer),
             waiting,
             next_call: AtomicU64::new(1),
-            broken,
             max_frame_bytes,
             reader,
         }))
@@ -110,7 +103,7 @@ impl FrameLink {
 
     /// Whether the link failed (it takes no more calls).
     pub fn is_broken(&self) -> bool {
-        self.broken.load(Ordering::Acquire)
+        lock(&self.waiting).is_none()
     }
 
     /// Sends one request and waits for its answer: `Ok(Ok(body))` for an
@@ -168,7 +161,6 @@ impl FrameLink {
 
     /// Marks the link broken and fails every waiting call.
     pub fn break_link(&self) {
-        self.broken.store(true, Ordering::Release);
         lock(&self.waiting).take();
         self.reader.abort();
     }
@@ -222,7 +214,6 @@ impl Drop for TornWriteGuard<'_> {
 async fn read_answers(
     mut reader: ReadHalf<Box<dyn ByteStream>>,
     waiting: Arc<Waiting>,
-    broken: Arc<AtomicBool>,
     max_frame_bytes: usize,
 ) {
     while let Ok(frame) = read_frame(&mut reader, max_frame_bytes).await {
@@ -234,7 +225,6 @@ async fn read_answers(
             let _ = sender.send((frame.kind, frame.body));
         }
     }
-    broken.store(true, Ordering::Release);
     lock(&waiting).take();
 }
 

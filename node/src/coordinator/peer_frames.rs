@@ -41,6 +41,9 @@ pub const PREFACE: [u8; 8] = *b"LHRAFT01";
 /// Bytes of a frame's header: length (4), call (8), kind (1).
 pub const HEADER_BYTES: usize = 13;
 
+/// Most bytes reserved for a body before any of it has arrived.
+const INITIAL_BODY_CAPACITY: usize = 64 * 1024;
+
 /// Bytes the length field counts beyond the body: call (8) and kind (1).
 const LENGTH_OVERHEAD: usize = HEADER_BYTES - 4;
 
@@ -155,8 +158,13 @@ pub async fn read_frame<R: AsyncRead + Unpin>(
     let length = check_length(reader.read_u32().await?, max_frame_bytes)?;
     let call = reader.read_u64().await?;
     let kind = reader.read_u8().await?;
-    let mut body = vec![0u8; length - LENGTH_OVERHEAD];
-    reader.read_exact(&mut body).await?;
+    // Grown as the bytes arrive: a length field alone reserves little.
+    let body_len = length - LENGTH_OVERHEAD;
+    let mut body = Vec::with_capacity(body_len.min(INITIAL_BODY_CAPACITY));
+    let read = reader.take(body_len as u64).read_to_end(&mut body).await?;
+    if read < body_len {
+        return Err(FrameError::Io(io::ErrorKind::UnexpectedEof.into()));
+    }
     Ok(Frame { call, kind, body })
 }
 
@@ -285,6 +293,20 @@ mod tests {
             check_length(8, 100),
             Err(FrameError::BadLength { length: 8, .. })
         ));
+    }
+
+    #[tokio::test]
+    async fn a_frame_cut_short_is_an_error_not_a_shorter_frame() {
+        let mut wire = Vec::new();
+        write_frame(&mut wire, 3, FrameKind::Vote, &[1; 100], LIMIT)
+            .await
+            .unwrap();
+        wire.truncate(HEADER_BYTES + 40);
+        let read = read_frame(&mut wire.as_slice(), LIMIT).await;
+        assert!(
+            matches!(&read, Err(FrameError::Io(e)) if e.kind() == io::ErrorKind::UnexpectedEof),
+            "{read:?}"
+        );
     }
 
     #[tokio::test]
