@@ -91,7 +91,11 @@
 //!   not use (`reserved_unheld`) look again just after the first check;
 //!   one whose look raised its total, or that heard retired regions keep
 //!   a twentieth of L or more (`retired_kept`: their margins), looks once
-//!   more just after the late check, and not in between.
+//!   more just after the late check, and not in between. A region whose
+//!   look after the late check raised its total looks after the next
+//!   window's late check too (at the latest), though nothing it hears
+//!   there says so: its join came before the light regions handed back,
+//!   and their margins come back late every window.
 //!   [`FairKey::begin_release`] lowers the budget to what was
 //!   admitted *before* the release is sent, and the release stays pending
 //!   until a definitive answer; the caller must resend it (same request id)
@@ -257,6 +261,13 @@ struct Granted {
     /// Whether a look at the ceiling raised the total in this window:
     /// some region hands back, and may hand back its margin late.
     others_hand_back: bool,
+    /// Whether a look after the late check raised the total in this
+    /// window: regions hand back margins late, as they likely will in the
+    /// next window (carried into its `others_hand_back`).
+    late_look_raised: bool,
+    /// Whether it did in the window before: look after the late check at
+    /// the latest.
+    late_look_paid_before: bool,
     /// Whether a request was denied at the pool's ceiling in this window:
     /// the region's pace so far is what it was let have, not what it
     /// wants, so its late check hands nothing back.
@@ -724,6 +735,8 @@ impl<Id: Clone> FairKey<Id> {
             raised_to_retire: false,
             late_checked: false,
             others_hand_back: false,
+            late_look_raised: false,
+            late_look_paid_before: false,
             held_back: false,
             retired: false,
         });
@@ -741,6 +754,9 @@ impl<Id: Clone> FairKey<Id> {
             state.retiring_raise = None;
             state.raised_to_retire = false;
             state.late_checked = false;
+            // A late look that paid in the window before: the regions that
+            // handed back their margins then will likely do so again.
+            state.late_look_paid_before = std::mem::take(&mut state.late_look_raised);
             state.others_hand_back = false;
             state.held_back = false;
             state.exhausted_until_ms = 0;
@@ -763,6 +779,9 @@ impl<Id: Clone> FairKey<Id> {
             // will hand back the rest of its margin late in the window.
             if raised && look {
                 state.others_hand_back = true;
+                if now_ms >= state.late_check_ms() {
+                    state.late_look_raised = true;
+                }
             }
             // A raise after the surplus check (a quiet region whose demand
             // grew): the late check looks again (the pool may reserve more
@@ -807,6 +826,8 @@ impl<Id: Clone> FairKey<Id> {
             let late_look_at = state.late_check_ms().saturating_add(window_ms / 50);
             if state.others_hand_back && now_ms < late_look_at {
                 until = late_look_at;
+            } else if state.late_look_paid_before && now_ms < late_look_at {
+                until = until.min(late_look_at);
             }
             state.exhausted_until_ms = until.max(now_ms.saturating_add(1));
         } else {

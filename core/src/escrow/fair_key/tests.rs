@@ -558,3 +558,75 @@ fn no_surplus_check_before_the_first_quarter_is_over() {
     let pending = key.begin_release(2, true, 10).expect("idle release");
     assert_eq!((pending.from_total, pending.keep_total), (100, 1));
 }
+
+/// A region at its ceiling whose look after the late check raised its
+/// total (others handed their margins back late) looks after the late
+/// check of the next window too, though nothing it hears there says so;
+/// one whose late look raised nothing waits as long as its backoff says.
+#[test]
+fn a_late_look_that_paid_is_made_again_in_the_next_window() {
+    for late_raise in [50, 0] {
+        let mut key: FairKey<u64> = FairKey::new(8);
+        key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 1);
+        // At the ceiling; other regions that retired keep 60 (≥ L / 20):
+        // look just after the late check (1 000 − 125 + 10 + 20 = 905).
+        let mut joined = grant(100, 0, 1, standing(100, 100), standing(100, 100));
+        joined.retired_kept = 60;
+        key.on_pool_answer(joined, 100, 1, 1, 10_000);
+        while matches!(
+            key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 2),
+            FairStep::Admit { .. }
+        ) {}
+        assert!(matches!(
+            key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 2),
+            FairStep::Deny {
+                retry_after_ms: 903,
+                ..
+            }
+        ));
+        assert!(matches!(
+            key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 905),
+            FairStep::Ask { .. }
+        ));
+        key.on_pool_answer(
+            grant(
+                100 + late_raise,
+                0,
+                905,
+                standing(100, 100 + late_raise),
+                None,
+            ),
+            200,
+            905,
+            905,
+            10_000,
+        );
+        // The next window: joined at the ceiling, hearing of no hand-back.
+        let at = WINDOW_MS + 1;
+        assert!(matches!(
+            key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, at),
+            FairStep::Join { .. }
+        ));
+        key.on_pool_answer(
+            grant(100, WINDOW_MS, at, standing(100, 100), standing(100, 100)),
+            200,
+            at,
+            at,
+            10_000,
+        );
+        while matches!(
+            key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, at),
+            FairStep::Admit { .. }
+        ) {}
+        let wait = match key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, at) {
+            FairStep::Deny { retry_after_ms, .. } => retry_after_ms,
+            other => panic!("denied at the ceiling, got {other:?}"),
+        };
+        let until_late_look = WINDOW_MS + 905 - at;
+        if late_raise > 0 {
+            assert_eq!(wait, until_late_look, "looks again after the late check");
+        } else {
+            assert!(wait > until_late_look, "waits out its backoff: {wait}");
+        }
+    }
+}
