@@ -175,6 +175,19 @@ fn join_after(used: u64, granted: u64, expected: Option<PoolStanding>) -> FairSt
     key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, WINDOW_MS + 1)
 }
 
+/// Spends what `key` holds at `now` (one tenant, weight 1) and returns how
+/// long the denial that follows says to wait.
+fn spend_then_wait(key: &mut FairKey<u64>, now: u64) -> u64 {
+    while matches!(
+        key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, now),
+        FairStep::Admit { .. }
+    ) {}
+    match key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, now) {
+        FairStep::Deny { retry_after_ms, .. } => retry_after_ms,
+        other => panic!("denied once spent, got {other:?}"),
+    }
+}
+
 /// With the leader's expected guarantee the key joins the next window for
 /// all it expects to need in one call (and a hundredth of L beyond, which
 /// the leader's cap trims to the expected ceiling); without it, for half.
@@ -380,17 +393,7 @@ fn rounding_is_not_worth_a_call_and_expected_regions_lapse() {
         1,
         10_000,
     );
-    while matches!(
-        key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 2),
-        FairStep::Admit { .. }
-    ) {}
-    assert!(matches!(
-        key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 2),
-        FairStep::Deny {
-            retry_after_ms: 278,
-            ..
-        }
-    ));
+    assert_eq!(spend_then_wait(&mut key, 2), 278);
     assert!(matches!(
         key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 280),
         FairStep::Ask { .. }
@@ -573,17 +576,7 @@ fn a_late_look_that_paid_is_made_again_in_the_next_window() {
         let mut joined = grant(100, 0, 1, standing(100, 100), standing(100, 100));
         joined.retired_kept = 60;
         key.on_pool_answer(joined, 100, 1, 1, 10_000);
-        while matches!(
-            key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 2),
-            FairStep::Admit { .. }
-        ) {}
-        assert!(matches!(
-            key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 2),
-            FairStep::Deny {
-                retry_after_ms: 903,
-                ..
-            }
-        ));
+        assert_eq!(spend_then_wait(&mut key, 2), 903);
         assert!(matches!(
             key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 905),
             FairStep::Ask { .. }
@@ -614,14 +607,7 @@ fn a_late_look_that_paid_is_made_again_in_the_next_window() {
             at,
             10_000,
         );
-        while matches!(
-            key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, at),
-            FairStep::Admit { .. }
-        ) {}
-        let wait = match key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, at) {
-            FairStep::Deny { retry_after_ms, .. } => retry_after_ms,
-            other => panic!("denied at the ceiling, got {other:?}"),
-        };
+        let wait = spend_then_wait(&mut key, at);
         let until_late_look = WINDOW_MS + 905 - at;
         if late_raise > 0 {
             assert_eq!(wait, until_late_look, "looks again after the late check");
