@@ -83,8 +83,9 @@
 //!   raise brought beyond its need (checked then, not at once: a batch
 //!   asked for would be handed straight back); the rest of the window is
 //!   short by then and its count close to its mean, so the need there is
-//!   `rest + √rest / 2 + 2` for `rest = used · left / elapsed` (a key
-//!   short by a few asks again).
+//!   `rest = used · left / elapsed` with no margin (a margin is lost to
+//!   the window whenever the count falls short of it; a key whose count
+//!   runs above the mean asks again).
 //!   A key denied at the pool's ceiling in the window hands nothing back
 //!   at either check: its pace is what it was let have, not what it
 //!   wants. Regions at their ceiling while others hold reserves they do
@@ -314,7 +315,7 @@ impl Granted {
     /// this window at `now_ms`, with a margin: its admissions per ms so
     /// far times the time left (`rest`), plus an eighth, plus a sixteenth
     /// of what it admitted (at least 2 tokens); from the late check on,
-    /// `rest + √rest / 2 + 2`.
+    /// `rest` alone.
     fn projected_need(&self, now_ms: u64) -> u64 {
         let window_ms = self.window.end_ms.saturating_sub(self.window.start_ms);
         let started = self.deadline_ms.saturating_sub(window_ms);
@@ -323,12 +324,15 @@ impl Granted {
         let used = self.escrow.total_used();
         if now_ms >= self.late_check_ms() {
             // Late in the window the rest is short and its count close to
-            // its mean: half a standard deviation of a Poisson count (a
-            // region short by a few asks again; the regions at their
-            // ceiling have taken the rest by then).
+            // its mean: keep the mean. A margin kept here is lost to the
+            // window whenever the count falls short of it (half a standard
+            // deviation and 2 tokens lost about 4 a light region a window);
+            // a region whose count runs above the mean asks again and is
+            // served what the pool still has (the regions at their ceiling
+            // have taken the rest by then): a few requests at the window's
+            // end, against the window's budget left unused.
             let rest = u128::from(used) * u128::from(left) / u128::from(elapsed);
-            let rest = u64::try_from(rest).unwrap_or(u64::MAX);
-            return rest.saturating_add(rest.isqrt() / 2).saturating_add(2);
+            return u64::try_from(rest).unwrap_or(u64::MAX);
         }
         let pace = u128::from(used) * u128::from(left) * 9 / 8 / u128::from(elapsed);
         u64::try_from(pace)

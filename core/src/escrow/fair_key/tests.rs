@@ -480,12 +480,12 @@ fn a_region_short_of_its_pace_raises_to_it_retires_and_hands_back_its_margin_lat
     }
     assert_eq!(key.release_at(800, 1_000, 0, 10, 800), Some(885));
     // 120 used in 885 ms: the rest at that pace is 120·115/885 = 15, and
-    // late in the window the margin is √15 / 2 + 2: needs 138 of 169.
+    // late in the window it keeps no margin: needs 135 of 169.
     let pending = key
         .begin_release(11, false, 885)
         .expect("hands back its margin");
-    assert_eq!((pending.from_total, pending.keep_total), (169, 138));
-    key.on_release_answer(ReleaseAnswer::Released { released: 31 });
+    assert_eq!((pending.from_total, pending.keep_total), (169, 135));
+    key.on_release_answer(ReleaseAnswer::Released { released: 34 });
     assert_eq!(
         key.release_at(800, 1_000, 0, 10, 886),
         None,
