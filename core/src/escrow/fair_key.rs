@@ -264,7 +264,7 @@ struct Granted {
     others_hand_back: bool,
     /// Whether a look after the late check raised the total in this
     /// window: regions hand back margins late, as they likely will in the
-    /// next window (carried into its `others_hand_back`).
+    /// next window (carried into its `late_look_paid_before`).
     late_look_raised: bool,
     /// Whether it did in the window before: look after the late check at
     /// the latest.
