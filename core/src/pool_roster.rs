@@ -18,13 +18,23 @@
 //! the leader also caps each ask at the asker's expected ceiling
 //! ([`PoolRoster::cap`]) before proposing it.
 //!
+//! The roster also remembers, per (key, window), the tokens regions
+//! handed back (`PoolRelease`) in the window's last quarter
+//! ([`PoolRoster::note_release`]): a grant's answer tells the region the
+//! most handed back late in one of the two windows right before
+//! ([`StandingAnswer::late_released_before`]). Regions hand back their
+//! margins late window after window (one whose count runs near its
+//! margin, every other window); a region held at its ceiling that hears
+//! of it looks once more after the late hand-backs.
+//!
 //! A hint, not state: it lives in the leader's memory only (never
 //! replicated); it tells an escrow node how much to ask for and lowers
 //! what an ask proposes, while the pool still grants by its own rule, so
 //! no roster can make it grant past `L`. Losing it (a leader change) costs
 //! one window of the half-size join and no cap.
 //! Bounded: at most [`MAX_ROSTER_WINDOWS`] (key, window) entries and
-//! [`MAX_ROSTER_CELLS`] (window, region) entries in all; the oldest windows
+//! [`MAX_ROSTER_CELLS`] (window, region) entries in all, and at most
+//! [`MAX_ROSTER_WINDOWS`] windows of late hand-backs; the oldest windows
 //! go first.
 //!
 //! Laws (property-tested below): the cells held never exceed the bound;
@@ -128,6 +138,8 @@ impl CappedAsks {
 pub struct PoolRoster {
     entries: BTreeMap<(u64, Key), Vec<(RegionId, u64)>>,
     cells: usize,
+    /// Tokens handed back in each (window, key)'s last quarter.
+    late_released: BTreeMap<(u64, Key), u64>,
 }
 
 /// `region`'s weight and total in `view` (`None` when it has not joined;
@@ -156,6 +168,11 @@ pub struct StandingAnswer {
     /// they handed back what their pace would not need) keep: they may
     /// hand back what is left of their margin late in the window.
     pub retired_kept: u64,
+    /// The most regions handed back in the last quarter of one of the two
+    /// windows right before this one ([`PoolRoster::note_release`]): they
+    /// will likely hand back their margins late again (0 when the leader
+    /// holds nothing of them).
+    pub late_released_before: u64,
 }
 
 impl PoolRoster {
@@ -197,6 +214,55 @@ impl PoolRoster {
         }
         self.cells += regions.len();
         self.entries.insert(id, regions);
+    }
+
+    /// Notes that a region handed `released` tokens back to `key`'s pool
+    /// `window` at coordinator time `now_ms`: counted when that is in the
+    /// window's last quarter. At most [`MAX_ROSTER_WINDOWS`] windows are
+    /// kept (the oldest go first; one older than every kept one is not
+    /// recorded once full).
+    pub fn note_release(&mut self, key: &Key, window: WindowBounds, now_ms: u64, released: u64) {
+        let length = window.end_ms.saturating_sub(window.start_ms);
+        let last_quarter = window.end_ms.saturating_sub(length / EXPECTATION_SHARE);
+        if released == 0 || now_ms < last_quarter || now_ms >= window.end_ms {
+            return;
+        }
+        let id = (window.start_ms, key.clone());
+        if !self.late_released.contains_key(&id) {
+            while self.late_released.len() >= MAX_ROSTER_WINDOWS {
+                match self.late_released.keys().next() {
+                    Some(oldest) if *oldest < id => {
+                        let oldest = oldest.clone();
+                        self.late_released.remove(&oldest);
+                    }
+                    _ => return,
+                }
+            }
+        }
+        let sum = self.late_released.entry(id).or_default();
+        *sum = sum.saturating_add(released);
+    }
+
+    /// The most regions handed back in the last quarter of one of `key`'s
+    /// two windows right before `window` (0 when nothing is held of
+    /// them): a region whose count runs near its margin hands back in
+    /// one window and asks again in the next.
+    pub fn late_released_before(&self, key: &Key, window: WindowBounds) -> u64 {
+        let length = window.end_ms.saturating_sub(window.start_ms);
+        let at = |back: u64| {
+            window
+                .start_ms
+                .checked_sub(length.saturating_mul(back))
+                .and_then(|previous| self.late_released.get(&(previous, key.clone())))
+                .copied()
+                .unwrap_or(0)
+        };
+        at(1).max(at(2))
+    }
+
+    /// Windows of late hand-backs held.
+    pub fn late_release_windows(&self) -> usize {
+        self.late_released.len()
     }
 
     /// The regions expected in `key`'s `window` at coordinator time
@@ -321,6 +387,7 @@ impl PoolRoster {
             expected,
             reserved_unheld: unheld,
             retired_kept,
+            late_released_before: self.late_released_before(key, view.bounds),
         }
     }
 
@@ -554,5 +621,59 @@ mod tests {
             None
         );
         assert_eq!(roster.cells(), MAX_ROSTER_CELLS);
+    }
+
+    proptest! {
+        /// The late hand-backs answered for a window are exactly the most
+        /// tokens released in the last quarter of one of the two windows
+        /// before it (releases earlier in a window, after it, or of
+        /// nothing count for nothing); at most `MAX_ROSTER_WINDOWS`
+        /// windows are held.
+        #[test]
+        fn late_hand_backs_are_the_last_quarters_releases_of_the_window_before(
+            releases in prop::collection::vec((0u8..3, 0u64..8, 0u64..1_100, 0u64..50), 0..80),
+        ) {
+            let mut roster = PoolRoster::default();
+            let mut model: BTreeMap<(u8, u64), u64> = BTreeMap::new();
+            for (k, w, at, released) in &releases {
+                let start = w * 1_000;
+                roster.note_release(&key(*k), window(start), start + at, *released);
+                if (750..1_000).contains(at) {
+                    *model.entry((*k, *w)).or_default() += released;
+                }
+            }
+            for k in 0u8..3 {
+                for w in 1u64..9 {
+                    let at = |back: u64| {
+                        w.checked_sub(back)
+                            .and_then(|before| model.get(&(k, before)).copied())
+                            .unwrap_or(0)
+                    };
+                    let want = at(1).max(at(2));
+                    prop_assert_eq!(roster.late_released_before(&key(k), window(w * 1_000)), want);
+                }
+                prop_assert_eq!(roster.late_released_before(&key(k), window(0)), 0);
+            }
+            prop_assert!(roster.late_release_windows() <= MAX_ROSTER_WINDOWS);
+        }
+    }
+
+    #[test]
+    fn late_hand_backs_keep_the_newest_windows_when_full() {
+        let mut roster = PoolRoster::default();
+        let windows = (MAX_ROSTER_WINDOWS + 10) as u64;
+        for w in 0..windows {
+            roster.note_release(&key(1), window(w * 1_000), w * 1_000 + 900, 5);
+        }
+        assert_eq!(roster.late_release_windows(), MAX_ROSTER_WINDOWS);
+        assert_eq!(
+            roster.late_released_before(&key(1), window(windows * 1_000)),
+            5
+        );
+        assert_eq!(roster.late_released_before(&key(1), window(1_000)), 0);
+        // A window older than every kept one is not recorded.
+        roster.note_release(&key(2), window(0), 900, 5);
+        assert_eq!(roster.late_released_before(&key(2), window(1_000)), 0);
+        assert_eq!(roster.late_release_windows(), MAX_ROSTER_WINDOWS);
     }
 }

@@ -321,18 +321,28 @@ impl Coordinator {
             caller: Principal::Anonymous,
         };
         match self.apply(stamp_ms, command) {
-            Outcome::PoolRelease(outcome) => Event::ReleaseAnswered {
-                release,
-                answer: match outcome.disposition {
-                    PoolReleaseDisposition::Released => ReleaseAnswer::Released {
-                        released: outcome.released,
+            Outcome::PoolRelease(outcome) => {
+                // The leader remembers late hand-backs, as the API does.
+                if let Some(roster) = self.roster.as_mut() {
+                    let window = WindowBounds {
+                        start_ms: outcome.window_start_ms,
+                        end_ms: outcome.window_end_ms,
+                    };
+                    roster.note_release(&self.key, window, stamp_ms, outcome.released);
+                }
+                Event::ReleaseAnswered {
+                    release,
+                    answer: match outcome.disposition {
+                        PoolReleaseDisposition::Released => ReleaseAnswer::Released {
+                            released: outcome.released,
+                        },
+                        PoolReleaseDisposition::StaleTotal => ReleaseAnswer::StaleTotal {
+                            granted_total: outcome.granted_total,
+                        },
+                        PoolReleaseDisposition::WindowEnded => ReleaseAnswer::WindowEnded,
                     },
-                    PoolReleaseDisposition::StaleTotal => ReleaseAnswer::StaleTotal {
-                        granted_total: outcome.granted_total,
-                    },
-                    PoolReleaseDisposition::WindowEnded => ReleaseAnswer::WindowEnded,
-                },
-            },
+                }
+            }
             Outcome::Rejected(_) => Event::ReleaseRefused { release },
             other => panic!("pool release answered {other:?}"),
         }
@@ -390,6 +400,7 @@ impl Coordinator {
             expected: answer.expected.map(at_least_held),
             reserved_unheld: answer.reserved_unheld,
             retired_kept: answer.retired_kept,
+            late_released_before: answer.late_released_before,
         }
     }
 

@@ -17,6 +17,7 @@ use std::sync::Arc;
 use leasehold_core::coordinator::{Command, Outcome};
 use leasehold_core::demand_board::DemandBoard;
 use leasehold_core::pool_roster::{CappedAsks, PoolRoster};
+use leasehold_core::window::WindowBounds;
 use leasehold_proto::convert::coordinator as convert;
 use leasehold_proto::convert::InvalidField;
 use leasehold_proto::refusal::{item_refusal, refusal, Reason};
@@ -209,6 +210,7 @@ impl CoordinatorApi {
                     }
                     response.reserved_unheld_total = answer.reserved_unheld;
                     response.retired_kept_total = answer.retired_kept;
+                    response.late_released_before_total = answer.late_released_before;
                     if let Some(expected) = answer.expected {
                         response.expected_guarantee_total = expected.guarantee;
                         response.expected_ceiling_total = expected.ceiling.max(grant.granted_total);
@@ -228,8 +230,25 @@ impl CoordinatorApi {
         let caller = caller(&request);
         let command = convert::pool_release_command(request.into_inner(), caller)
             .map_err(|e| self.invalid(e))?;
+        let key = match &command {
+            Command::PoolRelease { key, .. } => Some(key.clone()),
+            _ => None,
+        };
         match self.write(command).await? {
             Outcome::PoolRelease(outcome) => {
+                // Remembered for the next window's grants: what was handed
+                // back late (the proto's late_released_before_total).
+                if let Some(key) = key {
+                    let window = WindowBounds {
+                        start_ms: outcome.window_start_ms,
+                        end_ms: outcome.window_end_ms,
+                    };
+                    let now_ms = self.node.clock.now_ms();
+                    self.pool_roster
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .note_release(&key, window, now_ms, outcome.released);
+                }
                 Ok(Response::new(pb::PoolReleaseResponse::from(&outcome)))
             }
             other => Err(unexpected(&other)),

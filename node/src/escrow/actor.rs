@@ -488,6 +488,7 @@ impl KeyActor {
                     expected_ceiling_total = grant.expected_ceiling_total,
                     reserved_unheld_total = grant.reserved_unheld_total,
                     retired_kept_total = grant.retired_kept_total,
+                    late_released_before_total = grant.late_released_before_total,
                     window_start_ms = grant.window_start_ms,
                     "pool grant answered"
                 );
@@ -517,6 +518,7 @@ impl KeyActor {
                         }),
                         reserved_unheld: grant.reserved_unheld_total,
                         retired_kept: grant.retired_kept_total,
+                        late_released_before: grant.late_released_before_total,
                     },
                     tenant_demands,
                 }

@@ -33,6 +33,7 @@ fn a_spanning_tenant_weighs_its_share_of_its_demand() {
         expected: None,
         reserved_unheld: 0,
         retired_kept: 0,
+        late_released_before: 0,
     };
     key.on_pool_answer(answer(0, 10), 10, 10, 10, RE_ASK_MS);
     key.note_demand(&tenant(1), 30);
@@ -104,6 +105,7 @@ proptest! {
                 expected: None,
                 reserved_unheld: 0,
                 retired_kept: 0,
+                late_released_before: 0,
             };
             key.on_pool_answer(answer(0), 1, 0, 0, RE_ASK_MS);
             key.note_demand(&tenant(0), *own);
@@ -147,6 +149,7 @@ fn grant(
         expected,
         reserved_unheld: 0,
         retired_kept: 0,
+        late_released_before: 0,
     }
 }
 
@@ -614,5 +617,89 @@ fn a_late_look_that_paid_is_made_again_in_the_next_window() {
         } else {
             assert!(wait > until_late_look, "waits out its backoff: {wait}");
         }
+    }
+}
+
+/// A region at its ceiling whose join hears that regions handed back a
+/// hundredth of L or more late in one of the two windows before (the
+/// leader's `late_released_before`) looks just after the late check; one
+/// that hears of less waits as long as its backoff says.
+#[test]
+fn a_region_told_of_late_hand_backs_looks_after_the_late_check() {
+    for (late_released, looks_late) in [(10, true), (9, false), (0, false)] {
+        let mut key: FairKey<u64> = FairKey::new(8);
+        key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 1);
+        let mut joined = grant(100, 0, 1, standing(100, 100), standing(100, 100));
+        joined.late_released_before = late_released;
+        key.on_pool_answer(joined, 100, 1, 1, 10_000);
+        let wait = spend_then_wait(&mut key, 2);
+        // 1 000 − 125 + 10 + 20 = 905.
+        if looks_late {
+            assert_eq!(wait, 903, "{late_released} handed back late");
+        } else {
+            assert!(wait > 903, "{late_released} handed back late: waits {wait}");
+        }
+    }
+}
+
+/// At the late check a region short of what its pace needs — not held
+/// back at the pool's ceiling, and not retired — raises its total to that
+/// need at once (the ask it would make when running dry) and, when the
+/// answer shows the pool reserving a hundredth of L or more beyond (other
+/// regions retired since it last heard: its guarantee grew), retires at
+/// it: the reserve goes to the regions at their ceiling, which look just
+/// after. When the answer shows no such reserve it keeps its weight.
+#[test]
+fn a_region_short_at_the_late_check_raises_to_its_need_and_retires_from_a_grown_guarantee() {
+    for (guarantee_then, retires) in [(300, true), (125, false)] {
+        let mut key: FairKey<u64> = FairKey::new(8);
+        key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 0);
+        // Holds its share, 120, with a guarantee of 120 as it joined.
+        key.on_pool_answer(
+            grant(120, 0, 0, standing(120, 120), None),
+            120,
+            0,
+            0,
+            RE_ASK_MS,
+        );
+        for _ in 0..30 {
+            assert!(matches!(
+                key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 100),
+                FairStep::Admit { .. }
+            ));
+        }
+        // The first check: 30 in 260 ms needs 30 + 30·740/260·9/8 + 2 =
+        // 128, within a hundredth of L of 120, with no reserve beyond:
+        // nothing to do.
+        assert!(key.begin_release(1, false, 260).is_none());
+        assert_eq!(key.take_retiring_raise(260), None);
+        for _ in 30..108 {
+            assert!(matches!(
+                key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 800),
+                FairStep::Admit { .. }
+            ));
+        }
+        // The late check (it still holds 12 unspent): 108 in 885 ms needs
+        // 108 + 108·115/885 = 122.
+        assert_eq!(key.release_at(800, 1_000, 0, 10, 800), Some(885));
+        assert!(key.begin_release(2, false, 885).is_none());
+        let (_, want_total) = key.take_retiring_raise(885).expect("a raise to the need");
+        assert_eq!(want_total, 122);
+        key.on_pool_answer(
+            grant(122, 0, 885, standing(guarantee_then, 300), None),
+            want_total,
+            885,
+            885,
+            RE_ASK_MS,
+        );
+        let retired = key.begin_release(3, false, 886);
+        if retires {
+            // (Its need a ms later: 108 + 108·114/886 = 121.)
+            let pending = retired.expect("retires at its need");
+            assert_eq!((pending.from_total, pending.keep_total), (122, 121));
+        } else {
+            assert!(retired.is_none(), "keeps its weight");
+        }
+        assert_eq!(key.take_retiring_raise(887), None, "one raise at the late check");
     }
 }

@@ -139,6 +139,7 @@ fn pool_answer(granted_total: u64, limit: u64, now_ms: u64) -> PoolAnswer {
         expected: None,
         reserved_unheld: 0,
         retired_kept: 0,
+        late_released_before: 0,
     }
 }
 
@@ -729,6 +730,7 @@ impl Sim {
                             expected: None,
                             reserved_unheld: 0,
                             retired_kept: 0,
+                            late_released_before: 0,
                         },
                         tenant_demands: Vec::new(),
                     },
