@@ -496,8 +496,8 @@ proptest! {
     /// need a quarter window in (raising to that need first when they hold
     /// less), and what is left of their margin an eighth before the end —
     /// at least 80 % over the steady windows of a world (1 343 worlds: lowest
-    /// 89 %, one in a hundred under 96 %, median 99.9 %; one window in
-    /// fourteen under 99 %. Before the raise, the late check and a roster that
+    /// 92 %, one in a hundred under 97 %, median 99.9 %; one window in
+    /// twenty under 99 %. Before the raise, the late check and a roster that
     /// remembers retired regions: lowest 75 %, one in twenty under 87 %, a
     /// third of the windows under 99 %), at most 6 calls per region
     /// (measured: 5).

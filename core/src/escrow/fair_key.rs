@@ -86,13 +86,6 @@
 //!   `rest = used · left / elapsed` with no margin (a margin is lost to
 //!   the window whenever the count falls short of it; a key whose count
 //!   runs above the mean asks again).
-//!   A key that still holds a hundredth of L unspent at the late check
-//!   but whose pace needs more than it holds raises its total to that
-//!   need at once (the ask it would make when running dry) and retires
-//!   at it when the answer shows the pool reserving a hundredth of L
-//!   beyond: its guarantee grows when other regions retire, and it would
-//!   not hear of it before its next call, while the regions at their
-//!   ceiling look just after the late check.
 //!   A key denied at the pool's ceiling in the window hands nothing back
 //!   at either check: its pace is what it was let have, not what it
 //!   wants. Regions at their ceiling while others hold reserves they do
@@ -209,8 +202,8 @@ pub struct PoolAnswer {
     /// What the other regions that retired from the window keep (0 when
     /// the leader did not say).
     pub retired_kept: u64,
-    /// What regions handed back in the last quarter of the window before
-    /// (0 when the leader did not say).
+    /// The most regions handed back in the last quarter of one of the two
+    /// windows before (0 when the leader did not say).
     pub late_released_before: u64,
 }
 
@@ -269,10 +262,6 @@ struct Granted {
     /// one went out in this window (once a window).
     retiring_raise: Option<u64>,
     raised_to_retire: bool,
-    /// Whether the raise sent was a surplus check's: the check that
-    /// follows its answer may retire at the raised total (the answer's
-    /// guarantee is fresh), even after the late check.
-    retire_after_raise: bool,
     /// Whether the window's late surplus check (an eighth of the window
     /// before its end) has run.
     late_checked: bool,
@@ -754,7 +743,6 @@ impl<Id: Clone> FairKey<Id> {
             surplus_checked: false,
             retiring_raise: None,
             raised_to_retire: false,
-            retire_after_raise: false,
             late_checked: false,
             others_hand_back: false,
             late_look_raised: false,
@@ -775,7 +763,6 @@ impl<Id: Clone> FairKey<Id> {
             state.surplus_checked = false;
             state.retiring_raise = None;
             state.raised_to_retire = false;
-            state.retire_after_raise = false;
             state.late_checked = false;
             // A late look that paid in the window before: the regions that
             // handed back their margins then will likely do so again.
@@ -940,9 +927,6 @@ impl<Id: Clone> FairKey<Id> {
             // end: hand back what the pace so far will not need, when that
             // is worth a call.
             let late_check_done = state.late_checked;
-            let late_check =
-                state.surplus_checked && now_ms >= state.late_check_ms() && !late_check_done;
-            let after_raise = std::mem::take(&mut state.retire_after_raise);
             if state.surplus_checked && now_ms >= state.late_check_ms() {
                 state.late_checked = true;
             }
@@ -962,11 +946,10 @@ impl<Id: Clone> FairKey<Id> {
             // get its guarantee back.
             let worth = (state.escrow.limit() / 100).max(1);
             let surplus = from_total - keep >= worth;
-            // (After the late check only tokens are worth a call — the
-            // regions at their ceiling have had their last look — unless
-            // a raise just brought a fresh guarantee: see below.)
+            // (After the late check only tokens are worth a call: the
+            // regions at their ceiling have had their last look.)
             let idle_reserve = !state.retired
-                && (!late_check_done || after_raise)
+                && !late_check_done
                 && need <= from_total.saturating_add(worth)
                 && state
                     .guarantee
@@ -980,13 +963,8 @@ impl<Id: Clone> FairKey<Id> {
                     && state
                         .guarantee
                         .is_some_and(|g| g >= need.saturating_add(worth));
-                // At the late check, a region short of its need raises to
-                // it now and retires from whatever reserve the answer
-                // shows beyond (it may have grown as others retired).
-                let short_late = late_check && !state.retired && need > from_total;
-                if (reserve_beyond_need && !state.raised_to_retire) || short_late {
+                if reserve_beyond_need && !state.raised_to_retire {
                     state.raised_to_retire = true;
-                    state.retire_after_raise = true;
                     state.retiring_raise = Some(need.min(state.escrow.limit()));
                 }
                 return None;

@@ -22,6 +22,7 @@ use leasehold_core::escrow::{
 use leasehold_core::fair_pool::PoolStanding;
 use leasehold_core::ids::{ClientId, Key, RegionId, RequestId, TenantId};
 use leasehold_core::policy::{OutagePolicy, Policy, PolicyKind};
+use leasehold_core::pool_lapse::lapsing_reserves;
 use leasehold_core::pool_roster::{PoolRoster, StandingAnswer};
 use leasehold_core::principal::Principal;
 use leasehold_core::window::WindowBounds;
@@ -276,15 +277,45 @@ impl Coordinator {
                 stamp_ms,
             )
         });
-        let command = Command::PoolGrant {
+        let want_total = cap.map_or(*want_total, |cap| (*want_total).min(cap));
+        // In the window's last eighth the leader lapses the reserves no
+        // region holds before a late ask beyond the ceiling, as the API
+        // does: a retirement keeping all it holds for each other region.
+        let mut commands: Vec<Command> = self
+            .state
+            .pool_view(&self.key, stamp_ms)
+            .map(|view| {
+                lapsing_reserves(
+                    &view,
+                    &region(region_index),
+                    *region_weight,
+                    want_total,
+                    stamp_ms,
+                )
+                .into_iter()
+                .map(|(other, total)| Command::PoolRelease {
+                    key: self.key.clone(),
+                    region: other,
+                    from_total: total,
+                    keep_total: total,
+                    window_start_ms: view.bounds.start_ms,
+                    request_id: None,
+                    caller: Principal::Member(1),
+                })
+                .collect()
+            })
+            .unwrap_or_default();
+        commands.push(Command::PoolGrant {
             key: self.key.clone(),
             region: region(region_index),
             region_weight: *region_weight,
-            want_total: cap.map_or(*want_total, |cap| (*want_total).min(cap)),
+            want_total,
             request_id: None,
             caller: Principal::Anonymous,
-        };
-        match self.apply(stamp_ms, command) {
+        });
+        let mut outcomes = self.state.apply(&Proposal { stamp_ms, commands }).outcomes;
+        let outcome = outcomes.pop().expect("one outcome per command");
+        match outcome {
             Outcome::PoolGrant(grant) => Event::PoolGranted {
                 call: *call,
                 answer: self.pool_answer(region_index, &grant),

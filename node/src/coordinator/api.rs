@@ -16,7 +16,9 @@ use std::sync::Arc;
 
 use leasehold_core::coordinator::{Command, Outcome};
 use leasehold_core::demand_board::DemandBoard;
+use leasehold_core::pool_lapse::lapsing_reserves;
 use leasehold_core::pool_roster::{CappedAsks, PoolRoster};
+use leasehold_core::principal::Principal;
 use leasehold_core::window::WindowBounds;
 use leasehold_proto::convert::coordinator as convert;
 use leasehold_proto::convert::InvalidField;
@@ -166,7 +168,54 @@ impl CoordinatorApi {
                 cap.map(|cap| cap.max(1)),
                 now_ms,
             );
-        match self.write(command).await? {
+        // In the window's last eighth, a late ask beyond the ceiling first
+        // lapses the reserves no region holds: every other region retires
+        // keeping all it holds, in the same group (leasehold_core::pool_lapse).
+        let lapsing = match &command {
+            Command::PoolGrant {
+                region_weight,
+                want_total,
+                ..
+            } => self
+                .node
+                .state
+                .read(|state| state.pool_view(&key, now_ms))
+                .map(|view| {
+                    let retire =
+                        lapsing_reserves(&view, &region, *region_weight, *want_total, now_ms);
+                    (view.bounds.start_ms, retire)
+                }),
+            _ => None,
+        };
+        let outcome = match lapsing {
+            Some((window_start_ms, retire)) if !retire.is_empty() => {
+                let member = Principal::Member(self.node.id);
+                let mut commands: Vec<Command> = retire
+                    .into_iter()
+                    .map(|(other, total)| Command::PoolRelease {
+                        key: key.clone(),
+                        region: other,
+                        from_total: total,
+                        keep_total: total,
+                        window_start_ms,
+                        request_id: None,
+                        caller: member.clone(),
+                    })
+                    .collect();
+                let lapsed = commands.len() as u64;
+                commands.push(command);
+                self.node.require_leader()?;
+                let mut outcomes = self.node.propose_all(commands).await?;
+                self.node.metrics.record_pool_reserves_lapsed(lapsed);
+                match outcomes.pop() {
+                    Some(Outcome::Rejected(error)) => return Err(command_error_status(&error)),
+                    Some(outcome) => outcome,
+                    None => return Err(refusal(Reason::Internal, "no outcome for the grant")),
+                }
+            }
+            _ => self.write(command).await?,
+        };
+        match outcome {
             Outcome::PoolGrant(grant) => {
                 let mut response = pb::PoolGrantResponse::from(&grant);
                 // Only the window right before the granted one is counted:

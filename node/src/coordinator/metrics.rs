@@ -38,6 +38,7 @@ pub struct NodeMetrics {
     proposed_commands: AtomicU64,
     largest_batch: AtomicU64,
     linearizable_reads: AtomicU64,
+    pool_reserves_lapsed: AtomicU64,
     /// Proposal commit latency (propose → applied on the leader), µs.
     pub commit_latency: Histogram,
     /// Commands per proposal (group-commit batch sizes).
@@ -161,6 +162,13 @@ impl NodeMetrics {
         self.linearizable_reads.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Counts `regions` retired by the leader, keeping all they hold, to
+    /// lapse the reserves before a late pool ask (`leasehold_core::pool_lapse`).
+    pub fn record_pool_reserves_lapsed(&self, regions: u64) {
+        self.pool_reserves_lapsed
+            .fetch_add(regions, Ordering::Relaxed);
+    }
+
     /// The listener counters, shared with the listener and the server layer.
     pub fn connections(&self) -> Arc<ConnectionCounters> {
         self.connections.clone()
@@ -195,6 +203,7 @@ impl NodeMetrics {
             ("proposed_commands", read(&self.proposed_commands)),
             ("largest_batch", read(&self.largest_batch)),
             ("linearizable_reads", read(&self.linearizable_reads)),
+            ("pool_reserves_lapsed", read(&self.pool_reserves_lapsed)),
             ("refused_unauthenticated", self.auth.unauthenticated()),
             ("refused_permission_denied", self.auth.permission_denied()),
         ];

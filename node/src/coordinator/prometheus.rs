@@ -280,6 +280,9 @@ fn describe(name: &str) -> String {
         "proposals" => "Raft proposals (group-commit batches).".into(),
         "proposed_commands" => "Commands carried by Raft proposals.".into(),
         "largest_batch" => "Most commands in one proposal so far.".into(),
+        "pool_reserves_lapsed" => {
+            "Regions retired by the leader, keeping all they hold, so that a late pool ask may take the reserves no region holds.".into()
+        }
         name if name.starts_with("rejected_") => {
             format!(
                 "Requests refused: {}.",
