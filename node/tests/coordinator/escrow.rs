@@ -1221,3 +1221,83 @@ async fn early_in_a_window_the_leader_keeps_room_for_the_regions_of_the_window_b
     ensure!(us.granted_total == 100, "{us:?}");
     Ok(())
 }
+
+/// Late in a window the reserves no region holds lapse: in the window's
+/// last eighth an ask beyond the ceiling first retires every other region
+/// keeping all it holds, and takes everything no region holds (before the
+/// last eighth it gets its ceiling). What regions hand back in a window's
+/// last quarter, the next window's grants report.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_in_a_window_the_reserves_no_region_holds_lapse() -> Result<()> {
+    const WINDOW_MS: u64 = 4_000;
+    let wall_ms = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64)
+    };
+    let until = |at: u64| async move {
+        tokio::time::sleep(Duration::from_millis(at.saturating_sub(wall_ms()))).await;
+    };
+    let cluster = Cluster::start_initialised(3, |_| {}).await?;
+    let client = cluster.client()?;
+    client
+        .admin()
+        .set_policy(fair(counter_policy("lapse/", 100, WINDOW_MS)))
+        .await?;
+    let start = (wall_ms() / WINDOW_MS + 1) * WINDOW_MS;
+    until(start + 50).await;
+    // eu and ap (weight 1 each) hold 10 of their 33; us (weight 1) gets
+    // its ceiling, 100 − 33 − 33.
+    let eu = client.pool_grant("lapse/k", "eu", 1_000, 10).await?;
+    client.pool_grant("lapse/k", "ap", 1_000, 10).await?;
+    let us = client.pool_grant("lapse/k", "us", 1_000, 100).await?;
+    ensure!(
+        us.window_start_ms == start && us.granted_total == 34,
+        "{us:?}"
+    );
+    // Half way: still its ceiling.
+    until(start + WINDOW_MS / 2).await;
+    let us = client.pool_grant("lapse/k", "us", 1_000, 100).await?;
+    ensure!(
+        us.granted_total == 34,
+        "no lapse before the last eighth: {us:?}"
+    );
+    // In the last quarter eu hands back 5 of its 10.
+    until(start + WINDOW_MS * 3 / 4 + 100).await;
+    let released = client
+        .pool_release_with_id(
+            "lapse/k",
+            "eu",
+            eu.granted_total,
+            5,
+            start,
+            client.next_request_id(),
+        )
+        .await?;
+    ensure!(released.released == 5, "{released:?}");
+    // In the last eighth us takes all that no region holds: ap retires
+    // keeping its 10.
+    until(start + WINDOW_MS * 7 / 8 + 100).await;
+    let us = client.pool_grant("lapse/k", "us", 1_000, 100).await?;
+    ensure!(us.granted_total == 85, "the reserves lapsed: {us:?}");
+    let window = client.get_window("lapse/k").await?;
+    let region = |name: &str| {
+        window
+            .regions
+            .iter()
+            .find(|r| r.region == name)
+            .map(|r| (r.granted, r.pool_weight))
+    };
+    ensure!(
+        region("ap") == Some((10, 0)) && region("eu") == Some((5, 0)),
+        "ap retired keeping its total: {window:?}"
+    );
+    // The next window's grants report the late hand-back.
+    until(start + WINDOW_MS + 50).await;
+    let next = client.pool_grant("lapse/k", "us", 1_000, 10).await?;
+    ensure!(
+        next.window_start_ms == start + WINDOW_MS && next.late_released_before_total == 5,
+        "{next:?}"
+    );
+    Ok(())
+}
