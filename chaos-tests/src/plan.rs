@@ -49,6 +49,12 @@ pub struct FleetShape {
     /// then fall silent until the next: a region that joins the pool,
     /// takes a little and goes idle (what reclaim is for).
     pub sparse_region_0: bool,
+    /// Region 0's clients pause 30–60 ms after each admission (about a
+    /// third of a fair share of the default L each): a light region
+    /// beside heavy ones, which hands back its margins late in each
+    /// window while the heavy one looks for them (and the leader lapses
+    /// the reserves in the last eighth).
+    pub light_region_0: bool,
     /// The key's outage policy: `fallback` with this many tokens per region
     /// per window (0: `fail_closed`). The Δ oracle then allows the window
     /// `escrow_nodes ×` this beyond L, as the policy documents.
@@ -70,6 +76,7 @@ impl Default for FleetShape {
             fair_throttle: false,
             pool_release_idle_ms: 150,
             sparse_region_0: false,
+            light_region_0: false,
             fallback_tokens_per_region: 0,
         }
     }

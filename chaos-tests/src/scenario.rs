@@ -173,6 +173,23 @@ pub fn all() -> Vec<Scenario> {
                 vec![(secs(6), Fault::PowerLoss(0)), (secs(8), Fault::RestartAll)],
             )
         },
+        // A `fair` key; region 0 asks about a third of its share (a light
+        // region beside a heavy one): its escrow node hands its margins
+        // back late in each window, the heavy region looks for them, the
+        // leader lapses the reserves in each window's last eighth — while
+        // the leader loses power.
+        Scenario {
+            shape: FleetShape {
+                escrow_nodes: 2,
+                fair: true,
+                light_region_0: true,
+                ..FleetShape::default()
+            },
+            ..base(
+                "fair_pool_light_region_leader_power_loss",
+                vec![(secs(4), Fault::PowerLoss(0)), (secs(6), Fault::RestartAll)],
+            )
+        },
         // Demand below L: clients hold credits across every boundary.
         Scenario {
             shape: FleetShape {

@@ -188,6 +188,29 @@ fn fair_pool_idle_region_reclaim() {
     );
 }
 
+/// Region 0 asks about a third of its share beside a saturating region 1:
+/// before the leader loses power, region 1 takes what region 0 leaves of
+/// L — region 0's node hands its margins back late in each window, region
+/// 1's looks for them, the leader lapses the reserves in the last eighth —
+/// and Σ ≤ L per window throughout.
+#[test]
+fn fair_pool_light_region_leader_power_loss() {
+    let scenario =
+        scenario::by_name("fair_pool_light_region_leader_power_loss").expect("known scenario");
+    assert_holds(&scenario);
+    let runs: Vec<(f64, f64)> = (1..=SEEDS)
+        .map(|seed| busy_region_use(&scenario, seed))
+        .collect();
+    let n = runs.len() as f64;
+    let left = runs.iter().map(|(left, _)| left).sum::<f64>() / n;
+    let used = runs.iter().map(|(_, used)| used).sum::<f64>() / n;
+    eprintln!("heavy region's share of what the light one left: {left:.3}; windows used {used:.3}");
+    assert!(
+        left >= 0.97 && used >= 0.97,
+        "heavy region's share of what the light one left: {left:.3}; windows used {used:.3}"
+    );
+}
+
 /// Region 0 of a `fallback` key is cut off from the cluster: in the
 /// windows wholly inside the cut (after the first, whose credits it may
 /// still hold) it admits something, and never more than its share.
@@ -277,6 +300,7 @@ fn every_scenario_has_a_test() {
         "fair_pool_region_cut",
         "fair_pool_region_cut_fallback",
         "fair_pool_idle_region_reclaim",
+        "fair_pool_light_region_leader_power_loss",
         "hostile_clients",
         "hostile_escrow_clients",
     ];

@@ -216,6 +216,8 @@ pub fn spawn_clients(
         );
         // Region 0's clients of a sparse fleet ask only early in each window.
         let sparse = shape.sparse_region_0 && escrow_nodes > 0 && index % escrow_nodes == 0;
+        // Region 0's clients of a light fleet pause between admissions.
+        let light = shape.light_region_0 && escrow_nodes > 0 && index % escrow_nodes == 0;
         let client_seed = seed.wrapping_mul(31).wrapping_add(index as u64);
         sim.client(client_host(index), async move {
             let mut rng = rand::rngs::StdRng::seed_from_u64(client_seed);
@@ -288,7 +290,8 @@ pub fn spawn_clients(
                                 window_start_ms,
                                 at_ms: sim_now_ms(),
                             });
-                            tokio::time::sleep(Duration::from_millis(rng.gen_range(2..8))).await;
+                            let pause = if light { 30..60 } else { 2..8 };
+                            tokio::time::sleep(Duration::from_millis(rng.gen_range(pause))).await;
                         } else {
                             let wait = admission.decision.retry_after_ms.clamp(5, 50);
                             tokio::time::sleep(Duration::from_millis(wait)).await;
