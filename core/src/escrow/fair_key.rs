@@ -85,9 +85,7 @@
 //!   short by then and its count close to its mean, so the need there is
 //!   `rest = used · left / elapsed` with no margin (a margin is lost to
 //!   the window whenever the count falls short of it; a key whose count
-//!   runs above the mean asks again), and tokens beyond it are worth a
-//!   call from a two-hundredth of L (the pool's rounding) rather than a
-//!   hundredth: this hand-back is the window's last.
+//!   runs above the mean asks again).
 //!   A key denied at the pool's ceiling in the window hands nothing back
 //!   at either check: its pace is what it was let have, not what it
 //!   wants. Regions at their ceiling while others hold reserves they do
@@ -947,14 +945,7 @@ impl<Id: Clone> FairKey<Id> {
             // more than it holds must not retire its weight: it could not
             // get its guarantee back.
             let worth = (state.escrow.limit() / 100).max(1);
-            // At the late check a hand-back is the last: tokens above the
-            // pool's rounding (a two-hundredth of L) are worth the call.
-            let last_worth = if now_ms >= state.late_check_ms() {
-                (state.escrow.limit() / 200).max(1)
-            } else {
-                worth
-            };
-            let surplus = from_total - keep >= last_worth;
+            let surplus = from_total - keep >= worth;
             // (After the late check only tokens are worth a call: the
             // regions at their ceiling have had their last look.)
             let idle_reserve = !state.retired

@@ -641,38 +641,3 @@ fn a_region_told_of_late_hand_backs_looks_after_the_late_check() {
         }
     }
 }
-
-/// A hand-back at the late check is the last of the window: tokens above
-/// the pool's rounding (a two-hundredth of L) are worth its call there,
-/// where the first check hands back only a hundredth of L or more.
-#[test]
-fn the_late_check_hands_back_what_lies_above_the_pools_rounding() {
-    let mut key: FairKey<u64> = FairKey::new(8);
-    key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 0);
-    // Holds 200, its guarantee (L = 1 000: a hundredth is 10, a
-    // two-hundredth 5).
-    key.on_pool_answer(
-        grant(200, 0, 0, standing(200, 200), None),
-        200,
-        0,
-        0,
-        RE_ASK_MS,
-    );
-    let spend_to = |key: &mut FairKey<u64>, used: u64, at: u64| {
-        while key.escrow().expect("granted").total_used() < used {
-            assert!(matches!(
-                key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, at),
-                FairStep::Admit { .. }
-            ));
-        }
-    };
-    // The first check: 45 in 260 ms needs 45 + 144 + 2 = 191; 9 spare is
-    // not worth a call.
-    spend_to(&mut key, 45, 100);
-    assert!(key.begin_release(1, false, 260).is_none());
-    assert_eq!(key.take_retiring_raise(260), None);
-    // The late check: 170 in 885 ms needs 170 + 22 = 192; 8 spare is.
-    spend_to(&mut key, 170, 800);
-    let pending = key.begin_release(2, false, 885).expect("hands back 8");
-    assert_eq!((pending.from_total, pending.keep_total), (200, 192));
-}
