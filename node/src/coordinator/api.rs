@@ -14,7 +14,7 @@
 
 use std::sync::Arc;
 
-use leasehold_core::coordinator::{Command, Outcome};
+use leasehold_core::coordinator::{Command, Outcome, PoolReleaseDisposition};
 use leasehold_core::demand_board::DemandBoard;
 use leasehold_core::pool_lapse::lapsing_reserves;
 use leasehold_core::pool_roster::{CappedAsks, PoolRoster};
@@ -202,10 +202,20 @@ impl CoordinatorApi {
                         caller: member.clone(),
                     })
                     .collect();
-                let lapsed = commands.len() as u64;
                 commands.push(command);
                 self.node.require_leader()?;
                 let mut outcomes = self.node.propose_all(commands).await?;
+                // (A release that met a changed total retired no one.)
+                let lapsed = outcomes
+                    .iter()
+                    .filter(|outcome| {
+                        matches!(
+                            outcome,
+                            Outcome::PoolRelease(release)
+                                if release.disposition == PoolReleaseDisposition::Released
+                        )
+                    })
+                    .count() as u64;
                 self.node.metrics.record_pool_reserves_lapsed(lapsed);
                 match outcomes.pop() {
                     Some(Outcome::Rejected(error)) => return Err(command_error_status(&error)),

@@ -1238,7 +1238,10 @@ async fn late_in_a_window_the_reserves_no_region_holds_lapse() -> Result<()> {
     let until = |at: u64| async move {
         tokio::time::sleep(Duration::from_millis(at.saturating_sub(wall_ms()))).await;
     };
-    let cluster = Cluster::start_initialised(3, |_| {}).await?;
+    let metrics_addr = crate::metrics::free_addr()?;
+    let listen = metrics_addr.clone();
+    let cluster =
+        Cluster::start_initialised(1, move |c| c.metrics_listen = Some(listen.clone())).await?;
     let client = cluster.client()?;
     client
         .admin()
@@ -1291,6 +1294,12 @@ async fn late_in_a_window_the_reserves_no_region_holds_lapse() -> Result<()> {
     ensure!(
         region("ap") == Some((10, 0)) && region("eu") == Some((5, 0)),
         "ap retired keeping its total: {window:?}"
+    );
+    let (_, metrics) = crate::metrics::get(&metrics_addr, "/metrics").await?;
+    ensure!(
+        crate::metrics::sample(&metrics, "leasehold_coordinator_pool_reserves_lapsed_total")
+            == Some(1.0),
+        "one region retired by the lapse: {metrics}"
     );
     // The next window's grants report the late hand-back.
     until(start + WINDOW_MS + 50).await;

@@ -11,13 +11,13 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use crate::escrow::EscrowNode;
 use crate::harness::{counter_policy, Cluster, LONG_WINDOW_MS};
 
-fn free_addr() -> Result<String> {
+pub(crate) fn free_addr() -> Result<String> {
     let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
     Ok(listener.local_addr()?.to_string())
 }
 
 /// GET `path` on `addr`; (status line, body).
-async fn get(addr: &str, path: &str) -> Result<(String, String)> {
+pub(crate) async fn get(addr: &str, path: &str) -> Result<(String, String)> {
     let mut last_error = None;
     for _ in 0..50 {
         match tokio::net::TcpStream::connect(addr).await {
@@ -39,7 +39,7 @@ async fn get(addr: &str, path: &str) -> Result<(String, String)> {
 }
 
 /// The value of the sample line starting with `series ` in `text`.
-fn sample(text: &str, series: &str) -> Option<f64> {
+pub(crate) fn sample(text: &str, series: &str) -> Option<f64> {
     text.lines()
         .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
         .and_then(|value| value.parse().ok())
