@@ -30,9 +30,10 @@
 //! before the last eighth, when the ask does not go beyond the asker's
 //! ceiling, or when that ceiling is already all no other region holds.
 
-use crate::coordinator::PoolView;
+use crate::coordinator::{Command, PoolView};
 use crate::fair_pool::{standing, PoolMember};
-use crate::ids::RegionId;
+use crate::ids::{Key, RegionId};
+use crate::principal::Principal;
 use crate::window::WindowBounds;
 
 /// Reserves lapse in the last `1 / RESERVES_LAPSE_SHARE` of a window.
@@ -91,6 +92,34 @@ pub fn lapsing_reserves(
         .collect()
 }
 
+/// The commands that lapse the reserves before `region` asks `key`'s
+/// pool `view` for `want_total` with `region_weight` at coordinator time
+/// `now_ms`: for each region of [`lapsing_reserves`], a `PoolRelease` of
+/// `view`'s window keeping its whole total, proposed by `caller` (the
+/// leader). Propose them in one group with the grant, before it.
+pub fn lapse_commands(
+    view: &PoolView,
+    key: &Key,
+    region: &RegionId,
+    region_weight: u64,
+    want_total: u64,
+    now_ms: u64,
+    caller: &Principal,
+) -> Vec<Command> {
+    lapsing_reserves(view, region, region_weight, want_total, now_ms)
+        .into_iter()
+        .map(|(other, total)| Command::PoolRelease {
+            key: key.clone(),
+            region: other,
+            from_total: total,
+            keep_total: total,
+            window_start_ms: view.bounds.start_ms,
+            request_id: None,
+            caller: caller.clone(),
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -145,6 +174,28 @@ mod tests {
         assert_eq!(
             lapsing_reserves(&pool, &region(0), 1, 300, 1_905),
             vec![(region(1), 150)]
+        );
+        // As commands: r1 retires keeping its 150, in this window.
+        let key = Key::new("k").expect("valid key");
+        assert_eq!(
+            lapse_commands(
+                &pool,
+                &key,
+                &region(0),
+                1,
+                300,
+                1_905,
+                &Principal::Member(1)
+            ),
+            vec![Command::PoolRelease {
+                key: key.clone(),
+                region: region(1),
+                from_total: 150,
+                keep_total: 150,
+                window_start_ms: 1_000,
+                request_id: None,
+                caller: Principal::Member(1),
+            }]
         );
         // Not before the last eighth; not for an ask within the ceiling.
         assert!(lapsing_reserves(&pool, &region(0), 1, 300, 1_874).is_empty());

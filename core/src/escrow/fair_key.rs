@@ -272,8 +272,9 @@ struct Granted {
     /// window: regions hand back margins late, as they likely will in the
     /// next window (carried into its `late_look_paid_before`).
     late_look_raised: bool,
-    /// Whether it did in the window before: look after the late check at
-    /// the latest.
+    /// Whether it did in the window before, or the leader said regions
+    /// handed back late lately (`late_released_before`): look after the
+    /// late check at the latest.
     late_look_paid_before: bool,
     /// Whether a request was denied at the pool's ceiling in this window:
     /// the region's pace so far is what it was let have, not what it

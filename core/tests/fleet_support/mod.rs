@@ -22,7 +22,7 @@ use leasehold_core::escrow::{
 use leasehold_core::fair_pool::PoolStanding;
 use leasehold_core::ids::{ClientId, Key, RegionId, RequestId, TenantId};
 use leasehold_core::policy::{OutagePolicy, Policy, PolicyKind};
-use leasehold_core::pool_lapse::lapsing_reserves;
+use leasehold_core::pool_lapse::lapse_commands;
 use leasehold_core::pool_roster::{PoolRoster, StandingAnswer};
 use leasehold_core::principal::Principal;
 use leasehold_core::window::WindowBounds;
@@ -281,28 +281,19 @@ impl Coordinator {
         // In the window's last eighth the leader lapses the reserves no
         // region holds before a late ask beyond the ceiling, as the API
         // does: a retirement keeping all it holds for each other region.
-        let mut commands: Vec<Command> = self
+        let mut commands = self
             .state
             .pool_view(&self.key, stamp_ms)
             .map(|view| {
-                lapsing_reserves(
+                lapse_commands(
                     &view,
+                    &self.key,
                     &region(region_index),
                     *region_weight,
                     want_total,
                     stamp_ms,
+                    &Principal::Member(1),
                 )
-                .into_iter()
-                .map(|(other, total)| Command::PoolRelease {
-                    key: self.key.clone(),
-                    region: other,
-                    from_total: total,
-                    keep_total: total,
-                    window_start_ms: view.bounds.start_ms,
-                    request_id: None,
-                    caller: Principal::Member(1),
-                })
-                .collect()
             })
             .unwrap_or_default();
         commands.push(Command::PoolGrant {

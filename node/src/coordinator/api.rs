@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use leasehold_core::coordinator::{Command, Outcome, PoolReleaseDisposition};
 use leasehold_core::demand_board::DemandBoard;
-use leasehold_core::pool_lapse::lapsing_reserves;
+use leasehold_core::pool_lapse::lapse_commands;
 use leasehold_core::pool_roster::{CappedAsks, PoolRoster};
 use leasehold_core::principal::Principal;
 use leasehold_core::window::WindowBounds;
@@ -149,11 +149,11 @@ impl CoordinatorApi {
         // before that have not asked yet (the proto's PoolGrantRequest).
         let now_ms = self.node.clock.now_ms();
         let view = self.node.state.read(|state| state.pool_view(&key, now_ms));
-        let cap = view.and_then(|view| {
+        let cap = view.as_ref().and_then(|view| {
             self.pool_roster
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .cap(&view, &key, &region, *region_weight, now_ms)
+                .cap(view, &key, &region, *region_weight, now_ms)
         });
         // A retried id goes out with the total its first attempt had,
         // capped or not: a request id names one request.
@@ -171,59 +171,43 @@ impl CoordinatorApi {
         // In the window's last eighth, a late ask beyond the ceiling first
         // lapses the reserves no region holds: every other region retires
         // keeping all it holds, in the same group (leasehold_core::pool_lapse).
-        let lapsing = match &command {
-            Command::PoolGrant {
-                region_weight,
-                want_total,
-                ..
-            } => self
-                .node
-                .state
-                .read(|state| state.pool_view(&key, now_ms))
-                .map(|view| {
-                    let retire =
-                        lapsing_reserves(&view, &region, *region_weight, *want_total, now_ms);
-                    (view.bounds.start_ms, retire)
-                }),
-            _ => None,
-        };
-        let outcome = match lapsing {
-            Some((window_start_ms, retire)) if !retire.is_empty() => {
+        let mut commands = view
+            .map(|view| {
                 let member = Principal::Member(self.node.id);
-                let mut commands: Vec<Command> = retire
-                    .into_iter()
-                    .map(|(other, total)| Command::PoolRelease {
-                        key: key.clone(),
-                        region: other,
-                        from_total: total,
-                        keep_total: total,
-                        window_start_ms,
-                        request_id: None,
-                        caller: member.clone(),
-                    })
-                    .collect();
-                commands.push(command);
-                self.node.require_leader()?;
-                let mut outcomes = self.node.propose_all(commands).await?;
-                // (A release that met a changed total retired no one.)
-                let lapsed = outcomes
-                    .iter()
-                    .filter(|outcome| {
-                        matches!(
-                            outcome,
-                            Outcome::PoolRelease(release)
-                                if release.disposition == PoolReleaseDisposition::Released
-                        )
-                    })
-                    .count() as u64;
-                self.node.metrics.record_pool_reserves_lapsed(lapsed);
-                match outcomes.pop() {
-                    Some(Outcome::Rejected(error)) => return Err(command_error_status(&error)),
-                    Some(outcome) => outcome,
-                    None => return Err(refusal(Reason::Internal, "no outcome for the grant")),
-                }
+                lapse_commands(
+                    &view,
+                    &key,
+                    &region,
+                    *region_weight,
+                    *want_total,
+                    now_ms,
+                    &member,
+                )
+            })
+            .unwrap_or_default();
+        let outcome = if commands.is_empty() {
+            self.write(command).await?
+        } else {
+            commands.push(command);
+            self.node.require_leader()?;
+            let mut outcomes = self.node.propose_all(commands).await?;
+            // (A release that met a changed total retired no one.)
+            let lapsed = outcomes
+                .iter()
+                .filter(|outcome| {
+                    matches!(
+                        outcome,
+                        Outcome::PoolRelease(release)
+                            if release.disposition == PoolReleaseDisposition::Released
+                    )
+                })
+                .count() as u64;
+            self.node.metrics.record_pool_reserves_lapsed(lapsed);
+            match outcomes.pop() {
+                Some(Outcome::Rejected(error)) => return Err(command_error_status(&error)),
+                Some(outcome) => outcome,
+                None => return Err(refusal(Reason::Internal, "no outcome for the grant")),
             }
-            _ => self.write(command).await?,
         };
         match outcome {
             Outcome::PoolGrant(grant) => {
