@@ -1,8 +1,9 @@
 //! What the store persists, the keys it persists it under, and the format
 //! version of each record (see [`crate::codec`]), with the readers of older
-//! versions (format 2 of entries and snapshots, upgraded on read).
+//! versions (formats 2 and 3 of entries and snapshots, upgraded on read).
 
 use leasehold_core::coordinator::format_v2::{CoordinatorStateV2, ProposalV2};
+use leasehold_core::coordinator::format_v3::CoordinatorStateV3;
 use leasehold_core::coordinator::{CoordinatorState, Proposal};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -29,11 +30,15 @@ impl Persisted for Entry {
     const KIND: &'static str = "raft log entry";
     /// 2: lease, reconcile and pool-grant commands carry their caller.
     /// 3: policies carry the shadow flag; 2 is read and upgraded.
-    const FORMAT_VERSION: u32 = 3;
+    /// 4: the `PoolJoinNext` command (a last variant, so a format-3 entry
+    /// decodes as it is; an older build refuses a format-4 entry as of an
+    /// unknown version instead of misreading it).
+    const FORMAT_VERSION: u32 = 4;
 
     fn decode_version(version: u32, body: &[u8]) -> Result<Self, CodecError> {
         match version {
             2 => decode_body::<EntryV2>(Self::KIND, body).map(Entry::from),
+            3 => decode_body(Self::KIND, body),
             _ => decode_current(version, body),
         }
     }
@@ -114,12 +119,19 @@ impl Persisted for SnapshotEnvelope {
     const KIND: &'static str = "state-machine snapshot";
     /// 2: sessions are keyed by (caller, client id) and store fingerprints.
     /// 3: policies carry the shadow flag, windows and the state count
-    /// would-deny decisions; 2 is read and upgraded.
-    const FORMAT_VERSION: u32 = 3;
+    /// would-deny decisions.
+    /// 4: a `fair` key may hold its next window beside its live one; 2 and
+    /// 3 are read and upgraded.
+    const FORMAT_VERSION: u32 = 4;
 
     fn decode_version(version: u32, body: &[u8]) -> Result<Self, CodecError> {
         match version {
             2 => decode_body::<SnapshotEnvelopeV2>(Self::KIND, body).map(|old| SnapshotEnvelope {
+                last_applied: old.last_applied,
+                membership: old.membership,
+                state: old.state.into(),
+            }),
+            3 => decode_body::<SnapshotEnvelopeV3>(Self::KIND, body).map(|old| SnapshotEnvelope {
                 last_applied: old.last_applied,
                 membership: old.membership,
                 state: old.state.into(),
@@ -135,6 +147,14 @@ struct SnapshotEnvelopeV2 {
     last_applied: Option<LogId>,
     membership: StoredMembership,
     state: CoordinatorStateV2,
+}
+
+/// A snapshot of format 3; upgraded on read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct SnapshotEnvelopeV3 {
+    last_applied: Option<LogId>,
+    membership: StoredMembership,
+    state: CoordinatorStateV3,
 }
 
 /// The current snapshot as kept on disk: openraft's metadata plus the

@@ -82,7 +82,7 @@ fn format_2_entries_decode_to_the_same_entries_with_policies_not_in_shadow() {
         assert_eq!(decoded, expected, "{name}");
         // Written back, an upgraded entry is of the current format.
         let rewritten = encode(&decoded).expect("encode");
-        assert_eq!(rewritten[0], 3);
+        assert_eq!(rewritten[0], 4);
         assert_eq!(decode::<Entry>(&rewritten).expect("decode"), expected);
     }
 }
@@ -146,6 +146,6 @@ async fn a_format_2_snapshot_installs() -> anyhow::Result<()> {
     assert_eq!(sm.last_applied(), Some(log_id(2, 8)));
     // The snapshot it keeps from now on is of the current format.
     let rebuilt = sm.get_snapshot_builder().await.build_snapshot().await?;
-    assert_eq!(rebuilt.snapshot.get_ref()[0], 3);
+    assert_eq!(rebuilt.snapshot.get_ref()[0], 4);
     Ok(())
 }

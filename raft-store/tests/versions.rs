@@ -31,7 +31,7 @@ async fn populated_disk() -> anyhow::Result<PowerLossDisk> {
 fn stamp_future_version(engine: &dyn StorageEngine, keyspace: Keyspace) -> anyhow::Result<()> {
     for (key, mut value) in engine.range(keyspace, (Bound::Unbounded, Bound::Unbounded))? {
         anyhow::ensure!(
-            matches!(value.first(), Some(1..=3)),
+            matches!(value.first(), Some(1..=4)),
             "values start with a known format version"
         );
         value[0] = FUTURE_VERSION;
@@ -52,7 +52,7 @@ async fn opening_data_of_an_unknown_version_fails_cleanly() -> anyhow::Result<()
                 error,
                 StoreError::Codec(CodecError::UnknownVersion {
                     found: 99,
-                    supported: 1..=3,
+                    supported: 1..=4,
                     ..
                 })
             ),

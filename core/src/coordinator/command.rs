@@ -109,6 +109,28 @@ pub enum Command {
         /// The authenticated caller: request ids are scoped to it.
         caller: Principal,
     },
+    /// Region fair pool: join the window starting at `window_start_ms`
+    /// ahead of time — the window right after the live one, during the live
+    /// one's last quarter — with `region_weight`, asking for `want_total`
+    /// there, by the same rule as [`Command::PoolGrant`]. When
+    /// `window_start_ms` is the live window (the join arrived late), it is
+    /// a `PoolGrant` in it. (Last in the enum: storage format 4.)
+    PoolJoinNext {
+        /// The budget (a `fair` policy).
+        key: Key,
+        /// The joining region.
+        region: RegionId,
+        /// The region's weight, ≥ 1.
+        region_weight: u64,
+        /// The total grant the region would like in that window.
+        want_total: u64,
+        /// The start of the window joined.
+        window_start_ms: u64,
+        /// For exactly-once retries.
+        request_id: Option<RequestId>,
+        /// The authenticated caller: request ids are scoped to it.
+        caller: Principal,
+    },
 }
 
 /// What one command did.
@@ -118,7 +140,7 @@ pub enum Outcome {
     Lease(LeaseGrant),
     /// Result of [`Command::Reconcile`].
     Reconcile(ReconcileOutcome),
-    /// Result of [`Command::PoolGrant`].
+    /// Result of [`Command::PoolGrant`] and [`Command::PoolJoinNext`].
     PoolGrant(PoolGrantOutcome),
     /// A policy was inserted or replaced.
     PolicySet,
@@ -317,6 +339,21 @@ impl Command {
                 hash.text(region.as_str());
                 hash.number(*from_total);
                 hash.number(*keep_total);
+                hash.number(*window_start_ms);
+            }
+            Command::PoolJoinNext {
+                key,
+                region,
+                region_weight,
+                want_total,
+                window_start_ms,
+                ..
+            } => {
+                hash.tag(8);
+                hash.text(key.as_str());
+                hash.text(region.as_str());
+                hash.number(*region_weight);
+                hash.number(*want_total);
                 hash.number(*window_start_ms);
             }
         }

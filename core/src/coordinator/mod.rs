@@ -12,9 +12,11 @@
 //! - `sessions`: exactly-once client sessions, bounded.
 //! - `gc`: collection of dead windows and sessions.
 //! - [`format_v2`]: the types as storage format 2 wrote them, and their upgrade.
+//! - [`format_v3`]: the state as storage format 3 wrote it, and its upgrade.
 
 mod command;
 pub mod format_v2;
+pub mod format_v3;
 mod gc;
 mod lease;
 mod policy_admin;
@@ -27,7 +29,7 @@ mod windows;
 
 pub use command::*;
 pub use lease::MAX_REGIONS_PER_WINDOW;
-pub use pool::PoolView;
+pub use pool::{PoolView, NEXT_WINDOW_JOIN_SHARE};
 pub use sessions::{
     MAX_RESPONSES_PER_SESSION, MAX_SESSIONS, MAX_SESSIONS_PER_PRINCIPAL, SESSION_MIN_RETAIN_MS,
     SESSION_OPENING_SEQS,

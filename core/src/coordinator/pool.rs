@@ -36,6 +36,22 @@
 //! A release never raises a total, so `Σ granted ≤ L` still holds; the
 //! tokens it frees go to the regions that ask next, by weighted max-min over
 //! `L −` what retired regions keep.
+//!
+//! `PoolJoinNext` (a join ahead of time): a `PoolGrant` in the window that
+//! starts at `window_start_ms`, which must be one of
+//!
+//! | `window_start_ms` names | when | the grant goes to |
+//! |---|---|---|
+//! | the live window | any time | the live window (a late join) |
+//! | the window after the live one | the live one's last [`NEXT_WINDOW_JOIN_SHARE`]-th | the next window, opened now if needed ([`super::windows`]) |
+//! | the window a grant would open now | no window is live | that window, opened now |
+//!
+//! and is otherwise refused (`InvalidArgument`) without any state change,
+//! as are the `PoolGrant` refusals. The next window's limit is the policy's
+//! when it opens (lowered by later policy changes, like a live one's), its
+//! regions are those that joined it ahead, and its grants follow the same
+//! rule, so `Σ granted ≤ L` holds for it as for any window; it becomes the
+//! live window when the current one ends, with what it granted.
 
 use super::command::{
     CommandError, Outcome, PoolGrantOutcome, PoolReleaseDisposition, PoolReleaseOutcome,
@@ -43,12 +59,16 @@ use super::command::{
 use super::lease::MAX_REGIONS_PER_WINDOW;
 use super::region_uses::RegionUses;
 use super::state::CoordinatorState;
-use super::windows::RegionUse;
+use super::windows::{RegionUse, WindowRecord};
 use crate::fair_pool::{next_grant, retire, PoolMember};
 use crate::ids::{Key, RegionId};
 use crate::policy::PolicyKind;
 use crate::shadow;
 use crate::window::WindowBounds;
+
+/// A window's next one may be joined ahead during the live window's last
+/// `1 / NEXT_WINDOW_JOIN_SHARE` (`PoolJoinNext`).
+pub const NEXT_WINDOW_JOIN_SHARE: u64 = 4;
 
 /// Every region of a window but `region`, as pool members, in sorted order.
 fn pool_members_besides<'a>(
@@ -62,6 +82,50 @@ fn pool_members_besides<'a>(
             weight: used.pool_weight,
             granted: used.granted,
         })
+}
+
+/// The pool grant rule in one window `record` (see the module doc):
+/// `region`'s new total and the would-deny count of a shadow policy.
+/// Refused (`InvalidArgument`), changing nothing, when the region is new
+/// and the window already tracks [`MAX_REGIONS_PER_WINDOW`] regions.
+fn grant_in(
+    record: &mut WindowRecord,
+    region: &RegionId,
+    region_weight: u64,
+    want_total: u64,
+    shadow: bool,
+    now_ms: u64,
+) -> Result<(PoolGrantOutcome, u64), CommandError> {
+    if !record.regions.contains_key(region) && record.regions.len() >= MAX_REGIONS_PER_WINDOW {
+        return Err(CommandError::InvalidArgument(format!(
+            "window already tracks {MAX_REGIONS_PER_WINDOW} regions"
+        )));
+    }
+    let current = record.regions.get(region).map_or(0, |used| used.granted);
+    let asker = PoolMember {
+        weight: region_weight,
+        granted: current,
+    };
+    let others = pool_members_besides(&record.regions, region);
+    // The fair total never lowers the region's grant (>= current).
+    let fair_total = next_grant(record.limit, asker, want_total, others);
+    let verdict = shadow::decide(want_total.max(fair_total), fair_total, shadow);
+    let granted_total = verdict.granted;
+    let used = record.regions.entry_or_default(region);
+    used.pool_weight = region_weight;
+    used.granted = granted_total;
+    record.granted = record
+        .granted
+        .saturating_add(granted_total.saturating_sub(current));
+    record.shadow.record(verdict.would_deny);
+    let grant = PoolGrantOutcome {
+        granted_total,
+        limit: record.limit,
+        window_start_ms: record.bounds.start_ms,
+        window_end_ms: record.bounds.end_ms,
+        coordinator_now_ms: now_ms,
+    };
+    Ok((grant, verdict.would_deny))
 }
 
 /// A read-only view of one key's pool window ([`CoordinatorState::pool_view`]).
@@ -117,6 +181,52 @@ impl CoordinatorState {
         Some(view)
     }
 
+    /// `key`'s pool window starting at `window_start_ms` as of `now_ms`,
+    /// read-only: the live window's view ([`Self::pool_view`]) when that
+    /// is the one, or the view of the window after the live one — its
+    /// record when a region joined it ahead, else its bounds and the
+    /// policy's limit with no regions. `None` for any other window or a
+    /// key without a governing `fair` policy.
+    pub fn pool_view_at(&self, key: &Key, window_start_ms: u64, now_ms: u64) -> Option<PoolView> {
+        let live = self.pool_view(key, now_ms)?;
+        if live.bounds.start_ms == window_start_ms {
+            return Some(live);
+        }
+        if live.bounds.end_ms != window_start_ms || self.windows.live(key, now_ms).is_none() {
+            return None;
+        }
+        let policy = self.policies.lookup(key.as_str())?;
+        let view = match self.windows.next(key) {
+            Some(record) => PoolView {
+                bounds: record.bounds,
+                limit: record.limit,
+                shadow: policy.shadow,
+                regions: record
+                    .regions
+                    .iter()
+                    .map(|(id, used)| {
+                        (
+                            id.clone(),
+                            PoolMember {
+                                weight: used.pool_weight,
+                                granted: used.granted,
+                            },
+                        )
+                    })
+                    .collect(),
+            },
+            None => PoolView {
+                bounds: self
+                    .windows
+                    .next_bounds(key, policy.window_ms, live.bounds.end_ms),
+                limit: policy.limit,
+                shadow: policy.shadow,
+                regions: Vec::new(),
+            },
+        };
+        Some(view)
+    }
+
     pub(super) fn pool_grant(
         &mut self,
         key: &Key,
@@ -139,38 +249,78 @@ impl CoordinatorState {
         }
         let now = self.now_ms;
         let record = self.windows.live_or_create(key, policy, now);
-        if !record.regions.contains_key(region) && record.regions.len() >= MAX_REGIONS_PER_WINDOW {
+        let shadow = policy.shadow;
+        let prefix = policy.prefix.clone();
+        match grant_in(record, region, region_weight, want_total, shadow, now) {
+            Ok((grant, would_deny)) => {
+                self.record_shadow(&prefix, would_deny);
+                Outcome::PoolGrant(grant)
+            }
+            Err(refusal) => Outcome::Rejected(refusal),
+        }
+    }
+
+    pub(super) fn pool_join_next(
+        &mut self,
+        key: &Key,
+        region: &RegionId,
+        region_weight: u64,
+        want_total: u64,
+        window_start_ms: u64,
+    ) -> Outcome {
+        let now = self.now_ms;
+        let Some(policy) = self.policies.lookup(key.as_str()) else {
+            return self.pool_grant(key, region, region_weight, want_total);
+        };
+        let live = self.windows.live(key, now).map(|record| record.bounds);
+        let opens_now = self.windows.next_bounds(key, policy.window_ms, now);
+        let target = match live {
+            Some(bounds) if bounds.start_ms == window_start_ms => None,
+            Some(bounds) if bounds.end_ms == window_start_ms => Some(bounds),
+            None if opens_now.start_ms == window_start_ms => None,
+            _ => {
+                return Outcome::Rejected(CommandError::InvalidArgument(format!(
+                    "window_start_ms {window_start_ms} is neither the key's live window nor the one after it"
+                )))
+            }
+        };
+        let Some(live) = target else {
+            // The window joined is the current one: a plain grant in it.
+            return self.pool_grant(key, region, region_weight, want_total);
+        };
+        let length = live.end_ms.saturating_sub(live.start_ms);
+        if now < live.end_ms.saturating_sub(length / NEXT_WINDOW_JOIN_SHARE) {
             return Outcome::Rejected(CommandError::InvalidArgument(format!(
-                "window already tracks {MAX_REGIONS_PER_WINDOW} regions"
+                "the window starting at {window_start_ms} may be joined ahead only in the last \
+                 1/{NEXT_WINDOW_JOIN_SHARE} of the one before"
             )));
         }
-        let current = record.regions.get(region).map_or(0, |used| used.granted);
-        let asker = PoolMember {
-            weight: region_weight,
-            granted: current,
-        };
-        let others = pool_members_besides(&record.regions, region);
-        // The fair total never lowers the region's grant (>= current).
-        let fair_total = next_grant(record.limit, asker, want_total, others);
-        let verdict = shadow::decide(want_total.max(fair_total), fair_total, policy.shadow);
-        let granted_total = verdict.granted;
-        let used = record.regions.entry_or_default(region);
-        used.pool_weight = region_weight;
-        used.granted = granted_total;
-        record.granted = record
-            .granted
-            .saturating_add(granted_total.saturating_sub(current));
-        record.shadow.record(verdict.would_deny);
-        let grant = PoolGrantOutcome {
-            granted_total,
-            limit: record.limit,
-            window_start_ms: record.bounds.start_ms,
-            window_end_ms: record.bounds.end_ms,
-            coordinator_now_ms: now,
-        };
+        // The same refusals as a grant in the live window, before any
+        // state change.
+        if region_weight == 0 {
+            return Outcome::Rejected(CommandError::InvalidArgument(
+                "region_weight must be at least 1".to_string(),
+            ));
+        }
+        if policy.kind != PolicyKind::Fair {
+            return Outcome::Rejected(CommandError::WrongKind(
+                "key is counter: use Lease".to_string(),
+            ));
+        }
+        let shadow = policy.shadow;
         let prefix = policy.prefix.clone();
-        self.record_shadow(&prefix, verdict.would_deny);
-        Outcome::PoolGrant(grant)
+        let Some(record) = self.windows.next_or_create(key, policy, now) else {
+            return Outcome::Rejected(CommandError::InvalidArgument(
+                "the key has no live window to join the next of".to_string(),
+            ));
+        };
+        match grant_in(record, region, region_weight, want_total, shadow, now) {
+            Ok((grant, would_deny)) => {
+                self.record_shadow(&prefix, would_deny);
+                Outcome::PoolGrant(grant)
+            }
+            Err(refusal) => Outcome::Rejected(refusal),
+        }
     }
 
     pub(super) fn pool_release(

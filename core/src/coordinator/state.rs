@@ -160,6 +160,17 @@ impl CoordinatorState {
             } => self.exactly_once(command, caller, request_id.as_ref(), |state| {
                 state.pool_release(key, region, *from_total, *keep_total, *window_start_ms)
             }),
+            Command::PoolJoinNext {
+                key,
+                region,
+                region_weight,
+                want_total,
+                window_start_ms,
+                request_id,
+                caller,
+            } => self.exactly_once(command, caller, request_id.as_ref(), |state| {
+                state.pool_join_next(key, region, *region_weight, *want_total, *window_start_ms)
+            }),
         }
     }
 

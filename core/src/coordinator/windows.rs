@@ -38,6 +38,17 @@
 //! floor is filed and nothing bites; after a window length grows, the first
 //! windows of keys under that prefix may start at the floor instead of their
 //! aligned start (shortened, never overlapping an earlier window).
+//!
+//! # The next window
+//! A `fair` key's window right after its live one may be opened early, in
+//! the live window's last quarter, by a pool join for it
+//! ([`super::pool`]'s `PoolJoinNext`): the record is kept beside the live
+//! one ([`WindowTable::next_or_create`]) with the bounds the creation rule
+//! gives at the live window's end — so it starts exactly there — and
+//! becomes the live window when that one ends (on collection, or on the
+//! first touch after it). The key's tombstone then names the next window's
+//! end. The law above holds: the next window starts where the live one
+//! ends, and no third window opens before both have ended.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -147,6 +158,9 @@ pub(super) struct WindowTable {
     forgotten_end_ms: u64,
     /// Growth floors by policy prefix; one per prefix (merged by maximum).
     growth_floors: BTreeMap<String, GrowthFloor>,
+    /// Each key's next window, opened early (see the module doc); only
+    /// for keys whose live window has not ended. (Last: storage format 4.)
+    next: BTreeMap<Key, WindowRecord>,
 }
 
 impl WindowTable {
@@ -190,18 +204,91 @@ impl WindowTable {
             .unwrap_or(0)
     }
 
-    /// The key's live window at `now_ms`, if one exists.
+    /// The key's live window at `now_ms`, if one exists: the live record,
+    /// or — once that has ended, before a collection rolled it — the next
+    /// window when `now_ms` lies in it.
     pub fn live(&self, key: &Key, now_ms: u64) -> Option<&WindowRecord> {
-        self.keys
+        let live = self
+            .keys
             .get(key)?
             .live
             .as_ref()
-            .filter(|r| r.bounds.end_ms > now_ms)
+            .filter(|r| r.bounds.end_ms > now_ms);
+        live.or_else(|| {
+            self.next
+                .get(key)
+                .filter(|r| r.bounds.start_ms <= now_ms && r.bounds.end_ms > now_ms)
+        })
+    }
+
+    /// The key's next window (opened early, see the module doc), if any.
+    pub fn next(&self, key: &Key) -> Option<&WindowRecord> {
+        self.next.get(key)
+    }
+
+    /// Makes the key's next window its live one when the live one has
+    /// ended and `now_ms` lies in the next (what a collection at `now_ms`
+    /// does for this key).
+    fn roll(&mut self, key: &Key, now_ms: u64) {
+        let Some(entry) = self.keys.get_mut(key) else {
+            return;
+        };
+        if entry
+            .live
+            .as_ref()
+            .is_some_and(|r| r.bounds.end_ms > now_ms)
+        {
+            return;
+        }
+        let due = self
+            .next
+            .get(key)
+            .is_some_and(|r| r.bounds.start_ms <= now_ms && r.bounds.end_ms > now_ms);
+        if !due {
+            return;
+        }
+        let Some(next) = self.next.remove(key) else {
+            return;
+        };
+        self.deadlines.remove(&(entry.deadline_ms, key.clone()));
+        self.deadlines.insert((next.bounds.end_ms, key.clone()));
+        entry.deadline_ms = next.bounds.end_ms;
+        entry.live = Some(next);
+    }
+
+    /// The key's next window, opened under `policy` if there is none yet:
+    /// it starts where the live window at `now_ms` ends (the creation rule
+    /// at that instant). `None` when the key has no live window at `now_ms`.
+    pub fn next_or_create(
+        &mut self,
+        key: &Key,
+        policy: &Policy,
+        now_ms: u64,
+    ) -> Option<&mut WindowRecord> {
+        self.roll(key, now_ms);
+        let live_end = self
+            .keys
+            .get(key)?
+            .live
+            .as_ref()
+            .filter(|r| r.bounds.end_ms > now_ms)?
+            .bounds
+            .end_ms;
+        if !self.next.contains_key(key) {
+            let bounds = self.next_bounds(key, policy.window_ms, live_end);
+            let entry = self.keys.get_mut(key)?;
+            entry.last_end_ms = bounds.end_ms;
+            entry.retention_ms = policy.window_ms;
+            self.next
+                .insert(key.clone(), WindowRecord::new(bounds, policy));
+        }
+        self.next.get_mut(key)
     }
 
     /// The key's live window at `now_ms`, mutable. Callers collect garbage
     /// first, so a record present here is live.
     pub fn live_mut(&mut self, key: &Key, now_ms: u64) -> Option<&mut WindowRecord> {
+        self.roll(key, now_ms);
         self.keys
             .get_mut(key)?
             .live
@@ -234,6 +321,7 @@ impl WindowTable {
     /// live window — costs two lookups and no copy of the key; the key is
     /// copied only when a window opens.
     pub fn live_or_create(&mut self, key: &Key, policy: &Policy, now_ms: u64) -> &mut WindowRecord {
+        self.roll(key, now_ms);
         if self.live(key, now_ms).is_none() {
             return self.open_window(key, policy, now_ms);
         }
@@ -282,7 +370,8 @@ impl WindowTable {
                     entry.deadline_ms = expiry;
                 }
             }
-            if let Some(record) = entry.live.as_mut() {
+            let next = self.next.get_mut(key);
+            for record in entry.live.as_mut().into_iter().chain(next) {
                 record.limit = record.limit.min(policy.limit);
                 record.kind = policy.kind;
             }
@@ -302,6 +391,16 @@ impl WindowTable {
                 continue;
             };
             if entry.live.take().is_some() {
+                collected += 1;
+            }
+            // The next window, opened early, becomes the live one.
+            if let Some(next) = self.next.remove(&key) {
+                if next.bounds.end_ms > now_ms {
+                    entry.deadline_ms = next.bounds.end_ms;
+                    self.deadlines.insert((next.bounds.end_ms, key));
+                    entry.live = Some(next);
+                    continue;
+                }
                 collected += 1;
             }
             let tombstone_expiry = entry.tombstone_expiry_ms();
@@ -436,6 +535,30 @@ impl From<WindowTableV2> for WindowTable {
             deadlines: old.deadlines,
             forgotten_end_ms: old.forgotten_end_ms,
             growth_floors: old.growth_floors,
+            next: BTreeMap::new(),
+        }
+    }
+}
+
+/// The window table as format 3 stored it, before a key could hold its
+/// next window beside the live one: read from old snapshots and upgraded
+/// (no next windows).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(super) struct WindowTableV3 {
+    keys: BTreeMap<Key, KeyWindows>,
+    deadlines: BTreeSet<(u64, Key)>,
+    forgotten_end_ms: u64,
+    growth_floors: BTreeMap<String, GrowthFloor>,
+}
+
+impl From<WindowTableV3> for WindowTable {
+    fn from(old: WindowTableV3) -> Self {
+        WindowTable {
+            keys: old.keys,
+            deadlines: old.deadlines,
+            forgotten_end_ms: old.forgotten_end_ms,
+            growth_floors: old.growth_floors,
+            next: BTreeMap::new(),
         }
     }
 }

@@ -17,6 +17,17 @@ pub enum WindowPick {
     AlignedBack(u64),
 }
 
+/// Which window a generated `PoolJoinNext` names.
+#[derive(Debug, Clone)]
+pub enum NextPick {
+    /// The one after the latest window (or the aligned one after now).
+    Next,
+    /// The latest window (or the aligned one containing now).
+    Latest,
+    /// An aligned window `n` windows of 500 ms back.
+    AlignedBack(u64),
+}
+
 #[derive(Debug, Clone)]
 pub enum Gen {
     Lease {
@@ -47,6 +58,16 @@ pub enum Gen {
         stale: u64,
         keep_pct: u64,
         window: WindowPick,
+        client: Option<usize>,
+    },
+    /// Join a window ahead: `window` names the live window's end (the
+    /// next window), its start, or an aligned window further back.
+    JoinNext {
+        key: usize,
+        region: usize,
+        weight: u64,
+        want: u64,
+        window: NextPick,
         client: Option<usize>,
     },
     SetPolicy {
@@ -86,9 +107,19 @@ fn gen_command() -> impl Strategy<Value = Gen> {
         5 => (0..KEYS.len(), 0..REGIONS.len(), weight, 0u64..40, client.clone())
             .prop_map(|(key, region, weight, want, client)| Gen::Pool { key, region, weight, want, client }),
         3 => (0..KEYS.len(), 0..REGIONS.len(), prop_oneof![6 => Just(0u64), 1 => 1u64..3],
-              prop_oneof![1 => Just(101u64), 9 => 0u64..=100], pick, client)
+              prop_oneof![1 => Just(101u64), 9 => 0u64..=100], pick, client.clone())
             .prop_map(|(key, region, stale, keep_pct, window, client)| Gen::Release {
                 key, region, stale, keep_pct, window, client,
+            }),
+        4 => (0..KEYS.len(), 0..REGIONS.len(), prop_oneof![1 => Just(0u64), 9 => 1u64..5], 0u64..40,
+              prop_oneof![
+                  6 => Just(NextPick::Next),
+                  2 => Just(NextPick::Latest),
+                  1 => (0u64..3).prop_map(NextPick::AlignedBack),
+              ],
+              client)
+            .prop_map(|(key, region, weight, want, window, client)| Gen::JoinNext {
+                key, region, weight, want, window, client,
             }),
         2 => gen_policy(),
         1 => (0..PREFIXES.len()).prop_map(|prefix| Gen::DeletePolicy { prefix }),

@@ -11,8 +11,9 @@ use leasehold_core::ids::RequestId;
 use leasehold_core::policy::{Policy, PolicyKind, PolicyTable};
 use proptest::prelude::*;
 
-use super::history_gen::{Gen, WindowPick, CLIENTS, KEYS, PREFIXES, REGIONS, WINDOWS};
+use super::history_gen::{Gen, NextPick, WindowPick, CLIENTS, KEYS, PREFIXES, REGIONS, WINDOWS};
 use super::{key, policy, region, request};
+use leasehold_core::coordinator::NEXT_WINDOW_JOIN_SHARE;
 
 /// The model's accounting of one window `(key, start)`.
 #[derive(Debug, Default)]
@@ -53,7 +54,8 @@ pub fn request_id_of(command: &Command) -> Option<&RequestId> {
         Command::Lease { request_id, .. }
         | Command::Reconcile { request_id, .. }
         | Command::PoolGrant { request_id, .. }
-        | Command::PoolRelease { request_id, .. } => request_id.as_ref(),
+        | Command::PoolRelease { request_id, .. }
+        | Command::PoolJoinNext { request_id, .. } => request_id.as_ref(),
         _ => None,
     }
 }
@@ -140,6 +142,31 @@ impl Model {
                     caller: leasehold_core::principal::Principal::Anonymous,
                 }
             }
+            Gen::JoinNext {
+                key: k,
+                region: r,
+                weight,
+                want,
+                window,
+                client,
+            } => {
+                let name = KEYS[*k];
+                let live = self.live(name, now);
+                let window_start_ms = match window {
+                    NextPick::Next => live.map_or(now - now % 500 + 500, |w| w.1),
+                    NextPick::Latest => live.map_or(now - now % 500, |w| w.0),
+                    NextPick::AlignedBack(n) => (now - now % 500).saturating_sub(n * 500),
+                };
+                Command::PoolJoinNext {
+                    key: key(name),
+                    region: region(REGIONS[*r]),
+                    region_weight: *weight,
+                    want_total: *want,
+                    window_start_ms,
+                    request_id: self.fresh_id(*client),
+                    caller: leasehold_core::principal::Principal::Anonymous,
+                }
+            }
             Gen::SetPolicy {
                 prefix,
                 limit,
@@ -187,8 +214,22 @@ impl Model {
         self.policies.lookup(key)
     }
 
+    /// The key's window containing `now` (a window joined ahead is not
+    /// live before it starts).
     fn live(&self, key: &str, now: u64) -> Option<(u64, u64)> {
-        self.latest.get(key).copied().filter(|w| w.1 > now)
+        self.windows
+            .range((key.to_string(), 0)..=(key.to_string(), now))
+            .next_back()
+            .map(|((_, start), track)| (*start, track.end))
+            .filter(|w| w.1 > now)
+    }
+
+    /// Whether `window_start_ms` may be joined ahead at `now`: it is the
+    /// end of the live window and `now` lies in that window's last quarter.
+    fn joinable_ahead(&self, key: &str, window_start_ms: u64, now: u64) -> bool {
+        self.live(key, now).is_some_and(|(start, end)| {
+            end == window_start_ms && now >= end - (end - start) / NEXT_WINDOW_JOIN_SHARE
+        })
     }
 
     /// Opens or finds the tracked window named by an outcome; checks the
@@ -201,8 +242,9 @@ impl Model {
         limit: u64,
         now: u64,
     ) -> Result<&mut WindowTrack, TestCaseError> {
+        let ahead = self.joinable_ahead(key, start, now) && now < start;
         prop_assert!(
-            start <= now && now < end,
+            (start <= now || ahead) && now < end,
             "window [{start}, {end}) does not contain now {now}"
         );
         let label = (key.to_string(), start);
@@ -317,6 +359,45 @@ impl Model {
                 }
             }
             (
+                Command::PoolJoinNext {
+                    key,
+                    region,
+                    region_weight,
+                    want_total,
+                    window_start_ms,
+                    ..
+                },
+                Outcome::PoolGrant(p),
+            ) => {
+                prop_assert!(*region_weight > 0);
+                prop_assert_eq!(
+                    self.limit_of(key.as_str()).map(|p| p.kind),
+                    Some(PolicyKind::Fair)
+                );
+                // The grant is in the window named: the live one, the one
+                // after it (joined ahead), or the one opened now.
+                prop_assert_eq!(p.window_start_ms, *window_start_ms);
+                let track = self.window_for(
+                    key.as_str(),
+                    p.window_start_ms,
+                    p.window_end_ms,
+                    p.limit,
+                    now,
+                )?;
+                let held = track.regions.entry(region.to_string()).or_default();
+                prop_assert!(p.granted_total >= held.0, "pool total shrank");
+                prop_assert!(p.granted_total <= held.0.max(*want_total));
+                let delta = p.granted_total - held.0;
+                held.0 = p.granted_total;
+                track.granted += delta;
+                if delta > 0 {
+                    prop_assert!(
+                        track.granted - track.returned <= track.min_limit,
+                        "pool granted past the limit ahead"
+                    );
+                }
+            }
+            (
                 Command::Reconcile {
                     key,
                     region,
@@ -422,6 +503,43 @@ impl Model {
                 keep_total,
                 ..
             } => (key, keep_total > from_total, PolicyKind::Fair),
+            Command::PoolJoinNext {
+                key,
+                region_weight,
+                window_start_ms,
+                ..
+            } => {
+                let named = match self.live(key.as_str(), now) {
+                    Some((start, _)) => {
+                        start == *window_start_ms
+                            || self.joinable_ahead(key.as_str(), *window_start_ms, now)
+                    }
+                    // No live window: the one a grant opens now (its start
+                    // may be raised past the aligned one: either answer).
+                    None => {
+                        if matches!(error, CommandError::InvalidArgument(_)) {
+                            return Ok(());
+                        }
+                        true
+                    }
+                };
+                let policy = self.limit_of(key.as_str());
+                let expected = match policy {
+                    None if *region_weight == 0 => "invalid",
+                    None => "no policy",
+                    Some(_) if !named || *region_weight == 0 => "invalid",
+                    Some(p) if p.kind != PolicyKind::Fair => "wrong kind",
+                    Some(_) => "accepted",
+                };
+                let got = match error {
+                    CommandError::InvalidArgument(_) => "invalid",
+                    CommandError::NoPolicy(_) => "no policy",
+                    CommandError::WrongKind(_) => "wrong kind",
+                    _ => "session refused",
+                };
+                prop_assert_eq!(got, expected, "{:?}", command);
+                return Ok(());
+            }
             Command::Reconcile { key, .. } => {
                 let kind = self.limit_of(key.as_str()).map(|p| p.kind);
                 prop_assert!(matches!(error, CommandError::WrongKind(_)), "{error:?}");

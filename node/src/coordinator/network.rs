@@ -465,6 +465,15 @@ mod tests {
                 request_id: request_id.clone(),
                 caller: caller.clone(),
             },
+            Command::PoolJoinNext {
+                key: key.clone(),
+                region: region.clone(),
+                region_weight: u64::MAX,
+                want_total: u64::MAX,
+                window_start_ms: u64::MAX,
+                request_id: request_id.clone(),
+                caller: caller.clone(),
+            },
             Command::PoolRelease {
                 key: key.clone(),
                 region,
