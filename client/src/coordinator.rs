@@ -28,8 +28,8 @@ use leasehold_proto::v1::admin_client::AdminClient as AdminRpc;
 use leasehold_proto::v1::coordinator_client::CoordinatorClient as CoordinatorRpc;
 use leasehold_proto::v1::{
     lease_item_result, GetWindowRequest, GetWindowResponse, LeaseBatchRequest, LeaseRequest,
-    LeaseResponse, PoolGrantRequest, PoolGrantResponse, PoolReleaseRequest, PoolReleaseResponse,
-    ReconcileRequest, ReconcileResponse, RequestId, TenantDemand,
+    LeaseResponse, NextWindowJoin, PoolGrantRequest, PoolGrantResponse, PoolReleaseRequest,
+    PoolReleaseResponse, ReconcileRequest, ReconcileResponse, RequestId, TenantDemand,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -378,6 +378,33 @@ impl CoordinatorClient {
         demand_window_start_ms: u64,
         tenant_demands: Vec<TenantDemand>,
     ) -> Result<PoolGrantResponse, CoordinatorError> {
+        self.pool_grant_joining_next(
+            key,
+            region,
+            region_weight,
+            want_total,
+            demand_window_start_ms,
+            tenant_demands,
+            None,
+        )
+        .await
+    }
+
+    /// [`pool_grant_reporting`](Self::pool_grant_reporting) that also joins
+    /// the key's next window ahead with `join_next` (see the proto's
+    /// `NextWindowJoin`): the answer's `next_window` is the grant there, or
+    /// `next_window_refused` says why there is none.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn pool_grant_joining_next(
+        &self,
+        key: &str,
+        region: &str,
+        region_weight: u64,
+        want_total: u64,
+        demand_window_start_ms: u64,
+        tenant_demands: Vec<TenantDemand>,
+        join_next: Option<NextWindowJoin>,
+    ) -> Result<PoolGrantResponse, CoordinatorError> {
         let mut session = self.checkout_session();
         let request = PoolGrantRequest {
             key: key.to_string(),
@@ -387,6 +414,7 @@ impl CoordinatorClient {
             request_id: Some(session.request_id()),
             tenant_demands,
             demand_window_start_ms,
+            join_next,
         };
         self.call(Target::Leader, move |channel, timeout| {
             let request = with_timeout(request.clone(), timeout);
@@ -410,6 +438,33 @@ impl CoordinatorClient {
         window_start_ms: u64,
         request_id: RequestId,
     ) -> Result<PoolReleaseResponse, CoordinatorError> {
+        self.pool_release_joining_next(
+            key,
+            region,
+            from_total,
+            keep_total,
+            window_start_ms,
+            request_id,
+            None,
+        )
+        .await
+    }
+
+    /// [`pool_release_with_id`](Self::pool_release_with_id) that also joins
+    /// the key's next window ahead with `join_next` (as
+    /// [`pool_grant_joining_next`](Self::pool_grant_joining_next)); a resend
+    /// carries the same join.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn pool_release_joining_next(
+        &self,
+        key: &str,
+        region: &str,
+        from_total: u64,
+        keep_total: u64,
+        window_start_ms: u64,
+        request_id: RequestId,
+        join_next: Option<NextWindowJoin>,
+    ) -> Result<PoolReleaseResponse, CoordinatorError> {
         let request = PoolReleaseRequest {
             key: key.to_string(),
             region: region.to_string(),
@@ -417,6 +472,7 @@ impl CoordinatorClient {
             keep_total,
             window_start_ms,
             request_id: Some(request_id),
+            join_next,
         };
         self.call(Target::Leader, move |channel, timeout| {
             let request = with_timeout(request.clone(), timeout);

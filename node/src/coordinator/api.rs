@@ -129,10 +129,11 @@ impl CoordinatorApi {
         let caller = caller(&request);
         let demands = convert::tenant_demands(&request.get_ref().tenant_demands)
             .map_err(|e| self.invalid(e))?;
-        let request = request.into_inner();
+        let mut request = request.into_inner();
         let demand_window = request.demand_window_start_ms;
+        let join_next = request.join_next.take();
         let mut command =
-            convert::pool_grant_command(request, caller).map_err(|e| self.invalid(e))?;
+            convert::pool_grant_command(request, caller.clone()).map_err(|e| self.invalid(e))?;
         let Command::PoolGrant {
             key,
             region,
@@ -145,6 +146,12 @@ impl CoordinatorApi {
             return Err(refusal(Reason::Internal, "not a pool grant"));
         };
         let (key, region) = (key.clone(), region.clone());
+        let join = join_next
+            .map(|join| {
+                convert::join_next_command(join, key.clone(), region.clone(), caller.clone())
+            })
+            .transpose()
+            .map_err(|e| self.invalid(e))?;
         // Early in a window, room is kept for the regions of the window
         // before that have not asked yet (the proto's PoolGrantRequest).
         let now_ms = self.node.clock.now_ms();
@@ -185,12 +192,16 @@ impl CoordinatorApi {
                 )
             })
             .unwrap_or_default();
-        let outcome = if commands.is_empty() {
-            self.write(command).await?
+        let join = join.map(|join| self.capped_join(join, now_ms));
+        let joined_ahead = join.is_some();
+        let (outcome, join_outcome) = if commands.is_empty() && !joined_ahead {
+            (self.write(command).await?, None)
         } else {
             commands.push(command);
+            commands.extend(join);
             self.node.require_leader()?;
             let mut outcomes = self.node.propose_all(commands).await?;
+            let join_outcome = if joined_ahead { outcomes.pop() } else { None };
             // (A release that met a changed total retired no one.)
             let lapsed = outcomes
                 .iter()
@@ -205,13 +216,18 @@ impl CoordinatorApi {
             self.node.metrics.record_pool_reserves_lapsed(lapsed);
             match outcomes.pop() {
                 Some(Outcome::Rejected(error)) => return Err(command_error_status(&error)),
-                Some(outcome) => outcome,
+                Some(outcome) => (outcome, join_outcome),
                 None => return Err(refusal(Reason::Internal, "no outcome for the grant")),
             }
         };
         match outcome {
             Outcome::PoolGrant(grant) => {
                 let mut response = pb::PoolGrantResponse::from(&grant);
+                if let Some(joined) = join_outcome {
+                    let (next, refused) = self.join_answer(&key, &region, joined);
+                    response.next_window = next.map(Box::new);
+                    response.next_window_refused = refused;
+                }
                 // Only the window right before the granted one is counted:
                 // what a region asked for then weighs its tenants now.
                 let window_ms = grant.window_end_ms.saturating_sub(grant.window_start_ms);
@@ -271,31 +287,138 @@ impl CoordinatorApi {
     ) -> Result<Response<pb::PoolReleaseResponse>, Status> {
         self.require_region(&request, &request.get_ref().region)?;
         let caller = caller(&request);
-        let command = convert::pool_release_command(request.into_inner(), caller)
-            .map_err(|e| self.invalid(e))?;
-        let key = match &command {
-            Command::PoolRelease { key, .. } => Some(key.clone()),
-            _ => None,
+        let mut request = request.into_inner();
+        let join_next = request.join_next.take();
+        let command =
+            convert::pool_release_command(request, caller.clone()).map_err(|e| self.invalid(e))?;
+        let (key, region) = match &command {
+            Command::PoolRelease { key, region, .. } => (key.clone(), region.clone()),
+            _ => return Err(refusal(Reason::Internal, "not a pool release")),
         };
-        match self.write(command).await? {
+        let join = join_next
+            .map(|join| convert::join_next_command(join, key.clone(), region.clone(), caller))
+            .transpose()
+            .map_err(|e| self.invalid(e))?;
+        let (outcome, join_outcome) = match join {
+            None => (self.write(command).await?, None),
+            Some(join) => {
+                let join = self.capped_join(join, self.node.clock.now_ms());
+                self.node.require_leader()?;
+                let mut outcomes = self.node.propose_all(vec![command, join]).await?;
+                let join_outcome = outcomes.pop();
+                match outcomes.pop() {
+                    Some(Outcome::Rejected(error)) => return Err(command_error_status(&error)),
+                    Some(outcome) => (outcome, join_outcome),
+                    None => return Err(refusal(Reason::Internal, "no outcome for the release")),
+                }
+            }
+        };
+        match outcome {
             Outcome::PoolRelease(outcome) => {
                 // Remembered for the next window's grants: what was handed
                 // back late (the proto's late_released_before_total).
-                if let Some(key) = key {
-                    let window = WindowBounds {
-                        start_ms: outcome.window_start_ms,
-                        end_ms: outcome.window_end_ms,
-                    };
-                    let now_ms = self.node.clock.now_ms();
-                    self.pool_roster
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner)
-                        .note_release(&key, window, now_ms, outcome.released);
+                let window = WindowBounds {
+                    start_ms: outcome.window_start_ms,
+                    end_ms: outcome.window_end_ms,
+                };
+                let now_ms = self.node.clock.now_ms();
+                self.pool_roster
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .note_release(&key, window, now_ms, outcome.released);
+                let mut response = pb::PoolReleaseResponse::from(&outcome);
+                if let Some(joined) = join_outcome {
+                    let (next, refused) = self.join_answer(&key, &region, joined);
+                    response.next_window = next;
+                    response.next_window_refused = refused;
                 }
-                Ok(Response::new(pb::PoolReleaseResponse::from(&outcome)))
+                Ok(Response::new(response))
             }
             other => Err(unexpected(&other)),
         }
+    }
+
+    /// A join of the next window ahead (`PoolJoinNext`) as the leader
+    /// proposes it: its ask capped, while regions of the window before are
+    /// expected, at the region's expected ceiling in the window joined, and
+    /// a retried id sent with its first attempt's total (as a PoolGrant's).
+    fn capped_join(&self, mut join: Command, now_ms: u64) -> Command {
+        let Command::PoolJoinNext {
+            key,
+            region,
+            region_weight,
+            want_total,
+            window_start_ms,
+            request_id,
+            caller,
+        } = &mut join
+        else {
+            return join;
+        };
+        let view = self
+            .node
+            .state
+            .read(|state| state.pool_view_at(key, *window_start_ms, now_ms));
+        let cap = view.as_ref().and_then(|view| {
+            self.pool_roster
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .cap(view, key, region, *region_weight, now_ms)
+        });
+        *want_total = self
+            .capped_asks
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .total(
+                caller,
+                request_id.as_ref(),
+                *want_total,
+                cap.map(|cap| cap.max(1)),
+                now_ms,
+            );
+        join
+    }
+
+    /// The answer of a join ahead: the grant in the window joined, with the
+    /// region's standing there (as for a PoolGrant: the roster records the
+    /// window's regions), or why it was refused.
+    fn join_answer(
+        &self,
+        key: &leasehold_core::ids::Key,
+        region: &leasehold_core::ids::RegionId,
+        outcome: Outcome,
+    ) -> (Option<pb::PoolGrantResponse>, String) {
+        let grant = match outcome {
+            Outcome::PoolGrant(grant) => grant,
+            Outcome::Rejected(error) => return (None, error.to_string()),
+            other => return (None, format!("unexpected outcome {other:?}")),
+        };
+        self.node.metrics.record_pool_join_ahead();
+        let mut response = pb::PoolGrantResponse::from(&grant);
+        let now_ms = grant.coordinator_now_ms;
+        let view = self
+            .node
+            .state
+            .read(|state| state.pool_view_at(key, grant.window_start_ms, now_ms));
+        if let Some(view) = view {
+            let answer = self
+                .pool_roster
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .answer(&view, key, region, now_ms);
+            if let Some(standing) = answer.standing {
+                response.guarantee_total = standing.guarantee;
+                response.ceiling_total = standing.ceiling.max(grant.granted_total);
+            }
+            response.reserved_unheld_total = answer.reserved_unheld;
+            response.retired_kept_total = answer.retired_kept;
+            response.late_released_before_total = answer.late_released_before;
+            if let Some(expected) = answer.expected {
+                response.expected_guarantee_total = expected.guarantee;
+                response.expected_ceiling_total = expected.ceiling.max(grant.granted_total);
+            }
+        }
+        (Some(response), String::new())
     }
 
     async fn get_window_call(

@@ -39,6 +39,7 @@ pub struct NodeMetrics {
     largest_batch: AtomicU64,
     linearizable_reads: AtomicU64,
     pool_reserves_lapsed: AtomicU64,
+    pool_joins_ahead: AtomicU64,
     /// Proposal commit latency (propose → applied on the leader), µs.
     pub commit_latency: Histogram,
     /// Commands per proposal (group-commit batch sizes).
@@ -169,6 +170,12 @@ impl NodeMetrics {
             .fetch_add(regions, Ordering::Relaxed);
     }
 
+    /// Counts one join of a next window ahead answered with a grant
+    /// (`PoolJoinNext`, carried by a pool call; a resend's replay too).
+    pub fn record_pool_join_ahead(&self) {
+        self.pool_joins_ahead.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// The listener counters, shared with the listener and the server layer.
     pub fn connections(&self) -> Arc<ConnectionCounters> {
         self.connections.clone()
@@ -204,6 +211,7 @@ impl NodeMetrics {
             ("largest_batch", read(&self.largest_batch)),
             ("linearizable_reads", read(&self.linearizable_reads)),
             ("pool_reserves_lapsed", read(&self.pool_reserves_lapsed)),
+            ("pool_joins_ahead", read(&self.pool_joins_ahead)),
             ("refused_unauthenticated", self.auth.unauthenticated()),
             ("refused_permission_denied", self.auth.permission_denied()),
         ];

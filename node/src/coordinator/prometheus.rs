@@ -283,6 +283,9 @@ fn describe(name: &str) -> String {
         "pool_reserves_lapsed" => {
             "Regions retired by the leader, keeping all they hold, so that a late pool ask may take the reserves no region holds.".into()
         }
+        "pool_joins_ahead" => {
+            "Joins of a fair key's next window made ahead, carried by a pool call late in the live one.".into()
+        }
         name if name.starts_with("rejected_") => {
             format!(
                 "Requests refused: {}.",

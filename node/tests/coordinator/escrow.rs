@@ -1310,3 +1310,149 @@ async fn late_in_a_window_the_reserves_no_region_holds_lapse() -> Result<()> {
     );
     Ok(())
 }
+
+/// A region's pool call late in a window carries its join of the next
+/// window (`join_next`): before the window's last quarter the join is
+/// refused and the call still answered; in it, the leader proposes the join
+/// with the call and answers the grant in the next window — capped at the
+/// region's share among the regions of this window, which it expects
+/// there too — the next window starts with those totals, and a resend under
+/// the same ids changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_pool_call_joins_the_next_window_ahead() -> Result<()> {
+    use leasehold_proto::v1::NextWindowJoin;
+    const WINDOW_MS: u64 = 4_000;
+    let wall_ms = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64)
+    };
+    let until = |at: u64| async move {
+        tokio::time::sleep(Duration::from_millis(at.saturating_sub(wall_ms()))).await;
+    };
+    let metrics_addr = crate::metrics::free_addr()?;
+    let listen = metrics_addr.clone();
+    let cluster =
+        Cluster::start_initialised(1, move |c| c.metrics_listen = Some(listen.clone())).await?;
+    let client = cluster.client()?;
+    client
+        .admin()
+        .set_policy(fair(counter_policy("ahead/", 100, WINDOW_MS)))
+        .await?;
+    let start = (wall_ms() / WINDOW_MS + 1) * WINDOW_MS;
+    let next = start + WINDOW_MS;
+    let join = |want_total: u64, request_id| NextWindowJoin {
+        window_start_ms: next,
+        region_weight: 1_000,
+        want_total,
+        request_id: Some(request_id),
+    };
+    until(start + 50).await;
+    let eu = client.pool_grant("ahead/k", "eu", 1_000, 40).await?;
+    ensure!(eu.granted_total == 40, "{eu:?}");
+    // Half way: too early to join the next window; the grant is answered.
+    until(start + WINDOW_MS / 2).await;
+    let early = client
+        .pool_grant_joining_next(
+            "ahead/k",
+            "us",
+            1_000,
+            10,
+            0,
+            Vec::new(),
+            Some(join(50, client.next_request_id())),
+        )
+        .await?;
+    ensure!(
+        early.granted_total == 10
+            && early.next_window.is_none()
+            && early.next_window_refused.contains("last 1/4"),
+        "{early:?}"
+    );
+    // In the last quarter eu hands back 10 and joins the next window for
+    // 60: 50, its share beside us, expected there.
+    until(start + WINDOW_MS * 3 / 4 + 100).await;
+    let (release_id, join_id) = (client.next_request_id(), client.next_request_id());
+    let released = client
+        .pool_release_joining_next(
+            "ahead/k",
+            "eu",
+            40,
+            30,
+            start,
+            release_id.clone(),
+            Some(join(60, join_id.clone())),
+        )
+        .await?;
+    let eu_next = released.next_window.clone().unwrap_or_default();
+    ensure!(
+        released.released == 10
+            && eu_next.window_start_ms == next
+            && eu_next.window_end_ms == next + WINDOW_MS
+            && eu_next.granted_total == 50
+            && eu_next.expected_ceiling_total == 50
+            && eu_next.late_released_before_total == 10,
+        "{released:?}"
+    );
+    // us, of equal weight, joins with a grant that asks nothing more here,
+    // and finds the other 50.
+    let us = client
+        .pool_grant_joining_next(
+            "ahead/k",
+            "us",
+            1_000,
+            10,
+            0,
+            Vec::new(),
+            Some(join(80, client.next_request_id())),
+        )
+        .await?;
+    let us_next = us.next_window.clone().unwrap_or_default();
+    ensure!(
+        us.granted_total == 10 && us_next.granted_total == 50 && us_next.ceiling_total == 50,
+        "{us:?}"
+    );
+    // A resend of the release with its join changes nothing: the same
+    // answers (the standing hints move with the pool, as they may).
+    let answered = |r: &pb::PoolReleaseResponse| {
+        let joined = r.next_window.as_ref();
+        (
+            (
+                r.disposition,
+                r.released,
+                r.granted_total,
+                r.window_start_ms,
+            ),
+            joined.map(|n| (n.granted_total, n.window_start_ms, n.window_end_ms)),
+        )
+    };
+    let resent = client
+        .pool_release_joining_next(
+            "ahead/k",
+            "eu",
+            40,
+            30,
+            start,
+            release_id,
+            Some(join(60, join_id)),
+        )
+        .await?;
+    ensure!(
+        answered(&resent) == answered(&released),
+        "{resent:?} != {released:?}"
+    );
+    // The next window starts with both totals.
+    until(next + 50).await;
+    let window = client.get_window("ahead/k").await?;
+    ensure!(
+        window.window_start_ms == next && window.granted == 100,
+        "{window:?}"
+    );
+    let (_, metrics) = crate::metrics::get(&metrics_addr, "/metrics").await?;
+    ensure!(
+        crate::metrics::sample(&metrics, "leasehold_coordinator_pool_joins_ahead_total")
+            == Some(3.0),
+        "three joins ahead answered with a grant (the resend's replay too): {metrics}"
+    );
+    Ok(())
+}

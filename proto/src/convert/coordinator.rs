@@ -143,6 +143,40 @@ pub fn pool_grant_command(
     })
 }
 
+/// The join of `key`'s next window a pool call of `region` by `caller`
+/// carries, as a command (`region_weight` and `want_total` at least 1).
+/// Errors name the field `join_next`.
+pub fn join_next_command(
+    join: pb::NextWindowJoin,
+    key: Key,
+    region: RegionId,
+    caller: Principal,
+) -> Result<Command, InvalidField> {
+    if join.region_weight == 0 {
+        return Err(InvalidField::new(
+            "join_next",
+            "join_next.region_weight must be at least 1",
+        ));
+    }
+    if join.want_total == 0 {
+        return Err(InvalidField::new(
+            "join_next",
+            "join_next.want_total must be greater than 0",
+        ));
+    }
+    let request_id = optional_request_id(join.request_id)
+        .map_err(|e| InvalidField::new("join_next", format!("join_next.request_id: {e}")))?;
+    Ok(Command::PoolJoinNext {
+        key,
+        region,
+        region_weight: join.region_weight,
+        want_total: join.want_total,
+        window_start_ms: join.window_start_ms,
+        request_id,
+        caller,
+    })
+}
+
 /// A pool release request of `caller` as a command: `keep_total ≤ from_total`.
 pub fn pool_release_command(
     request: pb::PoolReleaseRequest,
@@ -328,6 +362,7 @@ impl From<&PoolReleaseOutcome> for pb::PoolReleaseResponse {
             granted_total: outcome.granted_total,
             window_start_ms: outcome.window_start_ms,
             window_end_ms: outcome.window_end_ms,
+            ..Default::default()
         }
     }
 }
@@ -600,6 +635,7 @@ mod tests {
                 keep_total,
                 window_start_ms: 1_000,
                 request_id: None,
+                join_next: None,
             };
             match pool_release_command(request, Principal::Anonymous) {
                 Ok(command) => {
