@@ -82,7 +82,9 @@ mod fair_key;
 
 pub mod machine;
 
-pub use fair_key::{FairKey, FairStep, PendingRelease, PoolAnswer, ReleaseAnswer, WEIGHT_SCALE};
+pub use fair_key::{
+    FairKey, FairStep, JoinAhead, PendingRelease, PoolAnswer, ReleaseAnswer, WEIGHT_SCALE,
+};
 pub use outage_gate::OutageGate;
 
 pub use fair_gate::{EscrowFairGate, FairGateCounters, GateVerdict};

@@ -294,6 +294,7 @@ fn a_release_retried_after_a_grant_would_over_admit() {
                 want_total: 5,
                 demand_window_ms: 0,
                 demands: Vec::new(),
+                join_next: None,
             };
             fleet.coordinator.answer(0, &grant, retry);
             let spent = Served {

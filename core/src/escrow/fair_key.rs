@@ -235,6 +235,49 @@ pub struct PendingRelease<Id> {
     pub keep_total: u64,
     /// The window of those totals.
     pub window: WindowBounds,
+    /// The join of the next window the release carries (every resend
+    /// carries the same), if any.
+    pub join_next: Option<JoinAhead<Id>>,
+}
+
+/// A join of the key's next window carried by a pool call late in the
+/// live one (the proto's `NextWindowJoin`; see [`FairKey::join_ahead`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JoinAhead<Id> {
+    /// Its own request id.
+    pub request_id: Id,
+    /// The region's weight.
+    pub region_weight: u64,
+    /// The total asked for in the next window.
+    pub want_total: u64,
+    /// The next window's start (the live window's end).
+    pub window_start_ms: u64,
+}
+
+/// A join ahead, answered: the grant in the next window, adopted when the
+/// live grant expires.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct AheadGrant {
+    answer: PoolAnswer,
+    want_total: u64,
+    sent_ms: u64,
+    received_ms: u64,
+    re_ask_ms: u64,
+}
+
+impl AheadGrant {
+    /// From when, on the monotonic clock here, the next window has
+    /// certainly started at the coordinator: the answer's arrival plus
+    /// what was left of the live window when the join was applied.
+    fn starts_at_ms(&self) -> u64 {
+        let length = self
+            .answer
+            .window
+            .end_ms
+            .saturating_sub(self.answer.window.start_ms);
+        self.received_ms
+            .saturating_add(self.answer.remaining_lifetime_ms.saturating_sub(length))
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -397,6 +440,10 @@ pub struct FairKey<Id> {
     /// pool weight (declared at the join) and its tenants' weights agree
     /// (`None` before any join: the live settled window).
     basis: Option<BTreeMap<TenantId, (u64, u64)>>,
+    /// The next window joined ahead: the window start asked for (once a
+    /// window), and the grant there once answered.
+    ahead_asked: Option<u64>,
+    ahead: Option<AheadGrant>,
 }
 
 impl<Id: Clone> FairKey<Id> {
@@ -415,6 +462,8 @@ impl<Id: Clone> FairKey<Id> {
             fruitless_re_asks: 0,
             asked_weight: 0,
             basis: None,
+            ahead_asked: None,
+            ahead: None,
         }
     }
 
@@ -533,6 +582,27 @@ impl<Id: Clone> FairKey<Id> {
     ) -> FairStep {
         let cost = cost.max(1);
         let declared = weight;
+        // The next window joined ahead: its grant is the key's once the
+        // live one has expired and the window has started at the
+        // coordinator (no join call).
+        if let Some(ahead) = self.due_ahead(now_ms) {
+            let starts_at = ahead.starts_at_ms();
+            if now_ms < starts_at {
+                return FairStep::Deny {
+                    retry_after_ms: starts_at - now_ms,
+                    limit: ahead.answer.limit,
+                    window_end_ms: ahead.answer.window.start_ms,
+                };
+            }
+            self.ahead = None;
+            self.on_pool_answer(
+                ahead.answer,
+                ahead.want_total,
+                ahead.sent_ms,
+                ahead.received_ms,
+                ahead.re_ask_ms,
+            );
+        }
         if let Some(state) = self.granted.as_ref() {
             // The grant has just expired here, but the leader's window ends
             // up to a round trip later: a join now would be answered for
@@ -645,6 +715,111 @@ impl<Id: Clone> FairKey<Id> {
                 }
             }
         }
+    }
+
+    /// The answered join ahead that takes over once the live grant has
+    /// expired at `now_ms` (the window right after it), if any.
+    fn due_ahead(&self, now_ms: u64) -> Option<AheadGrant> {
+        let ahead = self.ahead?;
+        let state = self.granted.as_ref()?;
+        (now_ms >= state.deadline_ms && ahead.answer.window.start_ms == state.window.end_ms)
+            .then_some(ahead)
+    }
+
+    /// The join of the next window a pool call sent at `now_ms` carries
+    /// (under `request_id`), if it should carry one: once a window, from
+    /// the late check on (the coordinator accepts joins ahead in the live
+    /// window's last quarter), for a key that admitted something in it and
+    /// whose tenants are served in this region only (a join ahead carries
+    /// no demand report, which a tenant split across regions needs: such a
+    /// key joins at the window's start). It asks what a join at the
+    /// window's start would (the warm start), with what the key admitted
+    /// projected to the window's end at its pace, and the region weight of
+    /// the live window's tenants.
+    pub fn join_ahead(
+        &mut self,
+        request_id: Id,
+        lease_size: u64,
+        now_ms: u64,
+    ) -> Option<JoinAhead<Id>> {
+        let state = self.granted.as_ref().filter(|g| now_ms < g.deadline_ms)?;
+        let next_start = state.window.end_ms;
+        if now_ms < state.late_check_ms()
+            || self.ahead_asked == Some(next_start)
+            || self
+                .ahead
+                .is_some_and(|a| a.answer.window.start_ms == next_start)
+            || state.escrow.total_used() == 0
+            || self.spans_regions()
+        {
+            return None;
+        }
+        let window_ms = state.window.end_ms.saturating_sub(state.window.start_ms);
+        let started = state.deadline_ms.saturating_sub(window_ms);
+        let elapsed = now_ms.saturating_sub(started).max(1);
+        let left = state.deadline_ms.saturating_sub(now_ms);
+        let used = state.escrow.total_used();
+        let rest = u128::from(used) * u128::from(left) / u128::from(elapsed);
+        let projected = used.saturating_add(u64::try_from(rest).unwrap_or(u64::MAX));
+        let limit = state.escrow.limit();
+        let step = lease_size.max(projected / 4);
+        let target = projected
+            .saturating_add(step)
+            .min(state.guarantee.unwrap_or(limit))
+            .min(limit);
+        let want_total = target.saturating_add(limit / 100).min(limit).max(1);
+        let region_weight = state
+            .escrow
+            .tenants()
+            .fold(0u64, |sum, (_, weight, _)| sum.saturating_add(weight))
+            .max(1);
+        self.ahead_asked = Some(next_start);
+        self.asked_weight = region_weight;
+        Some(JoinAhead {
+            request_id,
+            region_weight,
+            want_total,
+            window_start_ms: next_start,
+        })
+    }
+
+    /// Whether a tenant of the key is active in other regions too (the
+    /// settled demand totals say so).
+    fn spans_regions(&self) -> bool {
+        let Some((start, counts)) = self.settled.as_ref() else {
+            return false;
+        };
+        let Some((_, totals)) = self.totals.as_ref().filter(|(s, _)| s == start) else {
+            return false;
+        };
+        counts
+            .iter()
+            .any(|(tenant, own)| totals.get(tenant).is_some_and(|total| total > own))
+    }
+
+    /// Feeds the answer of a join ahead (sent at monotonic `sent_ms` for
+    /// `want_total`, arriving at `now_ms`): kept until the live grant
+    /// expires, then the key's grant ([`Self::decide`]). An answer for any
+    /// window but the one after the live grant is dropped.
+    pub fn on_ahead_answer(
+        &mut self,
+        answer: PoolAnswer,
+        want_total: u64,
+        sent_ms: u64,
+        now_ms: u64,
+        re_ask_ms: u64,
+    ) {
+        let next = self.granted.as_ref().map(|g| g.window.end_ms);
+        if next != Some(answer.window.start_ms) {
+            return;
+        }
+        self.ahead = Some(AheadGrant {
+            answer,
+            want_total,
+            sent_ms,
+            received_ms: now_ms,
+            re_ask_ms,
+        });
     }
 
     /// The region weight to join a new window with: the requesting
@@ -979,8 +1154,22 @@ impl<Id: Clone> FairKey<Id> {
             from_total,
             keep_total,
             window: state.window,
+            join_next: None,
         });
         self.pending.as_ref()
+    }
+
+    /// Attaches to the pending release, when it has no join yet, the join
+    /// of the next window it should carry ([`Self::join_ahead`], under
+    /// `request_id`). Not for a release of an idle key.
+    pub fn attach_join_ahead(&mut self, request_id: Id, lease_size: u64, now_ms: u64) {
+        if self.pending.as_ref().is_none_or(|p| p.join_next.is_some()) {
+            return;
+        }
+        let join = self.join_ahead(request_id, lease_size, now_ms);
+        if let Some(pending) = self.pending.as_mut() {
+            pending.join_next = join;
+        }
     }
 
     /// The raise the surplus check asked for, if any, as a pool ask's

@@ -68,8 +68,8 @@ use crate::window::WindowBounds;
 use super::{
     Admission, CoordinatorGrant, EscrowCounters, EscrowFairGate, FairGateCounters, FairKey,
     FairStep, GateVerdict, Holder, HolderBook, HolderCounters, HolderHeld, HolderLimits,
-    HolderRefusal, LeaseTicket, PendingRelease, PoolAnswer, Reconcile, RegionEscrow, ReleaseAnswer,
-    ReturnClaim, ReturnSettled, Served, WEIGHT_SCALE,
+    HolderRefusal, JoinAhead, LeaseTicket, PendingRelease, PoolAnswer, Reconcile, RegionEscrow,
+    ReleaseAnswer, ReturnClaim, ReturnSettled, Served, WEIGHT_SCALE,
 };
 
 /// Tenant of a fair key's request that names none.
@@ -259,6 +259,9 @@ pub enum Event<R> {
         answer: PoolAnswer,
         /// Tenants' demand over all regions in the window the call reported.
         tenant_demands: Vec<(TenantId, u64)>,
+        /// The grant of the join of the next window the call carried, when
+        /// it was made.
+        next_window: Option<PoolAnswer>,
     },
     /// Pool grant `call` failed (unreachable).
     PoolFailed {
@@ -278,6 +281,9 @@ pub enum Event<R> {
         release: u64,
         /// The answer.
         answer: ReleaseAnswer,
+        /// The grant of the join of the next window the release carried,
+        /// when it was made.
+        next_window: Option<PoolAnswer>,
     },
     /// Pool release `release` went unanswered: it stays pending.
     ReleaseFailed {
@@ -314,6 +320,9 @@ pub enum Action<R> {
         demand_window_ms: u64,
         /// The region's demand per tenant in that window.
         demands: Vec<(TenantId, u64)>,
+        /// The join of the next window the call carries, if any (its
+        /// answer comes as the event's `next_window`).
+        join_next: Option<JoinAhead<u64>>,
     },
     /// Send (or resend, same id) this pool release; answer with
     /// `ReleaseAnswered`, `ReleaseFailed` or `ReleaseRefused`.
@@ -393,6 +402,8 @@ enum Outbound {
         demand_window_ms: u64,
         /// A surplus check's raise: retire at the new total once answered.
         then_retire: bool,
+        /// The total the join of the next window it carries asked for.
+        join_want: Option<u64>,
     },
     Release {
         release: u64,
@@ -529,7 +540,8 @@ impl<R> KeyMachine<R> {
                 call,
                 answer,
                 tenant_demands,
-            } => self.on_pool_granted(call, answer, tenant_demands, now, out),
+                next_window,
+            } => self.on_pool_granted(call, answer, tenant_demands, next_window, now, out),
             Event::PoolFailed { call } => {
                 if matches!(self.outbound, Some(Outbound::Pool { call: c, .. }) if c == call) {
                     self.outbound = None;
@@ -547,12 +559,24 @@ impl<R> KeyMachine<R> {
                     self.finish(Err(Refused::Coordinator(refusal)), now, out);
                 }
             }
-            Event::ReleaseAnswered { release, answer } => {
+            Event::ReleaseAnswered {
+                release,
+                answer,
+                next_window,
+            } => {
                 if self.outbound_is(Outbound::Release { release }) {
                     self.outbound = None;
                     self.counter.outage_mut().on_answer();
+                    let re_ask_ms = next_window.map_or(0, |a| self.re_ask_ms(a.window));
+                    let sent_ms = self.release_tried_ms;
                     if let Some(fair) = self.fair.as_mut() {
+                        let join_want = fair
+                            .pending_release()
+                            .and_then(|p| p.join_next.map(|j| j.want_total));
                         fair.on_release_answer(answer);
+                        if let (Some(next), Some(want)) = (next_window, join_want) {
+                            fair.on_ahead_answer(next, want, sent_ms, now.mono_ms, re_ask_ms);
+                        }
                     }
                     self.after_release(true, now, out);
                 }
@@ -743,6 +767,17 @@ impl<R> KeyMachine<R> {
                 && fair.begin_release(id, idle, now.mono_ms).is_some()
             {
                 self.next_call = id;
+                // A release late in the window (not an idle one) also
+                // joins the next window ahead.
+                if !idle {
+                    fair.attach_join_ahead(id + 1, self.counter.lease_size(), now.mono_ms);
+                    if fair
+                        .pending_release()
+                        .is_some_and(|p| p.join_next.is_some())
+                    {
+                        self.next_call = id + 1;
+                    }
+                }
             }
             // A region whose pace needs more than it holds while the pool
             // reserves well beyond that: raise to the need, then retire.
@@ -1128,12 +1163,25 @@ impl<R> KeyMachine<R> {
             .and_then(|fair| fair.demand_report(now.mono_ms))
             .unwrap_or_default();
         let call = self.next_call_id();
+        let lease_size = self.counter.lease_size();
+        let join_next = match self.fair.as_mut() {
+            Some(fair) => {
+                let join_id = self.next_call + 1;
+                let join = fair.join_ahead(join_id, lease_size, now.mono_ms);
+                if join.is_some() {
+                    self.next_call = join_id;
+                }
+                join
+            }
+            None => None,
+        };
         self.outbound = Some(Outbound::Pool {
             call,
             want_total,
             sent_ms: now.mono_ms,
             demand_window_ms,
             then_retire,
+            join_want: join_next.map(|j| j.want_total),
         });
         if let Some(working) = self.working.as_mut() {
             working.stage = Stage::Pool { asks_left };
@@ -1144,6 +1192,7 @@ impl<R> KeyMachine<R> {
             want_total,
             demand_window_ms,
             demands,
+            join_next,
         });
     }
 
@@ -1152,6 +1201,7 @@ impl<R> KeyMachine<R> {
         call: u64,
         answer: PoolAnswer,
         tenant_demands: Vec<(TenantId, u64)>,
+        next_window: Option<PoolAnswer>,
         now: Now,
         out: &mut Vec<Action<R>>,
     ) {
@@ -1161,6 +1211,7 @@ impl<R> KeyMachine<R> {
             sent_ms,
             demand_window_ms,
             then_retire,
+            join_want,
         }) = self.outbound
         else {
             return;
@@ -1174,16 +1225,16 @@ impl<R> KeyMachine<R> {
         // the ceiling, look again at that cadence, at most every quarter
         // window.
         let window_ms = answer.window.end_ms.saturating_sub(answer.window.start_ms);
-        let re_ask_ms = match self.config.pool_release_idle_ms {
-            0 => window_ms / 4,
-            idle_ms => (window_ms / 4).min(idle_ms.max(100)),
-        };
+        let re_ask_ms = self.re_ask_ms(answer.window);
         let max_tenants = self.config.max_tenants;
         let fair = self.fair.get_or_insert_with(|| FairKey::new(max_tenants));
         // The answer's totals are the settled ones: for the window before
         // the reported one.
         fair.on_tenant_demands(demand_window_ms.saturating_sub(window_ms), tenant_demands);
         fair.on_pool_answer(answer, want_total, sent_ms, now.mono_ms, re_ask_ms);
+        if let (Some(next), Some(join_want)) = (next_window, join_want) {
+            fair.on_ahead_answer(next, join_want, sent_ms, now.mono_ms, re_ask_ms);
+        }
         self.last_window_end_ms = answer.window.end_ms;
         if then_retire && self.working.is_none() {
             self.release_pool(now, out);
@@ -1195,6 +1246,17 @@ impl<R> KeyMachine<R> {
         working.answered = Some(true);
         if let Stage::Pool { asks_left } = working.stage {
             self.fair_continue(asks_left, now, out);
+        }
+    }
+
+    /// How long a key at the pool's ceiling waits before looking again in
+    /// `window`: other regions release after `pool_release_idle_ms` of
+    /// quiet, so at that cadence, at most every quarter window.
+    fn re_ask_ms(&self, window: WindowBounds) -> u64 {
+        let window_ms = window.end_ms.saturating_sub(window.start_ms);
+        match self.config.pool_release_idle_ms {
+            0 => window_ms / 4,
+            idle_ms => (window_ms / 4).min(idle_ms.max(100)),
         }
     }
 

@@ -17,7 +17,7 @@ use leasehold_core::coordinator::{
 use leasehold_core::demand_board::DemandBoard;
 use leasehold_core::escrow::machine::{Action, Event, Now};
 use leasehold_core::escrow::{
-    CoordinatorGrant, PendingRelease, PoolAnswer, Reconcile, ReleaseAnswer, Served,
+    CoordinatorGrant, JoinAhead, PendingRelease, PoolAnswer, Reconcile, ReleaseAnswer, Served,
 };
 use leasehold_core::fair_pool::PoolStanding;
 use leasehold_core::ids::{ClientId, Key, RegionId, RequestId, TenantId};
@@ -261,6 +261,7 @@ impl Coordinator {
             want_total,
             demand_window_ms,
             demands,
+            join_next,
         } = ask
         else {
             panic!("{ask:?} is not a pool grant");
@@ -304,7 +305,12 @@ impl Coordinator {
             request_id: None,
             caller: Principal::Anonymous,
         });
+        // A join of the next window rides with the call, after it.
+        let join = join_next.map(|join| self.join_command(region_index, &join, stamp_ms));
+        let joined = join.is_some();
+        commands.extend(join);
         let mut outcomes = self.state.apply(&Proposal { stamp_ms, commands }).outcomes;
+        let join_outcome = if joined { outcomes.pop() } else { None };
         let outcome = outcomes.pop().expect("one outcome per command");
         match outcome {
             Outcome::PoolGrant(grant) => Event::PoolGranted {
@@ -316,6 +322,7 @@ impl Coordinator {
                     *demand_window_ms,
                     demands,
                 ),
+                next_window: self.join_answer(region_index, join_outcome),
             },
             Outcome::Rejected(refusal) => Event::PoolRefused {
                 call: *call,
@@ -342,7 +349,16 @@ impl Coordinator {
             request_id: Some(self.release_request_id(region_index, release)),
             caller: Principal::Anonymous,
         };
-        match self.apply(stamp_ms, command) {
+        let join = pending
+            .join_next
+            .map(|join| self.join_command(region_index, &join, stamp_ms));
+        let joined = join.is_some();
+        let mut commands = vec![command];
+        commands.extend(join);
+        let mut outcomes = self.state.apply(&Proposal { stamp_ms, commands }).outcomes;
+        let join_outcome = if joined { outcomes.pop() } else { None };
+        let outcome = outcomes.pop().expect("one outcome per command");
+        match outcome {
             Outcome::PoolRelease(outcome) => {
                 // The leader remembers late hand-backs, as the API does.
                 if let Some(roster) = self.roster.as_mut() {
@@ -363,10 +379,50 @@ impl Coordinator {
                         },
                         PoolReleaseDisposition::WindowEnded => ReleaseAnswer::WindowEnded,
                     },
+                    next_window: self.join_answer(region_index, join_outcome),
                 }
             }
             Outcome::Rejected(_) => Event::ReleaseRefused { release },
             other => panic!("pool release answered {other:?}"),
+        }
+    }
+
+    /// The join of the next window region `region_index`'s call carries,
+    /// as the leader proposes it: under the region's join session, its ask
+    /// capped at the expected ceiling in the window joined (as the API does).
+    fn join_command(&self, region_index: usize, join: &JoinAhead<u64>, stamp_ms: u64) -> Command {
+        let cap = self.roster.as_ref().and_then(|roster| {
+            let view = self
+                .state
+                .pool_view_at(&self.key, join.window_start_ms, stamp_ms)?;
+            roster.cap(
+                &view,
+                &self.key,
+                &region(region_index),
+                join.region_weight,
+                stamp_ms,
+            )
+        });
+        Command::PoolJoinNext {
+            key: self.key.clone(),
+            region: region(region_index),
+            region_weight: join.region_weight,
+            want_total: cap.map_or(join.want_total, |cap| join.want_total.min(cap.max(1))),
+            window_start_ms: join.window_start_ms,
+            request_id: Some(RequestId {
+                client: ClientId::new(format!("join-r{region_index}")).expect("valid client id"),
+                seq: join.request_id,
+            }),
+            caller: Principal::Anonymous,
+        }
+    }
+
+    /// The answer of a join ahead: its grant, with the region's standing
+    /// in the window joined (`None` when it was refused or not made).
+    fn join_answer(&mut self, region_index: usize, outcome: Option<Outcome>) -> Option<PoolAnswer> {
+        match outcome? {
+            Outcome::PoolGrant(grant) => Some(self.pool_answer(region_index, &grant)),
+            _ => None,
         }
     }
 
@@ -401,7 +457,7 @@ impl Coordinator {
         let now = grant.coordinator_now_ms;
         let view = self
             .state
-            .pool_view(&self.key, now)
+            .pool_view_at(&self.key, window.start_ms, now)
             .filter(|view| view.bounds == window);
         let answer = match (view, self.roster.as_mut()) {
             (Some(view), Some(roster)) => {

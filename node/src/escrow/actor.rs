@@ -26,8 +26,8 @@ use leasehold_core::escrow::machine::{
     AcquireRequest, Action, Event, KeyMachine, KeyMachineConfig, Now, Refused,
 };
 use leasehold_core::escrow::{
-    CoordinatorGrant, EscrowCounters, FairGateCounters, HolderCounters, HolderRefusal, LeaseTicket,
-    PendingRelease, PoolAnswer, ReleaseAnswer, ReturnClaim, ReturnSettled,
+    CoordinatorGrant, EscrowCounters, FairGateCounters, HolderCounters, HolderRefusal, JoinAhead,
+    LeaseTicket, PendingRelease, PoolAnswer, ReleaseAnswer, ReturnClaim, ReturnSettled,
 };
 use leasehold_core::ids::TenantId;
 use leasehold_core::policy::OutagePolicy;
@@ -189,6 +189,7 @@ impl KeyHandle {
                 replies: HashMap::new(),
                 next_request: 0,
                 release_request_id: None,
+                join_request_id: None,
                 evicted: false,
                 reported: EscrowCounters::default(),
                 reported_holders: HolderCounters::default(),
@@ -238,6 +239,8 @@ struct KeyActor {
     /// The machine's release id and the coordinator request id it is sent
     /// under (drawn when a release starts, kept for its resends).
     release_request_id: Option<(u64, pb::RequestId)>,
+    /// The same for the join of the next window a call carried last.
+    join_request_id: Option<(u64, pb::RequestId)>,
     /// When the machine's timer is due (monotonic ms).
     wake_at_ms: u64,
     /// The machine asked to be evicted.
@@ -348,9 +351,17 @@ impl KeyActor {
                 want_total,
                 demand_window_ms,
                 demands,
+                join_next,
             } => Some(
-                self.pool_grant(call, region_weight, want_total, demand_window_ms, demands)
-                    .await,
+                self.pool_grant(
+                    call,
+                    region_weight,
+                    want_total,
+                    demand_window_ms,
+                    demands,
+                    join_next,
+                )
+                .await,
             ),
             Action::SendPoolRelease(pending) => Some(self.pool_release(pending).await),
             Action::Reconcile(back) => {
@@ -456,20 +467,23 @@ impl KeyActor {
         want_total: u64,
         demand_window_ms: u64,
         demands: Vec<(TenantId, u64)>,
+        join_next: Option<JoinAhead<u64>>,
     ) -> Event<Status> {
         let sent = tokio::time::Instant::now();
         self.shared.count_call();
         let demands = tenant_demands_to_wire(&demands);
+        let join_next = join_next.map(|join| self.join_request(join));
         let answer = self
             .shared
             .client
-            .pool_grant_reporting(
+            .pool_grant_joining_next(
                 &self.key,
                 self.shared.config.region.as_str(),
                 region_weight,
                 want_total,
                 demand_window_ms,
                 demands,
+                join_next,
             )
             .await;
         let outage = self.outage_policy();
@@ -497,30 +511,14 @@ impl KeyActor {
                     .iter()
                     .filter_map(|d| Some((TenantId::new(d.tenant.clone()).ok()?, d.demand)))
                     .collect();
+                if !grant.next_window_refused.is_empty() {
+                    tracing::debug!(key = %self.key, reason = %grant.next_window_refused, "join of the next window refused");
+                }
                 Event::PoolGranted {
                     call,
-                    answer: PoolAnswer {
-                        granted_total: grant.granted_total,
-                        limit: grant.limit,
-                        window: WindowBounds {
-                            start_ms: grant.window_start_ms,
-                            end_ms: grant.window_end_ms,
-                        },
-                        remaining_lifetime_ms: grant.remaining_lifetime_ms,
-                        // 0 / 0: a coordinator that did not say.
-                        standing: (grant.ceiling_total > 0).then_some(PoolStanding {
-                            guarantee: grant.guarantee_total,
-                            ceiling: grant.ceiling_total,
-                        }),
-                        expected: (grant.expected_ceiling_total > 0).then_some(PoolStanding {
-                            guarantee: grant.expected_guarantee_total,
-                            ceiling: grant.expected_ceiling_total,
-                        }),
-                        reserved_unheld: grant.reserved_unheld_total,
-                        retired_kept: grant.retired_kept_total,
-                        late_released_before: grant.late_released_before_total,
-                    },
+                    answer: pool_answer_of(&grant),
                     tenant_demands,
+                    next_window: grant.next_window.as_deref().map(pool_answer_of),
                 }
             }
             Err(e) if refused_request(&e) => Event::PoolRefused {
@@ -549,20 +547,26 @@ impl KeyActor {
             }
         };
         self.shared.count_call();
+        let join_next = pending.join_next.map(|join| self.join_request(join));
         let answer = self
             .shared
             .client
-            .pool_release_with_id(
+            .pool_release_joining_next(
                 &self.key,
                 self.shared.config.region.as_str(),
                 pending.from_total,
                 pending.keep_total,
                 pending.window.start_ms,
                 request_id,
+                join_next,
             )
             .await;
         match answer {
             Ok(answer) => {
+                if !answer.next_window_refused.is_empty() {
+                    tracing::debug!(key = %self.key, reason = %answer.next_window_refused, "join of the next window refused");
+                }
+                let next_window = answer.next_window.as_ref().map(pool_answer_of);
                 // An unknown disposition (a newer coordinator) reads as
                 // not applied in this window.
                 let answer = match PoolReleaseOutcome::try_from(&answer).map(|o| o.disposition) {
@@ -580,7 +584,11 @@ impl KeyActor {
                     },
                     Ok(PoolReleaseDisposition::WindowEnded) | Err(_) => ReleaseAnswer::WindowEnded,
                 };
-                Event::ReleaseAnswered { release, answer }
+                Event::ReleaseAnswered {
+                    release,
+                    answer,
+                    next_window,
+                }
             }
             Err(e)
                 if !matches!(e, CoordinatorError::NotLeader { .. })
@@ -608,6 +616,26 @@ impl KeyActor {
         }
     }
 
+    /// The wire form of a join of the next window: under the request id
+    /// it first went out with when it is resent (a release's resend
+    /// carries the same join), a new one otherwise.
+    fn join_request(&mut self, join: JoinAhead<u64>) -> pb::NextWindowJoin {
+        let request_id = match &self.join_request_id {
+            Some((id, request_id)) if *id == join.request_id => request_id.clone(),
+            _ => {
+                let request_id = self.shared.client.next_request_id();
+                self.join_request_id = Some((join.request_id, request_id.clone()));
+                request_id
+            }
+        };
+        pb::NextWindowJoin {
+            window_start_ms: join.window_start_ms,
+            region_weight: join.region_weight,
+            want_total: join.want_total,
+            request_id: Some(request_id),
+        }
+    }
+
     /// Publishes the key's view and adds what its counters grew by to the
     /// node's.
     fn report(&mut self) {
@@ -624,5 +652,30 @@ impl KeyActor {
         if let Some(counters) = self.machine.throttle_counters() {
             self.shared.record_fair(&mut self.reported_fair, counters);
         }
+    }
+}
+
+/// A pool grant answer on the wire as the key machine takes it.
+fn pool_answer_of(grant: &pb::PoolGrantResponse) -> PoolAnswer {
+    PoolAnswer {
+        granted_total: grant.granted_total,
+        limit: grant.limit,
+        window: WindowBounds {
+            start_ms: grant.window_start_ms,
+            end_ms: grant.window_end_ms,
+        },
+        remaining_lifetime_ms: grant.remaining_lifetime_ms,
+        // 0 / 0: a coordinator that did not say.
+        standing: (grant.ceiling_total > 0).then_some(PoolStanding {
+            guarantee: grant.guarantee_total,
+            ceiling: grant.ceiling_total,
+        }),
+        expected: (grant.expected_ceiling_total > 0).then_some(PoolStanding {
+            guarantee: grant.expected_guarantee_total,
+            ceiling: grant.expected_ceiling_total,
+        }),
+        reserved_unheld: grant.reserved_unheld_total,
+        retired_kept: grant.retired_kept_total,
+        late_released_before: grant.late_released_before_total,
     }
 }

@@ -641,3 +641,115 @@ fn a_region_told_of_late_hand_backs_looks_after_the_late_check() {
         }
     }
 }
+
+/// A key that admitted something joins the next window ahead once a
+/// window, from the late check on, asking what its pace projects (capped
+/// at its guarantee, plus a hundredth of L); never before the late check,
+/// twice, or without admissions.
+#[test]
+fn a_busy_key_joins_the_next_window_ahead_from_the_late_check_once() {
+    let mut idle: FairKey<u64> = FairKey::new(8);
+    idle.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 1);
+    idle.on_pool_answer(
+        grant(100, 0, 1, standing(300, 300), None),
+        1,
+        1,
+        1,
+        RE_ASK_MS,
+    );
+    assert_eq!(
+        idle.join_ahead(7, LEASE_SIZE, 900),
+        None,
+        "nothing admitted"
+    );
+
+    let mut key: FairKey<u64> = FairKey::new(8);
+    key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 1);
+    key.on_pool_answer(
+        grant(200, 0, 1, standing(300, 300), None),
+        1,
+        1,
+        1,
+        RE_ASK_MS,
+    );
+    for _ in 0..100 {
+        key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 2);
+    }
+    // The late check: an eighth before the end plus a hundredth.
+    assert_eq!(
+        key.join_ahead(7, LEASE_SIZE, 880),
+        None,
+        "before the late check"
+    );
+    let join = key.join_ahead(7, LEASE_SIZE, 900).expect("joins ahead");
+    // 100 admitted in 900 ms: 111 projected, + a quarter, + 1 000 / 100.
+    assert_eq!(
+        (join.request_id, join.window_start_ms, join.want_total),
+        (7, WINDOW_MS, 111 + 27 + 10)
+    );
+    assert_eq!(join.region_weight, WEIGHT_SCALE);
+    assert_eq!(key.join_ahead(8, LEASE_SIZE, 950), None, "once a window");
+}
+
+/// The grant of a join ahead is the key's from the next window on, with no
+/// join call: before the next window has surely started at the coordinator
+/// (the answer's arrival plus what was left of the live window then),
+/// requests are denied until it has; then they are admitted from it.
+#[test]
+fn a_grant_joined_ahead_is_used_from_the_next_window_without_a_join() {
+    let mut key: FairKey<u64> = FairKey::new(8);
+    key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 1);
+    key.on_pool_answer(
+        grant(200, 0, 1, standing(300, 300), None),
+        1,
+        1,
+        1,
+        RE_ASK_MS,
+    );
+    for _ in 0..100 {
+        key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 2);
+    }
+    let join = key.join_ahead(7, LEASE_SIZE, 900).expect("joins ahead");
+    // Sent at 900, applied when 95 ms were left of window 0, answered at 910.
+    let ahead = PoolAnswer {
+        remaining_lifetime_ms: 95 + WINDOW_MS,
+        ..grant(150, WINDOW_MS, 905, standing(300, 300), None)
+    };
+    key.on_ahead_answer(ahead, join.want_total, 900, 910, RE_ASK_MS);
+    // The live grant expires at 1 000 here; the next window has surely
+    // started by 910 + 95.
+    match key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 1_001) {
+        FairStep::Deny { retry_after_ms, .. } => assert_eq!(retry_after_ms, 4),
+        other => panic!("expected a wait for the next window, got {other:?}"),
+    }
+    match key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 1_005) {
+        FairStep::Admit { served, .. } => {
+            assert_eq!(served.window_start_ms, WINDOW_MS);
+            // Its deadline: sent at 900 plus the lifetime answered.
+            assert_eq!(served.remaining_lifetime_ms, 900 + 95 + WINDOW_MS - 1_005);
+        }
+        other => panic!("expected an admission from the grant joined ahead, got {other:?}"),
+    }
+    assert_eq!(key.escrow().map(|e| e.budget()), Some(150));
+    // An answer for any other window is not kept.
+    let mut other: FairKey<u64> = FairKey::new(8);
+    other.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 1);
+    other.on_pool_answer(
+        grant(200, 0, 1, standing(300, 300), None),
+        1,
+        1,
+        1,
+        RE_ASK_MS,
+    );
+    other.on_ahead_answer(
+        grant(150, 2 * WINDOW_MS, 905, None, None),
+        150,
+        900,
+        910,
+        RE_ASK_MS,
+    );
+    assert!(matches!(
+        other.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 1_010),
+        FairStep::Join { .. }
+    ));
+}

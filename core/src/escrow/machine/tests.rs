@@ -308,6 +308,7 @@ fn fair_key_with(budget: u64, now_ms: u64) -> (Machine, Policy) {
             call,
             answer: pool_answer(budget, 100, now_ms),
             tenant_demands: Vec::new(),
+            next_window: None,
         },
         at(now_ms),
     );
@@ -329,6 +330,7 @@ fn a_fair_key_at_its_ceiling_waits_before_asking_again() {
             call,
             answer: pool_answer(1, 100, 20),
             tenant_demands: Vec::new(),
+            next_window: None,
         },
         at(21),
     );
@@ -374,6 +376,7 @@ fn an_unanswered_release_is_resent_with_its_id_before_the_next_pool_ask() {
         Event::ReleaseAnswered {
             release: release.request_id,
             answer: ReleaseAnswer::Released { released: 49 },
+            next_window: None,
         },
         at(later + 1),
     );
@@ -596,6 +599,49 @@ impl Sim {
         }
     }
 
+    /// A pool answer of the region's `total` in `window`, now.
+    fn pool_answer(&self, total: u64, window: WindowBounds) -> PoolAnswer {
+        PoolAnswer {
+            granted_total: total,
+            limit: self.policy.limit,
+            window,
+            remaining_lifetime_ms: window.end_ms - self.now,
+            standing: None,
+            expected: None,
+            reserved_unheld: 0,
+            retired_kept: 0,
+            late_released_before: 0,
+        }
+    }
+
+    /// A join of the next window carried by a call in `window`, applied
+    /// (when `applied`) as the coordinator does: only for the window right
+    /// after it, in its last quarter; the region's total there grows
+    /// towards the ask, up to the ceiling.
+    fn join_ahead(
+        &mut self,
+        join: Option<JoinAhead<u64>>,
+        window: WindowBounds,
+        applied: bool,
+    ) -> Option<PoolAnswer> {
+        let join = join?;
+        let length = window.end_ms - window.start_ms;
+        let next = WindowBounds {
+            start_ms: window.end_ms,
+            end_ms: window.end_ms + length,
+        };
+        if !applied
+            || join.window_start_ms != next.start_ms
+            || self.now < window.end_ms - length / 4
+        {
+            return None;
+        }
+        let total = self.coordinator.entry(next.start_ms).or_default();
+        *total = (*total).max(join.want_total.min(self.ceiling));
+        let total = *total;
+        Some(self.pool_answer(total, next))
+    }
+
     fn feed(&mut self, event: Event<&'static str>) -> Result<(), TestCaseError> {
         let actions = self.machine.handle(event, at(self.now));
         for action in actions {
@@ -712,27 +758,23 @@ impl Sim {
                 }
             }
             Action::SendPoolGrant {
-                call, want_total, ..
+                call,
+                want_total,
+                join_next,
+                ..
             } => {
                 let total = self.coordinator.entry(window.start_ms).or_default();
                 if applied {
                     *total = (*total).max(want_total.min(self.ceiling));
                 }
+                let total = *total;
+                let next_window = self.join_ahead(join_next, window, applied);
                 match fate {
                     Fate::Answered => Event::PoolGranted {
                         call,
-                        answer: PoolAnswer {
-                            granted_total: *total,
-                            limit: self.policy.limit,
-                            window,
-                            remaining_lifetime_ms: window.end_ms - self.now,
-                            standing: None,
-                            expected: None,
-                            reserved_unheld: 0,
-                            retired_kept: 0,
-                            late_released_before: 0,
-                        },
+                        answer: self.pool_answer(total, window),
                         tenant_demands: Vec::new(),
+                        next_window,
                     },
                     Fate::Refused => Event::PoolRefused {
                         call,
@@ -743,6 +785,7 @@ impl Sim {
             }
             Action::SendPoolRelease(pending) => {
                 let release = pending.request_id;
+                let next_window = self.join_ahead(pending.join_next, window, applied);
                 let mut answer = ReleaseAnswer::WindowEnded;
                 if applied && pending.window == window {
                     let total = self.coordinator.entry(window.start_ms).or_default();
@@ -760,7 +803,11 @@ impl Sim {
                 match fate {
                     Fate::Answered => {
                         self.unsettled_release = None;
-                        Event::ReleaseAnswered { release, answer }
+                        Event::ReleaseAnswered {
+                            release,
+                            answer,
+                            next_window,
+                        }
                     }
                     Fate::Refused => {
                         self.unsettled_release = None;
