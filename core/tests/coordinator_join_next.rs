@@ -12,12 +12,24 @@ use leasehold_core::coordinator::{Command, CommandError, CoordinatorState, Outco
 use leasehold_core::principal::Principal;
 
 fn join_next(k: &str, r: &str, weight: u64, want: u64, window_start_ms: u64) -> Command {
+    join_next_retiring(k, r, weight, want, window_start_ms, false)
+}
+
+fn join_next_retiring(
+    k: &str,
+    r: &str,
+    weight: u64,
+    want: u64,
+    window_start_ms: u64,
+    retire: bool,
+) -> Command {
     Command::PoolJoinNext {
         key: key(k),
         region: region(r),
         region_weight: weight,
         want_total: want,
         window_start_ms,
+        retire,
         request_id: None,
         caller: Principal::Anonymous,
     }
@@ -160,4 +172,35 @@ fn both_windows_are_collected_once_both_have_ended() {
         grant(&run(&mut s, 3_600, pool("f/k", "eu", 1, 5))),
         (3_000, 5)
     );
+}
+
+/// A join ahead that retires holds its total there with weight 0: the
+/// pool reserves it nothing beyond, so a region joining after it finds
+/// everything else; asking again rejoins with the weight it sends.
+#[test]
+fn a_region_that_joins_retired_reserves_nothing_beyond_its_total() {
+    let mut s = live_window_with_a_grant();
+    let joined = run(
+        &mut s,
+        1_800,
+        join_next_retiring("f/k", "eu", 1, 20, 2_000, true),
+    );
+    assert_eq!(grant(&joined), (2_000, 20));
+    // us, of equal weight, finds all but eu's 20 (not only its half).
+    assert_eq!(
+        grant(&run(&mut s, 1_850, join_next("f/k", "us", 1, 100, 2_000))),
+        (2_000, 80)
+    );
+    let view = s.window_view(&key("f/k"), 2_100).expect("policy");
+    let eu = view.regions.iter().find(|r| r.region == "eu").expect("eu");
+    assert_eq!((eu.granted, eu.pool_weight), (20, 0));
+    // eu asks again: it rejoins with its weight, and the pool has nothing
+    // left to give it.
+    assert_eq!(
+        grant(&run(&mut s, 2_200, pool("f/k", "eu", 1, 50))),
+        (2_000, 20)
+    );
+    let view = s.window_view(&key("f/k"), 2_200).expect("policy");
+    let eu = view.regions.iter().find(|r| r.region == "eu").expect("eu");
+    assert_eq!(eu.pool_weight, 1);
 }

@@ -117,6 +117,7 @@ fn a_format_3_snapshot_decodes_to_the_state_the_current_code_reaches() {
             region_weight: 2,
             want_total: 30,
             window_start_ms: 3_000,
+            retire: false,
             request_id: None,
             caller: Principal::Region(RegionId::new("eu").expect("region")),
         }],

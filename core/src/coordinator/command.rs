@@ -114,7 +114,10 @@ pub enum Command {
     /// one's last quarter — with `region_weight`, asking for `want_total`
     /// there, by the same rule as [`Command::PoolGrant`]. When
     /// `window_start_ms` is the live window (the join arrived late), it is
-    /// a `PoolGrant` in it. (Last in the enum: storage format 4.)
+    /// a `PoolGrant` in it. With `retire`, the region then retires from
+    /// that window keeping its whole total, as after a `PoolRelease`
+    /// keeping all it holds: it reserves nothing beyond what it was
+    /// granted until it asks again. (Last in the enum: storage format 4.)
     PoolJoinNext {
         /// The budget (a `fair` policy).
         key: Key,
@@ -126,6 +129,8 @@ pub enum Command {
         want_total: u64,
         /// The start of the window joined.
         window_start_ms: u64,
+        /// Retire at the total granted (weight 0) once granted.
+        retire: bool,
         /// For exactly-once retries.
         request_id: Option<RequestId>,
         /// The authenticated caller: request ids are scoped to it.
@@ -347,6 +352,7 @@ impl Command {
                 region_weight,
                 want_total,
                 window_start_ms,
+                retire,
                 ..
             } => {
                 hash.tag(8);
@@ -355,6 +361,7 @@ impl Command {
                 hash.number(*region_weight);
                 hash.number(*want_total);
                 hash.number(*window_start_ms);
+                hash.number(u64::from(*retire));
             }
         }
         hash.finish()

@@ -47,7 +47,9 @@
 //! | the window a grant would open now | no window is live | that window, opened now |
 //!
 //! and is otherwise refused (`InvalidArgument`) without any state change,
-//! as are the `PoolGrant` refusals. The next window's limit is the policy's
+//! as are the `PoolGrant` refusals. With `retire`, the region's weight in
+//! that window drops to 0 once granted: it holds its total and reserves
+//! nothing more, as after a `PoolRelease` keeping all it holds. The next window's limit is the policy's
 //! when it opens (lowered by later policy changes, like a live one's), its
 //! regions are those that joined it ahead, and its grants follow the same
 //! rule, so `Σ granted ≤ L` holds for it as for any window; it becomes the
@@ -261,6 +263,34 @@ impl CoordinatorState {
     }
 
     pub(super) fn pool_join_next(
+        &mut self,
+        key: &Key,
+        region: &RegionId,
+        region_weight: u64,
+        want_total: u64,
+        window_start_ms: u64,
+        retire: bool,
+    ) -> Outcome {
+        let outcome =
+            self.pool_join_window(key, region, region_weight, want_total, window_start_ms);
+        if let (true, Outcome::PoolGrant(grant)) = (retire, &outcome) {
+            // Retired at its total: weight 0, nothing else changes.
+            let now = self.now_ms;
+            let record = if self.windows.live(key, now).map(|r| r.bounds.start_ms)
+                == Some(grant.window_start_ms)
+            {
+                self.windows.live_mut(key, now)
+            } else {
+                self.windows.next_mut(key)
+            };
+            if let Some(used) = record.and_then(|record| record.regions.get_mut(region)) {
+                used.pool_weight = 0;
+            }
+        }
+        outcome
+    }
+
+    fn pool_join_window(
         &mut self,
         key: &Key,
         region: &RegionId,

@@ -166,10 +166,18 @@ impl CoordinatorState {
                 region_weight,
                 want_total,
                 window_start_ms,
+                retire,
                 request_id,
                 caller,
             } => self.exactly_once(command, caller, request_id.as_ref(), |state| {
-                state.pool_join_next(key, region, *region_weight, *want_total, *window_start_ms)
+                state.pool_join_next(
+                    key,
+                    region,
+                    *region_weight,
+                    *want_total,
+                    *window_start_ms,
+                    *retire,
+                )
             }),
         }
     }

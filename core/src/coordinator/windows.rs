@@ -226,6 +226,11 @@ impl WindowTable {
         self.next.get(key)
     }
 
+    /// The key's next window, mutable, if any.
+    pub fn next_mut(&mut self, key: &Key) -> Option<&mut WindowRecord> {
+        self.next.get_mut(key)
+    }
+
     /// Makes the key's next window its live one when the live one has
     /// ended and `now_ms` lies in the next (what a collection at `now_ms`
     /// does for this key).

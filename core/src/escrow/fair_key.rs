@@ -252,6 +252,8 @@ pub struct JoinAhead<Id> {
     pub want_total: u64,
     /// The next window's start (the live window's end).
     pub window_start_ms: u64,
+    /// Join retired: hold the total granted and reserve nothing beyond it.
+    pub retire: bool,
 }
 
 /// A join ahead, answered: the grant in the next window, adopted when the
@@ -259,6 +261,8 @@ pub struct JoinAhead<Id> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct AheadGrant {
     answer: PoolAnswer,
+    /// Whether the join retired the region at its total.
+    retired: bool,
     want_total: u64,
     sent_ms: u64,
     received_ms: u64,
@@ -443,7 +447,12 @@ pub struct FairKey<Id> {
     /// The next window joined ahead: the window start asked for (once a
     /// window), and the grant there once answered.
     ahead_asked: Option<u64>,
+    /// Whether the join ahead asked last retires the region at its total.
+    ahead_retires: bool,
     ahead: Option<AheadGrant>,
+    /// The region's guarantee as last heard while it held a pool weight
+    /// (a region that joined retired hears 0 there).
+    last_share: u64,
 }
 
 impl<Id: Clone> FairKey<Id> {
@@ -463,7 +472,9 @@ impl<Id: Clone> FairKey<Id> {
             asked_weight: 0,
             basis: None,
             ahead_asked: None,
+            ahead_retires: false,
             ahead: None,
+            last_share: 0,
         }
     }
 
@@ -602,6 +613,12 @@ impl<Id: Clone> FairKey<Id> {
                 ahead.received_ms,
                 ahead.re_ask_ms,
             );
+            if let Some(state) = self.granted.as_mut() {
+                // Joined retired: its total is what it keeps; the surplus
+                // check a quarter in has nothing to hand back.
+                state.retired = ahead.retired;
+                state.surplus_checked |= ahead.retired;
+            }
         }
         if let Some(state) = self.granted.as_ref() {
             // The grant has just expired here, but the leader's window ends
@@ -762,24 +779,42 @@ impl<Id: Clone> FairKey<Id> {
         let rest = u128::from(used) * u128::from(left) / u128::from(elapsed);
         let projected = used.saturating_add(u64::try_from(rest).unwrap_or(u64::MAX));
         let limit = state.escrow.limit();
-        let step = lease_size.max(projected / 4);
-        let target = projected
-            .saturating_add(step)
-            .min(state.guarantee.unwrap_or(limit))
-            .min(limit);
-        let want_total = target.saturating_add(limit / 100).min(limit).max(1);
+        let share = state
+            .guarantee
+            .filter(|g| *g > 0)
+            .unwrap_or(self.last_share)
+            .max(state.escrow.budget().min(limit));
+        // What the first surplus check would keep for this pace: well under
+        // the share, the region joins retired at it (nothing to hand back a
+        // quarter in; the late check hands back what is left of it).
+        let need = projected
+            .saturating_add(projected / 8)
+            .saturating_add((projected / 16).max(2));
+        let worth = (limit / 100).max(1);
+        let retire = !state.held_back && need.saturating_add(worth) < share;
+        let want_total = if retire {
+            need
+        } else {
+            let step = lease_size.max(projected / 4);
+            let target = projected.saturating_add(step).min(share).min(limit);
+            target.saturating_add(limit / 100)
+        }
+        .min(limit)
+        .max(1);
         let region_weight = state
             .escrow
             .tenants()
             .fold(0u64, |sum, (_, weight, _)| sum.saturating_add(weight))
             .max(1);
         self.ahead_asked = Some(next_start);
+        self.ahead_retires = retire;
         self.asked_weight = region_weight;
         Some(JoinAhead {
             request_id,
             region_weight,
             want_total,
             window_start_ms: next_start,
+            retire,
         })
     }
 
@@ -815,6 +850,7 @@ impl<Id: Clone> FairKey<Id> {
         }
         self.ahead = Some(AheadGrant {
             answer,
+            retired: self.ahead_retires,
             want_total,
             sent_ms,
             received_ms: now_ms,
@@ -859,7 +895,12 @@ impl<Id: Clone> FairKey<Id> {
         }
         let used = state.escrow.total_used();
         let step = lease_size.max(used / 4);
-        let guarantee = state.guarantee.unwrap_or(0);
+        // (A region that joined its window retired heard no guarantee
+        // there: its share as last heard with a weight.)
+        let guarantee = state
+            .guarantee
+            .filter(|g| *g > 0 || !state.retired)
+            .unwrap_or(self.last_share);
         let guarantee = if state.guarantee_weight > 0 {
             let scaled = u128::from(guarantee) * u128::from(region_weight)
                 / u128::from(state.guarantee_weight);
@@ -992,6 +1033,9 @@ impl<Id: Clone> FairKey<Id> {
             state.others_hand_back = true;
         }
         if let Some(standing) = hint {
+            if standing.guarantee > 0 {
+                self.last_share = standing.guarantee;
+            }
             state.guarantee = Some(standing.guarantee);
             state.guarantee_counts_expected = answer.expected.is_some();
             state.guarantee_weight = self.asked_weight;
@@ -1005,13 +1049,7 @@ impl<Id: Clone> FairKey<Id> {
                 .max(1)
                 .saturating_mul(1u64 << self.fruitless_re_asks.min(16));
             let mut until = now_ms.saturating_add(wait).min(state.deadline_ms);
-            // Look again once the leader stops expecting regions and the
-            // quiet regions' surplus checks (at that moment) have run.
             let window_ms = state.window.end_ms.saturating_sub(state.window.start_ms);
-            let look_at = state.expectation_ends_ms().saturating_add(window_ms / 50);
-            if (waiting_on_expected || waiting_on_reserves) && now_ms < look_at {
-                until = until.min(look_at);
-            }
             // Regions that handed back keep a margin for their pace: they
             // hand back what is left of it an eighth of the window before
             // its end; look again just after.
@@ -1020,6 +1058,13 @@ impl<Id: Clone> FairKey<Id> {
                 until = late_look_at;
             } else if state.late_look_paid_before && now_ms < late_look_at {
                 until = until.min(late_look_at);
+            }
+            // But first look again once the leader stops expecting regions
+            // and the quiet regions' surplus checks (at that moment) have
+            // run.
+            let look_at = state.expectation_ends_ms().saturating_add(window_ms / 50);
+            if (waiting_on_expected || waiting_on_reserves) && now_ms < look_at {
+                until = until.min(look_at);
             }
             state.exhausted_until_ms = until.max(now_ms.saturating_add(1));
         } else {

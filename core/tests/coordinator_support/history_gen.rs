@@ -68,6 +68,7 @@ pub enum Gen {
         weight: u64,
         want: u64,
         window: NextPick,
+        retire: bool,
         client: Option<usize>,
     },
     SetPolicy {
@@ -117,9 +118,10 @@ fn gen_command() -> impl Strategy<Value = Gen> {
                   2 => Just(NextPick::Latest),
                   1 => (0u64..3).prop_map(NextPick::AlignedBack),
               ],
+              any::<bool>(),
               client)
-            .prop_map(|(key, region, weight, want, window, client)| Gen::JoinNext {
-                key, region, weight, want, window, client,
+            .prop_map(|(key, region, weight, want, window, retire, client)| Gen::JoinNext {
+                key, region, weight, want, window, retire, client,
             }),
         2 => gen_policy(),
         1 => (0..PREFIXES.len()).prop_map(|prefix| Gen::DeletePolicy { prefix }),

@@ -148,6 +148,7 @@ impl Model {
                 weight,
                 want,
                 window,
+                retire,
                 client,
             } => {
                 let name = KEYS[*k];
@@ -163,6 +164,7 @@ impl Model {
                     region_weight: *weight,
                     want_total: *want,
                     window_start_ms,
+                    retire: *retire,
                     request_id: self.fresh_id(*client),
                     caller: leasehold_core::principal::Principal::Anonymous,
                 }

@@ -409,6 +409,7 @@ impl Coordinator {
             region_weight: join.region_weight,
             want_total: cap.map_or(join.want_total, |cap| join.want_total.min(cap.max(1))),
             window_start_ms: join.window_start_ms,
+            retire: join.retire,
             request_id: Some(RequestId {
                 client: ClientId::new(format!("join-r{region_index}")).expect("valid client id"),
                 seq: join.request_id,

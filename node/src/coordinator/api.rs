@@ -351,6 +351,7 @@ impl CoordinatorApi {
             window_start_ms,
             request_id,
             caller,
+            ..
         } = &mut join
         else {
             return join;

@@ -471,6 +471,7 @@ mod tests {
                 region_weight: u64::MAX,
                 want_total: u64::MAX,
                 window_start_ms: u64::MAX,
+                retire: true,
                 request_id: request_id.clone(),
                 caller: caller.clone(),
             },

@@ -633,6 +633,7 @@ impl KeyActor {
             region_weight: join.region_weight,
             want_total: join.want_total,
             request_id: Some(request_id),
+            retire: join.retire,
         }
     }
 

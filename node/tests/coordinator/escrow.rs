@@ -1346,6 +1346,7 @@ async fn a_late_pool_call_joins_the_next_window_ahead() -> Result<()> {
         region_weight: 1_000,
         want_total,
         request_id: Some(request_id),
+        retire: false,
     };
     until(start + 50).await;
     let eu = client.pool_grant("ahead/k", "eu", 1_000, 40).await?;

@@ -172,6 +172,7 @@ pub fn join_next_command(
         region_weight: join.region_weight,
         want_total: join.want_total,
         window_start_ms: join.window_start_ms,
+        retire: join.retire,
         request_id,
         caller,
     })

@@ -643,9 +643,12 @@ fn a_region_told_of_late_hand_backs_looks_after_the_late_check() {
 }
 
 /// A key that admitted something joins the next window ahead once a
-/// window, from the late check on, asking what its pace projects (capped
-/// at its guarantee, plus a hundredth of L); never before the late check,
-/// twice, or without admissions.
+/// window, from the late check on; never before the late check, twice, or
+/// without admissions. A key whose pace needs well under its share joins
+/// retired at what the first surplus check would keep (its projected
+/// admissions, an eighth and a sixteenth more); one held at its ceiling
+/// joins for its projection and a quarter, up to its share, plus a
+/// hundredth of L, keeping its weight.
 #[test]
 fn a_busy_key_joins_the_next_window_ahead_from_the_late_check_once() {
     let mut idle: FairKey<u64> = FairKey::new(8);
@@ -682,13 +685,35 @@ fn a_busy_key_joins_the_next_window_ahead_from_the_late_check_once() {
         "before the late check"
     );
     let join = key.join_ahead(7, LEASE_SIZE, 900).expect("joins ahead");
-    // 100 admitted in 900 ms: 111 projected, + a quarter, + 1 000 / 100.
+    // 100 admitted in 900 ms: 111 projected, + 13 + 6, well under 300.
     assert_eq!(
-        (join.request_id, join.window_start_ms, join.want_total),
-        (7, WINDOW_MS, 111 + 27 + 10)
+        (
+            join.request_id,
+            join.window_start_ms,
+            join.want_total,
+            join.retire
+        ),
+        (7, WINDOW_MS, 111 + 13 + 6, true)
     );
     assert_eq!(join.region_weight, WEIGHT_SCALE);
     assert_eq!(key.join_ahead(8, LEASE_SIZE, 950), None, "once a window");
+
+    // Held at a ceiling of 120 (its share 120): it keeps its weight.
+    let mut held: FairKey<u64> = FairKey::new(8);
+    held.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 1);
+    held.on_pool_answer(
+        grant(120, 0, 1, standing(120, 120), None),
+        1,
+        1,
+        1,
+        RE_ASK_MS,
+    );
+    for _ in 0..121 {
+        held.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 2);
+    }
+    let join = held.join_ahead(9, LEASE_SIZE, 900).expect("joins ahead");
+    // 120 admitted in 900 ms: 133 projected, + 33, up to its share 120.
+    assert_eq!((join.want_total, join.retire), (120 + 10, false));
 }
 
 /// The grant of a join ahead is the key's from the next window on, with no
@@ -710,10 +735,11 @@ fn a_grant_joined_ahead_is_used_from_the_next_window_without_a_join() {
         key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 2);
     }
     let join = key.join_ahead(7, LEASE_SIZE, 900).expect("joins ahead");
+    assert!(join.retire, "its pace needs well under its share");
     // Sent at 900, applied when 95 ms were left of window 0, answered at 910.
     let ahead = PoolAnswer {
         remaining_lifetime_ms: 95 + WINDOW_MS,
-        ..grant(150, WINDOW_MS, 905, standing(300, 300), None)
+        ..grant(150, WINDOW_MS, 905, standing(0, 150), None)
     };
     key.on_ahead_answer(ahead, join.want_total, 900, 910, RE_ASK_MS);
     // The live grant expires at 1 000 here; the next window has surely
@@ -731,6 +757,12 @@ fn a_grant_joined_ahead_is_used_from_the_next_window_without_a_join() {
         other => panic!("expected an admission from the grant joined ahead, got {other:?}"),
     }
     assert_eq!(key.escrow().map(|e| e.budget()), Some(150));
+    // Joined retired: no surplus check a quarter in (nothing to hand back
+    // then), the late check only.
+    assert_eq!(
+        key.release_at(1_005, 10_000, 0, 10, 1_300),
+        Some(1_000 + 900 + 95 - WINDOW_MS / 8 + WINDOW_MS / 100)
+    );
     // An answer for any other window is not kept.
     let mut other: FairKey<u64> = FairKey::new(8);
     other.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 1);
