@@ -108,6 +108,21 @@
 //!   released under the key. A `STALE_TOTAL` answer carries the region's
 //!   real total, which becomes the budget; `RELEASED` marks the key retired
 //!   until its next ask.
+//! - **Joins ahead**: from the late check on, the key's next pool call —
+//!   the late check's release, a look or an ask — carries its join of the
+//!   next window ([`FairKey::join_ahead`]: once a window, for a key that
+//!   admitted something and whose tenants are served in this region only,
+//!   since a join ahead reports no demand). It asks the warm start with
+//!   the admissions projected to the window's end at the key's pace, or,
+//!   when the pace needs well under the key's share (the first surplus
+//!   check's need, a hundredth of L below it, and not held back at the
+//!   ceiling), joins *retired* at that need: weight 0 from the start, so
+//!   the regions still asking find the rest at once and nothing is handed
+//!   back a quarter in. The answer ([`FairKey::on_ahead_answer`]) becomes
+//!   the key's grant once the live one expires — no join call — but not
+//!   before the answer's arrival plus what was left of the live window
+//!   when it was applied (the next window has surely begun at the
+//!   coordinator then; requests are denied until it has).
 //! - **Demand split**: the key counts what each tenant asks for per window
 //!   ([`FairKey::note_demand`]), reports the last ended window's counts with
 //!   its pool asks ([`FairKey::demand_report`]; a join reports the window
