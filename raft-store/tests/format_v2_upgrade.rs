@@ -25,14 +25,7 @@ const FIXTURES: &str = include_str!("fixtures/format_v2.hex");
 
 /// The fixture record named `name`, as bytes.
 fn fixture(name: &str) -> Vec<u8> {
-    let hex = FIXTURES
-        .lines()
-        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
-        .unwrap_or_else(|| panic!("fixture {name} missing"));
-    (0..hex.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).expect("hex"))
-        .collect()
+    support::hex_fixture(FIXTURES, name)
 }
 
 /// The entries the fixtures hold, as the current code builds them.

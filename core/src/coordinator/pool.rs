@@ -144,6 +144,30 @@ pub struct PoolView {
     pub regions: Vec<(RegionId, PoolMember)>,
 }
 
+impl PoolView {
+    /// The view of a window `record` under a policy in shadow mode or not.
+    fn of(record: &WindowRecord, shadow: bool) -> PoolView {
+        PoolView {
+            bounds: record.bounds,
+            limit: record.limit,
+            shadow,
+            regions: record
+                .regions
+                .iter()
+                .map(|(id, used)| {
+                    (
+                        id.clone(),
+                        PoolMember {
+                            weight: used.pool_weight,
+                            granted: used.granted,
+                        },
+                    )
+                })
+                .collect(),
+        }
+    }
+}
+
 impl CoordinatorState {
     /// `key`'s pool window as of `now_ms`, read-only: the live window's
     /// bounds, effective limit and regions, or — when no window is live —
@@ -155,24 +179,7 @@ impl CoordinatorState {
             return None;
         }
         let view = match self.windows.live(key, now_ms) {
-            Some(record) => PoolView {
-                bounds: record.bounds,
-                limit: record.limit,
-                shadow: policy.shadow,
-                regions: record
-                    .regions
-                    .iter()
-                    .map(|(id, used)| {
-                        (
-                            id.clone(),
-                            PoolMember {
-                                weight: used.pool_weight,
-                                granted: used.granted,
-                            },
-                        )
-                    })
-                    .collect(),
-            },
+            Some(record) => PoolView::of(record, policy.shadow),
             None => PoolView {
                 bounds: self.windows.next_bounds(key, policy.window_ms, now_ms),
                 limit: policy.limit,
@@ -199,24 +206,7 @@ impl CoordinatorState {
         }
         let policy = self.policies.lookup(key.as_str())?;
         let view = match self.windows.next(key) {
-            Some(record) => PoolView {
-                bounds: record.bounds,
-                limit: record.limit,
-                shadow: policy.shadow,
-                regions: record
-                    .regions
-                    .iter()
-                    .map(|(id, used)| {
-                        (
-                            id.clone(),
-                            PoolMember {
-                                weight: used.pool_weight,
-                                granted: used.granted,
-                            },
-                        )
-                    })
-                    .collect(),
-            },
+            Some(record) => PoolView::of(record, policy.shadow),
             None => PoolView {
                 bounds: self
                     .windows

@@ -4,8 +4,8 @@
 use std::collections::BTreeMap;
 
 use leasehold_core::coordinator::{
-    Command, CommandError, CoordinatorState, Outcome, PoolReleaseDisposition, ReconcileDisposition,
-    MAX_RESPONSES_PER_SESSION, SESSION_MIN_RETAIN_MS,
+    Command, CommandError, CoordinatorState, Outcome, PoolGrantOutcome, PoolReleaseDisposition,
+    ReconcileDisposition, MAX_RESPONSES_PER_SESSION, SESSION_MIN_RETAIN_MS,
 };
 use leasehold_core::ids::RequestId;
 use leasehold_core::policy::{Policy, PolicyKind, PolicyTable};
@@ -285,6 +285,33 @@ impl Model {
         Ok(track)
     }
 
+    /// A pool grant's outcome `p` for `region` asking `want_total`: the
+    /// region's total in the window named never shrinks, never exceeds the
+    /// ask (unless it held more), and the window stays within its limit.
+    fn observe_pool_total(
+        &mut self,
+        key: &str,
+        region: &str,
+        want_total: u64,
+        p: &PoolGrantOutcome,
+        now: u64,
+    ) -> Result<(), TestCaseError> {
+        let track = self.window_for(key, p.window_start_ms, p.window_end_ms, p.limit, now)?;
+        let held = track.regions.entry(region.to_string()).or_default();
+        prop_assert!(p.granted_total >= held.0, "pool total shrank");
+        prop_assert!(p.granted_total <= held.0.max(want_total));
+        let delta = p.granted_total - held.0;
+        held.0 = p.granted_total;
+        track.granted += delta;
+        if delta > 0 {
+            prop_assert!(
+                track.granted - track.returned <= track.min_limit,
+                "pool granted past the limit"
+            );
+        }
+        Ok(())
+    }
+
     /// Checks one outcome against the model and updates the model.
     pub fn observe(
         &mut self,
@@ -340,25 +367,7 @@ impl Model {
                     self.limit_of(key.as_str()).map(|p| p.kind),
                     Some(PolicyKind::Fair)
                 );
-                let track = self.window_for(
-                    key.as_str(),
-                    p.window_start_ms,
-                    p.window_end_ms,
-                    p.limit,
-                    now,
-                )?;
-                let held = track.regions.entry(region.to_string()).or_default();
-                prop_assert!(p.granted_total >= held.0, "pool total shrank");
-                prop_assert!(p.granted_total <= held.0.max(*want_total));
-                let delta = p.granted_total - held.0;
-                held.0 = p.granted_total;
-                track.granted += delta;
-                if delta > 0 {
-                    prop_assert!(
-                        track.granted - track.returned <= track.min_limit,
-                        "pool granted past the limit"
-                    );
-                }
+                self.observe_pool_total(key.as_str(), region.as_str(), *want_total, p, now)?;
             }
             (
                 Command::PoolJoinNext {
@@ -379,25 +388,7 @@ impl Model {
                 // The grant is in the window named: the live one, the one
                 // after it (joined ahead), or the one opened now.
                 prop_assert_eq!(p.window_start_ms, *window_start_ms);
-                let track = self.window_for(
-                    key.as_str(),
-                    p.window_start_ms,
-                    p.window_end_ms,
-                    p.limit,
-                    now,
-                )?;
-                let held = track.regions.entry(region.to_string()).or_default();
-                prop_assert!(p.granted_total >= held.0, "pool total shrank");
-                prop_assert!(p.granted_total <= held.0.max(*want_total));
-                let delta = p.granted_total - held.0;
-                held.0 = p.granted_total;
-                track.granted += delta;
-                if delta > 0 {
-                    prop_assert!(
-                        track.granted - track.returned <= track.min_limit,
-                        "pool granted past the limit ahead"
-                    );
-                }
+                self.observe_pool_total(key.as_str(), region.as_str(), *want_total, p, now)?;
             }
             (
                 Command::Reconcile {

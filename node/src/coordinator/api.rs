@@ -251,30 +251,7 @@ impl CoordinatorApi {
                 // The region's standing as this member applied it: a hint
                 // for how much to ask next (the proto's guarantee_total,
                 // ceiling_total and their expected_* versions).
-                let now_ms = grant.coordinator_now_ms;
-                let view = self
-                    .node
-                    .state
-                    .read(|state| state.pool_view(&key, now_ms))
-                    .filter(|view| view.bounds.start_ms == grant.window_start_ms);
-                if let Some(view) = view {
-                    let answer = self
-                        .pool_roster
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner)
-                        .answer(&view, &key, &region, now_ms);
-                    if let Some(standing) = answer.standing {
-                        response.guarantee_total = standing.guarantee;
-                        response.ceiling_total = standing.ceiling.max(grant.granted_total);
-                    }
-                    response.reserved_unheld_total = answer.reserved_unheld;
-                    response.retired_kept_total = answer.retired_kept;
-                    response.late_released_before_total = answer.late_released_before;
-                    if let Some(expected) = answer.expected {
-                        response.expected_guarantee_total = expected.guarantee;
-                        response.expected_ceiling_total = expected.ceiling.max(grant.granted_total);
-                    }
-                }
+                self.add_standing(&mut response, &key, &region, &grant);
                 Ok(Response::new(response))
             }
             other => Err(unexpected(&other)),
@@ -396,30 +373,47 @@ impl CoordinatorApi {
         };
         self.node.metrics.record_pool_join_ahead();
         let mut response = pb::PoolGrantResponse::from(&grant);
+        self.add_standing(&mut response, key, region, &grant);
+        (Some(response), String::new())
+    }
+
+    /// A pool grant's answer completed with the region's standing in the
+    /// granted window as this member applied it (a hint for how much to
+    /// ask next: the proto's guarantee_total, ceiling_total, their
+    /// expected_* versions and the other hints); the roster records the
+    /// window's regions. Left 0 when the window is gone meanwhile.
+    fn add_standing(
+        &self,
+        response: &mut pb::PoolGrantResponse,
+        key: &leasehold_core::ids::Key,
+        region: &leasehold_core::ids::RegionId,
+        grant: &leasehold_core::coordinator::PoolGrantOutcome,
+    ) {
         let now_ms = grant.coordinator_now_ms;
         let view = self
             .node
             .state
-            .read(|state| state.pool_view_at(key, grant.window_start_ms, now_ms));
-        if let Some(view) = view {
-            let answer = self
-                .pool_roster
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .answer(&view, key, region, now_ms);
-            if let Some(standing) = answer.standing {
-                response.guarantee_total = standing.guarantee;
-                response.ceiling_total = standing.ceiling.max(grant.granted_total);
-            }
-            response.reserved_unheld_total = answer.reserved_unheld;
-            response.retired_kept_total = answer.retired_kept;
-            response.late_released_before_total = answer.late_released_before;
-            if let Some(expected) = answer.expected {
-                response.expected_guarantee_total = expected.guarantee;
-                response.expected_ceiling_total = expected.ceiling.max(grant.granted_total);
-            }
+            .read(|state| state.pool_view_at(key, grant.window_start_ms, now_ms))
+            .filter(|view| view.bounds.start_ms == grant.window_start_ms);
+        let Some(view) = view else {
+            return;
+        };
+        let answer = self
+            .pool_roster
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .answer(&view, key, region, now_ms);
+        if let Some(standing) = answer.standing {
+            response.guarantee_total = standing.guarantee;
+            response.ceiling_total = standing.ceiling.max(grant.granted_total);
         }
-        (Some(response), String::new())
+        response.reserved_unheld_total = answer.reserved_unheld;
+        response.retired_kept_total = answer.retired_kept;
+        response.late_released_before_total = answer.late_released_before;
+        if let Some(expected) = answer.expected {
+            response.expected_guarantee_total = expected.guarantee;
+            response.expected_ceiling_total = expected.ceiling.max(grant.granted_total);
+        }
     }
 
     async fn get_window_call(

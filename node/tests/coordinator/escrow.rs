@@ -1163,11 +1163,6 @@ async fn demand_reports_count_only_for_the_window_before_the_grant() -> Result<(
 async fn early_in_a_window_the_leader_keeps_room_for_the_regions_of_the_window_before() -> Result<()>
 {
     const WINDOW_MS: u64 = 2_000;
-    let wall_ms = || {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64)
-    };
     // Well inside a window (its first quarter is 500 ms long).
     let into_window = |at: u64| async move {
         let now = wall_ms();
@@ -1230,14 +1225,6 @@ async fn early_in_a_window_the_leader_keeps_room_for_the_regions_of_the_window_b
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn late_in_a_window_the_reserves_no_region_holds_lapse() -> Result<()> {
     const WINDOW_MS: u64 = 4_000;
-    let wall_ms = || {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64)
-    };
-    let until = |at: u64| async move {
-        tokio::time::sleep(Duration::from_millis(at.saturating_sub(wall_ms()))).await;
-    };
     let metrics_addr = crate::metrics::free_addr()?;
     let listen = metrics_addr.clone();
     let cluster =
@@ -1322,14 +1309,6 @@ async fn late_in_a_window_the_reserves_no_region_holds_lapse() -> Result<()> {
 async fn a_late_pool_call_joins_the_next_window_ahead() -> Result<()> {
     use leasehold_proto::v1::NextWindowJoin;
     const WINDOW_MS: u64 = 4_000;
-    let wall_ms = || {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64)
-    };
-    let until = |at: u64| async move {
-        tokio::time::sleep(Duration::from_millis(at.saturating_sub(wall_ms()))).await;
-    };
     let metrics_addr = crate::metrics::free_addr()?;
     let listen = metrics_addr.clone();
     let cluster =
@@ -1456,4 +1435,16 @@ async fn a_late_pool_call_joins_the_next_window_ahead() -> Result<()> {
         "three joins ahead answered with a grant (the resend's replay too): {metrics}"
     );
     Ok(())
+}
+
+/// The wall clock, in ms since the epoch (the coordinator's window clock).
+fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Sleeps until the wall clock reads `at_ms`.
+async fn until(at_ms: u64) {
+    tokio::time::sleep(Duration::from_millis(at_ms.saturating_sub(wall_ms()))).await;
 }

@@ -58,6 +58,19 @@ pub fn entries(first: u64, last: u64) -> Vec<Entry> {
         .collect()
 }
 
+/// The record named `name` in a fixtures file of `name hex` lines, as
+/// bytes.
+pub fn hex_fixture(fixtures: &str, name: &str) -> Vec<u8> {
+    let hex = fixtures
+        .lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("fixture {name} missing"));
+    (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).expect("hex"))
+        .collect()
+}
+
 /// A network with no peers: a single-member group never dials anyone.
 pub struct NoPeers;
 

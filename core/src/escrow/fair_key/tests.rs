@@ -642,6 +642,19 @@ fn a_region_told_of_late_hand_backs_looks_after_the_late_check() {
     }
 }
 
+/// A key (one tenant, weight 1) granted `granted` of window 0 at 1 ms, with
+/// a guarantee of `guarantee`, that then tried `admissions` requests of 1.
+fn busy_key(granted: u64, guarantee: u64, admissions: u64) -> FairKey<u64> {
+    let mut key: FairKey<u64> = FairKey::new(8);
+    key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 1);
+    let answer = grant(granted, 0, 1, standing(guarantee, guarantee), None);
+    key.on_pool_answer(answer, 1, 1, 1, RE_ASK_MS);
+    for _ in 0..admissions {
+        key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 2);
+    }
+    key
+}
+
 /// A key that admitted something joins the next window ahead once a
 /// window, from the late check on; never before the late check, twice, or
 /// without admissions. A key whose pace needs well under its share joins
@@ -651,33 +664,14 @@ fn a_region_told_of_late_hand_backs_looks_after_the_late_check() {
 /// hundredth of L, keeping its weight.
 #[test]
 fn a_busy_key_joins_the_next_window_ahead_from_the_late_check_once() {
-    let mut idle: FairKey<u64> = FairKey::new(8);
-    idle.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 1);
-    idle.on_pool_answer(
-        grant(100, 0, 1, standing(300, 300), None),
-        1,
-        1,
-        1,
-        RE_ASK_MS,
-    );
+    let mut idle = busy_key(100, 300, 0);
     assert_eq!(
         idle.join_ahead(7, LEASE_SIZE, 900),
         None,
         "nothing admitted"
     );
 
-    let mut key: FairKey<u64> = FairKey::new(8);
-    key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 1);
-    key.on_pool_answer(
-        grant(200, 0, 1, standing(300, 300), None),
-        1,
-        1,
-        1,
-        RE_ASK_MS,
-    );
-    for _ in 0..100 {
-        key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 2);
-    }
+    let mut key = busy_key(200, 300, 100);
     // The late check: an eighth before the end plus a hundredth.
     assert_eq!(
         key.join_ahead(7, LEASE_SIZE, 880),
@@ -699,18 +693,7 @@ fn a_busy_key_joins_the_next_window_ahead_from_the_late_check_once() {
     assert_eq!(key.join_ahead(8, LEASE_SIZE, 950), None, "once a window");
 
     // Held at a ceiling of 120 (its share 120): it keeps its weight.
-    let mut held: FairKey<u64> = FairKey::new(8);
-    held.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 1);
-    held.on_pool_answer(
-        grant(120, 0, 1, standing(120, 120), None),
-        1,
-        1,
-        1,
-        RE_ASK_MS,
-    );
-    for _ in 0..121 {
-        held.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 2);
-    }
+    let mut held = busy_key(120, 120, 121);
     let join = held.join_ahead(9, LEASE_SIZE, 900).expect("joins ahead");
     // 120 admitted in 900 ms: 133 projected, + 33, up to its share 120.
     assert_eq!((join.want_total, join.retire), (120 + 10, false));
@@ -718,22 +701,13 @@ fn a_busy_key_joins_the_next_window_ahead_from_the_late_check_once() {
 
 /// The grant of a join ahead is the key's from the next window on, with no
 /// join call: before the next window has surely started at the coordinator
-/// (the answer's arrival plus what was left of the live window then),
-/// requests are denied until it has; then they are admitted from it.
+/// (the answer's arrival plus what was left of the live window when the
+/// join was applied), requests are denied until it has; then they are
+/// admitted from it, and a key joined retired has no surplus check a
+/// quarter in, only the late one.
 #[test]
 fn a_grant_joined_ahead_is_used_from_the_next_window_without_a_join() {
-    let mut key: FairKey<u64> = FairKey::new(8);
-    key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 1);
-    key.on_pool_answer(
-        grant(200, 0, 1, standing(300, 300), None),
-        1,
-        1,
-        1,
-        RE_ASK_MS,
-    );
-    for _ in 0..100 {
-        key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 2);
-    }
+    let mut key = busy_key(200, 300, 100);
     let join = key.join_ahead(7, LEASE_SIZE, 900).expect("joins ahead");
     assert!(join.retire, "its pace needs well under its share");
     // Sent at 900, applied when 95 ms were left of window 0, answered at 910.
@@ -757,22 +731,12 @@ fn a_grant_joined_ahead_is_used_from_the_next_window_without_a_join() {
         other => panic!("expected an admission from the grant joined ahead, got {other:?}"),
     }
     assert_eq!(key.escrow().map(|e| e.budget()), Some(150));
-    // Joined retired: no surplus check a quarter in (nothing to hand back
-    // then), the late check only.
     assert_eq!(
         key.release_at(1_005, 10_000, 0, 10, 1_300),
         Some(1_000 + 900 + 95 - WINDOW_MS / 8 + WINDOW_MS / 100)
     );
     // An answer for any other window is not kept.
-    let mut other: FairKey<u64> = FairKey::new(8);
-    other.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 1);
-    other.on_pool_answer(
-        grant(200, 0, 1, standing(300, 300), None),
-        1,
-        1,
-        1,
-        RE_ASK_MS,
-    );
+    let mut other = busy_key(200, 300, 0);
     other.on_ahead_answer(
         grant(150, 2 * WINDOW_MS, 905, None, None),
         150,
