@@ -416,8 +416,8 @@ impl Granted {
     /// guarantee — one whose clients only wait out a denial — has nothing
     /// to give and sends no release (retiring would only drop its weight).
     fn holds_back_anything(&self) -> bool {
-        let total = self.escrow.budget();
         let worth = (self.escrow.limit() / 100).max(1);
+        let total = self.escrow.budget();
         // (A retired region's guarantee is the one it had before: the pool
         // reserves nothing for it any more.)
         self.escrow.total_used().saturating_add(worth) <= total
@@ -425,6 +425,12 @@ impl Granted {
                 && self
                     .guarantee
                     .is_some_and(|g| g >= total.saturating_add(worth))
+    }
+
+    /// Whether any token granted is not admitted (what a late release that
+    /// carries a join ahead hands back, however few).
+    fn holds_unspent_tokens(&self) -> bool {
+        self.escrow.total_used() < self.escrow.budget()
     }
 }
 
@@ -776,14 +782,7 @@ impl<Id: Clone> FairKey<Id> {
     ) -> Option<JoinAhead<Id>> {
         let state = self.granted.as_ref().filter(|g| now_ms < g.deadline_ms)?;
         let next_start = state.window.end_ms;
-        if now_ms < state.late_check_ms()
-            || self.ahead_asked == Some(next_start)
-            || self
-                .ahead
-                .is_some_and(|a| a.answer.window.start_ms == next_start)
-            || state.escrow.total_used() == 0
-            || self.spans_regions()
-        {
+        if now_ms < state.late_check_ms() || !self.may_join_ahead() {
             return None;
         }
         let window_ms = state.window.end_ms.saturating_sub(state.window.start_ms);
@@ -831,6 +830,22 @@ impl<Id: Clone> FairKey<Id> {
             window_start_ms: next_start,
             retire,
         })
+    }
+
+    /// Whether the key may join the next window ahead with a call it makes
+    /// now or later in this window (see [`Self::join_ahead`], whose time
+    /// condition — from the late check on — this leaves out).
+    fn may_join_ahead(&self) -> bool {
+        let Some(state) = self.granted.as_ref() else {
+            return false;
+        };
+        let next_start = state.window.end_ms;
+        self.ahead_asked != Some(next_start)
+            && self
+                .ahead
+                .is_none_or(|a| a.answer.window.start_ms != next_start)
+            && state.escrow.total_used() > 0
+            && !self.spans_regions()
     }
 
     /// Whether a tenant of the key is active in other regions too (the
@@ -1110,8 +1125,15 @@ impl<Id: Clone> FairKey<Id> {
             return Some(tried_ms.saturating_add(probe_interval_ms.max(1)));
         }
         let state = self.granted.as_ref()?;
-        if now_ms >= state.deadline_ms || !state.holds_back_anything() {
+        if now_ms >= state.deadline_ms {
             return None;
+        }
+        if !state.holds_back_anything() {
+            // Too little to be worth a call of its own, but the late
+            // check's release carries the key's join of the next window,
+            // which is a call anyway: then any token held back goes back.
+            let rides = self.may_join_ahead() && state.holds_unspent_tokens();
+            return (rides && !state.late_checked).then(|| state.late_check_ms());
         }
         // A retired region holds only what it kept for its pace: the late
         // check hands back what it will not need.
@@ -1141,10 +1163,17 @@ impl<Id: Clone> FairKey<Id> {
         if self.pending.is_some() {
             return None;
         }
-        let state = self
-            .granted
-            .as_mut()
-            .filter(|g| now_ms < g.deadline_ms && g.holds_back_anything())?;
+        // From the late check on, a release carries the key's join of the
+        // next window, a call the key makes anyway: any token is worth it.
+        let rides = !idle
+            && self
+                .granted
+                .as_ref()
+                .is_some_and(|g| now_ms >= g.late_check_ms())
+            && self.may_join_ahead();
+        let state = self.granted.as_mut().filter(|g| {
+            now_ms < g.deadline_ms && (g.holds_back_anything() || rides && g.holds_unspent_tokens())
+        })?;
         if state.retired && (idle || state.late_checked || now_ms < state.late_check_ms()) {
             return None;
         }
@@ -1163,7 +1192,7 @@ impl<Id: Clone> FairKey<Id> {
             // end: hand back what the pace so far will not need, when that
             // is worth a call.
             let late_check_done = state.late_checked;
-            if state.surplus_checked && now_ms >= state.late_check_ms() {
+            if now_ms >= state.late_check_ms() {
                 state.late_checked = true;
             }
             state.surplus_checked = true;
@@ -1181,7 +1210,7 @@ impl<Id: Clone> FairKey<Id> {
             // more than it holds must not retire its weight: it could not
             // get its guarantee back.
             let worth = (state.escrow.limit() / 100).max(1);
-            let surplus = from_total - keep >= worth;
+            let surplus = from_total - keep >= if rides { 1 } else { worth };
             // (After the late check only tokens are worth a call: the
             // regions at their ceiling have had their last look.)
             let idle_reserve = !state.retired

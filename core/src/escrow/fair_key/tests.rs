@@ -303,7 +303,10 @@ fn a_key_joins_the_next_window_only_once_the_leader_has_rolled() {
 }
 
 /// A key that spent its whole grant at its share has nothing to release;
-/// one holding unspent tokens or a larger guarantee does.
+/// one holding unspent tokens or a larger guarantee does. A few tokens
+/// are not worth a call of their own: they go back only at the late check,
+/// with the join of the next window that call carries (an idle key's
+/// release carries none, so it sends nothing).
 #[test]
 fn only_a_key_holding_something_back_releases() {
     let held = |granted: u64, guarantee: u64, used: u64| {
@@ -326,8 +329,25 @@ fn only_a_key_holding_something_back_releases() {
     };
     // L = 1 000: worth a call from 10 tokens on.
     assert_eq!(held(100, 100, 100), (false, false), "spent at its share");
+    // 5 unspent: the late check is due (an eighth before the end, plus a
+    // hundredth), and from then a release hands them back with its join.
+    let mut few: FairKey<u64> = FairKey::new(8);
+    few.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 1);
+    few.on_pool_answer(
+        grant(100, 0, 1, standing(100, 100), None),
+        1,
+        1,
+        1,
+        RE_ASK_MS,
+    );
+    for _ in 0..95 {
+        few.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 2);
+    }
+    assert_eq!(few.release_at(2, 100, 0, 10, 3), Some(1_000 - 125 + 10));
+    let late = few.begin_release(7, false, 990).cloned();
+    assert_eq!(late.map(|r| (r.from_total, r.keep_total)), Some((100, 95)));
     assert_eq!(held(100, 100, 60), (true, true), "40 unspent");
-    assert_eq!(held(100, 100, 95), (false, false), "5 unspent");
+    assert_eq!(held(100, 100, 95), (true, false), "5 unspent");
     assert_eq!(
         held(100, 300, 100),
         (true, true),
