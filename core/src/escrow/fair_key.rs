@@ -78,8 +78,9 @@
 //!   would keep the whole guarantee reserved for a region that will not
 //!   use it. Every key checks once more an eighth of the window before
 //!   its end (the *late check*, plus a hundredth for the clocks) and hands
-//!   back what it holds beyond its need then — for a retired key, what is
-//!   left of its margin, for a key raised since the first check, what the
+//!   back what it holds beyond its need then (any token, when the release
+//!   carries the key's join ahead — a call it makes anyway) — for a
+//!   retired key, what is left of its margin, for a key raised since the first check, what the
 //!   raise brought beyond its need (checked then, not at once: a batch
 //!   asked for would be handed straight back); the rest of the window is
 //!   short by then and its count close to its mean, so the need there is
