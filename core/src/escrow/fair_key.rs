@@ -112,8 +112,9 @@
 //! - **Joins ahead**: from the late check on, the key's next pool call —
 //!   the late check's release, a look or an ask — carries its join of the
 //!   next window ([`FairKey::join_ahead`]: once a window, for a key that
-//!   admitted something and whose tenants are served in this region only,
-//!   since a join ahead reports no demand). It asks the warm start with
+//!   admitted something and whose tenants the latest demand totals it
+//!   heard say are served in this region only, since a join ahead reports
+//!   no demand). It asks the warm start with
 //!   the admissions projected to the window's end at the key's pace, or,
 //!   when the pace needs well under the key's share (the first surplus
 //!   check's need, a hundredth of L below it, and not held back at the
@@ -475,6 +476,11 @@ pub struct FairKey<Id> {
     /// The region's guarantee as last heard while it held a pool weight
     /// (a region that joined retired hears 0 there).
     last_share: u64,
+    /// Whether the latest demand totals the key heard say its tenants are
+    /// served in this region only (`None`: none heard yet). A join ahead
+    /// reports no demand, so only such a key joins ahead: a tenant split
+    /// across regions needs every region's report.
+    served_here_only: Option<bool>,
 }
 
 impl<Id: Clone> FairKey<Id> {
@@ -497,6 +503,7 @@ impl<Id: Clone> FairKey<Id> {
             ahead_retires: false,
             ahead: None,
             last_share: 0,
+            served_here_only: None,
         }
     }
 
@@ -547,6 +554,20 @@ impl<Id: Clone> FairKey<Id> {
             }
             Some((start, _)) if *start > window_start_ms => {}
             _ => self.totals = Some((window_start_ms, totals.collect())),
+        }
+        // What the totals say of where the key's tenants are served.
+        if let Some((start, totals)) = self.totals.as_ref() {
+            let counts = [self.settled.as_ref(), self.previous.as_ref()]
+                .into_iter()
+                .flatten()
+                .find(|(s, _)| s == start)
+                .map(|(_, counts)| counts);
+            if let Some(counts) = counts {
+                let spans = counts
+                    .iter()
+                    .any(|(tenant, own)| totals.get(tenant).is_some_and(|total| total > own));
+                self.served_here_only = Some(!spans);
+            }
         }
     }
 
@@ -846,21 +867,7 @@ impl<Id: Clone> FairKey<Id> {
                 .ahead
                 .is_none_or(|a| a.answer.window.start_ms != next_start)
             && state.escrow.total_used() > 0
-            && !self.spans_regions()
-    }
-
-    /// Whether a tenant of the key is active in other regions too (the
-    /// settled demand totals say so).
-    fn spans_regions(&self) -> bool {
-        let Some((start, counts)) = self.settled.as_ref() else {
-            return false;
-        };
-        let Some((_, totals)) = self.totals.as_ref().filter(|(s, _)| s == start) else {
-            return false;
-        };
-        counts
-            .iter()
-            .any(|(tenant, own)| totals.get(tenant).is_some_and(|total| total > own))
+            && self.served_here_only == Some(true)
     }
 
     /// Feeds the answer of a join ahead (sent at monotonic `sent_ms` for

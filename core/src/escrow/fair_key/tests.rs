@@ -332,6 +332,7 @@ fn only_a_key_holding_something_back_releases() {
     // 5 unspent: the late check is due (an eighth before the end, plus a
     // hundredth), and from then a release hands them back with its join.
     let mut few: FairKey<u64> = FairKey::new(8);
+    few.served_here_only = Some(true);
     few.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 1);
     few.on_pool_answer(
         grant(100, 0, 1, standing(100, 100), None),
@@ -347,7 +348,8 @@ fn only_a_key_holding_something_back_releases() {
     let late = few.begin_release(7, false, 990).cloned();
     assert_eq!(late.map(|r| (r.from_total, r.keep_total)), Some((100, 95)));
     assert_eq!(held(100, 100, 60), (true, true), "40 unspent");
-    assert_eq!(held(100, 100, 95), (true, false), "5 unspent");
+    // (These keys heard no demand totals: they do not join ahead.)
+    assert_eq!(held(100, 100, 95), (false, false), "5 unspent");
     assert_eq!(
         held(100, 300, 100),
         (true, true),
@@ -662,10 +664,12 @@ fn a_region_told_of_late_hand_backs_looks_after_the_late_check() {
     }
 }
 
-/// A key (one tenant, weight 1) granted `granted` of window 0 at 1 ms, with
-/// a guarantee of `guarantee`, that then tried `admissions` requests of 1.
+/// A key (one tenant, weight 1, heard to be served in this region only)
+/// granted `granted` of window 0 at 1 ms, with a guarantee of
+/// `guarantee`, that then tried `admissions` requests of 1.
 fn busy_key(granted: u64, guarantee: u64, admissions: u64) -> FairKey<u64> {
     let mut key: FairKey<u64> = FairKey::new(8);
+    key.served_here_only = Some(true);
     key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 1);
     let answer = grant(granted, 0, 1, standing(guarantee, guarantee), None);
     key.on_pool_answer(answer, 1, 1, 1, RE_ASK_MS);
@@ -768,4 +772,39 @@ fn a_grant_joined_ahead_is_used_from_the_next_window_without_a_join() {
         other.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 1_010),
         FairStep::Join { .. }
     ));
+}
+
+/// A key joins ahead only once demand totals said its tenants are served
+/// in this region only (a join ahead reports no demand, which the split of
+/// a tenant active in several regions needs): not before any totals, not
+/// when a tenant's total exceeds what it asked here.
+#[test]
+fn only_a_key_whose_tenants_are_served_here_only_joins_ahead() {
+    let run = |total: Option<u64>| {
+        let mut key: FairKey<u64> = FairKey::new(8);
+        key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 1);
+        key.on_pool_answer(
+            grant(200, 0, 1, standing(300, 300), None),
+            1,
+            1,
+            1,
+            RE_ASK_MS,
+        );
+        key.note_demand(&tenant(0), 40);
+        // Window 1 joined: window 0's counts (40) are the previous ones.
+        let answer = grant(200, WINDOW_MS, WINDOW_MS + 1, standing(300, 300), None);
+        if let Some(total) = total {
+            key.on_pool_answer(answer, 1, WINDOW_MS + 1, WINDOW_MS + 1, RE_ASK_MS);
+            key.on_tenant_demands(0, vec![(tenant(0), total)]);
+        } else {
+            key.on_pool_answer(answer, 1, WINDOW_MS + 1, WINDOW_MS + 1, RE_ASK_MS);
+        }
+        for _ in 0..50 {
+            key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, WINDOW_MS + 2);
+        }
+        key.join_ahead(9, LEASE_SIZE, WINDOW_MS + 950).is_some()
+    };
+    assert!(!run(None), "no totals heard");
+    assert!(!run(Some(90)), "its tenant asked other regions too");
+    assert!(run(Some(40)), "served here only");
 }
