@@ -790,12 +790,14 @@ impl<Id: Clone> FairKey<Id> {
     /// (under `request_id`), if it should carry one: once a window, from
     /// the late check on (the coordinator accepts joins ahead in the live
     /// window's last quarter), for a key that admitted something in it and
-    /// whose tenants are served in this region only (a join ahead carries
-    /// no demand report, which a tenant split across regions needs: such a
-    /// key joins at the window's start). It asks what a join at the
+    /// whose tenants the latest demand totals it heard say are served in
+    /// this region only (a join ahead carries no demand report, which a
+    /// tenant split across regions needs: such a key, and one that heard no
+    /// totals yet, joins at the window's start). It asks what a join at the
     /// window's start would (the warm start), with what the key admitted
     /// projected to the window's end at its pace, and the region weight of
-    /// the live window's tenants.
+    /// the live window's tenants; or, when that pace needs well under its
+    /// share, joins retired at what the first surplus check would keep.
     pub fn join_ahead(
         &mut self,
         request_id: Id,
