@@ -528,8 +528,8 @@ proptest! {
     /// less, or joining it retired ahead), and what is left of their margin
     /// an eighth before the end —
     /// at least 80 % over the steady windows of a world (1 343 worlds: lowest
-    /// 97.9 %, one in a hundred under 98.9 %, median 99.9 %; one window in
-    /// 35 under 99 %. Before the raise, the late check and a roster that
+    /// 97.2 %, one in a hundred under 98.6 %, median 99.9 %; one window in
+    /// 32 under 99 %. Before the raise, the late check and a roster that
     /// remembers retired regions: lowest 75 %, one in twenty under 87 %, a
     /// third of the windows under 99 %), at most 6 calls per region
     /// (measured: 5).

@@ -112,8 +112,9 @@
 //! - **Joins ahead**: from the late check on, the key's next pool call —
 //!   the late check's release, a look or an ask — carries its join of the
 //!   next window ([`FairKey::join_ahead`]: once a window, for a key that
-//!   admitted something and whose tenants the latest demand totals it
-//!   heard say are served in this region only, since a join ahead reports
+//!   admitted something and whose tenants the demand totals it heard in
+//!   `SERVED_HERE_WINDOWS` (two) windows in a row said are served in this
+//!   region only, since a join ahead reports
 //!   no demand). It asks the warm start with
 //!   the admissions projected to the window's end at the key's pace, or,
 //!   when the pace needs well under the key's share (the first surplus
@@ -476,12 +477,18 @@ pub struct FairKey<Id> {
     /// The region's guarantee as last heard while it held a pool weight
     /// (a region that joined retired hears 0 there).
     last_share: u64,
-    /// Whether the latest demand totals the key heard say its tenants are
-    /// served in this region only (`None`: none heard yet). A join ahead
-    /// reports no demand, so only such a key joins ahead: a tenant split
-    /// across regions needs every region's report.
-    served_here_only: Option<bool>,
+    /// In how many windows in a row (and the latest of them) the demand
+    /// totals the key heard said its tenants are served in this region
+    /// only. A join ahead reports no demand, so only such a key joins
+    /// ahead (a tenant split across regions needs every region's report),
+    /// and only after [`SERVED_HERE_WINDOWS`] of them: a window's totals
+    /// may still miss a region that came late to it.
+    served_here_only: (u32, Option<u64>),
 }
+
+/// Windows in a row whose demand totals said a key's tenants are served in
+/// its region only before the key joins ahead.
+pub const SERVED_HERE_WINDOWS: u32 = 2;
 
 impl<Id: Clone> FairKey<Id> {
     /// A key that has asked nothing yet; at most `max_tenants` tenants tracked.
@@ -503,7 +510,7 @@ impl<Id: Clone> FairKey<Id> {
             ahead_retires: false,
             ahead: None,
             last_share: 0,
-            served_here_only: None,
+            served_here_only: (0, None),
         }
     }
 
@@ -566,7 +573,14 @@ impl<Id: Clone> FairKey<Id> {
                 let spans = counts
                     .iter()
                     .any(|(tenant, own)| totals.get(tenant).is_some_and(|total| total > own));
-                self.served_here_only = Some(!spans);
+                let (windows, last) = self.served_here_only;
+                self.served_here_only = if spans {
+                    (0, Some(*start))
+                } else if last.is_none_or(|last| *start > last) {
+                    (windows.saturating_add(1), Some(*start))
+                } else {
+                    (windows, last)
+                };
             }
         }
     }
@@ -790,8 +804,8 @@ impl<Id: Clone> FairKey<Id> {
     /// (under `request_id`), if it should carry one: once a window, from
     /// the late check on (the coordinator accepts joins ahead in the live
     /// window's last quarter), for a key that admitted something in it and
-    /// whose tenants the latest demand totals it heard say are served in
-    /// this region only (a join ahead carries no demand report, which a
+    /// whose tenants the demand totals it heard in `SERVED_HERE_WINDOWS`
+    /// windows in a row said are served in this region only (a join ahead carries no demand report, which a
     /// tenant split across regions needs: such a key, and one that heard no
     /// totals yet, joins at the window's start). It asks what a join at the
     /// window's start would (the warm start), with what the key admitted
@@ -869,7 +883,7 @@ impl<Id: Clone> FairKey<Id> {
                 .ahead
                 .is_none_or(|a| a.answer.window.start_ms != next_start)
             && state.escrow.total_used() > 0
-            && self.served_here_only == Some(true)
+            && self.served_here_only.0 >= SERVED_HERE_WINDOWS
     }
 
     /// Feeds the answer of a join ahead (sent at monotonic `sent_ms` for

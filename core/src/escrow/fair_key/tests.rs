@@ -332,7 +332,7 @@ fn only_a_key_holding_something_back_releases() {
     // 5 unspent: the late check is due (an eighth before the end, plus a
     // hundredth), and from then a release hands them back with its join.
     let mut few: FairKey<u64> = FairKey::new(8);
-    few.served_here_only = Some(true);
+    few.served_here_only = (SERVED_HERE_WINDOWS, None);
     few.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 1);
     few.on_pool_answer(
         grant(100, 0, 1, standing(100, 100), None),
@@ -669,7 +669,7 @@ fn a_region_told_of_late_hand_backs_looks_after_the_late_check() {
 /// `guarantee`, that then tried `admissions` requests of 1.
 fn busy_key(granted: u64, guarantee: u64, admissions: u64) -> FairKey<u64> {
     let mut key: FairKey<u64> = FairKey::new(8);
-    key.served_here_only = Some(true);
+    key.served_here_only = (SERVED_HERE_WINDOWS, None);
     key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 1);
     let answer = grant(granted, 0, 1, standing(guarantee, guarantee), None);
     key.on_pool_answer(answer, 1, 1, 1, RE_ASK_MS);
@@ -774,37 +774,43 @@ fn a_grant_joined_ahead_is_used_from_the_next_window_without_a_join() {
     ));
 }
 
-/// A key joins ahead only once demand totals said its tenants are served
-/// in this region only (a join ahead reports no demand, which the split of
-/// a tenant active in several regions needs): not before any totals, not
-/// when a tenant's total exceeds what it asked here.
+/// A key joins ahead only once the demand totals of [`SERVED_HERE_WINDOWS`]
+/// windows in a row said its tenants are served in this region only (a
+/// join ahead reports no demand, which the split of a tenant active in
+/// several regions needs, and a window's totals may miss a region that
+/// came late to it): not before, and not when a tenant's total exceeded
+/// what it asked here in the latest of them.
 #[test]
 fn only_a_key_whose_tenants_are_served_here_only_joins_ahead() {
-    let run = |total: Option<u64>| {
+    // Windows 0..=last joined one after another, 40 asked in each; the
+    // answer joining window k carries the totals of window k − 1.
+    let run = |last: u64, total: &dyn Fn(u64) -> u64| {
         let mut key: FairKey<u64> = FairKey::new(8);
-        key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 1);
-        key.on_pool_answer(
-            grant(200, 0, 1, standing(300, 300), None),
-            1,
-            1,
-            1,
-            RE_ASK_MS,
-        );
-        key.note_demand(&tenant(0), 40);
-        // Window 1 joined: window 0's counts (40) are the previous ones.
-        let answer = grant(200, WINDOW_MS, WINDOW_MS + 1, standing(300, 300), None);
-        if let Some(total) = total {
-            key.on_pool_answer(answer, 1, WINDOW_MS + 1, WINDOW_MS + 1, RE_ASK_MS);
-            key.on_tenant_demands(0, vec![(tenant(0), total)]);
-        } else {
-            key.on_pool_answer(answer, 1, WINDOW_MS + 1, WINDOW_MS + 1, RE_ASK_MS);
+        for k in 0..=last {
+            let at = k * WINDOW_MS + 1;
+            key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, at);
+            let answer = grant(200, k * WINDOW_MS, at, standing(300, 300), None);
+            key.on_pool_answer(answer, 1, at, at, RE_ASK_MS);
+            if k > 0 {
+                let before = (k - 1) * WINDOW_MS;
+                key.on_tenant_demands(before, vec![(tenant(0), total(before))]);
+            }
+            key.note_demand(&tenant(0), 40);
         }
         for _ in 0..50 {
-            key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, WINDOW_MS + 2);
+            key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, last * WINDOW_MS + 2);
         }
-        key.join_ahead(9, LEASE_SIZE, WINDOW_MS + 950).is_some()
+        key.join_ahead(99, LEASE_SIZE, last * WINDOW_MS + 950)
+            .is_some()
     };
-    assert!(!run(None), "no totals heard");
-    assert!(!run(Some(90)), "its tenant asked other regions too");
-    assert!(run(Some(40)), "served here only");
+    let here = |_: u64| 40;
+    let n = u64::from(SERVED_HERE_WINDOWS);
+    assert!(!run(0, &here), "no totals heard");
+    assert!(!run(n - 1, &here), "one window of them too few");
+    assert!(run(n, &here), "enough windows served here only");
+    let spanning_latest = move |w: u64| if w == n * WINDOW_MS { 90 } else { 40 };
+    assert!(
+        !run(n + 1, &spanning_latest),
+        "its tenant asked another region too in the latest"
+    );
 }
