@@ -326,8 +326,14 @@ impl WindowTable {
     /// live window — costs two lookups and no copy of the key; the key is
     /// copied only when a window opens.
     pub fn live_or_create(&mut self, key: &Key, policy: &Policy, now_ms: u64) -> &mut WindowRecord {
-        self.roll(key, now_ms);
-        if self.live(key, now_ms).is_none() {
+        // (No roll here: `apply` collects at `now_ms` first, which makes an
+        // ended live window's next one live.)
+        if self
+            .keys
+            .get(key)
+            .and_then(|entry| entry.live.as_ref())
+            .is_none_or(|r| r.bounds.end_ms <= now_ms)
+        {
             return self.open_window(key, policy, now_ms);
         }
         self.keys
