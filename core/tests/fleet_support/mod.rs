@@ -306,24 +306,28 @@ impl Coordinator {
             caller: Principal::Anonymous,
         });
         // A join of the next window rides with the call, after it.
-        let join = join_next.map(|join| self.join_command(region_index, &join, stamp_ms));
+        let join = join_next
+            .as_ref()
+            .map(|join| self.join_command(region_index, join, stamp_ms));
         let joined = join.is_some();
         commands.extend(join);
         let mut outcomes = self.state.apply(&Proposal { stamp_ms, commands }).outcomes;
         let join_outcome = if joined { outcomes.pop() } else { None };
         let outcome = outcomes.pop().expect("one outcome per command");
         match outcome {
-            Outcome::PoolGrant(grant) => Event::PoolGranted {
-                call: *call,
-                answer: self.pool_answer(region_index, &grant),
-                tenant_demands: self.settled_demands(
-                    region_index,
-                    &grant,
-                    *demand_window_ms,
-                    demands,
-                ),
-                next_window: self.join_answer(region_index, join_outcome),
-            },
+            Outcome::PoolGrant(grant) => {
+                let tenant_demands =
+                    self.settled_demands(region_index, &grant, *demand_window_ms, demands);
+                let (next_window, next_window_demands) =
+                    self.join_answer(region_index, join_next.as_ref(), join_outcome);
+                Event::PoolGranted {
+                    call: *call,
+                    answer: self.pool_answer(region_index, &grant),
+                    tenant_demands,
+                    next_window,
+                    next_window_demands,
+                }
+            }
             Outcome::Rejected(refusal) => Event::PoolRefused {
                 call: *call,
                 refusal,
@@ -351,7 +355,8 @@ impl Coordinator {
         };
         let join = pending
             .join_next
-            .map(|join| self.join_command(region_index, &join, stamp_ms));
+            .as_ref()
+            .map(|join| self.join_command(region_index, join, stamp_ms));
         let joined = join.is_some();
         let mut commands = vec![command];
         commands.extend(join);
@@ -368,6 +373,8 @@ impl Coordinator {
                     };
                     roster.note_release(&self.key, window, stamp_ms, outcome.released);
                 }
+                let (next_window, next_window_demands) =
+                    self.join_answer(region_index, pending.join_next.as_ref(), join_outcome);
                 Event::ReleaseAnswered {
                     release,
                     answer: match outcome.disposition {
@@ -379,7 +386,8 @@ impl Coordinator {
                         },
                         PoolReleaseDisposition::WindowEnded => ReleaseAnswer::WindowEnded,
                     },
-                    next_window: self.join_answer(region_index, join_outcome),
+                    next_window,
+                    next_window_demands,
                 }
             }
             Outcome::Rejected(_) => Event::ReleaseRefused { release },
@@ -419,12 +427,25 @@ impl Coordinator {
     }
 
     /// The answer of a join ahead: its grant, with the region's standing
-    /// in the window joined (`None` when it was refused or not made).
-    fn join_answer(&mut self, region_index: usize, outcome: Option<Outcome>) -> Option<PoolAnswer> {
-        match outcome? {
-            Outcome::PoolGrant(grant) => Some(self.pool_answer(region_index, &grant)),
-            _ => None,
-        }
+    /// in the window joined (`None` when it was refused or not made), and
+    /// the settled totals its demand report earns, as the API answers them.
+    fn join_answer(
+        &mut self,
+        region_index: usize,
+        join: Option<&JoinAhead<u64>>,
+        outcome: Option<Outcome>,
+    ) -> (Option<PoolAnswer>, Vec<(TenantId, u64)>) {
+        let (Some(join), Some(Outcome::PoolGrant(grant))) = (join, outcome) else {
+            return (None, Vec::new());
+        };
+        let window_ms = grant.window_end_ms - grant.window_start_ms;
+        let settled = match grant.window_start_ms.checked_sub(window_ms) {
+            Some(reported) if grant.window_start_ms == join.window_start_ms => {
+                self.settled_demands(region_index, &grant, reported, &join.demands)
+            }
+            _ => Vec::new(),
+        };
+        (Some(self.pool_answer(region_index, &grant)), settled)
     }
 
     /// The request id of region `region_index`'s release `release`: the

@@ -132,6 +132,13 @@ impl CoordinatorApi {
         let mut request = request.into_inner();
         let demand_window = request.demand_window_start_ms;
         let join_next = request.join_next.take();
+        let join_demands = join_next
+            .as_ref()
+            .map(convert::join_next_demands)
+            .transpose()
+            .map_err(|e| self.invalid(e))?
+            .unwrap_or_default();
+        let join_window = join_next.as_ref().map_or(0, |join| join.window_start_ms);
         let mut command =
             convert::pool_grant_command(request, caller.clone()).map_err(|e| self.invalid(e))?;
         let Command::PoolGrant {
@@ -224,7 +231,8 @@ impl CoordinatorApi {
             Outcome::PoolGrant(grant) => {
                 let mut response = pb::PoolGrantResponse::from(&grant);
                 if let Some(joined) = join_outcome {
-                    let (next, refused) = self.join_answer(&key, &region, joined);
+                    let (next, refused) =
+                        self.join_answer(&key, &region, joined, join_window, &join_demands);
                     response.next_window = next.map(Box::new);
                     response.next_window_refused = refused;
                 }
@@ -266,6 +274,13 @@ impl CoordinatorApi {
         let caller = caller(&request);
         let mut request = request.into_inner();
         let join_next = request.join_next.take();
+        let join_demands = join_next
+            .as_ref()
+            .map(convert::join_next_demands)
+            .transpose()
+            .map_err(|e| self.invalid(e))?
+            .unwrap_or_default();
+        let join_window = join_next.as_ref().map_or(0, |join| join.window_start_ms);
         let command =
             convert::pool_release_command(request, caller.clone()).map_err(|e| self.invalid(e))?;
         let (key, region) = match &command {
@@ -305,7 +320,8 @@ impl CoordinatorApi {
                     .note_release(&key, window, now_ms, outcome.released);
                 let mut response = pb::PoolReleaseResponse::from(&outcome);
                 if let Some(joined) = join_outcome {
-                    let (next, refused) = self.join_answer(&key, &region, joined);
+                    let (next, refused) =
+                        self.join_answer(&key, &region, joined, join_window, &join_demands);
                     response.next_window = next;
                     response.next_window_refused = refused;
                 }
@@ -365,6 +381,8 @@ impl CoordinatorApi {
         key: &leasehold_core::ids::Key,
         region: &leasehold_core::ids::RegionId,
         outcome: Outcome,
+        join_window_start_ms: u64,
+        demands: &[(leasehold_core::ids::TenantId, u64)],
     ) -> (Option<pb::PoolGrantResponse>, String) {
         let grant = match outcome {
             Outcome::PoolGrant(grant) => grant,
@@ -373,6 +391,28 @@ impl CoordinatorApi {
         };
         self.node.metrics.record_pool_join_ahead();
         let mut response = pb::PoolGrantResponse::from(&grant);
+        // The join's report is of the window right before the one joined,
+        // when the grant is in the window it named.
+        let window_ms = grant.window_end_ms.saturating_sub(grant.window_start_ms);
+        let reported = grant.window_start_ms.checked_sub(window_ms);
+        if let (false, true, Some(reported)) = (
+            demands.is_empty(),
+            grant.window_start_ms == join_window_start_ms,
+            reported,
+        ) {
+            let mut board = self
+                .demand_board
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let totals = board.report(key, reported, region, demands);
+            response.tenant_demands = convert::tenant_demands_to_wire(&totals);
+            let tenants: Vec<_> = demands.iter().map(|(tenant, _)| tenant.clone()).collect();
+            let settled = reported
+                .checked_sub(window_ms)
+                .map(|settled| board.totals(key, settled, &tenants))
+                .unwrap_or_default();
+            response.settled_tenant_demands = convert::tenant_demands_to_wire(&settled);
+        }
         self.add_standing(&mut response, key, region, &grant);
         (Some(response), String::new())
     }

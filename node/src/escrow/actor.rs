@@ -506,11 +506,7 @@ impl KeyActor {
                     window_start_ms = grant.window_start_ms,
                     "pool grant answered"
                 );
-                let tenant_demands = grant
-                    .settled_tenant_demands
-                    .iter()
-                    .filter_map(|d| Some((TenantId::new(d.tenant.clone()).ok()?, d.demand)))
-                    .collect();
+                let tenant_demands = settled_demands_of(&grant);
                 if !grant.next_window_refused.is_empty() {
                     tracing::debug!(key = %self.key, reason = %grant.next_window_refused, "join of the next window refused");
                 }
@@ -519,6 +515,11 @@ impl KeyActor {
                     answer: pool_answer_of(&grant),
                     tenant_demands,
                     next_window: grant.next_window.as_deref().map(pool_answer_of),
+                    next_window_demands: grant
+                        .next_window
+                        .as_deref()
+                        .map(settled_demands_of)
+                        .unwrap_or_default(),
                 }
             }
             Err(e) if refused_request(&e) => Event::PoolRefused {
@@ -567,6 +568,11 @@ impl KeyActor {
                     tracing::debug!(key = %self.key, reason = %answer.next_window_refused, "join of the next window refused");
                 }
                 let next_window = answer.next_window.as_ref().map(pool_answer_of);
+                let next_window_demands = answer
+                    .next_window
+                    .as_ref()
+                    .map(settled_demands_of)
+                    .unwrap_or_default();
                 // An unknown disposition (a newer coordinator) reads as
                 // not applied in this window.
                 let answer = match PoolReleaseOutcome::try_from(&answer).map(|o| o.disposition) {
@@ -588,6 +594,7 @@ impl KeyActor {
                     release,
                     answer,
                     next_window,
+                    next_window_demands,
                 }
             }
             Err(e)
@@ -634,6 +641,7 @@ impl KeyActor {
             want_total: join.want_total,
             request_id: Some(request_id),
             retire: join.retire,
+            tenant_demands: tenant_demands_to_wire(&join.demands),
         }
     }
 
@@ -654,6 +662,16 @@ impl KeyActor {
             self.shared.record_fair(&mut self.reported_fair, counters);
         }
     }
+}
+
+/// The settled tenants' demand totals a pool grant answer carries (an
+/// invalid tenant name is left out).
+fn settled_demands_of(grant: &pb::PoolGrantResponse) -> Vec<(TenantId, u64)> {
+    grant
+        .settled_tenant_demands
+        .iter()
+        .filter_map(|d| Some((TenantId::new(d.tenant.clone()).ok()?, d.demand)))
+        .collect()
 }
 
 /// A pool grant answer on the wire as the key machine takes it.

@@ -1326,6 +1326,7 @@ async fn a_late_pool_call_joins_the_next_window_ahead() -> Result<()> {
         want_total,
         request_id: Some(request_id),
         retire: false,
+        tenant_demands: Vec::new(),
     };
     until(start + 50).await;
     let eu = client.pool_grant("ahead/k", "eu", 1_000, 40).await?;
@@ -1442,6 +1443,100 @@ fn wall_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// A join ahead reports the live window's demand (`join_next.tenant_demands`):
+/// the leader counts it as the region's report of that window — a region
+/// joining at the next window's start hears it in that window's totals —
+/// and answers the join with the settled totals of the window before. A
+/// malformed report refuses the call (INVALID_FIELD `join_next`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_join_ahead_reports_its_window_and_hears_the_settled_totals() -> Result<()> {
+    use leasehold_proto::v1::{NextWindowJoin, TenantDemand};
+    const WINDOW_MS: u64 = 2_000;
+    let cluster = Cluster::start_initialised(1, |_| {}).await?;
+    let client = cluster.client()?;
+    client
+        .admin()
+        .set_policy(fair(counter_policy("report/", 100, WINDOW_MS)))
+        .await?;
+    let demand = |n: u64| {
+        vec![TenantDemand {
+            tenant: "beta".into(),
+            demand: n,
+        }]
+    };
+    let totals = |d: &[TenantDemand]| {
+        d.iter()
+            .map(|d| (d.tenant.clone(), d.demand))
+            .collect::<Vec<_>>()
+    };
+    let first = (wall_ms() / WINDOW_MS + 1) * WINDOW_MS;
+    let (second, third) = (first + WINDOW_MS, first + 2 * WINDOW_MS);
+    // In the second window eu and ap report the first: beta asked 30 and 10.
+    until(second + 50).await;
+    let pool = "report/k";
+    client
+        .pool_grant_joining_next(pool, "eu", 1_000, 10, first, demand(30), None)
+        .await?;
+    client
+        .pool_grant_joining_next(pool, "ap", 1_000, 10, first, demand(10), None)
+        .await?;
+    // In its last quarter ap joins the third window ahead, reporting the
+    // second (20 so far, projected): it hears the first's settled 40.
+    until(third - WINDOW_MS / 8).await;
+    let join = |report: Vec<TenantDemand>| NextWindowJoin {
+        window_start_ms: third,
+        region_weight: 1_000,
+        want_total: 20,
+        request_id: Some(client.next_request_id()),
+        retire: false,
+        tenant_demands: report,
+    };
+    let twice = [demand(1), demand(2)].concat();
+    let refused = client
+        .pool_grant_joining_next(pool, "ap", 1_000, 10, first, demand(10), Some(join(twice)))
+        .await;
+    match refused {
+        Err(e) => ensure!(e.to_string().contains("join_next"), "{e}"),
+        Ok(answer) => anyhow::bail!("a report naming beta twice was taken: {answer:?}"),
+    }
+    let ap = client
+        .pool_grant_joining_next(
+            pool,
+            "ap",
+            1_000,
+            10,
+            first,
+            demand(10),
+            Some(join(demand(20))),
+        )
+        .await?;
+    let joined = ap.next_window.clone().unwrap_or_default();
+    ensure!(joined.window_start_ms == third, "{ap:?}");
+    ensure!(
+        totals(&joined.tenant_demands) == [("beta".to_string(), 20)],
+        "{ap:?}"
+    );
+    ensure!(
+        totals(&joined.settled_tenant_demands) == [("beta".to_string(), 40)],
+        "{ap:?}"
+    );
+    // eu joins the third window at its start, reporting the second: beta's
+    // total counts ap's report made with its join.
+    until(third + 50).await;
+    let eu = client
+        .pool_grant_joining_next(pool, "eu", 1_000, 10, second, demand(60), None)
+        .await?;
+    ensure!(
+        totals(&eu.tenant_demands) == [("beta".to_string(), 80)],
+        "{eu:?}"
+    );
+    ensure!(
+        totals(&eu.settled_tenant_demands) == [("beta".to_string(), 40)],
+        "{eu:?}"
+    );
+    Ok(())
 }
 
 /// Sleeps until the wall clock reads `at_ms`.

@@ -205,6 +205,18 @@ pub fn window_key(request: &pb::GetWindowRequest) -> Result<Key, InvalidField> {
     key(&request.key)
 }
 
+/// The demand report a join ahead carries (`NextWindowJoin.tenant_demands`,
+/// read like [`tenant_demands`]); a bad one is the join's fault
+/// (`join_next`).
+pub fn join_next_demands(join: &pb::NextWindowJoin) -> Result<Vec<(TenantId, u64)>, InvalidField> {
+    tenant_demands(&join.tenant_demands).map_err(|e| {
+        InvalidField::new(
+            "join_next",
+            format!("join_next.tenant_demands: {}", e.message()),
+        )
+    })
+}
+
 /// A demand report (a pool grant's or answer's `tenant_demands`): at most
 /// [`MAX_REPORTED_TENANTS`] valid, distinct tenants, in their order.
 pub fn tenant_demands(raw: &[pb::TenantDemand]) -> Result<Vec<(TenantId, u64)>, InvalidField> {

@@ -68,8 +68,15 @@ fn a_spanning_tenant_weighs_its_share_of_its_demand() {
         other => panic!("expected an ask, got {other:?}"),
     }
     // Totals of a window other than the settled one (0) do not split.
-    key.on_tenant_demands(WINDOW_MS, vec![(tenant(1), 80)]);
-    assert_eq!(key.split_weight(&tenant(1), 2), 2 * WEIGHT_SCALE);
+    key.on_tenant_demands(WINDOW_MS, vec![(tenant(1), 400)]);
+    assert_eq!(key.split_weight(&tenant(1), 2), WEIGHT_SCALE);
+    let mut other: FairKey<u64> = FairKey::new(8);
+    other.on_pool_answer(answer(0, 10), 10, 10, 10, RE_ASK_MS);
+    other.note_demand(&tenant(1), 40);
+    other.on_pool_answer(answer(WINDOW_MS, WINDOW_MS + 5), 10, 5, 5, RE_ASK_MS);
+    other.on_pool_answer(answer(2 * WINDOW_MS, later), 10, later, later, RE_ASK_MS);
+    other.on_tenant_demands(WINDOW_MS, vec![(tenant(1), 80)]);
+    assert_eq!(other.split_weight(&tenant(1), 2), 2 * WEIGHT_SCALE);
 }
 
 /// An answer naming more tenants than any report can (a buggy or hostile
@@ -80,8 +87,17 @@ fn demand_totals_from_an_answer_are_bounded() {
     let flood = |n: usize| (0..n).map(|i| (tenant(i), 1)).collect::<Vec<_>>();
     key.on_tenant_demands(0, flood(10_000));
     key.on_tenant_demands(0, flood(20_000).split_off(10_000));
-    let held = key.totals.as_ref().map_or(0, |(_, totals)| totals.len());
+    let held: usize = key.totals.values().map(BTreeMap::len).sum();
     assert_eq!(held, MAX_REPORTED_TENANTS);
+    // Windows too: the latest few are kept, an older one is not taken.
+    for w in 1..=10 {
+        key.on_tenant_demands(w * WINDOW_MS, flood(2));
+    }
+    key.on_tenant_demands(0, flood(2));
+    assert_eq!(
+        key.totals.keys().copied().collect::<Vec<_>>(),
+        (8..=10).map(|w| w * WINDOW_MS).collect::<Vec<_>>()
+    );
 }
 
 proptest! {
@@ -332,7 +348,6 @@ fn only_a_key_holding_something_back_releases() {
     // 5 unspent: the late check is due (an eighth before the end, plus a
     // hundredth), and from then a release hands them back with its join.
     let mut few: FairKey<u64> = FairKey::new(8);
-    few.served_here_only = (SERVED_HERE_WINDOWS, None);
     few.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 1);
     few.on_pool_answer(
         grant(100, 0, 1, standing(100, 100), None),
@@ -348,8 +363,8 @@ fn only_a_key_holding_something_back_releases() {
     let late = few.begin_release(7, false, 990).cloned();
     assert_eq!(late.map(|r| (r.from_total, r.keep_total)), Some((100, 95)));
     assert_eq!(held(100, 100, 60), (true, true), "40 unspent");
-    // (These keys heard no demand totals: they do not join ahead.)
-    assert_eq!(held(100, 100, 95), (false, false), "5 unspent");
+    // Not at once: at the late check.
+    assert_eq!(held(100, 100, 95), (true, false), "5 unspent");
     assert_eq!(
         held(100, 300, 100),
         (true, true),
@@ -664,12 +679,10 @@ fn a_region_told_of_late_hand_backs_looks_after_the_late_check() {
     }
 }
 
-/// A key (one tenant, weight 1, heard to be served in this region only)
-/// granted `granted` of window 0 at 1 ms, with a guarantee of
+/// A key (one tenant, weight 1) granted `granted` of window 0 at 1 ms, with a guarantee of
 /// `guarantee`, that then tried `admissions` requests of 1.
 fn busy_key(granted: u64, guarantee: u64, admissions: u64) -> FairKey<u64> {
     let mut key: FairKey<u64> = FairKey::new(8);
-    key.served_here_only = (SERVED_HERE_WINDOWS, None);
     key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 1);
     let answer = grant(granted, 0, 1, standing(guarantee, guarantee), None);
     key.on_pool_answer(answer, 1, 1, 1, RE_ASK_MS);
@@ -739,7 +752,7 @@ fn a_grant_joined_ahead_is_used_from_the_next_window_without_a_join() {
         remaining_lifetime_ms: 95 + WINDOW_MS,
         ..grant(150, WINDOW_MS, 905, standing(0, 150), None)
     };
-    key.on_ahead_answer(ahead, join.want_total, 900, 910, RE_ASK_MS);
+    key.on_ahead_answer(ahead, Vec::new(), join.want_total, 900, 910, RE_ASK_MS);
     // The live grant expires at 1 000 here; the next window has surely
     // started by 910 + 95.
     match key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 1_001) {
@@ -763,6 +776,7 @@ fn a_grant_joined_ahead_is_used_from_the_next_window_without_a_join() {
     let mut other = busy_key(200, 300, 0);
     other.on_ahead_answer(
         grant(150, 2 * WINDOW_MS, 905, None, None),
+        Vec::new(),
         150,
         900,
         910,
@@ -774,43 +788,70 @@ fn a_grant_joined_ahead_is_used_from_the_next_window_without_a_join() {
     ));
 }
 
-/// A key joins ahead only once the demand totals of [`SERVED_HERE_WINDOWS`]
-/// windows in a row said its tenants are served in this region only (a
-/// join ahead reports no demand, which the split of a tenant active in
-/// several regions needs, and a window's totals may miss a region that
-/// came late to it): not before, and not when a tenant's total exceeded
-/// what it asked here in the latest of them.
+/// A join ahead carries the live window's demand projected to its end
+/// (counts so far · window / elapsed) and weighs the next window by the
+/// split a join at its start would freeze — the settled window's, two
+/// before the live one — not by the live window's: a tenant active in
+/// other regions too weighs its share of its demand there. The grant
+/// joined ahead is used with that split, the key reports the projected
+/// counts for the window again later (every region reads one report of
+/// it), and the join's answer brings the totals the next join splits by.
 #[test]
-fn only_a_key_whose_tenants_are_served_here_only_joins_ahead() {
-    // Windows 0..=last joined one after another, 40 asked in each; the
-    // answer joining window k carries the totals of window k − 1.
-    let run = |last: u64, total: &dyn Fn(u64) -> u64| {
-        let mut key: FairKey<u64> = FairKey::new(8);
-        for k in 0..=last {
-            let at = k * WINDOW_MS + 1;
-            key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, at);
-            let answer = grant(200, k * WINDOW_MS, at, standing(300, 300), None);
-            key.on_pool_answer(answer, 1, at, at, RE_ASK_MS);
-            if k > 0 {
-                let before = (k - 1) * WINDOW_MS;
-                key.on_tenant_demands(before, vec![(tenant(0), total(before))]);
-            }
-            key.note_demand(&tenant(0), 40);
-        }
-        for _ in 0..50 {
-            key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, last * WINDOW_MS + 2);
-        }
-        key.join_ahead(99, LEASE_SIZE, last * WINDOW_MS + 950)
-            .is_some()
-    };
-    let here = |_: u64| 40;
-    let n = u64::from(SERVED_HERE_WINDOWS);
-    assert!(!run(0, &here), "no totals heard");
-    assert!(!run(n - 1, &here), "one window of them too few");
-    assert!(run(n, &here), "enough windows served here only");
-    let spanning_latest = move |w: u64| if w == n * WINDOW_MS { 90 } else { 40 };
-    assert!(
-        !run(n + 1, &spanning_latest),
-        "its tenant asked another region too in the latest"
+fn a_join_ahead_reports_its_window_projected_and_weighs_the_next_by_the_settled_split() {
+    let mut key: FairKey<u64> = FairKey::new(8);
+    // Windows 0, 1 and 2 joined at their start; tenant 0 (weight 2) asks
+    // for 40 here in each. Window 0's totals (heard in window 2): 160.
+    for k in 0..=2 {
+        let at = k * WINDOW_MS + 1;
+        key.decide(&tenant(0), 2, 1, LEASE_SIZE, true, at);
+        let answer = grant(300, k * WINDOW_MS, at, standing(300, 300), None);
+        key.on_pool_answer(answer, 1, at, at, RE_ASK_MS);
+        key.note_demand(&tenant(0), 40);
+    }
+    key.on_tenant_demands(0, vec![(tenant(0), 160)]);
+    for _ in 0..10 {
+        key.decide(&tenant(0), 2, 1, LEASE_SIZE, true, 2 * WINDOW_MS + 2);
+    }
+    // Window 2 was joined before window 0's totals came: its full weight.
+    assert_eq!(key.split_weight(&tenant(0), 2), 2 * WEIGHT_SCALE);
+    let join = key
+        .join_ahead(7, LEASE_SIZE, 2 * WINDOW_MS + 900)
+        .expect("joins ahead");
+    // A quarter of its demand was here in window 0: a quarter of 2.
+    assert_eq!(join.region_weight, WEIGHT_SCALE / 2);
+    // 40 asked in 900 ms of 1 000.
+    assert_eq!(join.demands, vec![(tenant(0), 44)]);
+    // Answered with window 1's settled totals: half of it here.
+    let ahead = grant(
+        300,
+        3 * WINDOW_MS,
+        2 * WINDOW_MS + 905,
+        standing(300, 300),
+        None,
     );
+    key.on_ahead_answer(
+        ahead,
+        vec![(tenant(0), 80)],
+        join.want_total,
+        2 * WINDOW_MS + 900,
+        2 * WINDOW_MS + 910,
+        RE_ASK_MS,
+    );
+    assert!(matches!(
+        key.decide(&tenant(0), 2, 1, LEASE_SIZE, true, 3 * WINDOW_MS + 10),
+        FairStep::Admit { .. }
+    ));
+    assert_eq!(key.window().map(|w| w.start_ms), Some(3 * WINDOW_MS));
+    assert_eq!(key.split_weight(&tenant(0), 2), WEIGHT_SCALE / 2);
+    assert_eq!(
+        key.demand_report(3 * WINDOW_MS + 10),
+        Some((2 * WINDOW_MS, vec![(tenant(0), 44)])),
+        "the projected report, again"
+    );
+    // The next join ahead splits by window 1: half of 2.
+    key.note_demand(&tenant(0), 40);
+    let join = key
+        .join_ahead(8, LEASE_SIZE, 3 * WINDOW_MS + 900)
+        .expect("joins ahead again");
+    assert_eq!(join.region_weight, WEIGHT_SCALE);
 }

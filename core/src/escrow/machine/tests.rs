@@ -309,6 +309,7 @@ fn fair_key_with(budget: u64, now_ms: u64) -> (Machine, Policy) {
             answer: pool_answer(budget, 100, now_ms),
             tenant_demands: Vec::new(),
             next_window: None,
+            next_window_demands: Vec::new(),
         },
         at(now_ms),
     );
@@ -331,6 +332,7 @@ fn a_fair_key_at_its_ceiling_waits_before_asking_again() {
             answer: pool_answer(1, 100, 20),
             tenant_demands: Vec::new(),
             next_window: None,
+            next_window_demands: Vec::new(),
         },
         at(21),
     );
@@ -377,6 +379,7 @@ fn an_unanswered_release_is_resent_with_its_id_before_the_next_pool_ask() {
             release: release.request_id,
             answer: ReleaseAnswer::Released { released: 49 },
             next_window: None,
+            next_window_demands: Vec::new(),
         },
         at(later + 1),
     );
@@ -775,6 +778,7 @@ impl Sim {
                         answer: self.pool_answer(total, window),
                         tenant_demands: Vec::new(),
                         next_window,
+                        next_window_demands: Vec::new(),
                     },
                     Fate::Refused => Event::PoolRefused {
                         call,
@@ -785,7 +789,7 @@ impl Sim {
             }
             Action::SendPoolRelease(pending) => {
                 let release = pending.request_id;
-                let next_window = self.join_ahead(pending.join_next, window, applied);
+                let next_window = self.join_ahead(pending.join_next.clone(), window, applied);
                 let mut answer = ReleaseAnswer::WindowEnded;
                 if applied && pending.window == window {
                     let total = self.coordinator.entry(window.start_ms).or_default();
@@ -807,6 +811,7 @@ impl Sim {
                             release,
                             answer,
                             next_window,
+                            next_window_demands: Vec::new(),
                         }
                     }
                     Fate::Refused => {
