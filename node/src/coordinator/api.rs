@@ -132,13 +132,7 @@ impl CoordinatorApi {
         let mut request = request.into_inner();
         let demand_window = request.demand_window_start_ms;
         let join_next = request.join_next.take();
-        let join_demands = join_next
-            .as_ref()
-            .map(convert::join_next_demands)
-            .transpose()
-            .map_err(|e| self.invalid(e))?
-            .unwrap_or_default();
-        let join_window = join_next.as_ref().map_or(0, |join| join.window_start_ms);
+        let (join_window, join_demands) = self.join_report(join_next.as_ref())?;
         let mut command =
             convert::pool_grant_command(request, caller.clone()).map_err(|e| self.invalid(e))?;
         let Command::PoolGrant {
@@ -274,13 +268,7 @@ impl CoordinatorApi {
         let caller = caller(&request);
         let mut request = request.into_inner();
         let join_next = request.join_next.take();
-        let join_demands = join_next
-            .as_ref()
-            .map(convert::join_next_demands)
-            .transpose()
-            .map_err(|e| self.invalid(e))?
-            .unwrap_or_default();
-        let join_window = join_next.as_ref().map_or(0, |join| join.window_start_ms);
+        let (join_window, join_demands) = self.join_report(join_next.as_ref())?;
         let command =
             convert::pool_release_command(request, caller.clone()).map_err(|e| self.invalid(e))?;
         let (key, region) = match &command {
@@ -373,9 +361,25 @@ impl CoordinatorApi {
         join
     }
 
+    /// A join ahead's demand report, read before anything is proposed (a
+    /// malformed one refuses the call): the window joined and the report.
+    fn join_report(
+        &self,
+        join: Option<&pb::NextWindowJoin>,
+    ) -> Result<(u64, Vec<(leasehold_core::ids::TenantId, u64)>), Status> {
+        let Some(join) = join else {
+            return Ok((0, Vec::new()));
+        };
+        let demands = convert::join_next_demands(join).map_err(|e| self.invalid(e))?;
+        Ok((join.window_start_ms, demands))
+    }
+
     /// The answer of a join ahead: the grant in the window joined, with the
     /// region's standing there (as for a PoolGrant: the roster records the
-    /// window's regions), or why it was refused.
+    /// window's regions) and, when the grant is in the window the join
+    /// named (`join_window_start_ms`), its demand report counted as the
+    /// region's report of the window before with the totals it earns; or
+    /// why it was refused.
     fn join_answer(
         &self,
         key: &leasehold_core::ids::Key,
