@@ -64,7 +64,7 @@ use super::state::CoordinatorState;
 use super::windows::{RegionUse, WindowRecord};
 use crate::fair_pool::{next_grant, retire, PoolMember};
 use crate::ids::{Key, RegionId};
-use crate::policy::PolicyKind;
+use crate::policy::{Policy, PolicyKind};
 use crate::shadow;
 use crate::window::WindowBounds;
 
@@ -128,6 +128,30 @@ fn grant_in(
         coordinator_now_ms: now_ms,
     };
     Ok((grant, verdict.would_deny))
+}
+
+/// A pool grant's refusals before any state change, in this order: a
+/// region weight of 0, no policy for `key`, a counter key. The policy
+/// otherwise.
+fn grant_policy<'a>(
+    key: &Key,
+    policy: Option<&'a Policy>,
+    region_weight: u64,
+) -> Result<&'a Policy, CommandError> {
+    if region_weight == 0 {
+        return Err(CommandError::InvalidArgument(
+            "region_weight must be at least 1".to_string(),
+        ));
+    }
+    let Some(policy) = policy else {
+        return Err(CommandError::NoPolicy(key.to_string()));
+    };
+    if policy.kind != PolicyKind::Fair {
+        return Err(CommandError::WrongKind(
+            "key is counter: use Lease".to_string(),
+        ));
+    }
+    Ok(policy)
 }
 
 /// A read-only view of one key's pool window ([`CoordinatorState::pool_view`]).
@@ -226,26 +250,27 @@ impl CoordinatorState {
         region_weight: u64,
         want_total: u64,
     ) -> Outcome {
-        if region_weight == 0 {
-            return Outcome::Rejected(CommandError::InvalidArgument(
-                "region_weight must be at least 1".to_string(),
-            ));
-        }
-        let Some(policy) = self.policies.lookup(key.as_str()) else {
-            return Outcome::Rejected(CommandError::NoPolicy(key.to_string()));
+        let policy = match grant_policy(key, self.policies.lookup(key.as_str()), region_weight) {
+            Ok(policy) => policy,
+            Err(refusal) => return Outcome::Rejected(refusal),
         };
-        if policy.kind != PolicyKind::Fair {
-            return Outcome::Rejected(CommandError::WrongKind(
-                "key is counter: use Lease".to_string(),
-            ));
-        }
         let now = self.now_ms;
         let record = self.windows.live_or_create(key, policy, now);
         let shadow = policy.shadow;
         let prefix = policy.prefix.clone();
-        match grant_in(record, region, region_weight, want_total, shadow, now) {
+        let granted = grant_in(record, region, region_weight, want_total, shadow, now);
+        self.shadow_recorded(&prefix, granted)
+    }
+
+    /// A grant's outcome, its shadow decision recorded under `prefix`.
+    fn shadow_recorded(
+        &mut self,
+        prefix: &str,
+        granted: Result<(PoolGrantOutcome, u64), CommandError>,
+    ) -> Outcome {
+        match granted {
             Ok((grant, would_deny)) => {
-                self.record_shadow(&prefix, would_deny);
+                self.record_shadow(prefix, would_deny);
                 Outcome::PoolGrant(grant)
             }
             Err(refusal) => Outcome::Rejected(refusal),
@@ -317,16 +342,10 @@ impl CoordinatorState {
         }
         // The same refusals as a grant in the live window, before any
         // state change.
-        if region_weight == 0 {
-            return Outcome::Rejected(CommandError::InvalidArgument(
-                "region_weight must be at least 1".to_string(),
-            ));
-        }
-        if policy.kind != PolicyKind::Fair {
-            return Outcome::Rejected(CommandError::WrongKind(
-                "key is counter: use Lease".to_string(),
-            ));
-        }
+        let policy = match grant_policy(key, Some(policy), region_weight) {
+            Ok(policy) => policy,
+            Err(refusal) => return Outcome::Rejected(refusal),
+        };
         let shadow = policy.shadow;
         let prefix = policy.prefix.clone();
         let Some(record) = self.windows.next_or_create(key, policy, now) else {
@@ -334,13 +353,8 @@ impl CoordinatorState {
                 "the key has no live window to join the next of".to_string(),
             ));
         };
-        match grant_in(record, region, region_weight, want_total, shadow, now) {
-            Ok((grant, would_deny)) => {
-                self.record_shadow(&prefix, would_deny);
-                Outcome::PoolGrant(grant)
-            }
-            Err(refusal) => Outcome::Rejected(refusal),
-        }
+        let granted = grant_in(record, region, region_weight, want_total, shadow, now);
+        self.shadow_recorded(&prefix, granted)
     }
 
     pub(super) fn pool_release(

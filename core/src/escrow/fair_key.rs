@@ -640,11 +640,16 @@ impl<Id: Clone> FairKey<Id> {
     /// move under the region weight the join declared (a join's answer
     /// brings the next settled totals; they take effect at the next join).
     pub fn split_weight(&self, tenant: &TenantId, weight: u64) -> u64 {
-        let shares = match self.basis.as_ref() {
+        split_by(weight, self.shares_under(self.basis.as_ref(), tenant))
+    }
+
+    /// `tenant`'s (own, total) demand under `basis`, or in the settled
+    /// window without one.
+    fn shares_under(&self, basis: Option<&SplitBasis>, tenant: &TenantId) -> Option<(u64, u64)> {
+        match basis {
             Some(basis) => basis.get(tenant).copied(),
             None => self.live_share(tenant),
-        };
-        split_by(weight, shares)
+        }
     }
 
     /// `tenant`'s (own, total) demand in the settled window, when its
@@ -690,13 +695,7 @@ impl<Id: Clone> FairKey<Id> {
             .filter(|(tenant, _, _)| Some(*tenant) != except)
             .fold(0u64, |sum, (tenant, weight, _)| {
                 let split = match self.declared.get(tenant) {
-                    Some(declared) => split_by(
-                        *declared,
-                        match basis {
-                            Some(basis) => basis.get(tenant).copied(),
-                            None => self.live_share(tenant),
-                        },
-                    ),
+                    Some(declared) => split_by(*declared, self.shares_under(basis, tenant)),
                     None => weight,
                 };
                 sum.saturating_add(split)
@@ -985,7 +984,11 @@ impl<Id: Clone> FairKey<Id> {
             return;
         }
         let window_ms = answer.window.end_ms.saturating_sub(answer.window.start_ms);
-        if let Some(settled) = answer.window.start_ms.checked_sub(2 * window_ms) {
+        if let Some(settled) = answer
+            .window
+            .start_ms
+            .checked_sub(window_ms.saturating_mul(2))
+        {
             self.on_tenant_demands(settled, settled_demands);
         }
         self.ahead = Some(AheadGrant {

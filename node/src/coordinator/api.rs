@@ -14,7 +14,7 @@
 
 use std::sync::Arc;
 
-use leasehold_core::coordinator::{Command, Outcome, PoolReleaseDisposition};
+use leasehold_core::coordinator::{Command, Outcome, PoolReleaseDisposition, PoolView};
 use leasehold_core::demand_board::DemandBoard;
 use leasehold_core::pool_lapse::lapse_commands;
 use leasehold_core::pool_roster::{CappedAsks, PoolRoster};
@@ -135,15 +135,7 @@ impl CoordinatorApi {
         let (join_window, join_demands) = self.join_report(join_next.as_ref())?;
         let mut command =
             convert::pool_grant_command(request, caller.clone()).map_err(|e| self.invalid(e))?;
-        let Command::PoolGrant {
-            key,
-            region,
-            region_weight,
-            want_total,
-            request_id,
-            caller,
-        } = &mut command
-        else {
+        let Command::PoolGrant { key, region, .. } = &command else {
             return Err(refusal(Reason::Internal, "not a pool grant"));
         };
         let (key, region) = (key.clone(), region.clone());
@@ -153,29 +145,17 @@ impl CoordinatorApi {
             })
             .transpose()
             .map_err(|e| self.invalid(e))?;
-        // Early in a window, room is kept for the regions of the window
-        // before that have not asked yet (the proto's PoolGrantRequest).
         let now_ms = self.node.clock.now_ms();
         let view = self.node.state.read(|state| state.pool_view(&key, now_ms));
-        let cap = view.as_ref().and_then(|view| {
-            self.pool_roster
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .cap(view, &key, &region, *region_weight, now_ms)
-        });
-        // A retried id goes out with the total its first attempt had,
-        // capped or not: a request id names one request.
-        *want_total = self
-            .capped_asks
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .total(
-                caller,
-                request_id.as_ref(),
-                *want_total,
-                cap.map(|cap| cap.max(1)),
-                now_ms,
-            );
+        self.cap_ask(&mut command, view.as_ref(), now_ms);
+        let Command::PoolGrant {
+            region_weight,
+            want_total,
+            ..
+        } = &command
+        else {
+            return Err(refusal(Reason::Internal, "not a pool grant"));
+        };
         // In the window's last eighth, a late ask beyond the ceiling first
         // lapses the reserves no region holds: every other region retires
         // keeping all it holds, in the same group (leasehold_core::pool_lapse).
@@ -320,20 +300,14 @@ impl CoordinatorApi {
     }
 
     /// A join of the next window ahead (`PoolJoinNext`) as the leader
-    /// proposes it: its ask capped, while regions of the window before are
-    /// expected, at the region's expected ceiling in the window joined, and
-    /// a retried id sent with its first attempt's total (as a PoolGrant's).
+    /// proposes it: its ask capped as a PoolGrant's in the window joined
+    /// ([`Self::cap_ask`]).
     fn capped_join(&self, mut join: Command, now_ms: u64) -> Command {
         let Command::PoolJoinNext {
             key,
-            region,
-            region_weight,
-            want_total,
             window_start_ms,
-            request_id,
-            caller,
             ..
-        } = &mut join
+        } = &join
         else {
             return join;
         };
@@ -341,7 +315,38 @@ impl CoordinatorApi {
             .node
             .state
             .read(|state| state.pool_view_at(key, *window_start_ms, now_ms));
-        let cap = view.as_ref().and_then(|view| {
+        self.cap_ask(&mut join, view.as_ref(), now_ms);
+        join
+    }
+
+    /// A `PoolGrant`'s or `PoolJoinNext`'s ask as the leader proposes it in
+    /// `view`'s window: early in a window, capped at the region's expected
+    /// ceiling (room is kept for the regions of the window before that have
+    /// not asked yet: the proto's PoolGrantRequest); a retried request id
+    /// goes out with the total its first attempt had, capped or not (a
+    /// request id names one request). Any other command is left as it is.
+    fn cap_ask(&self, command: &mut Command, view: Option<&PoolView>, now_ms: u64) {
+        let (Command::PoolGrant {
+            key,
+            region,
+            region_weight,
+            want_total,
+            request_id,
+            caller,
+        }
+        | Command::PoolJoinNext {
+            key,
+            region,
+            region_weight,
+            want_total,
+            request_id,
+            caller,
+            ..
+        }) = command
+        else {
+            return;
+        };
+        let cap = view.and_then(|view| {
             self.pool_roster
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -358,7 +363,6 @@ impl CoordinatorApi {
                 cap.map(|cap| cap.max(1)),
                 now_ms,
             );
-        join
     }
 
     /// A join ahead's demand report, read before anything is proposed (a
