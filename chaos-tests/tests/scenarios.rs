@@ -176,13 +176,16 @@ fn fair_pool_idle_region_reclaim() {
          {left_without:.3} without; windows used {used_with:.3} / {used_without:.3}"
     );
     // Without reclaim the busy region gets its guarantee, more once the
-    // demand split weighs the quiet region by the little it asks; the
-    // quiet region's reserve beyond what it admits is stranded in some
-    // windows. With reclaim the busy region takes it: in seeds 1–2, 0.99
-    // of what the quiet region left (windows used 0.99), against 0.96
-    // without (0.97).
+    // demand split weighs the quiet region by the little it asks, and the
+    // reserve the quiet region does not use once the busy region's look
+    // after the late check lapses it (a look every region at its ceiling
+    // makes while it has not joined the next window ahead); the rest is
+    // stranded. With reclaim the busy region takes it all but rounding:
+    // in seeds 1–2, 0.998 of what the quiet region left (windows used
+    // 0.998), against 0.986 without (0.988; 0.96 and 0.97 before every
+    // region at its ceiling looked late).
     assert!(
-        left_with >= 0.97 && used_with >= 0.97 && left_with - left_without >= 0.02,
+        left_with >= 0.97 && used_with >= 0.97 && left_with - left_without >= 0.005,
         "busy region's share of what the quiet one left: {left_with:.3} with reclaim, \
          {left_without:.3} without; windows used {used_with:.3} / {used_without:.3}"
     );

@@ -401,6 +401,8 @@ fn a_region_that_leaves_strands_nothing_and_one_that_returns_is_served_again() {
         let r = (step % 3) as usize;
         let window = (now - start) / WINDOW_MS;
         if r == 2 && (leaves..returns).contains(&window) {
+            // Its timer still fires (a join ahead to hand back).
+            fleet.tick(r, Delivery::Answered, now);
             continue;
         }
         fleet.request(r, &tenant(r), weights[r], 1, &answered, now);
@@ -528,8 +530,8 @@ proptest! {
     /// less, or joining it retired ahead), and what is left of their margin
     /// an eighth before the end —
     /// at least 80 % over the steady windows of a world (1 343 worlds: lowest
-    /// 97.2 %, one in a hundred under 98.6 %, median 99.9 %; one window in
-    /// 32 under 99 %. Before the raise, the late check and a roster that
+    /// 98.0 %, one in a hundred under 99.3 %, median 99.9 %; one window in
+    /// 49 under 99 %. Before the raise, the late check and a roster that
     /// remembers retired regions: lowest 75 %, one in twenty under 87 %, a
     /// third of the windows under 99 %), at most 6 calls per region
     /// (measured: 5).
@@ -677,10 +679,11 @@ proptest! {
 /// for the figures in docs/benchmarks.md (`FAIR_SCALE=10` for the same
 /// worlds at L = 6 000 with ten times the requests; `FAIR_DIAG=1` for where
 /// the under-99 % windows' unused tokens sat at their end). Asserts Σ ≤ L
-/// per window, at least 90 % per world, a 99th-percentile shortfall under a
-/// tenth of L, and at most 10 pool calls per 1 000 admissions over all
-/// worlds at L = 600 (the joins ahead: 13.9 without them), and at most one
-/// window in twenty under 99 %.
+/// per window, at least 97 % per world (1 343 worlds: 98.0 % at the
+/// lowest), a 99th-percentile shortfall under a tenth of L, and at most 10
+/// pool calls per 1 000 admissions over all worlds at L = 600 (the joins
+/// ahead: 13.9 without them), and at most one window in twenty under
+/// 99 %.
 #[test]
 fn light_worlds_use_their_windows_and_keep_regions_near_their_share() {
     use leasehold_core::water_fill::{water_fill, Claim};
@@ -829,7 +832,7 @@ fn light_worlds_use_their_windows_and_keep_regions_near_their_share() {
         );
     }
     assert!(
-        at(&per_world, 0.0) >= 0.9,
+        at(&per_world, 0.0) >= 0.97,
         "a world used {:.3}",
         at(&per_world, 0.0)
     );

@@ -93,14 +93,24 @@
 //!   not use (`reserved_unheld`) look again just after the first check;
 //!   one whose look raised its total, or that heard retired regions keep
 //!   a twentieth of L or more (`retired_kept`: their margins), looks once
-//!   more just after the late check, and not in between. A region whose
-//!   look after the late check raised its total looks after the next
-//!   window's late check too (at the latest), though nothing it hears
-//!   there says so: its join came before the light regions handed back,
-//!   and their margins come back late every window. So does a region
-//!   whose answer says regions handed back a hundredth of L or more in
-//!   the last quarter of one of the two windows before
-//!   (`late_released_before`: the leader remembers it).
+//!   more just after the late check, and not in between. Every region at
+//!   its ceiling that has not joined the next window ahead looks just
+//!   after the late check (at the latest), whatever its backoff: the look
+//!   carries its join ahead, a call it would make at the next window's
+//!   start anyway, and finds the margins handed back at the late checks.
+//!   Once joined ahead, a region looks then only when it is likely to
+//!   pay: its late look raised its total in the window before, or its
+//!   answer says regions handed back a hundredth of L or more in the last
+//!   quarter of one of the two windows before (`late_released_before`:
+//!   the leader remembers it).
+//!   From the window's first quarter on, an ask's batch is capped at what
+//!   the key admits by the window's end at its pace so far (the first
+//!   surplus check's need): tokens beyond it would sit unspent at the end
+//!   while regions at their ceiling go without; a key whose demand runs
+//!   faster asks again. A region that joined the next window ahead and
+//!   has no request in it by that window's first surplus check hands the
+//!   grant joined ahead back then (keeping the 2 tokens the need of no
+//!   pace has), as one that joined at the start and fell quiet would.
 //!   [`FairKey::begin_release`] lowers the budget to what was
 //!   admitted *before* the release is sent, and the release stays pending
 //!   until a definitive answer; the caller must resend it (same request id)
@@ -310,6 +320,23 @@ impl AheadGrant {
         self.received_ms
             .saturating_add(self.answer.remaining_lifetime_ms.saturating_sub(length))
     }
+
+    /// When, on the monotonic clock here, the joined window's first
+    /// quarter is over (its surplus check: [`Granted::expectation_ends_ms`]
+    /// of the grant it becomes), and not before it has started.
+    fn expectation_ends_ms(&self) -> u64 {
+        let window_ms = self
+            .answer
+            .window
+            .end_ms
+            .saturating_sub(self.answer.window.start_ms);
+        let expecting_for = window_ms - window_ms / EXPECTATION_SHARE;
+        self.sent_ms
+            .saturating_add(self.answer.remaining_lifetime_ms)
+            .saturating_sub(expecting_for)
+            .saturating_add(window_ms / 100)
+            .max(self.starts_at_ms())
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -416,6 +443,18 @@ impl Granted {
             let rest = u128::from(used) * u128::from(left) / u128::from(elapsed);
             return u64::try_from(rest).unwrap_or(u64::MAX);
         }
+        self.paced_need(now_ms)
+    }
+
+    /// What the region will admit in the rest of the window at its pace
+    /// so far (at `now_ms`), with a margin: `rest · 9/8 + max(used / 16,
+    /// 2)`.
+    fn paced_need(&self, now_ms: u64) -> u64 {
+        let window_ms = self.window.end_ms.saturating_sub(self.window.start_ms);
+        let started = self.deadline_ms.saturating_sub(window_ms);
+        let elapsed = now_ms.saturating_sub(started).max(1);
+        let left = self.deadline_ms.saturating_sub(now_ms);
+        let used = self.escrow.total_used();
         let pace = u128::from(used) * u128::from(left) * 9 / 8 / u128::from(elapsed);
         u64::try_from(pace)
             .unwrap_or(u64::MAX)
@@ -733,24 +772,7 @@ impl<Id: Clone> FairKey<Id> {
                     window_end_ms: ahead.answer.window.start_ms,
                 };
             }
-            self.ahead = None;
-            self.on_pool_answer(
-                ahead.answer,
-                ahead.want_total,
-                ahead.sent_ms,
-                ahead.received_ms,
-                ahead.re_ask_ms,
-            );
-            if let Some(state) = self.granted.as_mut() {
-                // Joined retired: its total is what it keeps; the surplus
-                // check a quarter in has nothing to hand back.
-                state.retired = ahead.retired;
-                state.surplus_checked |= ahead.retired;
-            }
-            // The window is weighed by the split it was joined with.
-            if let Some(basis) = self.ahead_basis.take() {
-                self.basis = Some(basis);
-            }
+            self.adopt_ahead(ahead);
         }
         if let Some(state) = self.granted.as_ref() {
             // The grant has just expired here, but the leader's window ends
@@ -819,10 +841,28 @@ impl<Id: Clone> FairKey<Id> {
                 let step = lease_size
                     .max(self.previous_used / 4)
                     .max(state.escrow.budget() / 2);
-                let want_total = want
-                    .max(state.escrow.budget().saturating_add(step))
-                    .max(self.warm_target)
-                    .min(limit.max(want));
+                let mut batch = state
+                    .escrow
+                    .budget()
+                    .saturating_add(step)
+                    .max(self.warm_target);
+                // Once the window's first quarter is over the pace is
+                // known: a batch beyond what the region admits at it
+                // before the window ends (with the surplus check's margin)
+                // would only sit unspent while regions at their ceiling go
+                // without; a region whose demand runs faster asks again.
+                // (Its admissions, not its requests: a region denied at
+                // its ceiling that took every token freed late in the
+                // window would leave the next region at its ceiling
+                // nothing — asking for its pace shares them out.)
+                if now_ms >= state.expectation_ends_ms() {
+                    let usable = state
+                        .escrow
+                        .total_used()
+                        .saturating_add(state.paced_need(now_ms));
+                    batch = batch.min(usable);
+                }
+                let want_total = want.max(batch).min(limit.max(want));
                 self.asked_weight = region_weight;
                 FairStep::Ask {
                     region_weight,
@@ -863,6 +903,28 @@ impl<Id: Clone> FairKey<Id> {
                     window_end_ms: window.end_ms,
                 }
             }
+        }
+    }
+
+    /// Makes the answered join ahead the key's grant (no join call).
+    fn adopt_ahead(&mut self, ahead: AheadGrant) {
+        self.ahead = None;
+        self.on_pool_answer(
+            ahead.answer,
+            ahead.want_total,
+            ahead.sent_ms,
+            ahead.received_ms,
+            ahead.re_ask_ms,
+        );
+        if let Some(state) = self.granted.as_mut() {
+            // Joined retired: its total is what it keeps; the surplus
+            // check a quarter in has nothing to hand back.
+            state.retired = ahead.retired;
+            state.surplus_checked |= ahead.retired;
+        }
+        // The window is weighed by the split it was joined with.
+        if let Some(basis) = self.ahead_basis.take() {
+            self.basis = Some(basis);
         }
     }
 
@@ -1087,6 +1149,11 @@ impl<Id: Clone> FairKey<Id> {
         // few tokens reserved and unheld in any busy window.)
         let waiting_on_reserves = answer.reserved_unheld >= (answer.limit / 20).max(1);
         let fresh = self.granted.is_none();
+        // Whether the key has joined the window after the answer's ahead.
+        let joined_ahead = self.ahead_asked == Some(answer.window.end_ms)
+            || self
+                .ahead
+                .is_some_and(|a| a.answer.window.start_ms == answer.window.end_ms);
         let state = self.granted.get_or_insert_with(|| Granted {
             escrow: WeightedFairEscrow::new(answer.limit, max_tenants),
             window: answer.window,
@@ -1204,7 +1271,7 @@ impl<Id: Clone> FairKey<Id> {
             let late_look_at = state.late_check_ms().saturating_add(window_ms / 50);
             if state.others_hand_back && now_ms < late_look_at {
                 until = late_look_at;
-            } else if state.late_look_paid_before && now_ms < late_look_at {
+            } else if (state.late_look_paid_before || !joined_ahead) && now_ms < late_look_at {
                 until = until.min(late_look_at);
             }
             // But first look again once the leader stops expecting regions
@@ -1242,6 +1309,31 @@ impl<Id: Clone> FairKey<Id> {
         if self.pending.is_some() {
             return Some(tried_ms.saturating_add(probe_interval_ms.max(1)));
         }
+        // Joined ahead: unless a request makes the join the key's grant
+        // first, its surplus check a quarter into the joined window hands
+        // back what it holds, as a region that joined at the window's
+        // start and fell quiet would.
+        let ahead_due = self
+            .ahead
+            .filter(|a| {
+                !a.retired
+                    && self
+                        .granted
+                        .as_ref()
+                        .is_some_and(|g| a.answer.window.start_ms == g.window.end_ms)
+            })
+            .map(|a| a.expectation_ends_ms());
+        match (
+            self.live_release_at(last_request_ms, idle_ms, now_ms),
+            ahead_due,
+        ) {
+            (Some(live), Some(ahead)) => Some(live.min(ahead)),
+            (live, ahead) => live.or(ahead),
+        }
+    }
+
+    /// [`Self::release_at`] for the live grant alone.
+    fn live_release_at(&self, last_request_ms: u64, idle_ms: u64, now_ms: u64) -> Option<u64> {
         let state = self.granted.as_ref()?;
         if now_ms >= state.deadline_ms {
             return None;
@@ -1280,6 +1372,14 @@ impl<Id: Clone> FairKey<Id> {
     ) -> Option<&PendingRelease<Id>> {
         if self.pending.is_some() {
             return None;
+        }
+        // A join ahead no request has made the key's grant yet: it is the
+        // grant a release hands back once the window has begun.
+        if let Some(ahead) = self
+            .due_ahead(now_ms)
+            .filter(|a| now_ms >= a.starts_at_ms())
+        {
+            self.adopt_ahead(ahead);
         }
         // From the late check on, a release carries the key's join of the
         // next window, a call the key makes anyway: any token is worth it.

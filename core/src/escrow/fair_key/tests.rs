@@ -602,19 +602,45 @@ fn no_surplus_check_before_the_first_quarter_is_over() {
     assert_eq!((pending.from_total, pending.keep_total), (100, 1));
 }
 
-/// A region at its ceiling whose look after the late check raised its
-/// total (others handed their margins back late) looks after the late
-/// check of the next window too, though nothing it hears there says so;
-/// one whose late look raised nothing waits as long as its backoff says.
+/// A region held at its ceiling that has not joined the next window ahead
+/// looks just after the late check however long its backoff and whatever
+/// it heard: the look carries its join ahead, a call it would make at the
+/// next window's start anyway, and finds what regions handed back at
+/// their late checks.
 #[test]
-fn a_late_look_that_paid_is_made_again_in_the_next_window() {
-    for late_raise in [50, 0] {
+fn a_region_at_its_ceiling_looks_after_the_late_check_with_its_join_ahead() {
+    let mut key: FairKey<u64> = FairKey::new(8);
+    key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 1);
+    let joined = grant(100, 0, 1, standing(100, 100), standing(100, 100));
+    key.on_pool_answer(joined, 100, 1, 1, 10_000);
+    // 1 000 − 125 + 10 + 20 = 905, though the backoff says 10 s.
+    assert_eq!(spend_then_wait(&mut key, 2), 903);
+    assert!(matches!(
+        key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 905),
+        FairStep::Ask { .. }
+    ));
+    let join = key
+        .join_ahead(7, LEASE_SIZE, 905)
+        .expect("the look joins ahead");
+    assert_eq!(join.window_start_ms, WINDOW_MS);
+}
+
+/// Once joined ahead, a region held at its ceiling looks again after the
+/// late check only when that is likely to pay: its late look raised its
+/// total in the window before (regions hand back their margins late
+/// window after window), or the leader says regions handed back a
+/// hundredth of L or more late in one of the two windows before
+/// (`late_released_before`); otherwise it waits as long as its backoff
+/// says.
+#[test]
+fn a_region_joined_ahead_looks_after_the_late_check_only_when_it_paid() {
+    // (late raise in the window before, late hand-backs heard, looks).
+    for (late_raise, late_released, looks_late) in
+        [(50, 0, true), (0, 10, true), (0, 9, false), (0, 0, false)]
+    {
         let mut key: FairKey<u64> = FairKey::new(8);
         key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 1);
-        // At the ceiling; other regions that retired keep 60 (≥ L / 20):
-        // look just after the late check (1 000 − 125 + 10 + 20 = 905).
-        let mut joined = grant(100, 0, 1, standing(100, 100), standing(100, 100));
-        joined.retired_kept = 60;
+        let joined = grant(100, 0, 1, standing(100, 100), standing(100, 100));
         key.on_pool_answer(joined, 100, 1, 1, 10_000);
         assert_eq!(spend_then_wait(&mut key, 2), 903);
         assert!(matches!(
@@ -634,7 +660,7 @@ fn a_late_look_that_paid_is_made_again_in_the_next_window() {
             905,
             10_000,
         );
-        // The next window: joined at the ceiling, hearing of no hand-back.
+        // The next window: joined at the ceiling at its start.
         let at = WINDOW_MS + 1;
         assert!(matches!(
             key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, at),
@@ -647,34 +673,50 @@ fn a_late_look_that_paid_is_made_again_in_the_next_window() {
             at,
             10_000,
         );
-        let wait = spend_then_wait(&mut key, at);
-        let until_late_look = WINDOW_MS + 905 - at;
-        if late_raise > 0 {
-            assert_eq!(wait, until_late_look, "looks again after the late check");
+        spend_then_wait(&mut key, at);
+        // Joined ahead at the late check (885 + 5), with an ask at the
+        // ceiling answered then.
+        let now = WINDOW_MS + 890;
+        key.join_ahead(7, LEASE_SIZE, now).expect("joins ahead");
+        let mut answer = grant(100, WINDOW_MS, now, standing(100, 100), standing(100, 100));
+        answer.late_released_before = late_released;
+        key.on_pool_answer(answer, 200, now, now, 10_000);
+        let wait = spend_then_wait(&mut key, now);
+        if looks_late {
+            assert_eq!(wait, 15, "{late_raise} raised, {late_released} handed back");
         } else {
-            assert!(wait > until_late_look, "waits out its backoff: {wait}");
+            assert!(
+                wait > 15,
+                "{late_raise} raised, {late_released} handed back: {wait}"
+            );
         }
     }
 }
 
-/// A region at its ceiling whose join hears that regions handed back a
-/// hundredth of L or more late in one of the two windows before (the
-/// leader's `late_released_before`) looks just after the late check; one
-/// that hears of less waits as long as its backoff says.
+/// Once the window's first quarter is over, an ask is capped at what the
+/// region has admitted plus what it admits before the window ends at its
+/// pace so far, with the surplus check's margin: a batch beyond it would
+/// sit unspent at the window's end while regions at their ceiling go
+/// without. Before, the pace says nothing and the batch stands.
 #[test]
-fn a_region_told_of_late_hand_backs_looks_after_the_late_check() {
-    for (late_released, looks_late) in [(10, true), (9, false), (0, false)] {
+fn an_ask_after_the_first_quarter_is_capped_at_the_need_at_its_pace() {
+    // 100 admitted by 900 ms: 100 + 100·100/900·9/8 + 6 = 118, under the
+    // batch of 100 + 50; by 400 ms: 100 + 168 + 6 = 274, above it; by
+    // 200 ms (the first quarter): the batch.
+    for (at, want_total) in [(900, 118), (400, 150), (200, 150)] {
         let mut key: FairKey<u64> = FairKey::new(8);
         key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 1);
-        let mut joined = grant(100, 0, 1, standing(100, 100), standing(100, 100));
-        joined.late_released_before = late_released;
-        key.on_pool_answer(joined, 100, 1, 1, 10_000);
-        let wait = spend_then_wait(&mut key, 2);
-        // 1 000 − 125 + 10 + 20 = 905.
-        if looks_late {
-            assert_eq!(wait, 903, "{late_released} handed back late");
-        } else {
-            assert!(wait > 903, "{late_released} handed back late: waits {wait}");
+        let answer = grant(100, 0, 1, standing(1_000, 1_000), None);
+        key.on_pool_answer(answer, 100, 1, 1, RE_ASK_MS);
+        for _ in 0..100 {
+            assert!(matches!(
+                key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, at),
+                FairStep::Admit { .. }
+            ));
+        }
+        match key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, at) {
+            FairStep::Ask { want_total: w, .. } => assert_eq!(w, want_total, "at {at}"),
+            other => panic!("expected an ask, got {other:?}"),
         }
     }
 }
@@ -786,6 +828,35 @@ fn a_grant_joined_ahead_is_used_from_the_next_window_without_a_join() {
         other.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 1_010),
         FairStep::Join { .. }
     ));
+}
+
+/// A region that joined the next window ahead and then has no request in
+/// it hands the grant back at that window's first surplus check (a
+/// quarter in, plus a hundredth), as a region that joined at the window's
+/// start and fell quiet would: a request would have made the join its
+/// grant; none did, so the release makes it so and keeps what the pace
+/// of nothing needs (2).
+#[test]
+fn a_join_ahead_no_request_takes_up_is_handed_back_a_quarter_in() {
+    // Held at its ceiling of 120: joins ahead keeping its weight.
+    let mut key = busy_key(120, 120, 121);
+    let join = key.join_ahead(7, LEASE_SIZE, 900).expect("joins ahead");
+    assert!(!join.retire);
+    let ahead = PoolAnswer {
+        remaining_lifetime_ms: 95 + WINDOW_MS,
+        ..grant(130, WINDOW_MS, 905, standing(120, 130), None)
+    };
+    key.on_ahead_answer(ahead, Vec::new(), join.want_total, 900, 910, RE_ASK_MS);
+    // Its deadline here 900 + 95 + 1 000; a quarter in: 1 995 − 750 + 10.
+    let quarter_in = 1_255;
+    assert_eq!(key.release_at(2, 10_000, 0, 10, 950), Some(quarter_in));
+    let pending = key
+        .begin_release(11, false, quarter_in)
+        .expect("hands the join back");
+    assert_eq!(
+        (pending.from_total, pending.keep_total, pending.window),
+        (130, 2, window(WINDOW_MS))
+    );
 }
 
 /// A join ahead carries the live window's demand projected to its end
