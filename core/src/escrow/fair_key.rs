@@ -308,28 +308,28 @@ struct AheadGrant {
 }
 
 impl AheadGrant {
+    /// The joined window's length.
+    fn window_ms(&self) -> u64 {
+        let window = self.answer.window;
+        window.end_ms.saturating_sub(window.start_ms)
+    }
+
     /// From when, on the monotonic clock here, the next window has
     /// certainly started at the coordinator: the answer's arrival plus
     /// what was left of the live window when the join was applied.
     fn starts_at_ms(&self) -> u64 {
-        let length = self
-            .answer
-            .window
-            .end_ms
-            .saturating_sub(self.answer.window.start_ms);
-        self.received_ms
-            .saturating_add(self.answer.remaining_lifetime_ms.saturating_sub(length))
+        self.received_ms.saturating_add(
+            self.answer
+                .remaining_lifetime_ms
+                .saturating_sub(self.window_ms()),
+        )
     }
 
     /// When, on the monotonic clock here, the joined window's first
     /// quarter is over (its surplus check: [`Granted::expectation_ends_ms`]
     /// of the grant it becomes), and not before it has started.
     fn expectation_ends_ms(&self) -> u64 {
-        let window_ms = self
-            .answer
-            .window
-            .end_ms
-            .saturating_sub(self.answer.window.start_ms);
+        let window_ms = self.window_ms();
         let expecting_for = window_ms - window_ms / EXPECTATION_SHARE;
         self.sent_ms
             .saturating_add(self.answer.remaining_lifetime_ms)
@@ -420,17 +420,23 @@ impl Granted {
             .saturating_add(window_ms / 100)
     }
 
+    /// At `now_ms`: what the region admitted in the window, the ms of it
+    /// gone (at least 1) and the ms left, on the clock here.
+    fn pace_at(&self, now_ms: u64) -> (u64, u64, u64) {
+        let window_ms = self.window.end_ms.saturating_sub(self.window.start_ms);
+        let started = self.deadline_ms.saturating_sub(window_ms);
+        let elapsed = now_ms.saturating_sub(started).max(1);
+        let left = self.deadline_ms.saturating_sub(now_ms);
+        (self.escrow.total_used(), elapsed, left)
+    }
+
     /// What a region that keeps asking at its pace so far still needs
     /// this window at `now_ms`, with a margin: its admissions per ms so
     /// far times the time left (`rest`), plus an eighth, plus a sixteenth
     /// of what it admitted (at least 2 tokens); from the late check on,
     /// `rest` alone.
     fn projected_need(&self, now_ms: u64) -> u64 {
-        let window_ms = self.window.end_ms.saturating_sub(self.window.start_ms);
-        let started = self.deadline_ms.saturating_sub(window_ms);
-        let elapsed = now_ms.saturating_sub(started).max(1);
-        let left = self.deadline_ms.saturating_sub(now_ms);
-        let used = self.escrow.total_used();
+        let (used, elapsed, left) = self.pace_at(now_ms);
         if now_ms >= self.late_check_ms() {
             // Late in the window the rest is short and its count close to
             // its mean: keep the mean. A margin kept here is lost to the
@@ -450,11 +456,7 @@ impl Granted {
     /// so far (at `now_ms`), with a margin: `rest · 9/8 + max(used / 16,
     /// 2)`.
     fn paced_need(&self, now_ms: u64) -> u64 {
-        let window_ms = self.window.end_ms.saturating_sub(self.window.start_ms);
-        let started = self.deadline_ms.saturating_sub(window_ms);
-        let elapsed = now_ms.saturating_sub(started).max(1);
-        let left = self.deadline_ms.saturating_sub(now_ms);
-        let used = self.escrow.total_used();
+        let (used, elapsed, left) = self.pace_at(now_ms);
         let pace = u128::from(used) * u128::from(left) * 9 / 8 / u128::from(elapsed);
         u64::try_from(pace)
             .unwrap_or(u64::MAX)

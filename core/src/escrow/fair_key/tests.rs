@@ -602,6 +602,22 @@ fn no_surplus_check_before_the_first_quarter_is_over() {
     assert_eq!((pending.from_total, pending.keep_total), (100, 1));
 }
 
+/// A key held at its ceiling from 1 ms on with a backoff of 10 s, at its
+/// look just after window 0's late check (1 000 − 125 + 10 + 20 = 905),
+/// which it makes though the backoff says later.
+fn looking_after_the_late_check() -> FairKey<u64> {
+    let mut key: FairKey<u64> = FairKey::new(8);
+    key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 1);
+    let joined = grant(100, 0, 1, standing(100, 100), standing(100, 100));
+    key.on_pool_answer(joined, 100, 1, 1, 10_000);
+    assert_eq!(spend_then_wait(&mut key, 2), 903);
+    assert!(matches!(
+        key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 905),
+        FairStep::Ask { .. }
+    ));
+    key
+}
+
 /// A region held at its ceiling that has not joined the next window ahead
 /// looks just after the late check however long its backoff and whatever
 /// it heard: the look carries its join ahead, a call it would make at the
@@ -609,16 +625,7 @@ fn no_surplus_check_before_the_first_quarter_is_over() {
 /// their late checks.
 #[test]
 fn a_region_at_its_ceiling_looks_after_the_late_check_with_its_join_ahead() {
-    let mut key: FairKey<u64> = FairKey::new(8);
-    key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 1);
-    let joined = grant(100, 0, 1, standing(100, 100), standing(100, 100));
-    key.on_pool_answer(joined, 100, 1, 1, 10_000);
-    // 1 000 − 125 + 10 + 20 = 905, though the backoff says 10 s.
-    assert_eq!(spend_then_wait(&mut key, 2), 903);
-    assert!(matches!(
-        key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 905),
-        FairStep::Ask { .. }
-    ));
+    let mut key = looking_after_the_late_check();
     let join = key
         .join_ahead(7, LEASE_SIZE, 905)
         .expect("the look joins ahead");
@@ -638,15 +645,7 @@ fn a_region_joined_ahead_looks_after_the_late_check_only_when_it_paid() {
     for (late_raise, late_released, looks_late) in
         [(50, 0, true), (0, 10, true), (0, 9, false), (0, 0, false)]
     {
-        let mut key: FairKey<u64> = FairKey::new(8);
-        key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 1);
-        let joined = grant(100, 0, 1, standing(100, 100), standing(100, 100));
-        key.on_pool_answer(joined, 100, 1, 1, 10_000);
-        assert_eq!(spend_then_wait(&mut key, 2), 903);
-        assert!(matches!(
-            key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 905),
-            FairStep::Ask { .. }
-        ));
+        let mut key = looking_after_the_late_check();
         key.on_pool_answer(
             grant(
                 100 + late_raise,
