@@ -107,10 +107,11 @@
 //!   the key admits by the window's end at its pace so far (the first
 //!   surplus check's need): tokens beyond it would sit unspent at the end
 //!   while regions at their ceiling go without; a key whose demand runs
-//!   faster asks again. A region that joined the next window ahead and
-//!   has no request in it by that window's first surplus check hands the
-//!   grant joined ahead back then (keeping the 2 tokens the need of no
-//!   pace has), as one that joined at the start and fell quiet would.
+//!   faster asks again. A region that joined the next window ahead
+//!   (retired or not) and has no request in it by that window's first
+//!   surplus check hands the grant joined ahead back then (keeping the 2
+//!   tokens the need of no pace has), as one that joined at the start and
+//!   fell quiet would.
 //!   [`FairKey::begin_release`] lowers the budget to what was
 //!   admitted *before* the release is sent, and the release stays pending
 //!   until a definitive answer; the caller must resend it (same request id)
@@ -1318,11 +1319,9 @@ impl<Id: Clone> FairKey<Id> {
         let ahead_due = self
             .ahead
             .filter(|a| {
-                !a.retired
-                    && self
-                        .granted
-                        .as_ref()
-                        .is_some_and(|g| a.answer.window.start_ms == g.window.end_ms)
+                self.granted
+                    .as_ref()
+                    .is_some_and(|g| a.answer.window.start_ms == g.window.end_ms)
             })
             .map(|a| a.expectation_ends_ms());
         match (
@@ -1376,12 +1375,18 @@ impl<Id: Clone> FairKey<Id> {
             return None;
         }
         // A join ahead no request has made the key's grant yet: it is the
-        // grant a release hands back once the window has begun.
+        // grant a release hands back once the window has begun, joined
+        // retired or not (nothing was admitted from it: the need its pace
+        // kept is gone with the pace).
         if let Some(ahead) = self
             .due_ahead(now_ms)
             .filter(|a| now_ms >= a.starts_at_ms())
         {
             self.adopt_ahead(ahead);
+            if let Some(state) = self.granted.as_mut() {
+                state.retired = false;
+                state.surplus_checked = false;
+            }
         }
         // From the late check on, a release carries the key's join of the
         // next window, a call the key makes anyway: any token is worth it.

@@ -829,12 +829,12 @@ fn a_grant_joined_ahead_is_used_from_the_next_window_without_a_join() {
     ));
 }
 
-/// A region that joined the next window ahead and then has no request in
-/// it hands the grant back at that window's first surplus check (a
-/// quarter in, plus a hundredth), as a region that joined at the window's
-/// start and fell quiet would: a request would have made the join its
-/// grant; none did, so the release makes it so and keeps what the pace
-/// of nothing needs (2).
+/// A region that joined the next window ahead (retired or not) and then
+/// has no request in it hands the grant back at that window's first
+/// surplus check (a quarter in, plus a hundredth), as a region that
+/// joined at the window's start and fell quiet would: a request would
+/// have made the join its grant; none did, so the release makes it so
+/// and keeps what the pace of nothing needs (2).
 #[test]
 fn a_join_ahead_no_request_takes_up_is_handed_back_a_quarter_in() {
     // Held at its ceiling of 120: joins ahead keeping its weight.
@@ -855,6 +855,25 @@ fn a_join_ahead_no_request_takes_up_is_handed_back_a_quarter_in() {
     assert_eq!(
         (pending.from_total, pending.keep_total, pending.window),
         (130, 2, window(WINDOW_MS))
+    );
+
+    // Joined retired at its pace's need: handed back all the same.
+    let mut light = busy_key(200, 300, 100);
+    let join = light.join_ahead(7, LEASE_SIZE, 900).expect("joins ahead");
+    assert!(join.retire);
+    let ahead = PoolAnswer {
+        remaining_lifetime_ms: 95 + WINDOW_MS,
+        ..grant(join.want_total, WINDOW_MS, 905, standing(0, 150), None)
+    };
+    light.on_ahead_answer(ahead, Vec::new(), join.want_total, 900, 910, RE_ASK_MS);
+    // (Once its live grant has expired: before, its own checks come first.)
+    assert_eq!(light.release_at(2, 10_000, 0, 10, 1_001), Some(quarter_in));
+    let pending = light
+        .begin_release(11, false, quarter_in)
+        .expect("hands the retired join back");
+    assert_eq!(
+        (pending.from_total, pending.keep_total),
+        (join.want_total, 2)
     );
 }
 
