@@ -62,7 +62,13 @@ struct Fleet {
     grant_calls: BTreeMap<u64, u64>,
     /// Pool release calls sent (resends included), per window of the call.
     release_calls: BTreeMap<u64, u64>,
+    /// With tracing on: each pool call.
+    trace: Option<Vec<TracedCall>>,
 }
+
+/// A pool call as traced: when (ms), by which region, what it asked, and
+/// every region's pool total once it was answered.
+type TracedCall = (u64, usize, String, Vec<u64>);
 
 impl Fleet {
     fn new(limit: u64, regions: usize, release_idle_ms: u64) -> Self {
@@ -78,6 +84,7 @@ impl Fleet {
             admitted: Admissions::default(),
             grant_calls: BTreeMap::new(),
             release_calls: BTreeMap::new(),
+            trace: None,
         }
     }
 
@@ -89,11 +96,35 @@ impl Fleet {
         let grant_calls = &mut self.grant_calls;
         let release_calls = &mut self.release_calls;
         let window = WindowBounds::containing(now, WINDOW_MS).start_ms;
+        let mut asked = Vec::new();
         self.coordinator
             .settle(r, &mut self.regions[r], calls, now, at(now), |call| {
                 match call {
-                    Action::SendPoolGrant { .. } => *grant_calls.entry(window).or_default() += 1,
-                    Action::SendPoolRelease(_) => *release_calls.entry(window).or_default() += 1,
+                    Action::SendPoolGrant {
+                        want_total,
+                        join_next,
+                        ..
+                    } => {
+                        *grant_calls.entry(window).or_default() += 1;
+                        let ahead = if join_next.is_some() {
+                            " + join ahead"
+                        } else {
+                            ""
+                        };
+                        asked.push(format!("ask for {want_total}{ahead}"));
+                    }
+                    Action::SendPoolRelease(release) => {
+                        *release_calls.entry(window).or_default() += 1;
+                        let ahead = if release.join_next.is_some() {
+                            " + join ahead"
+                        } else {
+                            ""
+                        };
+                        asked.push(format!(
+                            "release {} → {}{ahead}",
+                            release.from_total, release.keep_total
+                        ));
+                    }
                     _ => {}
                 }
                 deliveries.next().unwrap_or(Delivery::Answered)
@@ -101,6 +132,12 @@ impl Fleet {
         for (_, answer) in self.regions[r].take_answers() {
             if let Some(served) = credits(&answer) {
                 self.admitted.record(r, &served, now);
+            }
+        }
+        if self.trace.is_some() && !asked.is_empty() {
+            let totals = self.region_totals(now);
+            if let Some(trace) = self.trace.as_mut() {
+                trace.extend(asked.into_iter().map(|a| (now, r, a, totals.clone())));
             }
         }
     }
@@ -675,10 +712,58 @@ proptest! {
 /// [`demand_world`] (2–4 regions of weight 1–3, each heavy, light or
 /// quiet, switching half way), drawn from a fixed seed, every call
 /// answered. 24 worlds by default;
+/// One window under 99 % of a light world (`FAIR_TRACE`): each region's
+/// weight, requests per thousand ms, pool total at the window's end,
+/// admissions and requests, then the pool calls from the last quarter of
+/// the window before on, with every region's total once each was
+/// answered.
+fn print_window(
+    world: &[Demand],
+    shifted: bool,
+    totals: &[u64],
+    fleet: &Fleet,
+    demand: impl Fn(usize) -> u64,
+    window_start: u64,
+    calls: &[TracedCall],
+) {
+    let regions: Vec<String> = totals
+        .iter()
+        .enumerate()
+        .map(|(r, granted)| {
+            let d = world[r];
+            let rate = if shifted {
+                d.per_mille_after
+            } else {
+                d.per_mille_before
+            };
+            format!(
+                "r{r} (w{} {rate}‰) held {granted} admitted {} of {}",
+                d.weight,
+                fleet.admitted.of(window_start, &r),
+                demand(r)
+            )
+        })
+        .collect();
+    println!(
+        "window at {window_start}: {} admitted; {}",
+        fleet.admitted.total(window_start),
+        regions.join(" | ")
+    );
+    let from = window_start.saturating_sub(WINDOW_MS / 4);
+    for (at, r, asked, totals) in calls
+        .iter()
+        .filter(|(at, ..)| (from..window_start + WINDOW_MS).contains(at))
+    {
+        let offset = *at as i64 - window_start as i64;
+        println!("  {offset:+5} ms r{r} {asked} → totals {totals:?}");
+    }
+}
+
 /// `FAIR_WORLDS=1343 cargo test --release -p leasehold-core --test fleet_fair_pool light_worlds -- --nocapture`
 /// for the figures in docs/benchmarks.md (`FAIR_SCALE=10` for the same
 /// worlds at L = 6 000 with ten times the requests; `FAIR_DIAG=1` for where
-/// the under-99 % windows' unused tokens sat at their end). Asserts Σ ≤ L
+/// the under-99 % windows' unused tokens sat at their end, `FAIR_TRACE=1`
+/// to print each of those windows with its pool calls). Asserts Σ ≤ L
 /// per window, at least 97 % per world (1 343 worlds: 98.0 % at the
 /// lowest), a 99th-percentile shortfall under a tenth of L, and at most 10
 /// pool calls per 1 000 admissions over all worlds at L = 600 (the joins
@@ -707,6 +792,8 @@ fn light_worlds_use_their_windows_and_keep_regions_near_their_share() {
     // FAIR_DIAG=1: where the under-99 % windows' unused tokens sat at
     // their end (only windows that could use all of L).
     let diagnose = std::env::var("FAIR_DIAG").is_ok();
+    // FAIR_TRACE=1: each such window's regions and pool calls.
+    let trace = std::env::var("FAIR_TRACE").is_ok();
     let mut lost = LostTokens::default();
     while per_world.len() < worlds {
         let regions = 2 + draw.below(3) as usize;
@@ -730,6 +817,9 @@ fn light_worlds_use_their_windows_and_keep_regions_near_their_share() {
             continue;
         }
         let mut fleet = Fleet::new(limit, regions, NODE_RELEASE_IDLE_MS);
+        if trace {
+            fleet.trace = Some(Vec::new());
+        }
         let mut offered: BTreeMap<(u64, usize), u64> = BTreeMap::new();
         // Each region's pool total at each window's end (FAIR_DIAG).
         let mut held: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
@@ -767,6 +857,17 @@ fn light_worlds_use_their_windows_and_keep_regions_near_their_share() {
             window_shares.push(total as f64 / can as f64);
             if let Some(totals) = held.get(&window_start).filter(|_| can == limit) {
                 if total * 100 < can * 99 {
+                    if let Some(calls) = fleet.trace.as_ref() {
+                        print_window(
+                            &world,
+                            w >= shift,
+                            totals,
+                            &fleet,
+                            demand,
+                            window_start,
+                            calls,
+                        );
+                    }
                     lost.windows += 1;
                     lost.unclaimed += limit.saturating_sub(totals.iter().sum());
                     for (r, granted) in totals.iter().enumerate() {
