@@ -330,14 +330,21 @@ impl AheadGrant {
     /// quarter is over (its surplus check: [`Granted::expectation_ends_ms`]
     /// of the grant it becomes), and not before it has started.
     fn expectation_ends_ms(&self) -> u64 {
-        let window_ms = self.window_ms();
-        let expecting_for = window_ms - window_ms / EXPECTATION_SHARE;
-        self.sent_ms
-            .saturating_add(self.answer.remaining_lifetime_ms)
-            .saturating_sub(expecting_for)
-            .saturating_add(window_ms / 100)
-            .max(self.starts_at_ms())
+        let deadline_ms = self
+            .sent_ms
+            .saturating_add(self.answer.remaining_lifetime_ms);
+        expectation_ends_ms(deadline_ms, self.window_ms()).max(self.starts_at_ms())
     }
+}
+
+/// When, on the monotonic clock here, the leader stops expecting regions
+/// in a window of `window_ms` whose grant dies at `deadline_ms`: its first
+/// quarter, plus a hundredth of it for the clocks.
+fn expectation_ends_ms(deadline_ms: u64, window_ms: u64) -> u64 {
+    let expecting_for = window_ms - window_ms / EXPECTATION_SHARE;
+    deadline_ms
+        .saturating_sub(expecting_for)
+        .saturating_add(window_ms / 100)
 }
 
 #[derive(Debug, Clone)]
@@ -406,10 +413,7 @@ impl Granted {
     /// for the clocks.
     fn expectation_ends_ms(&self) -> u64 {
         let window_ms = self.window.end_ms.saturating_sub(self.window.start_ms);
-        let expecting_for = window_ms - window_ms / EXPECTATION_SHARE;
-        self.deadline_ms
-            .saturating_sub(expecting_for)
-            .saturating_add(window_ms / 100)
+        expectation_ends_ms(self.deadline_ms, window_ms)
     }
 
     /// When, on the monotonic clock here, the late surplus check runs: an
@@ -934,10 +938,16 @@ impl<Id: Clone> FairKey<Id> {
     /// The answered join ahead that takes over once the live grant has
     /// expired at `now_ms` (the window right after it), if any.
     fn due_ahead(&self, now_ms: u64) -> Option<AheadGrant> {
-        let ahead = self.ahead?;
         let state = self.granted.as_ref()?;
-        (now_ms >= state.deadline_ms && ahead.answer.window.start_ms == state.window.end_ms)
-            .then_some(ahead)
+        self.ahead_of_granted()
+            .filter(|_| now_ms >= state.deadline_ms)
+    }
+
+    /// The answered join ahead of the window right after the granted one.
+    fn ahead_of_granted(&self) -> Option<AheadGrant> {
+        let state = self.granted.as_ref()?;
+        self.ahead
+            .filter(|a| a.answer.window.start_ms == state.window.end_ms)
     }
 
     /// The join of the next window a pool call sent at `now_ms` carries
@@ -1021,12 +1031,16 @@ impl<Id: Clone> FairKey<Id> {
         let Some(state) = self.granted.as_ref() else {
             return false;
         };
-        let next_start = state.window.end_ms;
-        self.ahead_asked != Some(next_start)
-            && self
+        !self.joined_ahead_of(state.window.end_ms) && state.escrow.total_used() > 0
+    }
+
+    /// Whether the key has joined (or is joining) the window starting at
+    /// `next_start_ms` ahead.
+    fn joined_ahead_of(&self, next_start_ms: u64) -> bool {
+        self.ahead_asked == Some(next_start_ms)
+            || self
                 .ahead
-                .is_none_or(|a| a.answer.window.start_ms != next_start)
-            && state.escrow.total_used() > 0
+                .is_some_and(|a| a.answer.window.start_ms == next_start_ms)
     }
 
     /// Feeds the answer of a join ahead (sent at monotonic `sent_ms` for
@@ -1152,11 +1166,7 @@ impl<Id: Clone> FairKey<Id> {
         // few tokens reserved and unheld in any busy window.)
         let waiting_on_reserves = answer.reserved_unheld >= (answer.limit / 20).max(1);
         let fresh = self.granted.is_none();
-        // Whether the key has joined the window after the answer's ahead.
-        let joined_ahead = self.ahead_asked == Some(answer.window.end_ms)
-            || self
-                .ahead
-                .is_some_and(|a| a.answer.window.start_ms == answer.window.end_ms);
+        let joined_ahead = self.joined_ahead_of(answer.window.end_ms);
         let state = self.granted.get_or_insert_with(|| Granted {
             escrow: WeightedFairEscrow::new(answer.limit, max_tenants),
             window: answer.window,
@@ -1316,14 +1326,7 @@ impl<Id: Clone> FairKey<Id> {
         // first, its surplus check a quarter into the joined window hands
         // back what it holds, as a region that joined at the window's
         // start and fell quiet would.
-        let ahead_due = self
-            .ahead
-            .filter(|a| {
-                self.granted
-                    .as_ref()
-                    .is_some_and(|g| a.answer.window.start_ms == g.window.end_ms)
-            })
-            .map(|a| a.expectation_ends_ms());
+        let ahead_due = self.ahead_of_granted().map(|a| a.expectation_ends_ms());
         match (
             self.live_release_at(last_request_ms, idle_ms, now_ms),
             ahead_due,
@@ -1382,11 +1385,10 @@ impl<Id: Clone> FairKey<Id> {
             .due_ahead(now_ms)
             .filter(|a| now_ms >= a.starts_at_ms())
         {
-            self.adopt_ahead(ahead);
-            if let Some(state) = self.granted.as_mut() {
-                state.retired = false;
-                state.surplus_checked = false;
-            }
+            self.adopt_ahead(AheadGrant {
+                retired: false,
+                ..ahead
+            });
         }
         // From the late check on, a release carries the key's join of the
         // next window, a call the key makes anyway: any token is worth it.
