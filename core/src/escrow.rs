@@ -80,12 +80,15 @@ mod outage_gate;
 
 mod fair_key;
 
+mod pool_holding;
+
 pub mod machine;
 
 pub use fair_key::{
     FairKey, FairStep, JoinAhead, PendingRelease, PoolAnswer, ReleaseAnswer, WEIGHT_SCALE,
 };
 pub use outage_gate::OutageGate;
+pub use pool_holding::PoolHolding;
 
 pub use fair_gate::{EscrowFairGate, FairGateCounters, GateVerdict};
 

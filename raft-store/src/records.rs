@@ -122,10 +122,15 @@ impl Persisted for SnapshotEnvelope {
     /// would-deny decisions.
     /// 4: a `fair` key may hold its next window beside its live one; 2 and
     /// 3 are read and upgraded.
-    const FORMAT_VERSION: u32 = 4;
+    /// 5: a pool grant's cached outcome carries the increment it granted
+    /// (a last variant of the outcome, so a format-4 snapshot decodes as
+    /// it is; its cached pool grants replay with an increment of 0); an
+    /// older build refuses a format-5 snapshot as of an unknown version.
+    const FORMAT_VERSION: u32 = 5;
 
     fn decode_version(version: u32, body: &[u8]) -> Result<Self, CodecError> {
         match version {
+            4 => decode_body(Self::KIND, body),
             2 => decode_body::<SnapshotEnvelopeV2>(Self::KIND, body).map(|old| SnapshotEnvelope {
                 last_applied: old.last_applied,
                 membership: old.membership,

@@ -145,8 +145,12 @@ pub enum Outcome {
     Lease(LeaseGrant),
     /// Result of [`Command::Reconcile`].
     Reconcile(ReconcileOutcome),
-    /// Result of [`Command::PoolGrant`] and [`Command::PoolJoinNext`].
-    PoolGrant(PoolGrantOutcome),
+    /// A pool grant as storage formats up to 4 recorded it, without the
+    /// increment: only ever decoded from an older snapshot's session
+    /// cache, and replayed as [`Outcome::PoolGrant`] with an increment of 0
+    /// ([`Outcome::upgraded`]: a retry is handed nothing it could spend a
+    /// second time).
+    PoolGrantTotal(PoolGrantTotalOutcome),
     /// A policy was inserted or replaced.
     PolicySet,
     /// A policy delete; `existed` is false when there was nothing to delete.
@@ -161,8 +165,31 @@ pub enum Outcome {
     },
     /// The command was refused; the state did not change.
     Rejected(CommandError),
-    /// Result of [`Command::PoolRelease`] (last: earlier encodings unchanged).
+    /// Result of [`Command::PoolRelease`] (earlier encodings unchanged).
     PoolRelease(PoolReleaseOutcome),
+    /// Result of [`Command::PoolGrant`] and [`Command::PoolJoinNext`]
+    /// (last: storage format 5; earlier encodings unchanged).
+    PoolGrant(PoolGrantOutcome),
+}
+
+impl Outcome {
+    /// The outcome as the current format answers it: a pool grant recorded
+    /// by an older format ([`Outcome::PoolGrantTotal`]) becomes a
+    /// [`Outcome::PoolGrant`] with `granted_increment` 0 — its caller
+    /// holds nothing by a retry (it may have spent the first answer).
+    pub fn upgraded(self) -> Outcome {
+        match self {
+            Outcome::PoolGrantTotal(old) => Outcome::PoolGrant(PoolGrantOutcome {
+                granted_total: old.granted_total,
+                granted_increment: 0,
+                limit: old.limit,
+                window_start_ms: old.window_start_ms,
+                window_end_ms: old.window_end_ms,
+                coordinator_now_ms: old.coordinator_now_ms,
+            }),
+            other => other,
+        }
+    }
 }
 
 /// A grant from the coordinator, with the window it is valid for.
@@ -201,10 +228,35 @@ pub enum ReconcileDisposition {
     Duplicate,
 }
 
-/// The region's total pool grant after a [`Command::PoolGrant`].
+/// The region's total pool grant after a [`Command::PoolGrant`], and what
+/// the call added to it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PoolGrantOutcome {
-    /// The region's new total grant for the window (monotonic within it).
+    /// The region's new total grant for the window (monotonic within it):
+    /// the sum of what every holder of the region holds there.
+    pub granted_total: u64,
+    /// What this call added to the region's total: the tokens its caller
+    /// now holds beyond what it held. A holder (one escrow node process)
+    /// may spend the sum of its calls' increments in the window, never the
+    /// region's total, which counts what other holders — other escrow
+    /// nodes of the region, or earlier incarnations of this one that lost
+    /// their memory — hold and may have spent.
+    pub granted_increment: u64,
+    /// The key's limit for this window.
+    pub limit: u64,
+    /// Start of the window.
+    pub window_start_ms: u64,
+    /// End of the window.
+    pub window_end_ms: u64,
+    /// The state-machine clock when applied.
+    pub coordinator_now_ms: u64,
+}
+
+/// A pool grant as storage formats up to 4 recorded it (the region's total
+/// alone; see [`Outcome::PoolGrantTotal`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolGrantTotalOutcome {
+    /// The region's total grant for the window.
     pub granted_total: u64,
     /// The key's limit for this window.
     pub limit: u64,

@@ -122,6 +122,7 @@ fn grant_in(
     record.shadow.record(verdict.would_deny);
     let grant = PoolGrantOutcome {
         granted_total,
+        granted_increment: granted_total.saturating_sub(current),
         limit: record.limit,
         window_start_ms: record.bounds.start_ms,
         window_end_ms: record.bounds.end_ms,

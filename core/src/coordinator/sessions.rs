@@ -113,7 +113,7 @@ impl Sessions {
         };
         if let Some((stored, outcome)) = session.responses.get(&id.seq) {
             return if *stored == fingerprint {
-                SessionLookup::Replay(outcome.clone())
+                SessionLookup::Replay(outcome.clone().upgraded())
             } else {
                 SessionLookup::Reused
             };

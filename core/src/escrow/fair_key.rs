@@ -173,7 +173,7 @@ use crate::pool_roster::EXPECTATION_SHARE;
 use crate::wfe::{RecordedAsk, WeightedFairEscrow};
 use crate::window::WindowBounds;
 
-use super::Served;
+use super::{PoolHolding, Served};
 
 /// Tenant and region weights are used in thousandths of the declared
 /// weight, so that a demand-proportional share keeps three digits.
@@ -218,8 +218,11 @@ pub enum FairStep {
 /// A pool grant as answered by the coordinator.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PoolAnswer {
-    /// The region's total for the window.
+    /// The region's total for the window: what every holder of the
+    /// region holds there (see [`PoolHolding`]).
     pub granted_total: u64,
+    /// What the call added to the region's total: this holder's part.
+    pub granted_increment: u64,
     /// The key's limit.
     pub limit: u64,
     /// The window.
@@ -250,6 +253,8 @@ pub enum ReleaseAnswer {
     Released {
         /// Tokens handed back.
         released: u64,
+        /// The region's total after the release.
+        granted_total: u64,
     },
     /// Not applied: the region's total is `granted_total`.
     StaleTotal {
@@ -299,7 +304,10 @@ pub struct JoinAhead<Id> {
 /// live grant expires.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct AheadGrant {
+    /// The answer in this holder's own totals.
     answer: PoolAnswer,
+    /// What this holder holds of the region's total there.
+    holding: PoolHolding,
     /// Whether the join retired the region at its total.
     retired: bool,
     want_total: u64,
@@ -391,6 +399,21 @@ struct Granted {
     /// wants, so its late check hands nothing back.
     held_back: bool,
     retired: bool,
+}
+
+/// `answer` and the `want_total` it answered (the region's totals) in the
+/// own totals of the holder whose `holding` has counted it: its total is
+/// what the holder holds, its standing the part of the region's not held
+/// by others, and the want what the ask asked beyond what others hold.
+fn own_answer(holding: &PoolHolding, answer: PoolAnswer, want_total: u64) -> (PoolAnswer, u64) {
+    let own = PoolAnswer {
+        granted_total: holding.own(),
+        granted_increment: answer.granted_increment,
+        standing: answer.standing.map(|s| holding.own_standing(s)),
+        expected: answer.expected.map(|s| holding.own_standing(s)),
+        ..answer
+    };
+    (own, holding.own_part(want_total))
 }
 
 /// Credits of `granted` tokens in `window`, living `remaining` ms more.
@@ -521,6 +544,9 @@ fn split_by(weight: u64, shares: Option<(u64, u64)>) -> u64 {
 pub struct FairKey<Id> {
     max_tenants: usize,
     granted: Option<Granted>,
+    /// What this holder holds of the region's total in the granted window:
+    /// the key's rules think in its own totals, the wire in the region's.
+    holding: PoolHolding,
     pending: Option<PendingRelease<Id>>,
     /// Tokens each tenant asked for in the current window.
     demand: BTreeMap<TenantId, u64>,
@@ -583,6 +609,7 @@ impl<Id: Clone> FairKey<Id> {
         FairKey {
             max_tenants,
             granted: None,
+            holding: PoolHolding::new(),
             pending: None,
             demand: BTreeMap::new(),
             previous: None,
@@ -873,7 +900,7 @@ impl<Id: Clone> FairKey<Id> {
                 self.asked_weight = region_weight;
                 FairStep::Ask {
                     region_weight,
-                    want_total,
+                    want_total: self.holding.wire_want(want_total),
                 }
             }
             None => {
@@ -916,7 +943,8 @@ impl<Id: Clone> FairKey<Id> {
     /// Makes the answered join ahead the key's grant (no join call).
     fn adopt_ahead(&mut self, ahead: AheadGrant) {
         self.ahead = None;
-        self.on_pool_answer(
+        self.holding = ahead.holding;
+        self.absorb_grant(
             ahead.answer,
             ahead.want_total,
             ahead.sent_ms,
@@ -1062,6 +1090,10 @@ impl<Id: Clone> FairKey<Id> {
         if next != Some(answer.window.start_ms) {
             return;
         }
+        // This holder held nothing in the window joined before the join.
+        let mut holding = PoolHolding::new();
+        holding.on_grant(answer.window, answer.granted_total, answer.granted_increment);
+        let (answer, want_total) = own_answer(&holding, answer, want_total);
         let window_ms = answer.window.end_ms.saturating_sub(answer.window.start_ms);
         if let Some(settled) = answer
             .window
@@ -1072,6 +1104,7 @@ impl<Id: Clone> FairKey<Id> {
         }
         self.ahead = Some(AheadGrant {
             answer,
+            holding,
             retired: self.ahead_retires,
             want_total,
             sent_ms,
@@ -1133,10 +1166,80 @@ impl<Id: Clone> FairKey<Id> {
         (target, state.guarantee_counts_expected)
     }
 
-    /// Feeds a pool grant answered for an ask of `want_total` sent at
-    /// monotonic `sent_ms`, arriving at `now_ms`; at the ceiling the key
-    /// asks again no sooner than `re_ask_ms` later. Returns the budget.
+    /// Feeds a pool grant answered for an ask of `want_total` (the
+    /// region's total asked, as sent) sent at monotonic `sent_ms`, arriving
+    /// at `now_ms`; at the ceiling the key asks again no sooner than
+    /// `re_ask_ms` later. Feed each call's answer once: its increment is
+    /// what this holder may spend ([`PoolHolding`]). Returns the budget.
     pub fn on_pool_answer(
+        &mut self,
+        answer: PoolAnswer,
+        want_total: u64,
+        sent_ms: u64,
+        now_ms: u64,
+        re_ask_ms: u64,
+    ) -> u64 {
+        let counted =
+            self.holding
+                .on_grant(answer.window, answer.granted_total, answer.granted_increment);
+        if !counted {
+            // An answer for a window before the one held: nothing to hold.
+            return self.granted.as_ref().map_or(0, |g| g.escrow.budget());
+        }
+        let (answer, want_total) = own_answer(&self.holding, answer, want_total);
+        self.absorb_grant(answer, want_total, sent_ms, now_ms, re_ask_ms)
+    }
+
+    /// [`Self::on_pool_answer`] for the region's only holder: the answer's
+    /// increment is whatever its total adds to what the key holds.
+    #[cfg(test)]
+    fn on_sole_answer(
+        &mut self,
+        answer: PoolAnswer,
+        want_total: u64,
+        sent_ms: u64,
+        now_ms: u64,
+        re_ask_ms: u64,
+    ) -> u64 {
+        let held = if self.holding.window() == Some(answer.window) {
+            self.holding.own()
+        } else {
+            0
+        };
+        let answer = PoolAnswer {
+            granted_increment: answer.granted_total.saturating_sub(held),
+            ..answer
+        };
+        self.on_pool_answer(answer, want_total, sent_ms, now_ms, re_ask_ms)
+    }
+
+    /// [`Self::on_ahead_answer`] for the region's only holder.
+    #[cfg(test)]
+    fn on_sole_ahead_answer(
+        &mut self,
+        answer: PoolAnswer,
+        settled_demands: Vec<(TenantId, u64)>,
+        want_total: u64,
+        sent_ms: u64,
+        now_ms: u64,
+        re_ask_ms: u64,
+    ) {
+        let answer = PoolAnswer {
+            granted_increment: answer.granted_total,
+            ..answer
+        };
+        self.on_ahead_answer(
+            answer,
+            settled_demands,
+            want_total,
+            sent_ms,
+            now_ms,
+            re_ask_ms,
+        );
+    }
+
+    /// [`Self::on_pool_answer`] in this holder's own totals.
+    fn absorb_grant(
         &mut self,
         answer: PoolAnswer,
         want_total: u64,
@@ -1465,10 +1568,12 @@ impl<Id: Clone> FairKey<Id> {
         };
         state.escrow.retire(state.window, keep_total);
         state.exhausted_until_ms = 0;
+        // On the wire, the region's totals: the other holders' part stays.
+        let others = self.holding.others();
         self.pending = Some(PendingRelease {
             request_id,
-            from_total,
-            keep_total,
+            from_total: from_total.saturating_add(others),
+            keep_total: keep_total.saturating_add(others),
             window: state.window,
             join_next: None,
         });
@@ -1495,7 +1600,8 @@ impl<Id: Clone> FairKey<Id> {
         let weight = self.asked_weight;
         let state = self.granted.as_mut().filter(|g| now_ms < g.deadline_ms)?;
         let want_total = state.retiring_raise.take()?;
-        (weight > 0 && want_total > state.escrow.budget()).then_some((weight, want_total))
+        (weight > 0 && want_total > state.escrow.budget())
+            .then(|| (weight, self.holding.wire_want(want_total)))
     }
 
     /// The release that must be resent before any other pool call.
@@ -1511,10 +1617,24 @@ impl<Id: Clone> FairKey<Id> {
         let Some(state) = self.granted.as_mut().filter(|g| g.window == pending.window) else {
             return;
         };
+        if self.holding.window() != Some(pending.window) {
+            return;
+        }
         match answer {
-            ReleaseAnswer::Released { .. } => state.retired = true,
+            ReleaseAnswer::Released {
+                released,
+                granted_total,
+            } => {
+                self.holding.on_released(released, granted_total);
+                state.retired = true;
+            }
             ReleaseAnswer::StaleTotal { granted_total } => {
-                state.escrow.observe_grant(pending.window, granted_total);
+                // Nothing changed at the coordinator: the key holds what it
+                // held (another holder moved the region's total).
+                self.holding.on_stale(granted_total);
+                state
+                    .escrow
+                    .observe_grant(pending.window, self.holding.own());
             }
             ReleaseAnswer::WindowEnded => {}
         }

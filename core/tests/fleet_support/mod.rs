@@ -380,6 +380,7 @@ impl Coordinator {
                     answer: match outcome.disposition {
                         PoolReleaseDisposition::Released => ReleaseAnswer::Released {
                             released: outcome.released,
+                            granted_total: outcome.granted_total,
                         },
                         PoolReleaseDisposition::StaleTotal => ReleaseAnswer::StaleTotal {
                             granted_total: outcome.granted_total,
@@ -493,6 +494,7 @@ impl Coordinator {
         };
         PoolAnswer {
             granted_total: grant.granted_total,
+            granted_increment: grant.granted_increment,
             limit: grant.limit,
             window,
             remaining_lifetime_ms: grant.window_end_ms - grant.coordinator_now_ms,

@@ -92,7 +92,7 @@ impl NodeMetrics {
                     self.lease_denials.fetch_add(1, Ordering::Relaxed);
                 }
             }
-            Outcome::PoolGrant(_) => {
+            Outcome::PoolGrant(_) | Outcome::PoolGrantTotal(_) => {
                 self.pool_grants.fetch_add(1, Ordering::Relaxed);
             }
             Outcome::PoolRelease(release) => {

@@ -581,10 +581,11 @@ impl KeyActor {
                         tracing::debug!(key = %self.key, released = answer.released, kept = answer.granted_total, "pool grant released");
                         ReleaseAnswer::Released {
                             released: answer.released,
+                            granted_total: answer.granted_total,
                         }
                     }
-                    // The coordinator holds another total for the region:
-                    // that is its grant.
+                    // The coordinator holds another total for the region
+                    // (another holder moved it): nothing was released.
                     Ok(PoolReleaseDisposition::StaleTotal) => ReleaseAnswer::StaleTotal {
                         granted_total: answer.granted_total,
                     },
@@ -678,6 +679,7 @@ fn settled_demands_of(grant: &pb::PoolGrantResponse) -> Vec<(TenantId, u64)> {
 fn pool_answer_of(grant: &pb::PoolGrantResponse) -> PoolAnswer {
     PoolAnswer {
         granted_total: grant.granted_total,
+        granted_increment: grant.granted_increment,
         limit: grant.limit,
         window: WindowBounds {
             start_ms: grant.window_start_ms,

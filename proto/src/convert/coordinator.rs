@@ -289,6 +289,7 @@ impl From<&PoolGrantOutcome> for pb::PoolGrantResponse {
     fn from(grant: &PoolGrantOutcome) -> Self {
         pb::PoolGrantResponse {
             granted_total: grant.granted_total,
+            granted_increment: grant.granted_increment,
             limit: grant.limit,
             window_start_ms: grant.window_start_ms,
             window_end_ms: grant.window_end_ms,
@@ -300,10 +301,11 @@ impl From<&PoolGrantOutcome> for pb::PoolGrantResponse {
 }
 
 impl From<&pb::PoolGrantResponse> for PoolGrantOutcome {
-    /// The region's total a pool grant answer carries.
+    /// The region's total and the increment a pool grant answer carries.
     fn from(response: &pb::PoolGrantResponse) -> Self {
         PoolGrantOutcome {
             granted_total: response.granted_total,
+            granted_increment: response.granted_increment,
             limit: response.limit,
             window_start_ms: response.window_start_ms,
             window_end_ms: response.window_end_ms,
@@ -687,12 +689,13 @@ mod tests {
         #[test]
         fn a_pool_grant_round_trips(
             granted_total in any::<u64>(),
+            granted_increment in any::<u64>(),
             limit in any::<u64>(),
             window_start_ms in any::<u64>(),
             window_end_ms in any::<u64>(),
             coordinator_now_ms in any::<u64>(),
         ) {
-            let grant = PoolGrantOutcome { granted_total, limit, window_start_ms, window_end_ms, coordinator_now_ms };
+            let grant = PoolGrantOutcome { granted_total, granted_increment, limit, window_start_ms, window_end_ms, coordinator_now_ms };
             let wire = pb::PoolGrantResponse::from(&grant);
             prop_assert_eq!(wire.remaining_lifetime_ms, window_end_ms.saturating_sub(coordinator_now_ms));
             prop_assert!(wire.tenant_demands.is_empty());

@@ -23,6 +23,7 @@ fn a_spanning_tenant_weighs_its_share_of_its_demand() {
     let mut key: FairKey<u64> = FairKey::new(8);
     let answer = |start: u64, now: u64| PoolAnswer {
         granted_total: 100,
+        granted_increment: 0,
         limit: 1_000,
         window: WindowBounds {
             start_ms: start,
@@ -35,7 +36,7 @@ fn a_spanning_tenant_weighs_its_share_of_its_demand() {
         retired_kept: 0,
         late_released_before: 0,
     };
-    key.on_pool_answer(answer(0, 10), 10, 10, 10, RE_ASK_MS);
+    key.on_sole_answer(answer(0, 10), 10, 10, 10, RE_ASK_MS);
     key.note_demand(&tenant(1), 30);
     key.note_demand(&tenant(2), 10);
     key.note_demand(&tenant(1), 10);
@@ -45,7 +46,7 @@ fn a_spanning_tenant_weighs_its_share_of_its_demand() {
     // Its grant expired: a join reports the window that just ended.
     let ended = Some((0, vec![(tenant(1), 40), (tenant(2), 10)]));
     assert_eq!(key.demand_report(WINDOW_MS + 5), ended);
-    key.on_pool_answer(
+    key.on_sole_answer(
         answer(WINDOW_MS, WINDOW_MS + 5),
         10,
         WINDOW_MS + 5,
@@ -56,7 +57,7 @@ fn a_spanning_tenant_weighs_its_share_of_its_demand() {
     assert_eq!(key.demand_report(WINDOW_MS + 6), ended);
     key.note_demand(&tenant(1), 5);
     let later = 2 * WINDOW_MS + 5;
-    key.on_pool_answer(answer(2 * WINDOW_MS, later), 10, later, later, RE_ASK_MS);
+    key.on_sole_answer(answer(2 * WINDOW_MS, later), 10, later, later, RE_ASK_MS);
     // t1 asked here for 40 of its 80: half its weight; t2 only here: all of it.
     key.on_tenant_demands(0, vec![(tenant(1), 80), (tenant(2), 10)]);
     assert_eq!(key.split_weight(&tenant(1), 2), WEIGHT_SCALE);
@@ -71,10 +72,10 @@ fn a_spanning_tenant_weighs_its_share_of_its_demand() {
     key.on_tenant_demands(WINDOW_MS, vec![(tenant(1), 400)]);
     assert_eq!(key.split_weight(&tenant(1), 2), WEIGHT_SCALE);
     let mut other: FairKey<u64> = FairKey::new(8);
-    other.on_pool_answer(answer(0, 10), 10, 10, 10, RE_ASK_MS);
+    other.on_sole_answer(answer(0, 10), 10, 10, 10, RE_ASK_MS);
     other.note_demand(&tenant(1), 40);
-    other.on_pool_answer(answer(WINDOW_MS, WINDOW_MS + 5), 10, 5, 5, RE_ASK_MS);
-    other.on_pool_answer(answer(2 * WINDOW_MS, later), 10, later, later, RE_ASK_MS);
+    other.on_sole_answer(answer(WINDOW_MS, WINDOW_MS + 5), 10, 5, 5, RE_ASK_MS);
+    other.on_sole_answer(answer(2 * WINDOW_MS, later), 10, later, later, RE_ASK_MS);
     other.on_tenant_demands(WINDOW_MS, vec![(tenant(1), 80)]);
     assert_eq!(other.split_weight(&tenant(1), 2), 2 * WEIGHT_SCALE);
 }
@@ -114,6 +115,7 @@ proptest! {
             let mut key: FairKey<u64> = FairKey::new(8);
             let answer = |start: u64| PoolAnswer {
                 granted_total: 1,
+                granted_increment: 0,
                 limit: 1,
                 window: WindowBounds { start_ms: start, end_ms: start + WINDOW_MS },
                 remaining_lifetime_ms: WINDOW_MS,
@@ -123,10 +125,10 @@ proptest! {
                 retired_kept: 0,
                 late_released_before: 0,
             };
-            key.on_pool_answer(answer(0), 1, 0, 0, RE_ASK_MS);
+            key.on_sole_answer(answer(0), 1, 0, 0, RE_ASK_MS);
             key.note_demand(&tenant(0), *own);
-            key.on_pool_answer(answer(WINDOW_MS), 1, WINDOW_MS, WINDOW_MS, RE_ASK_MS);
-            key.on_pool_answer(answer(2 * WINDOW_MS), 1, 2 * WINDOW_MS, 2 * WINDOW_MS, RE_ASK_MS);
+            key.on_sole_answer(answer(WINDOW_MS), 1, WINDOW_MS, WINDOW_MS, RE_ASK_MS);
+            key.on_sole_answer(answer(2 * WINDOW_MS), 1, 2 * WINDOW_MS, 2 * WINDOW_MS, RE_ASK_MS);
             key.on_tenant_demands(0, vec![(tenant(0), total)]);
             sum += key.split_weight(&tenant(0), weight);
         }
@@ -158,6 +160,7 @@ fn grant(
 ) -> PoolAnswer {
     PoolAnswer {
         granted_total: granted,
+        granted_increment: 0,
         limit: 1_000,
         window: window(start),
         remaining_lifetime_ms: start + WINDOW_MS - now,
@@ -178,7 +181,7 @@ fn join_after(used: u64, granted: u64, expected: Option<PoolStanding>) -> FairSt
         FairStep::Join { .. } => {}
         other => panic!("a new key joins, got {other:?}"),
     }
-    key.on_pool_answer(
+    key.on_sole_answer(
         grant(granted, 0, 1, standing(300, 300), expected),
         1,
         1,
@@ -242,7 +245,7 @@ fn the_warm_start_follows_the_region_weight() {
             ..
         }
     ));
-    key.on_pool_answer(
+    key.on_sole_answer(
         grant(400, 0, 1, standing(400, 400), standing(400, 400)),
         1,
         1,
@@ -271,7 +274,7 @@ fn credits_are_served_in_part_but_checks_whole_or_nothing() {
     let mut key: FairKey<u64> = FairKey::new(8);
     key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 1);
     // The pool grants 10 and says that is the ceiling.
-    key.on_pool_answer(grant(10, 0, 1, standing(10, 10), None), 1, 1, 1, RE_ASK_MS);
+    key.on_sole_answer(grant(10, 0, 1, standing(10, 10), None), 1, 1, 1, RE_ASK_MS);
     for _ in 0..2 {
         assert!(matches!(
             key.decide(&tenant(0), 1, 4, LEASE_SIZE, true, 2),
@@ -307,7 +310,7 @@ fn a_key_joins_the_next_window_only_once_the_leader_has_rolled() {
         remaining_lifetime_ms: 900,
         ..grant(50, 0, 100, standing(50, 1_000), None)
     };
-    key.on_pool_answer(answer, 1, 100, 106, RE_ASK_MS);
+    key.on_sole_answer(answer, 1, 100, 106, RE_ASK_MS);
     match key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 1_002) {
         FairStep::Deny { retry_after_ms, .. } => assert_eq!(retry_after_ms, 4),
         other => panic!("expected a wait for the roll, got {other:?}"),
@@ -328,7 +331,7 @@ fn only_a_key_holding_something_back_releases() {
     let held = |granted: u64, guarantee: u64, used: u64| {
         let mut key: FairKey<u64> = FairKey::new(8);
         key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 1);
-        key.on_pool_answer(
+        key.on_sole_answer(
             grant(granted, 0, 1, standing(guarantee, granted), None),
             1,
             1,
@@ -349,7 +352,7 @@ fn only_a_key_holding_something_back_releases() {
     // hundredth), and from then a release hands them back with its join.
     let mut few: FairKey<u64> = FairKey::new(8);
     few.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 1);
-    few.on_pool_answer(
+    few.on_sole_answer(
         grant(100, 0, 1, standing(100, 100), None),
         1,
         1,
@@ -382,7 +385,7 @@ fn rounding_is_not_worth_a_call_and_expected_regions_lapse() {
     let mut key: FairKey<u64> = FairKey::new(8);
     key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 1);
     // L = 1 000: slack 5. Ceiling 104 for a grant of 100: at the ceiling.
-    key.on_pool_answer(
+    key.on_sole_answer(
         grant(100, 0, 1, standing(100, 104), standing(100, 104)),
         1,
         1,
@@ -404,7 +407,7 @@ fn rounding_is_not_worth_a_call_and_expected_regions_lapse() {
         key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, at),
         FairStep::Ask { .. }
     ));
-    key.on_pool_answer(
+    key.on_sole_answer(
         grant(103, 0, at, standing(100, 103), None),
         200,
         at,
@@ -426,7 +429,7 @@ fn rounding_is_not_worth_a_call_and_expected_regions_lapse() {
     // have run (a fiftieth later): at 250 + 10 + 20 here.
     let mut key: FairKey<u64> = FairKey::new(8);
     key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 1);
-    key.on_pool_answer(
+    key.on_sole_answer(
         grant(100, 0, 1, standing(600, 600), standing(100, 100)),
         1,
         1,
@@ -449,7 +452,7 @@ fn a_quiet_region_hands_back_the_guarantee_its_pace_does_not_need() {
         let mut key: FairKey<u64> = FairKey::new(8);
         key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 0);
         // A grant of 100 with a guarantee of 500, L = 1 000.
-        key.on_pool_answer(
+        key.on_sole_answer(
             grant(100, 0, 0, standing(500, 500), None),
             1,
             0,
@@ -479,7 +482,7 @@ fn a_region_short_of_its_pace_raises_to_it_retires_and_hands_back_its_margin_lat
     let mut key: FairKey<u64> = FairKey::new(8);
     key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 0);
     // A grant of 100 with a guarantee of 500, L = 1 000.
-    key.on_pool_answer(
+    key.on_sole_answer(
         grant(100, 0, 0, standing(500, 500), None),
         1,
         0,
@@ -498,7 +501,7 @@ fn a_region_short_of_its_pace_raises_to_it_retires_and_hands_back_its_margin_lat
     let (weight, want_total) = key.take_retiring_raise(260).expect("a raise to the need");
     assert_eq!((weight, want_total), (WEIGHT_SCALE, 170));
     assert_eq!(key.take_retiring_raise(260), None, "taken once");
-    key.on_pool_answer(
+    key.on_sole_answer(
         grant(170, 0, 260, standing(500, 500), None),
         want_total,
         260,
@@ -508,7 +511,10 @@ fn a_region_short_of_its_pace_raises_to_it_retires_and_hands_back_its_margin_lat
     // Checked again at once: retires keeping its need (169 a ms later).
     let pending = key.begin_release(10, false, 261).expect("retires");
     assert_eq!((pending.from_total, pending.keep_total), (170, 169));
-    key.on_release_answer(ReleaseAnswer::Released { released: 1 });
+    key.on_release_answer(ReleaseAnswer::Released {
+        released: 1,
+        granted_total: 169,
+    });
     assert_eq!(key.take_retiring_raise(300), None, "once a window");
     // Retired, it spends what it kept; the late check falls due an eighth
     // of the window before its end (plus a hundredth): 1 000 − 125 + 10.
@@ -525,7 +531,10 @@ fn a_region_short_of_its_pace_raises_to_it_retires_and_hands_back_its_margin_lat
         .begin_release(11, false, 885)
         .expect("hands back its margin");
     assert_eq!((pending.from_total, pending.keep_total), (169, 135));
-    key.on_release_answer(ReleaseAnswer::Released { released: 34 });
+    key.on_release_answer(ReleaseAnswer::Released {
+        released: 34,
+        granted_total: 135,
+    });
     assert_eq!(
         key.release_at(800, 1_000, 0, 10, 886),
         None,
@@ -542,7 +551,7 @@ fn a_region_held_back_by_the_ceiling_hands_nothing_back_late() {
     key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 0);
     // At its ceiling from the start: a grant of 100, all it could hold;
     // it looks again 850 ms later.
-    key.on_pool_answer(grant(100, 0, 0, standing(100, 100), None), 150, 0, 0, 850);
+    key.on_sole_answer(grant(100, 0, 0, standing(100, 100), None), 150, 0, 0, 850);
     for _ in 0..100 {
         assert!(matches!(
             key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 100),
@@ -559,7 +568,7 @@ fn a_region_held_back_by_the_ceiling_hands_nothing_back_late() {
         key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 880),
         FairStep::Ask { .. }
     ));
-    key.on_pool_answer(
+    key.on_sole_answer(
         grant(200, 0, 880, standing(100, 200), None),
         200,
         880,
@@ -585,7 +594,7 @@ fn a_region_held_back_by_the_ceiling_hands_nothing_back_late() {
 fn no_surplus_check_before_the_first_quarter_is_over() {
     let mut key: FairKey<u64> = FairKey::new(8);
     key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 0);
-    key.on_pool_answer(
+    key.on_sole_answer(
         grant(100, 0, 0, standing(500, 500), None),
         1,
         0,
@@ -609,7 +618,7 @@ fn looking_after_the_late_check() -> FairKey<u64> {
     let mut key: FairKey<u64> = FairKey::new(8);
     key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 1);
     let joined = grant(100, 0, 1, standing(100, 100), standing(100, 100));
-    key.on_pool_answer(joined, 100, 1, 1, 10_000);
+    key.on_sole_answer(joined, 100, 1, 1, 10_000);
     assert_eq!(spend_then_wait(&mut key, 2), 903);
     assert!(matches!(
         key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 905),
@@ -646,7 +655,7 @@ fn a_region_joined_ahead_looks_after_the_late_check_only_when_it_paid() {
         [(50, 0, true), (0, 10, true), (0, 9, false), (0, 0, false)]
     {
         let mut key = looking_after_the_late_check();
-        key.on_pool_answer(
+        key.on_sole_answer(
             grant(
                 100 + late_raise,
                 0,
@@ -665,7 +674,7 @@ fn a_region_joined_ahead_looks_after_the_late_check_only_when_it_paid() {
             key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, at),
             FairStep::Join { .. }
         ));
-        key.on_pool_answer(
+        key.on_sole_answer(
             grant(100, WINDOW_MS, at, standing(100, 100), standing(100, 100)),
             200,
             at,
@@ -679,7 +688,7 @@ fn a_region_joined_ahead_looks_after_the_late_check_only_when_it_paid() {
         key.join_ahead(7, LEASE_SIZE, now).expect("joins ahead");
         let mut answer = grant(100, WINDOW_MS, now, standing(100, 100), standing(100, 100));
         answer.late_released_before = late_released;
-        key.on_pool_answer(answer, 200, now, now, 10_000);
+        key.on_sole_answer(answer, 200, now, now, 10_000);
         let wait = spend_then_wait(&mut key, now);
         if looks_late {
             assert_eq!(wait, 15, "{late_raise} raised, {late_released} handed back");
@@ -706,7 +715,7 @@ fn an_ask_after_the_first_quarter_is_capped_at_the_need_at_its_pace() {
         let mut key: FairKey<u64> = FairKey::new(8);
         key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 1);
         let answer = grant(100, 0, 1, standing(1_000, 1_000), None);
-        key.on_pool_answer(answer, 100, 1, 1, RE_ASK_MS);
+        key.on_sole_answer(answer, 100, 1, 1, RE_ASK_MS);
         for _ in 0..100 {
             assert!(matches!(
                 key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, at),
@@ -726,7 +735,7 @@ fn busy_key(granted: u64, guarantee: u64, admissions: u64) -> FairKey<u64> {
     let mut key: FairKey<u64> = FairKey::new(8);
     key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 1);
     let answer = grant(granted, 0, 1, standing(guarantee, guarantee), None);
-    key.on_pool_answer(answer, 1, 1, 1, RE_ASK_MS);
+    key.on_sole_answer(answer, 1, 1, 1, RE_ASK_MS);
     for _ in 0..admissions {
         key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 2);
     }
@@ -793,7 +802,7 @@ fn a_grant_joined_ahead_is_used_from_the_next_window_without_a_join() {
         remaining_lifetime_ms: 95 + WINDOW_MS,
         ..grant(150, WINDOW_MS, 905, standing(0, 150), None)
     };
-    key.on_ahead_answer(ahead, Vec::new(), join.want_total, 900, 910, RE_ASK_MS);
+    key.on_sole_ahead_answer(ahead, Vec::new(), join.want_total, 900, 910, RE_ASK_MS);
     // The live grant expires at 1 000 here; the next window has surely
     // started by 910 + 95.
     match key.decide(&tenant(0), 1, 1, LEASE_SIZE, true, 1_001) {
@@ -815,7 +824,7 @@ fn a_grant_joined_ahead_is_used_from_the_next_window_without_a_join() {
     );
     // An answer for any other window is not kept.
     let mut other = busy_key(200, 300, 0);
-    other.on_ahead_answer(
+    other.on_sole_ahead_answer(
         grant(150, 2 * WINDOW_MS, 905, None, None),
         Vec::new(),
         150,
@@ -845,7 +854,7 @@ fn a_join_ahead_no_request_takes_up_is_handed_back_a_quarter_in() {
         remaining_lifetime_ms: 95 + WINDOW_MS,
         ..grant(130, WINDOW_MS, 905, standing(120, 130), None)
     };
-    key.on_ahead_answer(ahead, Vec::new(), join.want_total, 900, 910, RE_ASK_MS);
+    key.on_sole_ahead_answer(ahead, Vec::new(), join.want_total, 900, 910, RE_ASK_MS);
     // Its deadline here 900 + 95 + 1 000; a quarter in: 1 995 − 750 + 10.
     let quarter_in = 1_255;
     assert_eq!(key.release_at(2, 10_000, 0, 10, 950), Some(quarter_in));
@@ -865,7 +874,7 @@ fn a_join_ahead_no_request_takes_up_is_handed_back_a_quarter_in() {
         remaining_lifetime_ms: 95 + WINDOW_MS,
         ..grant(join.want_total, WINDOW_MS, 905, standing(0, 150), None)
     };
-    light.on_ahead_answer(ahead, Vec::new(), join.want_total, 900, 910, RE_ASK_MS);
+    light.on_sole_ahead_answer(ahead, Vec::new(), join.want_total, 900, 910, RE_ASK_MS);
     // (Once its live grant has expired: before, its own checks come first.)
     assert_eq!(light.release_at(2, 10_000, 0, 10, 1_001), Some(quarter_in));
     let pending = light
@@ -894,7 +903,7 @@ fn a_join_ahead_reports_its_window_projected_and_weighs_the_next_by_the_settled_
         let at = k * WINDOW_MS + 1;
         key.decide(&tenant(0), 2, 1, LEASE_SIZE, true, at);
         let answer = grant(300, k * WINDOW_MS, at, standing(300, 300), None);
-        key.on_pool_answer(answer, 1, at, at, RE_ASK_MS);
+        key.on_sole_answer(answer, 1, at, at, RE_ASK_MS);
         key.note_demand(&tenant(0), 40);
     }
     key.on_tenant_demands(0, vec![(tenant(0), 160)]);
@@ -918,7 +927,7 @@ fn a_join_ahead_reports_its_window_projected_and_weighs_the_next_by_the_settled_
         standing(300, 300),
         None,
     );
-    key.on_ahead_answer(
+    key.on_sole_ahead_answer(
         ahead,
         vec![(tenant(0), 80)],
         join.want_total,

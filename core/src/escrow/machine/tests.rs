@@ -128,10 +128,13 @@ fn release_sent(actions: &[Action<&'static str>]) -> Option<PendingRelease<u64>>
     })
 }
 
+/// A pool answer of a region whose one holder is the machine under test:
+/// all of `granted_total` is its own (the window's first grant).
 fn pool_answer(granted_total: u64, limit: u64, now_ms: u64) -> PoolAnswer {
     let window = window_of(now_ms);
     PoolAnswer {
         granted_total,
+        granted_increment: granted_total,
         limit,
         window,
         remaining_lifetime_ms: window.end_ms - now_ms,
@@ -329,7 +332,10 @@ fn a_fair_key_at_its_ceiling_waits_before_asking_again() {
     let denied = m.handle(
         Event::PoolGranted {
             call,
-            answer: pool_answer(1, 100, 20),
+            answer: PoolAnswer {
+                granted_increment: 0,
+                ..pool_answer(1, 100, 20)
+            },
             tenant_demands: Vec::new(),
             next_window: None,
             next_window_demands: Vec::new(),
@@ -377,7 +383,10 @@ fn an_unanswered_release_is_resent_with_its_id_before_the_next_pool_ask() {
     let asked = m.handle(
         Event::ReleaseAnswered {
             release: release.request_id,
-            answer: ReleaseAnswer::Released { released: 49 },
+            answer: ReleaseAnswer::Released {
+                released: 49,
+                granted_total: release.keep_total,
+            },
             next_window: None,
             next_window_demands: Vec::new(),
         },
@@ -602,10 +611,12 @@ impl Sim {
         }
     }
 
-    /// A pool answer of the region's `total` in `window`, now.
-    fn pool_answer(&self, total: u64, window: WindowBounds) -> PoolAnswer {
+    /// A pool answer of the region's `total` in `window`, now, the call
+    /// having added `increment` to it.
+    fn pool_answer(&self, total: u64, increment: u64, window: WindowBounds) -> PoolAnswer {
         PoolAnswer {
             granted_total: total,
+            granted_increment: increment,
             limit: self.policy.limit,
             window,
             remaining_lifetime_ms: window.end_ms - self.now,
@@ -640,9 +651,10 @@ impl Sim {
             return None;
         }
         let total = self.coordinator.entry(next.start_ms).or_default();
+        let before = *total;
         *total = (*total).max(join.want_total.min(self.ceiling));
         let total = *total;
-        Some(self.pool_answer(total, next))
+        Some(self.pool_answer(total, total - before, next))
     }
 
     fn feed(&mut self, event: Event<&'static str>) -> Result<(), TestCaseError> {
@@ -767,6 +779,7 @@ impl Sim {
                 ..
             } => {
                 let total = self.coordinator.entry(window.start_ms).or_default();
+                let before = *total;
                 if applied {
                     *total = (*total).max(want_total.min(self.ceiling));
                 }
@@ -775,7 +788,7 @@ impl Sim {
                 match fate {
                     Fate::Answered => Event::PoolGranted {
                         call,
-                        answer: self.pool_answer(total, window),
+                        answer: self.pool_answer(total, total - before, window),
                         tenant_demands: Vec::new(),
                         next_window,
                         next_window_demands: Vec::new(),
@@ -797,6 +810,7 @@ impl Sim {
                         *total = pending.keep_total;
                         ReleaseAnswer::Released {
                             released: pending.from_total - pending.keep_total,
+                            granted_total: *total,
                         }
                     } else {
                         ReleaseAnswer::StaleTotal {
