@@ -1092,7 +1092,11 @@ impl<Id: Clone> FairKey<Id> {
         }
         // This holder held nothing in the window joined before the join.
         let mut holding = PoolHolding::new();
-        holding.on_grant(answer.window, answer.granted_total, answer.granted_increment);
+        holding.on_grant(
+            answer.window,
+            answer.granted_total,
+            answer.granted_increment,
+        );
         let (answer, want_total) = own_answer(&holding, answer, want_total);
         let window_ms = answer.window.end_ms.saturating_sub(answer.window.start_ms);
         if let Some(settled) = answer
@@ -1179,9 +1183,11 @@ impl<Id: Clone> FairKey<Id> {
         now_ms: u64,
         re_ask_ms: u64,
     ) -> u64 {
-        let counted =
-            self.holding
-                .on_grant(answer.window, answer.granted_total, answer.granted_increment);
+        let counted = self.holding.on_grant(
+            answer.window,
+            answer.granted_total,
+            answer.granted_increment,
+        );
         if !counted {
             // An answer for a window before the one held: nothing to hold.
             return self.granted.as_ref().map_or(0, |g| g.escrow.budget());

@@ -119,6 +119,13 @@ pub struct Coordinator {
     /// went under (every resend of a release carries the same one, as the
     /// node sends it).
     releases: BTreeMap<usize, (u64, RequestId)>,
+    /// Per holder (the index the simulation calls with: one escrow node's
+    /// key machine), the region it serves when not its own index
+    /// ([`Coordinator::place`]).
+    homes: BTreeMap<usize, usize>,
+    /// Per holder, its process incarnation: a restarted process draws
+    /// request ids under a client id of its own ([`Coordinator::restart`]).
+    incarnations: BTreeMap<usize, u64>,
 }
 
 pub fn region(i: usize) -> RegionId {
@@ -159,6 +166,36 @@ impl Coordinator {
             board: Some(DemandBoard::default()),
             roster: Some(PoolRoster::default()),
             releases: BTreeMap::new(),
+            homes: BTreeMap::new(),
+            incarnations: BTreeMap::new(),
+        }
+    }
+
+    /// Holder `holder` (the index calls are made with) serves region
+    /// `region_index`: a second escrow node of that region.
+    pub fn place(&mut self, holder: usize, region_index: usize) {
+        self.homes.insert(holder, region_index);
+    }
+
+    /// Holder `holder`'s process restarts (its memory lost): its calls
+    /// from now on go under request ids of a new client id, as a new
+    /// process draws one.
+    pub fn restart(&mut self, holder: usize) {
+        *self.incarnations.entry(holder).or_default() += 1;
+        self.releases.remove(&holder);
+    }
+
+    /// The region holder `holder` serves.
+    pub fn region_of(&self, holder: usize) -> RegionId {
+        region(self.homes.get(&holder).copied().unwrap_or(holder))
+    }
+
+    /// The client id of holder `holder`'s `kind` of calls in its current
+    /// incarnation.
+    fn client_name(&self, kind: &str, holder: usize) -> String {
+        match self.incarnations.get(&holder) {
+            Some(incarnation) => format!("{kind}-r{holder}-i{incarnation}"),
+            None => format!("{kind}-r{holder}"),
         }
     }
 
@@ -181,7 +218,7 @@ impl Coordinator {
     fn lease_outcome(&mut self, region_index: usize, tokens: u64, stamp_ms: u64) -> Outcome {
         let command = Command::Lease {
             key: self.key.clone(),
-            region: region(region_index),
+            region: self.region_of(region_index),
             tokens,
             request_id: None,
             caller: Principal::Anonymous,
@@ -197,7 +234,7 @@ impl Coordinator {
     ) -> ReconcileOutcome {
         let command = Command::Reconcile {
             key: self.key.clone(),
-            region: region(region_index),
+            region: self.region_of(region_index),
             leftover: back.leftover,
             window_start_ms: back.window_start_ms,
             request_id: None,
@@ -273,7 +310,7 @@ impl Coordinator {
             roster.cap(
                 &view,
                 &self.key,
-                &region(region_index),
+                &self.region_of(region_index),
                 *region_weight,
                 stamp_ms,
             )
@@ -289,7 +326,7 @@ impl Coordinator {
                 lapse_commands(
                     &view,
                     &self.key,
-                    &region(region_index),
+                    &self.region_of(region_index),
                     *region_weight,
                     want_total,
                     stamp_ms,
@@ -299,7 +336,7 @@ impl Coordinator {
             .unwrap_or_default();
         commands.push(Command::PoolGrant {
             key: self.key.clone(),
-            region: region(region_index),
+            region: self.region_of(region_index),
             region_weight: *region_weight,
             want_total,
             request_id: None,
@@ -346,7 +383,7 @@ impl Coordinator {
         let release = pending.request_id;
         let command = Command::PoolRelease {
             key: self.key.clone(),
-            region: region(region_index),
+            region: self.region_of(region_index),
             from_total: pending.from_total,
             keep_total: pending.keep_total,
             window_start_ms: pending.window.start_ms,
@@ -407,20 +444,21 @@ impl Coordinator {
             roster.cap(
                 &view,
                 &self.key,
-                &region(region_index),
+                &self.region_of(region_index),
                 join.region_weight,
                 stamp_ms,
             )
         });
         Command::PoolJoinNext {
             key: self.key.clone(),
-            region: region(region_index),
+            region: self.region_of(region_index),
             region_weight: join.region_weight,
             want_total: cap.map_or(join.want_total, |cap| join.want_total.min(cap.max(1))),
             window_start_ms: join.window_start_ms,
             retire: join.retire,
             request_id: Some(RequestId {
-                client: ClientId::new(format!("join-r{region_index}")).expect("valid client id"),
+                client: ClientId::new(self.client_name("join", region_index))
+                    .expect("valid client id"),
                 seq: join.request_id,
             }),
             caller: Principal::Anonymous,
@@ -458,7 +496,8 @@ impl Coordinator {
             None => 1,
         };
         let request_id = RequestId {
-            client: ClientId::new(format!("escrow-r{region_index}")).expect("valid client id"),
+            client: ClientId::new(self.client_name("escrow", region_index))
+                .expect("valid client id"),
             seq,
         };
         self.releases
@@ -469,6 +508,7 @@ impl Coordinator {
     /// A pool grant as the API answers it: with the region's standing,
     /// plain and expected (each ceiling at least what it holds).
     fn pool_answer(&mut self, region_index: usize, grant: &PoolGrantOutcome) -> PoolAnswer {
+        let region_id = self.region_of(region_index);
         let window = WindowBounds {
             start_ms: grant.window_start_ms,
             end_ms: grant.window_end_ms,
@@ -483,12 +523,10 @@ impl Coordinator {
             .pool_view_at(&self.key, window.start_ms, now)
             .filter(|view| view.bounds == window);
         let answer = match (view, self.roster.as_mut()) {
-            (Some(view), Some(roster)) => {
-                roster.answer(&view, &self.key, &region(region_index), now)
-            }
+            (Some(view), Some(roster)) => roster.answer(&view, &self.key, &region_id, now),
             (Some(view), None) => StandingAnswer {
                 expected: None,
-                ..PoolRoster::default().answer(&view, &self.key, &region(region_index), now)
+                ..PoolRoster::default().answer(&view, &self.key, &region_id, now)
             },
             (None, _) => StandingAnswer::default(),
         };
@@ -515,6 +553,7 @@ impl Coordinator {
         demand_window_ms: u64,
         demands: &[(TenantId, u64)],
     ) -> Vec<(TenantId, u64)> {
+        let region_id = self.region_of(region_index);
         let Some(board) = self.board.as_mut() else {
             return Vec::new();
         };
@@ -524,7 +563,7 @@ impl Coordinator {
         {
             return Vec::new();
         }
-        board.report(&self.key, demand_window_ms, &region(region_index), demands);
+        board.report(&self.key, demand_window_ms, &region_id, demands);
         let tenants: Vec<TenantId> = demands.iter().map(|(tenant, _)| tenant.clone()).collect();
         demand_window_ms
             .checked_sub(window_ms)

@@ -1,0 +1,298 @@
+//! Escrow nodes that lose their memory inside a window, and regions served
+//! by more than one escrow node: the key machines of a fleet's escrow
+//! nodes against the real coordinator state machine, under windows much
+//! longer than a restart. Each escrow node process is a *holder*: it
+//! crashes (its memory gone, its calls in flight lost), stops gracefully
+//! (it hands back what it holds first), is evicted after idling, or runs
+//! beside a second node of its region, and a new process takes its place
+//! inside the same window. The oracle sums every admission per window over
+//! every process that ever ran: never more than L, for `fair` and
+//! `counter` keys alike, whatever the calls' fates.
+
+mod fleet_support;
+
+use fleet_support::region::{config, credits, Region};
+use fleet_support::{Admissions, Coordinator, Delivery, Rng};
+use leasehold_core::escrow::machine::Now;
+use leasehold_core::ids::TenantId;
+use leasehold_core::policy::PolicyKind;
+use leasehold_core::sizer::LeaseSizer;
+
+const L: u64 = 100;
+/// Long against the faults: several restarts fit in one window.
+const WINDOW_MS: u64 = 30_000;
+const WINDOWS: u64 = 4;
+const LEASE_SIZE: u64 = 4;
+/// Reclaim after this long without a request (the node's
+/// `--pool-release-idle-ms`).
+const RELEASE_IDLE_MS: u64 = 1_000;
+
+fn at(now_ms: u64) -> Now {
+    Now {
+        mono_ms: now_ms,
+        wall_ms: now_ms,
+    }
+}
+
+/// How an escrow node loses its memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Loss {
+    /// `kill -9`: nothing handed back, the answers of its calls in flight
+    /// never read.
+    Crash,
+    /// SIGTERM: the key hands back what it holds, then the process ends.
+    Graceful,
+    /// Idle eviction: after a quiet spell the key is stopped as on SIGTERM
+    /// and forgotten; the next request builds it anew.
+    Evicted,
+}
+
+/// One simulated fleet: `regions` regions, holders 0..regions each serving
+/// its own region, and with `second_node` a holder `regions` serving region
+/// 0 beside holder 0 (active-active).
+struct Fleet {
+    coordinator: Coordinator,
+    holders: Vec<Region>,
+    admitted: Admissions<usize>,
+    kind: PolicyKind,
+}
+
+impl Fleet {
+    fn new(kind: PolicyKind, regions: usize, second_node: bool) -> Self {
+        let mut coordinator = Coordinator::new(L, WINDOW_MS, kind, 0);
+        let count = regions + usize::from(second_node);
+        if second_node {
+            coordinator.place(regions, 0);
+        }
+        let holders = (0..count)
+            .map(|_| Region::new(Self::config(), coordinator.policy.clone(), 0))
+            .collect();
+        Fleet {
+            coordinator,
+            holders,
+            admitted: Admissions::default(),
+            kind,
+        }
+    }
+
+    fn config() -> leasehold_core::escrow::machine::KeyMachineConfig {
+        config(LeaseSizer::Fixed(LEASE_SIZE), RELEASE_IDLE_MS)
+    }
+
+    /// One request of holder `h` for `tokens`, its calls delivered with
+    /// random fates.
+    fn request(&mut self, h: usize, tokens: u64, now: u64, rng: &mut Rng, faults: bool) {
+        let tenant = TenantId::new(format!("t{}", h % 2)).expect("valid tenant");
+        let node = &mut self.holders[h];
+        let (_, calls) = node.acquire(Some(tenant), 1, tokens, at(now));
+        self.settle(h, calls, now, rng, faults);
+    }
+
+    fn settle(
+        &mut self,
+        h: usize,
+        calls: Vec<fleet_support::region::Call>,
+        now: u64,
+        rng: &mut Rng,
+        faults: bool,
+    ) {
+        let node = &mut self.holders[h];
+        self.coordinator
+            .settle(h, node, calls, now, at(now), |_| match rng.below(20) {
+                0 if faults => Delivery::Lost,
+                1 if faults => Delivery::NotApplied,
+                _ => Delivery::Answered,
+            });
+        for (_, answer) in node.take_answers() {
+            if let Some(served) = credits(&answer) {
+                self.admitted.record(h, &served, now);
+            }
+        }
+    }
+
+    fn tick(&mut self, h: usize, now: u64, rng: &mut Rng, faults: bool) {
+        let calls = self.holders[h].tick(at(now));
+        self.settle(h, calls, now, rng, faults);
+    }
+
+    /// Holder `h`'s process loses its memory by `loss` and a new one
+    /// takes its place at once.
+    fn lose(&mut self, h: usize, loss: Loss, now: u64, rng: &mut Rng, faults: bool) {
+        if loss != Loss::Crash {
+            let calls = self.holders[h].shutdown(at(now));
+            self.settle(h, calls, now, rng, faults);
+        }
+        self.coordinator.restart(h);
+        self.holders[h] = Region::new(Self::config(), self.coordinator.policy.clone(), now);
+    }
+
+    /// Σ admitted per window never exceeds L.
+    fn assert_within_limit(&self, what: &str) {
+        for (window, total) in self.admitted.totals() {
+            assert!(
+                total <= L,
+                "{what}: window {window} admitted {total} > L = {L} ({:?})",
+                self.admitted.per_window.get(&window)
+            );
+        }
+    }
+}
+
+/// Every holder asks for 1–3 tokens about every `gap` ms; every
+/// `fault_every` ms one holder loses its memory by `loss`. Returns the
+/// fleet after `WINDOWS` windows.
+fn run(
+    kind: PolicyKind,
+    regions: usize,
+    second_node: bool,
+    loss: Loss,
+    fault_every: u64,
+    seed: u64,
+    faults: bool,
+) -> Fleet {
+    let mut rng = Rng::new(seed);
+    let mut fleet = Fleet::new(kind, regions, second_node);
+    let count = fleet.holders.len();
+    // An evicted key idles first: its holder goes quiet for a while.
+    let mut quiet_until = vec![0u64; count];
+    let mut next_fault = fault_every / 2 + rng.below(fault_every);
+    for now in (0..WINDOWS * WINDOW_MS).step_by(5) {
+        for h in 0..count {
+            fleet.tick(h, now, &mut rng, faults);
+            if now >= quiet_until[h] && rng.chance(40) {
+                let tokens = 1 + rng.below(3);
+                fleet.request(h, tokens, now, &mut rng, faults);
+            }
+        }
+        if now >= next_fault {
+            let h = rng.below(count as u64) as usize;
+            match loss {
+                Loss::Evicted => {
+                    // Quiet past the reclaim idle time, then stopped.
+                    quiet_until[h] = now + 2 * RELEASE_IDLE_MS;
+                    next_fault = now + 2 * RELEASE_IDLE_MS;
+                    let mut t = now;
+                    while t < quiet_until[h] {
+                        t += 5;
+                        fleet.tick(h, t, &mut rng, faults);
+                    }
+                    fleet.lose(h, loss, quiet_until[h], &mut rng, faults);
+                }
+                _ => fleet.lose(h, loss, now, &mut rng, faults),
+            }
+            next_fault = next_fault.max(now) + fault_every / 2 + rng.below(fault_every);
+        }
+    }
+    let _ = fleet.kind;
+    fleet
+}
+
+const SEEDS: u64 = 6;
+
+#[test]
+fn a_crashed_escrow_node_restarted_inside_a_window_admits_nothing_twice() {
+    for kind in [PolicyKind::Fair, PolicyKind::Counter] {
+        for seed in 0..SEEDS {
+            let fleet = run(kind, 2, false, Loss::Crash, 4_000, seed, true);
+            fleet.assert_within_limit(&format!("{kind:?} crash seed {seed}"));
+        }
+    }
+}
+
+#[test]
+fn a_gracefully_restarted_escrow_node_admits_nothing_twice() {
+    for kind in [PolicyKind::Fair, PolicyKind::Counter] {
+        for seed in 0..SEEDS {
+            let fleet = run(kind, 2, false, Loss::Graceful, 4_000, seed, true);
+            fleet.assert_within_limit(&format!("{kind:?} graceful seed {seed}"));
+        }
+    }
+}
+
+#[test]
+fn an_evicted_key_rebuilt_inside_its_window_admits_nothing_twice() {
+    for kind in [PolicyKind::Fair, PolicyKind::Counter] {
+        for seed in 0..SEEDS {
+            let fleet = run(kind, 2, false, Loss::Evicted, 4_000, seed, true);
+            fleet.assert_within_limit(&format!("{kind:?} eviction seed {seed}"));
+        }
+    }
+}
+
+#[test]
+fn two_escrow_nodes_of_one_region_that_restart_admit_at_most_the_limit() {
+    for kind in [PolicyKind::Fair, PolicyKind::Counter] {
+        for (seed, loss) in
+            (0..SEEDS).zip([Loss::Crash, Loss::Graceful, Loss::Evicted].iter().cycle())
+        {
+            let fleet = run(kind, 2, true, *loss, 3_000, seed, true);
+            fleet.assert_within_limit(&format!("{kind:?} {loss:?} two nodes seed {seed}"));
+        }
+    }
+}
+
+/// One region, one node, no lost call: the node crashes once its region
+/// has spent the whole limit, and the new process is refused for the rest
+/// of the window — then served again in the next.
+#[test]
+fn a_restarted_node_of_a_spent_region_waits_for_the_next_window() {
+    let mut rng = Rng::new(7);
+    let mut fleet = Fleet::new(PolicyKind::Fair, 1, false);
+    let mut now = 0;
+    while fleet.admitted.total(0) < L && now < WINDOW_MS / 2 {
+        fleet.request(0, 1, now, &mut rng, false);
+        now += 1;
+    }
+    assert_eq!(fleet.admitted.total(0), L, "the first process spends L");
+    fleet.lose(0, Loss::Crash, now, &mut rng, false);
+    for _ in 0..200 {
+        now += 10;
+        fleet.tick(0, now, &mut rng, false);
+        fleet.request(0, 1, now, &mut rng, false);
+    }
+    assert_eq!(
+        fleet.admitted.total(0),
+        L,
+        "the second process admits nothing more"
+    );
+    fleet.lose(0, Loss::Graceful, now, &mut rng, false);
+    now = WINDOW_MS + 10;
+    for _ in 0..50 {
+        now += 10;
+        fleet.tick(0, now, &mut rng, false);
+        fleet.request(0, 1, now, &mut rng, false);
+    }
+    assert!(
+        fleet.admitted.total(WINDOW_MS) >= 40,
+        "the next window serves the new process: {}",
+        fleet.admitted.total(WINDOW_MS)
+    );
+    fleet.assert_within_limit("spent region");
+}
+
+/// A second node of a region that joins a window the first node holds part
+/// of gets what the pool still has free, and the two together use the
+/// region's share: nothing is stranded by the first node's holding.
+#[test]
+fn a_second_node_of_a_region_is_served_what_the_first_does_not_hold() {
+    let mut rng = Rng::new(11);
+    let mut fleet = Fleet::new(PolicyKind::Fair, 1, true);
+    let mut now = 0;
+    for _ in 0..40 {
+        fleet.request(0, 1, now, &mut rng, false);
+        now += 1;
+    }
+    let first = fleet.admitted.of(0, &0);
+    assert_eq!(first, 40);
+    while fleet.admitted.total(0) < L && now < WINDOW_MS / 2 {
+        fleet.request(1, 1, now, &mut rng, false);
+        fleet.request(0, 1, now, &mut rng, false);
+        now += 1;
+    }
+    assert_eq!(
+        fleet.admitted.total(0),
+        L,
+        "both nodes together use the whole limit"
+    );
+    assert!(fleet.admitted.of(0, &1) > 0, "the second node was served");
+}
