@@ -130,16 +130,27 @@ impl Persisted for SnapshotEnvelope {
 
     fn decode_version(version: u32, body: &[u8]) -> Result<Self, CodecError> {
         match version {
-            4 => decode_body(Self::KIND, body),
-            2 => decode_body::<SnapshotEnvelopeV2>(Self::KIND, body).map(|old| SnapshotEnvelope {
-                last_applied: old.last_applied,
-                membership: old.membership,
-                state: old.state.into(),
+            4 => decode_body::<SnapshotEnvelope>(Self::KIND, body).map(|mut envelope| {
+                envelope.state.zero_cached_increments();
+                envelope
             }),
-            3 => decode_body::<SnapshotEnvelopeV3>(Self::KIND, body).map(|old| SnapshotEnvelope {
-                last_applied: old.last_applied,
-                membership: old.membership,
-                state: old.state.into(),
+            2 => decode_body::<SnapshotEnvelopeV2>(Self::KIND, body).map(|old| {
+                let mut state: CoordinatorState = old.state.into();
+                state.zero_cached_increments();
+                SnapshotEnvelope {
+                    last_applied: old.last_applied,
+                    membership: old.membership,
+                    state,
+                }
+            }),
+            3 => decode_body::<SnapshotEnvelopeV3>(Self::KIND, body).map(|old| {
+                let mut state: CoordinatorState = old.state.into();
+                state.zero_cached_increments();
+                SnapshotEnvelope {
+                    last_applied: old.last_applied,
+                    membership: old.membership,
+                    state,
+                }
             }),
             _ => decode_current(version, body),
         }

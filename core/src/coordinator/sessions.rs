@@ -99,6 +99,25 @@ pub(super) struct Sessions {
 }
 
 impl Sessions {
+    /// Every cached pool grant answers an increment of 0 from now on (see
+    /// [`super::CoordinatorState::zero_cached_increments`]).
+    pub(super) fn zero_cached_increments(&mut self) {
+        for session in self.by_name.values_mut() {
+            for (_, outcome) in session.responses.values_mut() {
+                let upgraded = std::mem::replace(outcome, Outcome::PolicySet).upgraded();
+                *outcome = match upgraded {
+                    Outcome::PoolGrant(grant) => Outcome::PoolGrant(super::PoolGrantOutcome {
+                        granted_increment: 0,
+                        ..grant
+                    }),
+                    other => other,
+                };
+            }
+        }
+    }
+}
+
+impl Sessions {
     /// Classifies a request id of `caller` for a command with `fingerprint`.
     pub fn lookup(&self, caller: &Principal, id: &RequestId, fingerprint: u64) -> SessionLookup {
         let name = (caller.clone(), id.client.clone());

@@ -228,6 +228,14 @@ impl CoordinatorState {
         }
     }
 
+    /// Every pool grant cached for a retry answers an increment of 0 from
+    /// now on: what a snapshot of a storage format before 5 holds (its
+    /// cache recorded no increments), read by the current code. A retry
+    /// then hands its caller nothing it may have spent already.
+    pub fn zero_cached_increments(&mut self) {
+        self.sessions.zero_cached_increments();
+    }
+
     /// The state-machine clock.
     pub fn now_ms(&self) -> u64 {
         self.now_ms

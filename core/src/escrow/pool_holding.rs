@@ -37,7 +37,7 @@ use crate::fair_pool::PoolStanding;
 use crate::window::WindowBounds;
 
 /// One holder's part of its region's pool total in one window.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct PoolHolding {
     /// The window, once an answer for it was heard.
     window: Option<WindowBounds>,
