@@ -71,3 +71,54 @@ async fn credits_outliving_their_window_are_caught_against_real_processes() {
         outcome.violations
     );
 }
+
+/// A `fair` key (L = 200 in a 30 s window, demand far above it) under
+/// escrow nodes that lose their memory inside the window: `kill -9`,
+/// `SIGTERM`, `SIGSTOP` / `SIGCONT`, two nodes serving one region, and an
+/// escrow node killed with the leader. Σ admitted ≤ L over every process,
+/// though each new process would find its region's grant in the pool.
+async fn fair_scenario(name: &str, faults: usize) {
+    let mut options = options();
+    options.limit = 200;
+    options.load = Duration::from_secs(10);
+    let outcome = run(name, &options).await;
+    let history = &outcome.history;
+    assert!(
+        outcome.violations.is_empty(),
+        "{name}: {:?}\nfaults: {:?}",
+        outcome.violations,
+        history.faults
+    );
+    assert_eq!(history.faults.len(), faults, "{name}: {:?}", history.faults);
+    let windows = history.admitted_per_window();
+    let spent = windows.values().copied().max().unwrap_or(0);
+    assert!(
+        spent >= options.limit / 2,
+        "{name}: the load spent only {spent} of a window ({windows:?})"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fair_key_escrow_kill9_inside_a_window_admits_at_most_l() {
+    fair_scenario("fair_escrow_kill9", 2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fair_key_escrow_sigterm_inside_a_window_admits_at_most_l() {
+    fair_scenario("fair_escrow_sigterm", 2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fair_key_escrow_sigstop_inside_a_window_admits_at_most_l() {
+    fair_scenario("fair_escrow_sigstop", 2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fair_key_two_escrow_nodes_per_region_that_fail_admit_at_most_l() {
+    fair_scenario("fair_two_escrows_per_region", 8).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fair_key_escrow_and_leader_kill9_admit_at_most_l() {
+    fair_scenario("fair_escrow_and_leader_kill9", 4).await;
+}

@@ -201,10 +201,10 @@ impl Fleet {
     /// Starts one escrow node per region in `regions`, leasing from the members.
     pub fn start_escrows(&mut self, regions: &[String], batch: u64) -> Result<()> {
         let coordinators = self.member_addrs().join(",");
-        for region in regions {
+        for (index, region) in regions.iter().enumerate() {
             let addr = format!("127.0.0.1:{}", free_port()?);
             let mut escrow = Managed {
-                label: format!("escrow {region}"),
+                label: format!("escrow {index} ({region})"),
                 addr: addr.clone(),
                 args: vec![
                     "escrow".into(),
@@ -220,7 +220,7 @@ impl Fleet {
                     "300".into(),
                     "--insecure".into(),
                 ],
-                log: self.dir.path().join(format!("escrow-{region}.log")),
+                log: self.dir.path().join(format!("escrow-{index}-{region}.log")),
                 child: None,
                 stopped: false,
             };
@@ -286,6 +286,42 @@ impl Fleet {
             .get_mut(index)
             .with_context(|| format!("no escrow node {index}"))?
             .kill()
+    }
+
+    fn escrow(&mut self, index: usize) -> Result<&mut Managed> {
+        self.escrows
+            .get_mut(index)
+            .with_context(|| format!("no escrow node {index}"))
+    }
+
+    /// `SIGTERM` escrow node `index` and waits (up to ten seconds) for it
+    /// to hand back what it holds and exit; `kill -9` after that.
+    pub async fn terminate_escrow(&mut self, index: usize) -> Result<()> {
+        let escrow = self.escrow(index)?;
+        escrow.signal("TERM")?;
+        for _ in 0..200 {
+            if let Some(child) = escrow.child.as_mut() {
+                if child.try_wait()?.is_some() {
+                    escrow.child = None;
+                    return Ok(());
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        escrow.kill()
+    }
+
+    /// `SIGSTOP` escrow node `index`.
+    pub fn stop_escrow(&mut self, index: usize) -> Result<()> {
+        self.escrow(index)?.signal("STOP")
+    }
+
+    /// `SIGCONT` every stopped escrow node.
+    pub fn continue_escrows(&mut self) -> Result<()> {
+        for escrow in self.escrows.iter_mut().filter(|e| e.stopped) {
+            escrow.signal("CONT")?;
+        }
+        Ok(())
     }
 
     /// Starts every killed escrow node again (same region and port).

@@ -40,6 +40,7 @@ pub fn spawn(
     options: &ProcessOptions,
     members: &[String],
     escrows: &[String],
+    all_via_escrow: bool,
     observer_client: CoordinatorClient,
     recorder: &Recorder,
     seed: u64,
@@ -60,8 +61,13 @@ pub fn spawn(
     }
     for index in 0..options.clients {
         let client_seed = seed.wrapping_mul(31).wrapping_add(index as u64);
-        let via_escrow = (!escrows.is_empty() && index % 2 == 1)
-            .then(|| escrows[index / 2 % escrows.len()].clone());
+        // (A `fair` key is admitted at escrow nodes only: every client
+        // goes through one.)
+        let via_escrow = match (escrows.is_empty(), all_via_escrow) {
+            (true, _) => None,
+            (false, true) => Some(escrows[index % escrows.len()].clone()),
+            (false, false) => (index % 2 == 1).then(|| escrows[index / 2 % escrows.len()].clone()),
+        };
         let source: Arc<dyn CreditSource> = match via_escrow {
             None => {
                 let client = CoordinatorClient::with_seed(

@@ -60,7 +60,14 @@ pub enum ProcessFault {
     Restart,
     /// `kill -9` escrow node `n`.
     KillEscrow(usize),
-    /// Start every killed escrow node again.
+    /// `SIGTERM` escrow node `n` (it hands back what it holds and exits).
+    TermEscrow(usize),
+    /// `SIGSTOP` escrow node `n` (it holds its sockets and answers nothing).
+    StopEscrow(usize),
+    /// `SIGCONT` every stopped escrow node.
+    ContinueEscrows,
+    /// Start every killed (or terminated) escrow node again: a new process
+    /// with nothing in memory, same region and port.
     RestartEscrows,
     /// The leader hands its leadership off (`leasehold cluster step-down`).
     StepDown,
@@ -71,10 +78,30 @@ pub enum ProcessFault {
 pub struct ProcessScenario {
     /// Name used on the command line.
     pub name: &'static str,
-    /// Escrow nodes (regions) between some clients and the cluster.
-    pub escrow_nodes: usize,
+    /// Escrow nodes between some clients and the cluster: each one's region
+    /// index (two nodes may serve one region).
+    pub escrow_regions: Vec<usize>,
+    /// A `fair` key (every client goes through an escrow node) instead of
+    /// a `counter` key.
+    pub fair: bool,
+    /// The window's length, when the scenario sets it (the options'
+    /// otherwise); liveness after the last heal is then judged over one
+    /// window, as a spent window admits nothing until it ends.
+    pub window_ms: Option<u64>,
     /// Faults, at times counted from the start of the load.
     pub faults: Vec<(Duration, ProcessFault)>,
+}
+
+impl ProcessScenario {
+    /// The options of a run of this scenario under `options`.
+    pub fn options(&self, options: &ProcessOptions) -> ProcessOptions {
+        let mut options = options.clone();
+        if let Some(window_ms) = self.window_ms {
+            options.window_ms = window_ms;
+            options.liveness_bound_ms = options.liveness_bound_ms.max(window_ms);
+        }
+        options
+    }
 }
 
 fn secs(s: f64) -> Duration {
@@ -86,7 +113,19 @@ pub fn scenarios() -> Vec<ProcessScenario> {
     use ProcessFault::*;
     let plain = |name, faults| ProcessScenario {
         name,
-        escrow_nodes: 0,
+        escrow_regions: Vec::new(),
+        fair: false,
+        window_ms: None,
+        faults,
+    };
+    // Fair keys under escrow nodes that lose their memory inside a window
+    // much longer than a restart: the demand spends L early in the window,
+    // so a node that spent its region's grant twice shows at once.
+    let fair = |name, escrow_regions, faults| ProcessScenario {
+        name,
+        escrow_regions,
+        fair: true,
+        window_ms: Some(30_000),
         faults,
     };
     vec![
@@ -120,7 +159,9 @@ pub fn scenarios() -> Vec<ProcessScenario> {
         ),
         ProcessScenario {
             name: "escrow_kill9",
-            escrow_nodes: 2,
+            escrow_regions: vec![0, 1],
+            fair: false,
+            window_ms: None,
             faults: vec![
                 (secs(3.0), KillEscrow(0)),
                 (secs(4.0), Kill(0)),
@@ -128,6 +169,45 @@ pub fn scenarios() -> Vec<ProcessScenario> {
                 (secs(6.0), Restart),
             ],
         },
+        fair(
+            "fair_escrow_kill9",
+            vec![0, 1],
+            vec![(secs(3.0), KillEscrow(0)), (secs(4.0), RestartEscrows)],
+        ),
+        fair(
+            "fair_escrow_sigterm",
+            vec![0, 1],
+            vec![(secs(3.0), TermEscrow(0)), (secs(4.0), RestartEscrows)],
+        ),
+        fair(
+            "fair_escrow_sigstop",
+            vec![0, 1],
+            vec![(secs(3.0), StopEscrow(0)), (secs(6.0), ContinueEscrows)],
+        ),
+        fair(
+            "fair_two_escrows_per_region",
+            vec![0, 0, 1],
+            vec![
+                (secs(2.0), KillEscrow(0)),
+                (secs(3.0), RestartEscrows),
+                (secs(4.0), TermEscrow(1)),
+                (secs(5.0), RestartEscrows),
+                (secs(6.0), StopEscrow(2)),
+                (secs(7.0), KillEscrow(0)),
+                (secs(8.0), ContinueEscrows),
+                (secs(8.5), RestartEscrows),
+            ],
+        ),
+        fair(
+            "fair_escrow_and_leader_kill9",
+            vec![0, 1],
+            vec![
+                (secs(3.0), KillEscrow(0)),
+                (secs(3.0), Kill(0)),
+                (secs(4.5), RestartEscrows),
+                (secs(5.0), Restart),
+            ],
+        ),
     ]
 }
 
@@ -203,7 +283,11 @@ pub struct ProcessOutcome {
     pub violations: Vec<Violation>,
 }
 
-async fn form_cluster(fleet: &Fleet, options: &ProcessOptions) -> Result<CoordinatorClient> {
+async fn form_cluster(
+    fleet: &Fleet,
+    options: &ProcessOptions,
+    fair: bool,
+) -> Result<CoordinatorClient> {
     let dialer: Arc<dyn Dialer> = Arc::new(TcpDialer::default());
     let client = CoordinatorClient::with_options(
         fleet.member_addrs(),
@@ -223,7 +307,11 @@ async fn form_cluster(fleet: &Fleet, options: &ProcessOptions) -> Result<Coordin
             Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
         }
     }
-    let policy = Policy::counter("chaos/", options.limit, options.window_ms);
+    let policy = if fair {
+        Policy::fair("chaos/", options.limit, options.window_ms)
+    } else {
+        Policy::counter("chaos/", options.limit, options.window_ms)
+    };
     loop {
         match admin.set_policy(policy.clone()).await {
             Ok(()) => break,
@@ -242,11 +330,14 @@ pub async fn run(
     options: &ProcessOptions,
     seed: u64,
 ) -> Result<ProcessOutcome> {
+    let options = &scenario.options(options);
     let mut fleet = Fleet::start_members(&options.binary, options.members)?;
-    let client = form_cluster(&fleet, options)
+    let client = form_cluster(&fleet, options, scenario.fair)
         .await
         .with_context(|| format!("forming the cluster (logs in {})", fleet.dir().display()))?;
-    let regions: Vec<String> = (0..scenario.escrow_nodes)
+    let regions: Vec<String> = scenario
+        .escrow_regions
+        .iter()
         .map(|i| format!("region-{i}"))
         .collect();
     fleet.start_escrows(&regions, 16)?;
@@ -259,6 +350,7 @@ pub async fn run(
         options,
         &fleet.member_addrs(),
         &fleet.escrow_addrs(),
+        scenario.fair,
         client,
         &recorder,
         seed,
@@ -350,6 +442,19 @@ async fn inflict(
             ProcessFault::KillEscrow(index) => {
                 fleet.kill_escrow(*index)?;
                 recorder.fault(format!("{now}: kill -9 escrow node {index}"));
+            }
+            ProcessFault::TermEscrow(index) => {
+                fleet.terminate_escrow(*index).await?;
+                recorder.fault(format!("{now}: SIGTERM escrow node {index}"));
+            }
+            ProcessFault::StopEscrow(index) => {
+                fleet.stop_escrow(*index)?;
+                recorder.fault(format!("{now}: SIGSTOP escrow node {index}"));
+            }
+            ProcessFault::ContinueEscrows => {
+                fleet.continue_escrows()?;
+                recorder.fault(format!("{now}: SIGCONT escrow nodes"));
+                recorder.healed(now);
             }
             ProcessFault::RestartEscrows => {
                 fleet.restart_escrows()?;
