@@ -122,3 +122,49 @@ async fn fair_key_two_escrow_nodes_per_region_that_fail_admit_at_most_l() {
 async fn fair_key_escrow_and_leader_kill9_admit_at_most_l() {
     fair_scenario("fair_escrow_and_leader_kill9", 4).await;
 }
+
+/// Region 0 is served by two escrow nodes and one of them is killed for
+/// good under load below L: the region's callers (clients 0, 2, 4, each
+/// over both nodes) keep being admitted through the other, and the longest
+/// pause of their admissions around the kill stays short.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_one_of_two_escrow_nodes_of_a_region_keeps_its_callers_admitted() {
+    let mut options = options();
+    options.limit = 50_000;
+    options.clients = 6;
+    options.client_pause_ms = (5, 15);
+    options.load = Duration::from_secs(8);
+    let outcome = run("fair_region_failover", &options).await;
+    let history = &outcome.history;
+    assert!(outcome.violations.is_empty(), "{:?}", outcome.violations);
+    let killed_at: u64 = history.faults[0]
+        .split(':')
+        .next()
+        .and_then(|at| at.parse().ok())
+        .expect("the fault's time");
+    // Each of region 0's callers, whichever node it started on.
+    let mut longest = 0;
+    for client in [0, 2, 4] {
+        let mut at: Vec<u64> = history
+            .admissions
+            .iter()
+            .filter(|a| a.client == client)
+            .map(|a| a.at_ms)
+            .collect();
+        at.sort_unstable();
+        let after = at.iter().filter(|t| **t > killed_at + 500).count();
+        assert!(
+            after > 20,
+            "client {client} admitted only {after} after the kill"
+        );
+        let gap = at
+            .windows(2)
+            .filter(|pair| pair[1] > killed_at.saturating_sub(1_000))
+            .map(|pair| pair[1] - pair[0])
+            .max()
+            .unwrap_or(u64::MAX);
+        assert!(gap < 3_000, "client {client} paused {gap} ms");
+        longest = longest.max(gap);
+    }
+    println!("longest pause of a region-0 caller around the kill: {longest} ms");
+}

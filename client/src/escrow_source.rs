@@ -10,6 +10,14 @@
 //! After a
 //! transient failure the channel is dropped and re-dialled on the next call,
 //! because an HTTP/2 connection can stay wedged after a partition.
+//!
+//! A source may know every escrow node of its region
+//! ([`EscrowSource::with_endpoints`]): the nodes serve the region
+//! active-active, so after a transient failure the next attempt (and every
+//! call after it) goes to the next node in turn. A retried `Acquire` that a
+//! node it left had applied strands those credits at that node (they count
+//! as served there, never twice); a `Return` goes to the node in use and is
+//! capped there by what that node handed out.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -49,18 +57,27 @@ impl Default for EscrowSourceOptions {
     }
 }
 
-/// A [`CreditSource`] backed by one escrow node.
+/// A [`CreditSource`] backed by the escrow nodes of one region.
 pub struct EscrowSource {
-    addr: String,
+    endpoints: Vec<String>,
     dialer: Arc<dyn Dialer>,
     options: EscrowSourceOptions,
-    channel: Mutex<Option<Channel>>,
+    /// The node in use (an index into `endpoints`) and its channel, once
+    /// dialled.
+    route: Mutex<Route>,
+}
+
+#[derive(Default)]
+struct Route {
+    current: usize,
+    channel: Option<Channel>,
 }
 
 impl std::fmt::Debug for EscrowSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("EscrowSource")
-            .field("addr", &self.addr)
+            .field("endpoints", &self.endpoints)
+            .field("addr", &self.addr())
             .field("options", &self.options)
             .finish()
     }
@@ -74,7 +91,35 @@ impl EscrowSource {
         dialer: Arc<dyn Dialer>,
         options: EscrowSourceOptions,
     ) -> Result<Self, ClientError> {
-        let addr = normalize_addr(addr).map_err(|e| ClientError::InvalidInput(e.to_string()))?;
+        Self::with_endpoints([addr], dialer, options)
+    }
+
+    /// A source over every escrow node of one region (`host:port` or
+    /// `http://host:port` each; duplicates count once), starting with the
+    /// first: after a transient failure it moves on to the next node in
+    /// turn. Dialling is lazy.
+    pub fn with_endpoints<I, S>(
+        endpoints: I,
+        dialer: Arc<dyn Dialer>,
+        options: EscrowSourceOptions,
+    ) -> Result<Self, ClientError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let mut normalized: Vec<String> = Vec::new();
+        for endpoint in endpoints {
+            let addr = normalize_addr(endpoint.as_ref())
+                .map_err(|e| ClientError::InvalidInput(e.to_string()))?;
+            if !normalized.contains(&addr) {
+                normalized.push(addr);
+            }
+        }
+        if normalized.is_empty() {
+            return Err(ClientError::InvalidInput(
+                "at least one escrow node endpoint is needed".into(),
+            ));
+        }
         if options.max_attempts == 0 {
             return Err(ClientError::InvalidInput(
                 "max_attempts must be at least 1".into(),
@@ -86,38 +131,53 @@ impl EscrowSource {
             ));
         }
         Ok(EscrowSource {
-            addr,
+            endpoints: normalized,
             dialer,
             options,
-            channel: Mutex::new(None),
+            route: Mutex::new(Route::default()),
         })
     }
 
-    /// The node's normalised address.
-    pub fn addr(&self) -> &str {
-        &self.addr
+    /// The normalised address of the node in use.
+    pub fn addr(&self) -> String {
+        let current = crate::limiter::lock(&self.route).current;
+        self.endpoints[current].clone()
+    }
+
+    /// Every node this source may use, normalised, in turn order.
+    pub fn endpoints(&self) -> &[String] {
+        &self.endpoints
     }
 
     async fn client(&self) -> Result<EscrowClient<Channel>, ClientError> {
-        let cached = crate::limiter::lock(&self.channel).clone();
+        let (current, cached) = {
+            let route = crate::limiter::lock(&self.route);
+            (route.current, route.channel.clone())
+        };
         let channel = match cached {
             Some(channel) => channel,
             None => {
                 let channel = self
                     .dialer
-                    .dial(&self.addr)
+                    .dial(&self.endpoints[current])
                     .await
                     .map_err(|e| ClientError::Unavailable(e.to_string()))?;
-                *crate::limiter::lock(&self.channel) = Some(channel.clone());
+                let mut route = crate::limiter::lock(&self.route);
+                if route.current == current {
+                    route.channel = Some(channel.clone());
+                }
                 channel
             }
         };
         Ok(EscrowClient::new(channel))
     }
 
-    /// Drops the cached channel so the next call dials afresh.
+    /// Drops the cached channel and moves on to the next node, so the next
+    /// call dials afresh (the same node when there is only one).
     fn forget_channel(&self) {
-        *crate::limiter::lock(&self.channel) = None;
+        let mut route = crate::limiter::lock(&self.route);
+        route.channel = None;
+        route.current = (route.current + 1) % self.endpoints.len();
     }
 
     /// Runs one attempt with its deadline; forgets the channel on a

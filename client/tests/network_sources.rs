@@ -284,6 +284,68 @@ async fn an_unreachable_escrow_node_is_a_transient_error() {
     ));
 }
 
+/// Two escrow nodes of one region, the first gone: a source over both is
+/// served by the second under the same request id, and stays with it while
+/// it answers.
+#[tokio::test]
+async fn a_source_over_a_regions_escrow_nodes_moves_on_when_one_is_gone() {
+    let (gone, gone_addr) = loopback();
+    drop(gone);
+    let live = FakeEscrow::default();
+    let live_addr = spawn_escrow(live.clone());
+    let options = EscrowSourceOptions {
+        rpc_timeout: Duration::from_millis(500),
+        max_attempts: 2,
+        backoff_base: Duration::from_millis(1),
+        backoff_max: Duration::from_millis(5),
+    };
+    let source = EscrowSource::with_endpoints(
+        [gone_addr.as_str(), live_addr.as_str(), gone_addr.as_str()],
+        Arc::new(TcpDialer::default()),
+        options,
+    )
+    .expect("valid endpoints");
+    assert_eq!(source.endpoints().len(), 2, "duplicates count once");
+    let request = AcquireRequest {
+        key: Key::new("k").expect("valid"),
+        tenant: None,
+        weight: 1,
+        tokens: 5,
+        request_id: RequestId {
+            client: ClientId::new("me").expect("valid"),
+            seq: 9,
+        },
+    };
+    let grant = source
+        .acquire(request)
+        .await
+        .expect("the second node serves");
+    assert_eq!(grant.granted, 5);
+    assert!(source
+        .addr()
+        .ends_with(live_addr.rsplit(':').next().unwrap_or_default()));
+    let ids = live.seen_ids.lock().expect("lock").clone();
+    assert_eq!(ids.len(), 1);
+    assert_eq!((ids[0].client_id.as_str(), ids[0].seq), ("me", 9));
+    // The node in use stays in use while it answers.
+    let l1 = Limiter::new(
+        source,
+        LimiterConfig::new(Mode::Strict, ClientId::new("svc").expect("valid")),
+    )
+    .expect("valid config");
+    for _ in 0..3 {
+        assert!(l1.check("k", 1).await.expect("served").allowed);
+    }
+    assert!(matches!(
+        EscrowSource::with_endpoints(
+            Vec::<String>::new(),
+            Arc::new(TcpDialer::default()),
+            EscrowSourceOptions::default()
+        ),
+        Err(ClientError::InvalidInput(_))
+    ));
+}
+
 fn coordinator_source() -> CoordinatorSource {
     let (incoming, addr) = loopback();
     tokio::spawn(

@@ -34,12 +34,32 @@ pub async fn join(tasks: LoadTasks) -> Result<()> {
     Ok(())
 }
 
+/// The regions of `escrows` (address, region index), counted once.
+fn region_count(escrows: &[(String, usize)]) -> usize {
+    let mut regions: Vec<usize> = escrows.iter().map(|(_, r)| *r).collect();
+    regions.sort_unstable();
+    regions.dedup();
+    regions.len().max(1)
+}
+
+/// The region whose escrow nodes client `index` goes through when every
+/// client goes through one: the regions in turn.
+pub fn client_region(index: usize, escrows: &[(String, usize)]) -> usize {
+    let mut regions: Vec<usize> = escrows.iter().map(|(_, r)| *r).collect();
+    regions.sort_unstable();
+    regions.dedup();
+    regions
+        .get(index % regions.len().max(1))
+        .copied()
+        .unwrap_or(0)
+}
+
 /// Starts the observer and the clients; they run until `load_end_ms`.
 #[allow(clippy::too_many_arguments)]
 pub fn spawn(
     options: &ProcessOptions,
     members: &[String],
-    escrows: &[String],
+    escrows: &[(String, usize)],
     all_via_escrow: bool,
     observer_client: CoordinatorClient,
     recorder: &Recorder,
@@ -62,11 +82,24 @@ pub fn spawn(
     for index in 0..options.clients {
         let client_seed = seed.wrapping_mul(31).wrapping_add(index as u64);
         // (A `fair` key is admitted at escrow nodes only: every client
-        // goes through one.)
-        let via_escrow = match (escrows.is_empty(), all_via_escrow) {
+        // goes through one — through every node of its region, starting at
+        // a different one per client, moving on when one fails.)
+        let via_escrow: Option<Vec<String>> = match (escrows.is_empty(), all_via_escrow) {
             (true, _) => None,
-            (false, true) => Some(escrows[index % escrows.len()].clone()),
-            (false, false) => (index % 2 == 1).then(|| escrows[index / 2 % escrows.len()].clone()),
+            (false, true) => {
+                let region = client_region(index, escrows);
+                let mut nodes: Vec<String> = escrows
+                    .iter()
+                    .filter(|(_, r)| *r == region)
+                    .map(|(addr, _)| addr.clone())
+                    .collect();
+                let turn = index / region_count(escrows) % nodes.len().max(1);
+                nodes.rotate_left(turn);
+                Some(nodes)
+            }
+            (false, false) => {
+                (index % 2 == 1).then(|| vec![escrows[index / 2 % escrows.len()].0.clone()])
+            }
         };
         let source: Arc<dyn CreditSource> = match via_escrow {
             None => {
@@ -86,8 +119,12 @@ pub fn spawn(
                     now_ms: wall_now_ms,
                 })
             }
-            Some(addr) => Arc::new(RecordingSource {
-                inner: EscrowSource::new(&addr, dialer.clone(), EscrowSourceOptions::default())?,
+            Some(nodes) => Arc::new(RecordingSource {
+                inner: EscrowSource::with_endpoints(
+                    nodes,
+                    dialer.clone(),
+                    EscrowSourceOptions::default(),
+                )?,
                 record_acks: false,
                 recorder: recorder.clone(),
                 weakening: options.weakening,

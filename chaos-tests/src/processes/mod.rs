@@ -198,6 +198,14 @@ pub fn scenarios() -> Vec<ProcessScenario> {
                 (secs(8.5), RestartEscrows),
             ],
         ),
+        // Two nodes serve region 0; one dies for good under load: its
+        // callers move on to the other (run with demand under L to see
+        // admissions go on: chaos-tests/tests/processes.rs).
+        fair(
+            "fair_region_failover",
+            vec![0, 0, 1],
+            vec![(secs(3.0), KillEscrow(0))],
+        ),
         fair(
             "fair_escrow_and_leader_kill9",
             vec![0, 1],
@@ -346,10 +354,15 @@ pub async fn run(
     let load_start_ms = wall_now_ms() + 500;
     let load_end_ms = load_start_ms + u64::try_from(options.load.as_millis()).unwrap_or(0);
     let admin = client.admin();
+    let escrows: Vec<(String, usize)> = fleet
+        .escrow_addrs()
+        .into_iter()
+        .zip(scenario.escrow_regions.iter().copied())
+        .collect();
     let tasks = load::spawn(
         options,
         &fleet.member_addrs(),
-        &fleet.escrow_addrs(),
+        &escrows,
         scenario.fair,
         client,
         &recorder,
