@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # Proves deploy/ works as written: builds the image FROM scratch from an
 # already built binary (nothing is pulled), brings up deploy/compose (three
-# members, two escrow nodes, mutual TLS), forms the cluster, sets policies,
-# leases through both escrow nodes from a load client while it `docker kill`s
-# the leader and cuts a member off with `docker network disconnect`, restarts
+# members, two regions of two escrow nodes each, mutual TLS), forms the
+# cluster, sets policies, leases through every escrow node from a load client
+# while it `docker kill`s the leader, cuts a member off with `docker network
+# disconnect` and kills one of eu's escrow nodes for good, restarts
 # everything, and checks:
 #   - Σ admitted ≤ L in every window (the load client sums what its
 #     limiters were granted per window, over both regions);
 #   - every acknowledged grant kept (the coordinator's window total after the
 #     restart ≥ the grants it acknowledged before);
-#   - leases through both escrow nodes work again after the restart;
+#   - both regions admitted (eu through its other node after the kill; the
+#     load client prints each region's longest pause);
+#   - leases through the escrow nodes work again after the restart;
 #   - every container is healthy (`leasehold health`) and serves /metrics.
 # Prints each step; exits non-zero on the first failed check (the /metrics
 # step reports and fails at the end, after the other checks have run).
@@ -46,6 +49,9 @@ LOAD_SECS=36
 # Seconds into the load; who to kill or cut is looked up LOOKUP_AHEAD
 # seconds earlier (a CLI container starts slowly on a loaded machine).
 KILL_AT=8 RESTART_AT=15 CUT_AT=20 HEAL_AT=27 LOOKUP_AHEAD=4
+# One of eu's two escrow nodes dies for the rest of the load: eu's clients
+# move on to the other (the load client reports eu's longest pause).
+ESCROW_KILL_AT=30
 
 RUN_ID="$$$(date +%s)"
 PROJECT="leaseholdci${RUN_ID}"
@@ -82,7 +88,7 @@ cleanup() {
   local status=$?
   if [ "$status" -ne 0 ] && [ -n "$FAILED_STEP" ]; then
     echo "---- failed during: $FAILED_STEP; last log lines of each container:" >&2
-    for service in n1 n2 n3 escrow-eu escrow-us init; do
+    for service in n1 n2 n3 escrow-eu escrow-eu-2 escrow-us escrow-us-2 init; do
       id=$(container "$service" 2>/dev/null || true)
       [ -n "$id" ] || continue
       echo "---- $service" >&2
@@ -172,7 +178,7 @@ wait_healthy() {
   local deadline=$(( $(date +%s) + $1 )) service id state pending
   while :; do
     pending=""
-    for service in n1 n2 n3 escrow-eu escrow-us; do
+    for service in n1 n2 n3 escrow-eu escrow-eu-2 escrow-us escrow-us-2; do
       id=$(container "$service")
       state=$(docker inspect -f '{{if .State.Health}}{{.State.Health.Status}}{{else}}none{{end}}' "$id")
       [ "$state" = healthy ] || pending="$pending $service=$state"
@@ -187,7 +193,7 @@ leader_id() {
   { cli cluster status --output json 2>/dev/null || true; } | grep -o '"current_leader":[0-9]*' | head -1 | cut -d: -f2 || true
 }
 
-step "compose up: certificates, 3 members, cluster init, 2 escrow nodes (mutual TLS)"
+step "compose up: certificates, 3 members, cluster init, 2 escrow nodes per region (mutual TLS)"
 compose up -d 2>&1 | quiet
 init_id=$(container init)
 [ "$(docker inspect -f '{{.State.ExitCode}}' "$init_id")" = 0 ] || fail "cluster init exited non-zero"
@@ -200,9 +206,9 @@ compose run --rm -T cli cluster status 2>&1 | quiet
 cli policy set --prefix load/ --limit "$LIMIT" --window-ms 1000 | sed 's/^/    /'
 cli policy set --prefix kept/ --limit 1000000 --window-ms 2678400000 | sed 's/^/    /'
 
-step "load for ${LOAD_SECS} s through escrow-eu and escrow-us, with direct leases of $KEPT_KEY"
+step "load for ${LOAD_SECS} s through eu's and us's escrow nodes, with direct leases of $KEPT_KEY"
 docker run -d --name "${PROJECT}-load" --network "$NETWORK" -v "$CERTS_VOLUME:/certs:ro" "$LOAD_IMAGE" \
-  load --escrow eu=escrow-eu:7200 --escrow us=escrow-us:7200 \
+  load --escrow eu=escrow-eu:7200,escrow-eu-2:7200 --escrow us=escrow-us:7200,escrow-us-2:7200 \
   --coordinator n1:7100,n2:7100,n3:7100 --key "$LOAD_KEY" --limit "$LIMIT" \
   --duration-secs "$LOAD_SECS" --kept-key "$KEPT_KEY" >/dev/null
 LOAD_START=$(date +%s)
@@ -232,6 +238,11 @@ at "$HEAL_AT"
 docker network connect --alias "n$cut" "$NETWORK" "$(container "n$cut")"
 info "n$cut reconnected at load +$(( $(date +%s) - LOAD_START )) s"
 
+at "$ESCROW_KILL_AT"
+step "docker kill one of eu's two escrow nodes (escrow-eu) for the rest of the load"
+docker kill "$(container escrow-eu)" >/dev/null
+info "killed escrow-eu at load +$(( $(date +%s) - LOAD_START )) s; eu's clients go on through escrow-eu-2"
+
 step "load results: Σ admitted ≤ L = $LIMIT per window"
 load_status=$(docker wait "${PROJECT}-load")
 docker logs "${PROJECT}-load" > "$WORK/load.out" 2>&1
@@ -252,15 +263,15 @@ if ! load_client verify --coordinator n1:7100,n2:7100,n3:7100 --key "$acked_key"
   fail "acknowledged grants were not kept"
 fi
 
-step "leases through both escrow nodes after the restart"
-load_client load --escrow eu=escrow-eu:7200 --escrow us=escrow-us:7200 \
+step "leases through the escrow nodes after the restart"
+load_client load --escrow eu=escrow-eu:7200,escrow-eu-2:7200 --escrow us=escrow-us:7200,escrow-us-2:7200 \
   --coordinator n1:7100,n2:7100,n3:7100 --key "$LOAD_KEY" --limit "$LIMIT" \
   --duration-secs 4 --kept-key "$KEPT_KEY" > "$WORK/after.out" 2>&1 || { sed 's/^/    /' "$WORK/after.out"; fail "load after the restart"; }
 { grep '^region ' "$WORK/after.out" || true; } | sed 's/^/    /'
 
 step "scrape /metrics of every container"
 metrics_failures=0
-for target in n1:7101 n2:7101 n3:7101 escrow-eu:7201 escrow-us:7201; do
+for target in n1:7101 n2:7101 n3:7101 escrow-eu:7201 escrow-eu-2:7201 escrow-us:7201 escrow-us-2:7201; do
   service=${target%%:*} port=${target##*:}
   if [ "$METRICS" = 0 ]; then
     info "$service: FAIL (this leasehold binary has no --metrics-listen; passes once the metrics endpoint is merged)"

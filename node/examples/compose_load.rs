@@ -72,7 +72,9 @@ impl Certs {
 struct LoadArgs {
     #[command(flatten)]
     certs: Certs,
-    /// An escrow node as REGION=HOST:PORT; repeat for each region.
+    /// A region's escrow nodes as REGION=HOST:PORT[,HOST:PORT…]; repeat for
+    /// each region. Each limiter goes through all of them, starting at a
+    /// different one, and moves on when one fails.
     #[arg(long = "escrow", value_parser = parse_escrow, required = true)]
     escrows: Vec<(String, String)>,
     /// The service whose certificates call the escrow nodes.
@@ -136,7 +138,9 @@ fn parse_escrow(text: &str) -> Result<(String, String), String> {
         Some((region, addr)) if !region.is_empty() && !addr.is_empty() => {
             Ok((region.to_string(), addr.to_string()))
         }
-        _ => Err(format!("expected REGION=HOST:PORT, got {text:?}")),
+        _ => Err(format!(
+            "expected REGION=HOST:PORT[,HOST:PORT…], got {text:?}"
+        )),
     }
 }
 
@@ -211,8 +215,12 @@ async fn load(args: LoadArgs) -> Result<()> {
             .certs
             .dialer(&format!("service-{}-{region}", args.service));
         for index in 0..args.clients_per_escrow {
-            let source = EscrowSource::new(addr, dialer.clone(), EscrowSourceOptions::default())
-                .with_context(|| format!("escrow node {addr}"))?;
+            let mut nodes: Vec<&str> = addr.split(',').collect();
+            let turn = index % nodes.len();
+            nodes.rotate_left(turn);
+            let source =
+                EscrowSource::with_endpoints(nodes, dialer.clone(), EscrowSourceOptions::default())
+                    .with_context(|| format!("escrow nodes {addr}"))?;
             let mode = Mode::Leased(LeaseOptions {
                 sizing: LeaseSizing::Fixed(8),
                 clock: CheckClock::CycleCounter,

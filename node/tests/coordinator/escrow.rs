@@ -424,6 +424,87 @@ async fn idle_keys_are_evicted_and_their_slots_reused() -> Result<()> {
     Ok(())
 }
 
+/// The defect of ADR 0020, as an operator met it: a `fair` key (L = 100, a
+/// long window) spent through an escrow node, whose key is then evicted as
+/// idle three times, and a second node of the same region started beside
+/// it, and the first node stopped and a new one started on its place. The
+/// region's total in the pool stays 100; each new key state or process
+/// holds nothing of it, so nothing more is admitted in the window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fair_key_admits_at_most_l_across_evictions_second_nodes_and_restarts() -> Result<()> {
+    const LIMIT: u64 = 100;
+    let cluster = Cluster::start_initialised(3, |_| {}).await?;
+    let mut policy = counter_policy("fh/", LIMIT, LONG_WINDOW_MS);
+    policy.kind = pb::PolicyKind::Fair as i32;
+    cluster.client()?.admin().set_policy(policy).await?;
+    let ask = pb::AcquireRequest {
+        key: "fh/k".into(),
+        tenant: "t".into(),
+        weight: 1,
+        tokens: 1,
+        request_id: None,
+    };
+    // Acquires one token at a time until one is refused; returns the count.
+    async fn drain(
+        rpc: &mut pb::escrow_client::EscrowClient<tonic::transport::Channel>,
+        ask: &pb::AcquireRequest,
+    ) -> Result<u64> {
+        let mut admitted = 0;
+        for _ in 0..3 * LIMIT {
+            let granted = rpc.acquire(ask.clone()).await?.into_inner().granted;
+            if granted == 0 {
+                break;
+            }
+            admitted += granted;
+        }
+        Ok(admitted)
+    }
+    let first = EscrowNode::start(&cluster, "eu", |c| c.idle_evict_ms = 200).await?;
+    let mut rpc = first.rpc().await?;
+    let mut admitted = drain(&mut rpc, &ask).await?;
+    ensure!(admitted == LIMIT, "the first node admitted {admitted}");
+    for eviction in 1..=3 {
+        let before = rpc
+            .status(pb::EscrowStatusRequest {})
+            .await?
+            .into_inner()
+            .evicted_keys;
+        let mut status = rpc.status(pb::EscrowStatusRequest {}).await?.into_inner();
+        for _ in 0..50 {
+            if status.evicted_keys > before {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            status = rpc.status(pb::EscrowStatusRequest {}).await?.into_inner();
+        }
+        ensure!(
+            status.evicted_keys > before,
+            "eviction {eviction}: {status:?}"
+        );
+        admitted += drain(&mut rpc, &ask).await?;
+        ensure!(
+            admitted == LIMIT,
+            "after eviction {eviction}: {admitted} admitted"
+        );
+    }
+    let second = EscrowNode::start(&cluster, "eu", |_| {}).await?;
+    admitted += drain(&mut second.rpc().await?, &ask).await?;
+    ensure!(admitted == LIMIT, "with a second node: {admitted} admitted");
+    first.stop().await;
+    let restarted = EscrowNode::start(&cluster, "eu", |_| {}).await?;
+    admitted += drain(&mut restarted.rpc().await?, &ask).await?;
+    ensure!(admitted == LIMIT, "after a restart: {admitted} admitted");
+    let window = cluster.client()?.get_window("fh/k").await?;
+    ensure!(
+        window.granted == LIMIT,
+        "the pool granted {}",
+        window.granted
+    );
+    second.stop().await;
+    restarted.stop().await;
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fair_keys_share_the_limit_by_weight_across_regions() -> Result<()> {
     const LIMIT: u64 = 400;
