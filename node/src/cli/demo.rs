@@ -38,7 +38,8 @@ pub struct DemoArgs {
     /// Port of member 1 (members use three consecutive ports).
     #[arg(long, default_value_t = 7301)]
     pub base_port: u16,
-    /// Port of the first escrow node (three consecutive ports).
+    /// Port of the first escrow node (the escrow nodes use consecutive ports:
+    /// six, and three more per extra node per region).
     #[arg(long, default_value_t = 7311)]
     pub escrow_base_port: u16,
     /// Windows measured per phase.
@@ -50,6 +51,11 @@ pub struct DemoArgs {
     /// L per window.
     #[arg(long, default_value_t = 600)]
     pub limit: u64,
+    /// Escrow nodes serving each region in the fair phase (1 to 4),
+    /// active-active: each client goes through every node of its region,
+    /// starting at a different one.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=4))]
+    pub escrow_nodes_per_region: u16,
 }
 
 const REGIONS: [&str; 3] = ["eu", "us", "ap"];
@@ -70,12 +76,13 @@ fn tally(t: &Tally, window: u64, label: &str, admitted: bool) {
     entry.1 += u64::from(admitted);
 }
 
-/// One client: `check` every `every` on `key` through the escrow at `addr`.
+/// One client: `check` every `every` on `key` through the escrow nodes at
+/// `addrs` (its region's, the first first; the next after a failure).
 #[allow(clippy::too_many_arguments)]
 fn spawn_client(
     certs: &Path,
     region: &str,
-    addr: &str,
+    addrs: &[String],
     key: &'static str,
     label: String,
     tenant: Option<(&str, u64)>,
@@ -85,8 +92,8 @@ fn spawn_client(
     t: Tally,
 ) -> Result<tokio::task::JoinHandle<()>, CliError> {
     let failed = |e: &dyn std::fmt::Display| CliError::Failed(e.to_string());
-    let source = EscrowSource::new(
-        addr,
+    let source = EscrowSource::with_endpoints(
+        addrs,
         dev_security(certs, &dev_service(region)?).dialer(),
         EscrowSourceOptions::default(),
     )
@@ -198,7 +205,7 @@ async fn counter_phase(
             tasks.push(spawn_client(
                 certs,
                 REGIONS[region],
-                &escrow[region],
+                std::slice::from_ref(&escrow[region]),
                 key,
                 label,
                 None,
@@ -274,6 +281,20 @@ async fn counter_phase(
     Ok(())
 }
 
+/// Region `region`'s escrow nodes in `escrow` (node sets of one node per
+/// region, one after another), starting at set `turn`.
+fn nodes_of(escrow: &[String], region: usize, turn: usize) -> Vec<String> {
+    let mut nodes: Vec<String> = escrow
+        .iter()
+        .skip(region)
+        .step_by(REGIONS.len())
+        .cloned()
+        .collect();
+    let len = nodes.len().max(1);
+    nodes.rotate_left(turn % len);
+    nodes
+}
+
 async fn fair_phase(certs: &Path, args: &DemoArgs, escrow: &[String]) -> Result<(), CliError> {
     let t: Tally = Arc::default();
     let start = wall_ms();
@@ -297,12 +318,12 @@ async fn fair_phase(certs: &Path, args: &DemoArgs, escrow: &[String]) -> Result<
     let global: [(&str, u64); 3] = [("alpha", 3), ("beta", 2), ("gamma", 2)];
     let mut tasks = Vec::new();
     for (region, tenant, weight) in tenants {
-        for _ in 0..3 {
+        for turn in 0..3 {
             let label = tenant.to_string();
             tasks.push(spawn_client(
                 certs,
                 REGIONS[region],
-                &escrow[region],
+                &nodes_of(escrow, region, turn),
                 "demo-fair/chat",
                 label,
                 Some((tenant, weight)),
@@ -319,7 +340,7 @@ async fn fair_phase(certs: &Path, args: &DemoArgs, escrow: &[String]) -> Result<
     let calls_after = coordinator_calls(certs, escrow).await;
     let calls_at_first = calls_at_first.await.unwrap_or(calls_before);
     let map = t.lock().unwrap_or_else(PoisonError::into_inner).clone();
-    println!("\n== fair key demo-fair/chat: L = {}, tenants alpha(w3, eu), beta(w2 in eu and ap, split by demand), gamma(w2, us) ==", args.limit);
+    println!("\n== fair key demo-fair/chat: L = {}, tenants alpha(w3, eu), beta(w2 in eu and ap, split by demand), gamma(w2, us); {} escrow node(s) per region ==", args.limit, args.escrow_nodes_per_region);
     println!(
         "{:<16} {:>9} {:>18} {:>18} {:>18} {:>10}",
         "window", "admitted", "alpha got/ideal", "beta got/ideal", "gamma got/ideal", "max dev"
@@ -444,10 +465,18 @@ pub async fn run(args: DemoArgs) -> Result<(), CliError> {
         let (fixed, mut tasks) = start_escrow(&cluster.certs, &args, &cluster.members, false, 0, &stopped)?;
         let (eoq, more) = start_escrow(&cluster.certs, &args, &cluster.members, true, 3, &stopped)?;
         tasks.extend(more);
+        // More nodes per region for the fair phase: sets of one node per
+        // region, on the ports after the EOQ set.
+        let mut fair_nodes = fixed.clone();
+        for set in 1..args.escrow_nodes_per_region {
+            let (addrs, more) = start_escrow(&cluster.certs, &args, &cluster.members, false, 3 + 3 * set, &stopped)?;
+            fair_nodes.extend(addrs);
+            tasks.extend(more);
+        }
         tokio::time::sleep(Duration::from_millis(300)).await;
         counter_phase(&cluster.certs, &args, &fixed, "demo-counter/api", "counter key, escrow batch 16").await?;
         counter_phase(&cluster.certs, &args, &eoq, "demo-counter/eoq", "counter key, escrow EOQ sizer").await?;
-        fair_phase(&cluster.certs, &args, &fixed).await?;
+        fair_phase(&cluster.certs, &args, &fair_nodes).await?;
         let _ = stop.send(true);
         for task in tasks {
             let _ = task.await;
