@@ -257,6 +257,43 @@ mod tests {
         }
     }
 
+    /// Each boundary of the rule, exactly at it: a grant arriving at its
+    /// own deadline is late; one arriving when the held credits die is for
+    /// a window whose credits are dead (its own deadline alone); one for
+    /// the held window itself is not older; one a window back is.
+    #[test]
+    fn the_fate_of_a_grant_at_each_boundary() {
+        let grant = |window_start_ms: u64| ArrivingGrant {
+            window_start_ms,
+            sent_at: 100u64,
+            remaining_lifetime_ms: 800,
+        };
+        let held = |deadline: u64| {
+            Some(HeldWindow {
+                window_start_ms: 1_000,
+                deadline,
+            })
+        };
+        assert_eq!(grant_fate(None, grant(1_000), 900), GrantFate::Late);
+        assert_eq!(
+            grant_fate(None, grant(1_000), 899),
+            GrantFate::NewWindow { deadline: 900 }
+        );
+        assert_eq!(
+            grant_fate(held(500), grant(1_000), 500),
+            GrantFate::SameWindow { deadline: 900 }
+        );
+        assert_eq!(
+            grant_fate(held(501), grant(1_000), 500),
+            GrantFate::SameWindow { deadline: 501 }
+        );
+        assert_eq!(grant_fate(held(500), grant(0), 200), GrantFate::OlderWindow);
+        assert_eq!(
+            grant_fate(held(500), grant(2_000), 200),
+            GrantFate::NewWindow { deadline: 900 }
+        );
+    }
+
     #[test]
     fn instants_advance_by_milliseconds_and_saturate_to_themselves() {
         let now = std::time::Instant::now();

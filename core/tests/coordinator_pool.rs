@@ -226,3 +226,156 @@ fn release_validation() {
     ));
     assert_eq!(s, before, "refusals change nothing");
 }
+
+fn increment(outcome: &Outcome) -> u64 {
+    match outcome {
+        Outcome::PoolGrant(PoolGrantOutcome {
+            granted_increment, ..
+        }) => *granted_increment,
+        other => panic!("expected a pool grant, got {other:?}"),
+    }
+}
+
+/// Every grant of the golden vector answers what it added to its region's
+/// total; the increments of a region add up to its total.
+#[test]
+fn every_grant_answers_the_increment_it_added() {
+    let mut s = CoordinatorState::default();
+    run(&mut s, T0, fair("fed/", 100, 60_000));
+    let mut held: std::collections::BTreeMap<&str, u64> = Default::default();
+    for (name, weight, want, expected) in GOLDEN {
+        let outcome = run(&mut s, T0, pool("fed/k", name, weight, want));
+        let before = held.get(name).copied().unwrap_or(0);
+        assert_eq!(total(&outcome), expected);
+        assert_eq!(
+            increment(&outcome),
+            expected - before,
+            "{name} w{weight} want {want}"
+        );
+        held.insert(name, before + increment(&outcome));
+    }
+    assert_eq!(held.values().sum::<u64>(), 100);
+}
+
+/// A retried pool grant (same request id) answers the increment of its
+/// first execution, even after other calls of the region raised the total:
+/// a retry never hands its caller another call's tokens.
+#[test]
+fn a_retried_grant_answers_its_own_increment() {
+    let mut s = CoordinatorState::default();
+    run(&mut s, T0, fair("fed/", 100, 60_000));
+    let with_id = |want: u64, client: &str, seq: u64| Command::PoolGrant {
+        key: key("fed/k"),
+        region: region("eu"),
+        region_weight: 1,
+        want_total: want,
+        request_id: Some(request(client, seq)),
+        caller: leasehold_core::principal::Principal::Anonymous,
+    };
+    let first = run(&mut s, T0, with_id(30, "node-a", 1));
+    assert_eq!((total(&first), increment(&first)), (30, 30));
+    // A second process of the region raises the total.
+    let other = run(&mut s, T0, with_id(70, "node-b", 1));
+    assert_eq!((total(&other), increment(&other)), (70, 40));
+    // node-a's retry: its own answer, not 70 − 0.
+    let retry = run(&mut s, T0, with_id(30, "node-a", 1));
+    assert_eq!(retry, first);
+    // A fresh ask below the total adds nothing.
+    let below = run(&mut s, T0, with_id(50, "node-a", 2));
+    assert_eq!((total(&below), increment(&below)), (70, 0));
+}
+
+/// A join ahead answers its increment in the window it joins.
+#[test]
+fn a_join_ahead_answers_its_increment() {
+    let mut s = CoordinatorState::default();
+    run(&mut s, T0, fair("fed/", 100, 60_000));
+    let live = run(&mut s, T0, pool("fed/k", "eu", 1, 10));
+    let PoolGrantOutcome { window_end_ms, .. } = match live {
+        Outcome::PoolGrant(grant) => grant,
+        other => panic!("{other:?}"),
+    };
+    let join = |want: u64| Command::PoolJoinNext {
+        key: key("fed/k"),
+        region: region("eu"),
+        region_weight: 1,
+        want_total: want,
+        window_start_ms: window_end_ms,
+        retire: false,
+        request_id: None,
+        caller: leasehold_core::principal::Principal::Anonymous,
+    };
+    let late = window_end_ms - 1_000;
+    let first = run(&mut s, late, join(20));
+    assert_eq!((total(&first), increment(&first)), (20, 20));
+    let more = run(&mut s, late, join(35));
+    assert_eq!((total(&more), increment(&more)), (35, 15));
+}
+
+/// The region cap of a window, at exactly its size: a new region is
+/// refused (lease and pool grant alike), a region the window tracks is
+/// still served.
+#[test]
+fn a_full_window_refuses_a_new_region_and_serves_the_ones_it_tracks() {
+    use leasehold_core::coordinator::MAX_REGIONS_PER_WINDOW;
+    for fair_key in [true, false] {
+        let mut s = CoordinatorState::default();
+        run(&mut s, T0, fair("f/", 1_000_000, 60_000));
+        run(&mut s, T0, counter("c/", 1_000_000, 60_000));
+        let call = |name: &str| {
+            if fair_key {
+                pool("f/k", name, 1, 1)
+            } else {
+                lease("c/k", name, 1)
+            }
+        };
+        for i in 0..MAX_REGIONS_PER_WINDOW {
+            let outcome = run(&mut s, T0, call(&format!("r{i}")));
+            assert!(
+                !matches!(outcome, Outcome::Rejected(_)),
+                "region {i}: {outcome:?}"
+            );
+        }
+        let before = s.clone();
+        assert!(
+            matches!(
+                run(&mut s, T0, call("one-too-many")),
+                Outcome::Rejected(CommandError::InvalidArgument(_))
+            ),
+            "fair {fair_key}"
+        );
+        assert_eq!(s, before, "a refusal changes nothing");
+        let again = run(&mut s, T0, call("r7"));
+        assert!(
+            !matches!(again, Outcome::Rejected(_)),
+            "fair {fair_key}: {again:?}"
+        );
+    }
+}
+
+/// `pool_view_at` answers the live window and the one right after it, and
+/// nothing else: not a later window while one is live, and not the window
+/// after the one a call would open when none is live.
+#[test]
+fn pool_view_at_answers_the_live_window_and_the_next_only() {
+    let mut s = CoordinatorState::default();
+    run(&mut s, T0, fair("fed/", 100, 60_000));
+    let k = key("fed/k");
+    // No window live yet: the window a call would open, not the one after.
+    let opens = s.pool_view(&k, T0).expect("a fair policy").bounds;
+    assert!(s.pool_view_at(&k, opens.start_ms, T0).is_some());
+    assert_eq!(s.pool_view_at(&k, opens.end_ms, T0), None);
+    run(&mut s, T0, pool("fed/k", "eu", 1, 10));
+    let live = s.pool_view(&k, T0).expect("live").bounds;
+    assert_eq!(
+        s.pool_view_at(&k, live.start_ms, T0).map(|v| v.bounds),
+        Some(live)
+    );
+    let next = s
+        .pool_view_at(&k, live.end_ms, T0)
+        .expect("the next window");
+    assert_eq!(next.bounds.start_ms, live.end_ms);
+    let length = live.end_ms - live.start_ms;
+    assert_eq!(s.pool_view_at(&k, live.end_ms + length, T0), None);
+    assert_eq!(s.pool_view_at(&k, live.start_ms + 1, T0), None);
+}
