@@ -63,6 +63,15 @@ struct Args {
     #[arg(long, default_value_t = 3, requires = "processes",
           value_parser = clap::value_parser!(u64).range(3..=9))]
     members: u64,
+    /// With `--processes`: one-way delay (ms) on every link into a
+    /// coordinator member (a delaying proxy in front of each), so a round
+    /// trip between a region and the cluster, or between members, is twice
+    /// this.
+    #[arg(long, default_value_t = 0)]
+    link_delay_ms: u64,
+    /// With `--processes`: L per window (default 300).
+    #[arg(long)]
+    limit: Option<u64>,
 }
 
 fn parse_weakening(s: &str) -> Result<Weakening, String> {
@@ -238,6 +247,10 @@ fn run_processes(args: &Args) -> ExitCode {
     let mut options = ProcessOptions::new(binary);
     options.load = Duration::from_secs(args.load_secs.max(1));
     options.members = args.members;
+    options.link_delay_ms = args.link_delay_ms;
+    if let Some(limit) = args.limit {
+        options.limit = limit;
+    }
     options.weakening = args.weaken;
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,

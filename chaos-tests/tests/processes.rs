@@ -168,3 +168,30 @@ async fn killing_one_of_two_escrow_nodes_of_a_region_keeps_its_callers_admitted(
     }
     println!("longest pause of a region-0 caller around the kill: {longest} ms");
 }
+
+/// The same with 100 ms of round trip between every region and the
+/// cluster and between the members (a delaying proxy in front of each
+/// member): the late-window hand-backs and joins ahead run at real
+/// distances.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fair_key_escrow_kill9_at_100_ms_between_regions_admits_at_most_l() {
+    let mut options = options();
+    options.limit = 200;
+    options.load = Duration::from_secs(10);
+    options.link_delay_ms = 50;
+    let outcome = run("fair_escrow_kill9", &options).await;
+    assert!(
+        outcome.violations.is_empty(),
+        "{:?}\nfaults: {:?}",
+        outcome.violations,
+        outcome.history.faults
+    );
+    let spent = outcome
+        .history
+        .admitted_per_window()
+        .values()
+        .copied()
+        .max()
+        .unwrap_or(0);
+    assert!(spent >= options.limit / 2, "the load spent only {spent}");
+}

@@ -117,16 +117,21 @@ fn free_port() -> Result<u16> {
 /// Timings for members on one loopback host under concurrent load: quick
 /// failover, but slack enough that a busy 2-core machine does not trigger
 /// needless elections.
-fn member_config(id: u64, listen: String, data_dir: PathBuf) -> NodeConfig {
+/// With links delayed by `link_delay` each way, the heartbeat (openraft's
+/// per-append deadline) exceeds two round trips, and the election and
+/// request timeouts grow with it.
+fn member_config(id: u64, listen: String, data_dir: PathBuf, link_delay: Duration) -> NodeConfig {
+    let round_trip = u64::try_from(link_delay.as_millis()).unwrap_or(u64::MAX / 8) * 2;
+    let heartbeat_ms = 100 + 2 * round_trip;
     NodeConfig {
         id,
         listen,
         data_dir,
-        heartbeat_ms: 100,
-        election_timeout_min_ms: 500,
-        election_timeout_max_ms: 1_000,
-        proposal_timeout_ms: 2_000,
-        read_timeout_ms: 2_000,
+        heartbeat_ms,
+        election_timeout_min_ms: 5 * heartbeat_ms,
+        election_timeout_max_ms: 10 * heartbeat_ms,
+        proposal_timeout_ms: 2_000 + 10 * round_trip,
+        read_timeout_ms: 2_000 + 10 * round_trip,
         tick_interval_ms: 500,
         // The runner's own clients dial plaintext.
         insecure: true,
@@ -152,11 +157,19 @@ pub struct Fleet {
     dir: TempDir,
     members: Vec<Managed>,
     escrows: Vec<Managed>,
+    /// A delaying proxy in front of each member, by id − 1, when the run
+    /// delays links: every address handed out for a member is its proxy's.
+    proxies: Vec<super::DelayProxy>,
 }
 
 impl Fleet {
-    /// Starts `members` coordinator members (ids 1..=members) from `binary`.
-    pub fn start_members(binary: &Path, members: u64) -> Result<Self> {
+    /// Starts `members` coordinator members (ids 1..=members) from `binary`;
+    /// with a `link_delay` above zero, each behind a proxy delaying each
+    /// direction by it ([`super::DelayProxy`]): [`Self::member_addrs`] are
+    /// then the proxies', so the cluster formed with them, the escrow nodes
+    /// and the clients all reach members through them (leader hints name
+    /// them too), and the members' timings allow for the round trip.
+    pub fn start_members(binary: &Path, members: u64, link_delay: Duration) -> Result<Self> {
         if !binary.is_file() {
             bail!(
                 "no leasehold binary at {} (build it: cargo build --release -p leasehold-node, or pass --binary)",
@@ -172,11 +185,17 @@ impl Fleet {
             dir,
             members: Vec::new(),
             escrows: Vec::new(),
+            proxies: Vec::new(),
         };
         for id in 1..=members {
             let addr = format!("127.0.0.1:{}", free_port()?);
             let data_dir = fleet.dir.path().join(format!("member-{id}"));
-            let config = member_config(id, addr.clone(), data_dir);
+            let config = member_config(id, addr.clone(), data_dir, link_delay);
+            if !link_delay.is_zero() {
+                fleet
+                    .proxies
+                    .push(super::DelayProxy::start(addr.clone(), link_delay)?);
+            }
             let config_path = fleet.dir.path().join(format!("member-{id}.toml"));
             std::fs::write(&config_path, toml::to_string(&config)?)
                 .context("writing a member config")?;
@@ -230,8 +249,12 @@ impl Fleet {
         Ok(())
     }
 
-    /// Every member's `host:port`, by id − 1.
+    /// Every member's `host:port` as the others and the clients reach it
+    /// (its delay proxy's, when links are delayed), by id − 1.
     pub fn member_addrs(&self) -> Vec<String> {
+        if !self.proxies.is_empty() {
+            return self.proxies.iter().map(|p| p.addr().to_string()).collect();
+        }
         self.members.iter().map(|m| m.addr.clone()).collect()
     }
 

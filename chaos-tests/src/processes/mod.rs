@@ -16,6 +16,7 @@
 //! real, so a seed fixes the clients' choices (batch sizes, request ids,
 //! jitter) but not the interleaving: a run is evidence, not a replay.
 
+mod delay;
 mod fleet;
 mod load;
 
@@ -29,6 +30,7 @@ use leasehold_core::policy::Policy;
 use std::sync::Arc;
 use tonic::Code;
 
+pub use delay::DelayProxy;
 pub use fleet::Fleet;
 
 use crate::history::{History, Recorder};
@@ -198,6 +200,16 @@ pub fn scenarios() -> Vec<ProcessScenario> {
                 (secs(8.5), RestartEscrows),
             ],
         ),
+        // Three regions, no fault, 10 s windows: what a fair key uses of L
+        // and how evenly (run with --link-delay-ms 50 for 100 ms between
+        // regions and members).
+        ProcessScenario {
+            name: "fair_healthy",
+            escrow_regions: vec![0, 1, 2],
+            fair: true,
+            window_ms: Some(10_000),
+            faults: vec![],
+        },
         // Two nodes serve region 0; one dies for good under load: its
         // callers move on to the other (run with demand under L to see
         // admissions go on: chaos-tests/tests/processes.rs).
@@ -250,6 +262,11 @@ pub struct ProcessOptions {
     /// Each client pauses a random time in this range (ms) after each
     /// admission; longer pauses mean lower demand.
     pub client_pause_ms: (u64, u64),
+    /// One-way delay (ms) on every link into a coordinator member (0: none):
+    /// each member is reached through a [`DelayProxy`], by the other
+    /// members, the escrow nodes and the clients alike, so a round trip
+    /// between regions or members is twice this.
+    pub link_delay_ms: u64,
 }
 
 impl ProcessOptions {
@@ -266,6 +283,7 @@ impl ProcessOptions {
             record_slack_ms: 100,
             weakening: Weakening::None,
             client_pause_ms: (1, 6),
+            link_delay_ms: 0,
         }
     }
 }
@@ -339,7 +357,8 @@ pub async fn run(
     seed: u64,
 ) -> Result<ProcessOutcome> {
     let options = &scenario.options(options);
-    let mut fleet = Fleet::start_members(&options.binary, options.members)?;
+    let link_delay = Duration::from_millis(options.link_delay_ms);
+    let mut fleet = Fleet::start_members(&options.binary, options.members, link_delay)?;
     let client = form_cluster(&fleet, options, scenario.fair)
         .await
         .with_context(|| format!("forming the cluster (logs in {})", fleet.dir().display()))?;
