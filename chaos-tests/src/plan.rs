@@ -55,6 +55,9 @@ pub struct FleetShape {
     /// window while the heavy one looks for them (and the leader lapses
     /// the reserves in the last eighth).
     pub light_region_0: bool,
+    /// Escrow node 1 serves region 0 beside node 0 (two nodes, one region,
+    /// active-active) instead of a region of its own.
+    pub second_node_in_region_0: bool,
     /// The key's outage policy: `fallback` with this many tokens per region
     /// per window (0: `fail_closed`). The Δ oracle then allows the window
     /// `escrow_nodes ×` this beyond L, as the policy documents.
@@ -77,6 +80,7 @@ impl Default for FleetShape {
             pool_release_idle_ms: 150,
             sparse_region_0: false,
             light_region_0: false,
+            second_node_in_region_0: false,
             fallback_tokens_per_region: 0,
         }
     }
@@ -125,6 +129,15 @@ pub enum Fault {
     Resume(u64),
     /// Cut escrow node `n` (a region) off from every member.
     CutRegion(usize),
+    /// Escrow node `n`'s process crashes (`kill -9`): its memory and its
+    /// calls in flight are lost; it stays down until `RestartEscrow`.
+    CrashEscrow(usize),
+    /// Escrow node `n` stops gracefully (SIGTERM): it hands back what it
+    /// holds, then its process ends; it stays down until `RestartEscrow`.
+    DrainEscrow(usize),
+    /// Escrow node `n` starts again as a new process (nothing in memory, a
+    /// client id of its own); a running one is crashed first.
+    RestartEscrow(usize),
     /// A member's messages to the other members are dropped, while it still
     /// hears them (one-way partition; 0 = the current leader).
     MuteOneWay(u64),

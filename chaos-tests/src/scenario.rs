@@ -297,7 +297,47 @@ pub fn all() -> Vec<Scenario> {
                 vec![(secs(2), Fault::PowerLossAll), (secs(3), Fault::RestartAll)],
             )
         },
+        // Escrow nodes lose their memory inside 10 s windows (L spent early
+        // in each): node 0 crashes and restarts, node 1 drains (hands back
+        // what it holds) and restarts, node 0 crashes again while the
+        // leader loses power. Each new process holds nothing of the window.
+        escrow_restarts("escrow_restarts_mid_window", false, false),
+        escrow_restarts("fair_escrow_restarts_mid_window", true, false),
+        // The same with nodes 0 and 1 serving region 0 together (node 2
+        // region 2), active-active.
+        escrow_restarts("fair_two_nodes_per_region_restarts", true, true),
     ]
+}
+
+/// Escrow nodes that crash, drain and restart inside long windows (see
+/// [`scenarios`]); `fair`: a `fair` key; `shared_region`: nodes 0 and 1
+/// serve one region (three nodes then, else two).
+fn escrow_restarts(name: &'static str, fair: bool, shared_region: bool) -> Scenario {
+    Scenario {
+        name,
+        shape: FleetShape {
+            escrow_nodes: if shared_region { 3 } else { 2 },
+            second_node_in_region_0: shared_region,
+            clients: 6,
+            fair,
+            window_ms: 10_000,
+            ..FleetShape::default()
+        },
+        faults: vec![
+            (secs(2), Fault::CrashEscrow(0)),
+            (secs(3), Fault::RestartEscrow(0)),
+            (secs(4), Fault::DrainEscrow(1)),
+            (secs(5), Fault::RestartEscrow(1)),
+            (secs(7), Fault::CrashEscrow(0)),
+            (secs(7), Fault::PowerLoss(0)),
+            (secs(8), Fault::RestartEscrow(0)),
+            (secs(9), Fault::RestartAll),
+        ],
+        member_clock_offsets_ms: Vec::new(),
+        member_clock_drift_ppm: Vec::new(),
+        // A window spent before the faults admits nothing until it ends.
+        liveness_bound_ms: 10_000,
+    }
 }
 
 /// Looks a scenario up by name.

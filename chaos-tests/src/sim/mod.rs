@@ -151,14 +151,30 @@ pub fn run(scenario: &Scenario, seed: u64, weakening: Weakening) -> RunOutcome {
     }
 
     let members: Vec<String> = shape.member_ids().map(member_addr).collect();
+    let drains: EscrowDrains = Arc::default();
     for index in 0..shape.escrow_nodes {
         let members = members.clone();
         let fair_throttle = shape.fair_throttle;
         let pool_release_idle_ms = shape.pool_release_idle_ms;
+        let region_index = if shape.second_node_in_region_0 && index == 1 {
+            0
+        } else {
+            index
+        };
+        // Each start of the host is a new process: its coordinator client
+        // draws another client id (a seed of its own), and a drain stops it.
+        let incarnations = Arc::new(AtomicU64::new(0));
+        let drains = drains.clone();
         sim.host(escrow_host(index), move || {
             let members = members.clone();
+            let incarnation = incarnations.fetch_add(1, Ordering::Relaxed);
+            let (drain, drained) = tokio::sync::watch::channel(false);
+            drains
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert(index, drain);
             async move {
-                let region = leasehold_core::ids::RegionId::new(format!("region-{index}"))?;
+                let region = leasehold_core::ids::RegionId::new(format!("region-{region_index}"))?;
                 let mut config = leasehold_node::escrow::EscrowConfig::new(
                     region,
                     format!("0.0.0.0:{ESCROW_PORT}"),
@@ -169,7 +185,11 @@ pub fn run(scenario: &Scenario, seed: u64, weakening: Weakening) -> RunOutcome {
                 config.coordinator_timeout_ms = 1_000;
                 config.pool_release_idle_ms = pool_release_idle_ms;
                 // Seeded like everything else in the run, so a seed replays.
-                config.coordinator_rng_seed = Some(seed.wrapping_mul(7).wrapping_add(index as u64));
+                config.coordinator_rng_seed = Some(
+                    seed.wrapping_mul(7)
+                        .wrapping_add(index as u64)
+                        .wrapping_add(incarnation.wrapping_mul(1_000_003)),
+                );
                 if fair_throttle {
                     let mut rule = leasehold_node::escrow::FairThrottleRule::new("chaos/");
                     // Rotate within the run, so rotation is exercised too.
@@ -179,6 +199,7 @@ pub fn run(scenario: &Scenario, seed: u64, weakening: Weakening) -> RunOutcome {
                     config.fair_throttle_rng_seed = Some(seed.wrapping_add(index as u64));
                 }
                 let listener = incoming(ESCROW_PORT).await?;
+                let mut drained = drained;
                 leasehold_node::escrow::run_escrow(
                     config,
                     listener,
@@ -187,9 +208,14 @@ pub fn run(scenario: &Scenario, seed: u64, weakening: Weakening) -> RunOutcome {
                         offset_ms: 0,
                         drift_ppm: 0,
                     }),
-                    std::future::pending::<()>(),
+                    async move {
+                        let _ = drained.wait_for(|drain| *drain).await;
+                    },
                 )
                 .await?;
+                // Drained: the process ends (the host stays down until a
+                // restart bounces it).
+                std::future::pending::<()>().await;
                 Ok(())
             }
         });
@@ -232,6 +258,7 @@ pub fn run(scenario: &Scenario, seed: u64, weakening: Weakening) -> RunOutcome {
         scenario,
         recorder: &recorder,
         disks: &disks,
+        drains: &drains,
         leader: &leader,
         actions: &actions,
     };
@@ -247,6 +274,9 @@ pub fn run(scenario: &Scenario, seed: u64, weakening: Weakening) -> RunOutcome {
         sim_error,
     }
 }
+
+/// Per escrow node, the graceful stop of its running process.
+type EscrowDrains = Arc<Mutex<HashMap<usize, tokio::sync::watch::Sender<bool>>>>;
 
 /// Crashes member `id` and drops every write its disk had not flushed.
 fn power_loss(sim: &mut turmoil::Sim<'_>, disks: &Mutex<HashMap<u64, PowerLossDisk>>, id: u64) {
@@ -279,6 +309,7 @@ struct Faults<'a> {
     scenario: &'a Scenario,
     recorder: &'a Recorder,
     disks: &'a Arc<Mutex<HashMap<u64, PowerLossDisk>>>,
+    drains: &'a EscrowDrains,
     leader: &'a AtomicU64,
     actions: &'a membership::ActionQueue,
 }
@@ -391,6 +422,28 @@ fn inject(
                 "{now_ms}: split members {minority:?} (with the leader) | {majority:?}"
             ));
             damage.split = Some((minority, majority));
+        }
+        Fault::CrashEscrow(index) => {
+            sim.crash(escrow_host(index));
+            recorder.fault(format!("{now_ms}: escrow node {index} crashes"));
+        }
+        Fault::DrainEscrow(index) => {
+            if let Some(drain) = faults
+                .drains
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .get(&index)
+            {
+                let _ = drain.send(true);
+            }
+            recorder.fault(format!("{now_ms}: escrow node {index} drains and stops"));
+        }
+        Fault::RestartEscrow(index) => {
+            sim.bounce(escrow_host(index));
+            recorder.fault(format!(
+                "{now_ms}: escrow node {index} restarts (a new process)"
+            ));
+            recorder.healed(now_ms);
         }
         Fault::CutRegion(index) => {
             for id in shape.member_ids() {

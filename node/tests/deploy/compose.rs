@@ -187,8 +187,8 @@ fn servers_present_their_own_certificate_and_check_their_health() -> Result<()> 
         servers += 1;
     }
     ensure!(
-        servers == 5,
-        "expected 3 members and 2 escrow nodes, found {servers}"
+        servers == 7,
+        "expected 3 members and 4 escrow nodes, found {servers}"
     );
     Ok(())
 }
@@ -271,9 +271,44 @@ fn addresses_name_member_services_and_init_sets_no_policy() -> Result<()> {
 fn the_compose_file_lists_its_services() -> Result<()> {
     let services = services()?;
     ensure!(
-        list(&services["certs"]["command"]).len() > 2 && services.len() == 8,
-        "expected certs, n1-n3, init, escrow-eu, escrow-us, cli: {:?}",
+        list(&services["certs"]["command"]).len() > 2 && services.len() == 10,
+        "expected certs, n1-n3, init, escrow-eu, escrow-eu-2, escrow-us, escrow-us-2, cli: {:?}",
         services.keys().collect::<Vec<_>>()
     );
+    Ok(())
+}
+
+/// No region has a single point of failure: every region's escrow nodes
+/// are at least two, each with a server name its certificate covers.
+#[test]
+fn every_region_has_two_escrow_nodes() -> Result<()> {
+    let services = services()?;
+    let mut per_region: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+    for (name, service) in with_command(&services, "escrow") {
+        let args = command(service);
+        let region = flag_value(&args, "--region").context("--region")?;
+        per_region
+            .entry(region.to_string())
+            .or_default()
+            .push(name.to_string());
+    }
+    ensure!(!per_region.is_empty(), "no escrow node");
+    for (region, nodes) in &per_region {
+        ensure!(
+            nodes.len() >= 2,
+            "region {region} has one escrow node: {nodes:?}"
+        );
+    }
+    let certs = list(&services["certs"]["command"])
+        .iter()
+        .filter_map(|a| a.as_str())
+        .collect::<Vec<_>>()
+        .join(" ");
+    for node in per_region.values().flatten() {
+        ensure!(
+            certs.split([' ', ',']).any(|dns| dns == node),
+            "{node}: no server name in the certificates"
+        );
+    }
     Ok(())
 }

@@ -164,14 +164,23 @@ fn workloads_budgets_and_the_headless_service_select_the_members() -> Result<()>
         .next()
         .context("no StatefulSet")?;
     let member_labels = labels(&statefulset["spec"]["template"]);
+    // Every budget selects the pods of one workload; the members have one.
+    let mut members_budgeted = false;
     for budget in of_kind(&docs, "PodDisruptionBudget") {
         let selector = string_map(&budget["spec"]["selector"]["matchLabels"]);
+        members_budgeted |= selects(&selector, &member_labels);
         ensure!(
-            selects(&selector, &member_labels),
-            "PodDisruptionBudget {} does not select the members",
+            servers(&docs)
+                .iter()
+                .any(|(_, template)| selects(&selector, &labels(template))),
+            "PodDisruptionBudget {} selects no workload's pods",
             name(budget)
         );
     }
+    ensure!(
+        members_budgeted,
+        "no PodDisruptionBudget selects the members"
+    );
     let service_name = string(&statefulset["spec"]["serviceName"], "serviceName")?;
     let headless = of_kind(&docs, "Service")
         .find(|s| name(s) == service_name)
@@ -188,6 +197,50 @@ fn workloads_budgets_and_the_headless_service_select_the_members() -> Result<()>
         &string_map(&headless["spec"]["selector"]),
         &member_labels
     ));
+    Ok(())
+}
+
+/// No region has a single point of failure: every escrow Deployment runs
+/// at least two nodes, rolls them one at a time (never all down at once),
+/// and a PodDisruptionBudget keeps at least one of them through voluntary
+/// disruptions.
+#[test]
+fn every_region_runs_two_escrow_nodes_and_keeps_one_up() -> Result<()> {
+    let docs = manifests()?;
+    let mut regions = 0;
+    for deployment in of_kind(&docs, "Deployment") {
+        let template = &deployment["spec"]["template"];
+        let args: Vec<String> = containers(template)
+            .iter()
+            .flat_map(|c| list(&c["args"]).iter().filter_map(|a| a.as_str()))
+            .map(str::to_string)
+            .collect();
+        if args.first().map(String::as_str) != Some("escrow") {
+            continue;
+        }
+        regions += 1;
+        let deployment_name = name(deployment);
+        let replicas = deployment["spec"]["replicas"].as_i64().unwrap_or(1);
+        ensure!(
+            replicas >= 2,
+            "{deployment_name}: {replicas} escrow node(s)"
+        );
+        let strategy = &deployment["spec"]["strategy"];
+        ensure!(
+            strategy["type"].as_str() == Some("RollingUpdate")
+                && strategy["rollingUpdate"]["maxUnavailable"].as_i64() == Some(1),
+            "{deployment_name}: must roll one node at a time"
+        );
+        let pods = labels(template);
+        let budgeted = of_kind(&docs, "PodDisruptionBudget").any(|budget| {
+            selects(
+                &string_map(&budget["spec"]["selector"]["matchLabels"]),
+                &pods,
+            ) && budget["spec"]["minAvailable"].as_i64().unwrap_or(0) >= 1
+        });
+        ensure!(budgeted, "{deployment_name}: no budget keeps a node up");
+    }
+    ensure!(regions >= 1, "no escrow Deployment");
     Ok(())
 }
 
