@@ -54,7 +54,6 @@ struct Fleet {
     coordinator: Coordinator,
     holders: Vec<Region>,
     admitted: Admissions<usize>,
-    kind: PolicyKind,
 }
 
 impl Fleet {
@@ -71,7 +70,6 @@ impl Fleet {
             coordinator,
             holders,
             admitted: Admissions::default(),
-            kind,
         }
     }
 
@@ -157,9 +155,9 @@ fn run(
     let mut quiet_until = vec![0u64; count];
     let mut next_fault = fault_every / 2 + rng.below(fault_every);
     for now in (0..WINDOWS * WINDOW_MS).step_by(5) {
-        for h in 0..count {
+        for (h, quiet) in quiet_until.iter().enumerate() {
             fleet.tick(h, now, &mut rng, faults);
-            if now >= quiet_until[h] && rng.chance(40) {
+            if now >= *quiet && rng.chance(40) {
                 let tokens = 1 + rng.below(3);
                 fleet.request(h, tokens, now, &mut rng, faults);
             }
@@ -183,7 +181,6 @@ fn run(
             next_fault = next_fault.max(now) + fault_every / 2 + rng.below(fault_every);
         }
     }
-    let _ = fleet.kind;
     fleet
 }
 
