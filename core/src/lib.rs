@@ -34,6 +34,7 @@ pub mod fair_throttle;
 pub mod ids;
 pub mod metrics;
 pub mod policy;
+pub mod pool_desk;
 pub mod pool_lapse;
 pub mod pool_roster;
 pub mod predictive_sizer;

@@ -52,7 +52,7 @@ fn at(now_ms: u64) -> Now {
 fn run(placements: &[Placement], totals: bool) -> Vec<Allocation> {
     let mut coordinator = Coordinator::new(L, WINDOW_MS, PolicyKind::Fair, 0);
     if !totals {
-        coordinator.board = None;
+        coordinator.desk = std::mem::take(&mut coordinator.desk).without_demand_totals();
     }
     let mut regions: Vec<Region> = (0..3)
         .map(|_| {

@@ -128,7 +128,7 @@ impl<'a> Sim<'a> {
         let skew = rng.below(40);
         let mut coordinator = Coordinator::new(config.limit, WINDOW_MS, PolicyKind::Fair, T0);
         if config.split == Split::FullWeight {
-            coordinator.board = None;
+            coordinator.desk = std::mem::take(&mut coordinator.desk).without_demand_totals();
         }
         let regions = (0..config.regions)
             .map(|_| RegionNode {

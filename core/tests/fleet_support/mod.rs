@@ -14,16 +14,13 @@ use leasehold_core::coordinator::{
     Command, CommandError, CoordinatorState, LeaseGrant, Outcome, PoolGrantOutcome,
     PoolReleaseDisposition, Proposal, ReconcileOutcome,
 };
-use leasehold_core::demand_board::DemandBoard;
 use leasehold_core::escrow::machine::{Action, Event, Now};
 use leasehold_core::escrow::{
     CoordinatorGrant, JoinAhead, PendingRelease, PoolAnswer, Reconcile, ReleaseAnswer, Served,
 };
-use leasehold_core::fair_pool::PoolStanding;
 use leasehold_core::ids::{ClientId, Key, RegionId, RequestId, TenantId};
 use leasehold_core::policy::{OutagePolicy, Policy, PolicyKind};
-use leasehold_core::pool_lapse::lapse_commands;
-use leasehold_core::pool_roster::{PoolRoster, StandingAnswer};
+use leasehold_core::pool_desk::{GrantNotes, PoolDesk};
 use leasehold_core::principal::Principal;
 use leasehold_core::window::WindowBounds;
 
@@ -111,10 +108,9 @@ pub struct Coordinator {
     pub state: CoordinatorState,
     pub key: Key,
     pub policy: Policy,
-    /// `None`: a leader that answers no tenant demand totals.
-    pub board: Option<DemandBoard>,
-    /// `None`: a leader that answers no expected standing.
-    pub roster: Option<PoolRoster>,
+    /// The leader's pool desk, as the coordinator's API drives it (see
+    /// `PoolDesk::without_demand_totals` for a leader that answers none).
+    pub desk: PoolDesk,
     /// Per region: the release id it last sent and the request id that
     /// went under (every resend of a release carries the same one, as the
     /// node sends it).
@@ -163,8 +159,7 @@ impl Coordinator {
             state,
             key: Key::new("fleet/key").expect("valid key"),
             policy,
-            board: Some(DemandBoard::default()),
-            roster: Some(PoolRoster::default()),
+            desk: PoolDesk::new(),
             releases: BTreeMap::new(),
             homes: BTreeMap::new(),
             incarnations: BTreeMap::new(),
@@ -284,8 +279,9 @@ impl Coordinator {
         }
     }
 
-    /// A pool grant ask, answered: the region's total, its standing, and
-    /// the settled totals its demand report earns.
+    /// A pool grant ask, answered as the coordinator's API answers it: the
+    /// leader's desk plans the commands (capped ask, lapses, the join) and
+    /// notes the answer (standing, the settled totals the report earns).
     fn pool_grant(
         &mut self,
         region_index: usize,
@@ -303,64 +299,34 @@ impl Coordinator {
         else {
             panic!("{ask:?} is not a pool grant");
         };
-        // The leader caps an ask by the ceiling that counts the regions
-        // it expects early in a window, as the API does.
-        let cap = self.roster.as_ref().and_then(|roster| {
-            let view = self.state.pool_view(&self.key, stamp_ms)?;
-            roster.cap(
-                &view,
-                &self.key,
-                &self.region_of(region_index),
-                *region_weight,
-                stamp_ms,
-            )
-        });
-        let want_total = cap.map_or(*want_total, |cap| (*want_total).min(cap));
-        // In the window's last eighth the leader lapses the reserves no
-        // region holds before a late ask beyond the ceiling, as the API
-        // does: a retirement keeping all it holds for each other region.
-        let mut commands = self
-            .state
-            .pool_view(&self.key, stamp_ms)
-            .map(|view| {
-                lapse_commands(
-                    &view,
-                    &self.key,
-                    &self.region_of(region_index),
-                    *region_weight,
-                    want_total,
-                    stamp_ms,
-                    &Principal::Member(1),
-                )
-            })
-            .unwrap_or_default();
-        commands.push(Command::PoolGrant {
+        let region_id = self.region_of(region_index);
+        let command = Command::PoolGrant {
             key: self.key.clone(),
-            region: self.region_of(region_index),
+            region: region_id.clone(),
             region_weight: *region_weight,
-            want_total,
+            want_total: *want_total,
             request_id: None,
             caller: Principal::Anonymous,
-        });
-        // A join of the next window rides with the call, after it.
+        };
         let join = join_next
             .as_ref()
-            .map(|join| self.join_command(region_index, join, stamp_ms));
-        let joined = join.is_some();
-        commands.extend(join);
-        let mut outcomes = self.state.apply(&Proposal { stamp_ms, commands }).outcomes;
-        let join_outcome = if joined { outcomes.pop() } else { None };
-        let outcome = outcomes.pop().expect("one outcome per command");
+            .map(|join| self.join_command(region_index, join));
+        let (outcome, join_outcome) = self.propose(command, join, stamp_ms);
         match outcome {
             Outcome::PoolGrant(grant) => {
-                let tenant_demands =
-                    self.settled_demands(region_index, &grant, *demand_window_ms, demands);
+                let notes = self.desk.grant_notes(
+                    &self.state,
+                    &self.key,
+                    &region_id,
+                    &grant,
+                    Some((*demand_window_ms, demands)),
+                );
                 let (next_window, next_window_demands) =
                     self.join_answer(region_index, join_next.as_ref(), join_outcome);
                 Event::PoolGranted {
                     call: *call,
-                    answer: self.pool_answer(region_index, &grant),
-                    tenant_demands,
+                    answer: pool_answer(&grant, &notes),
+                    tenant_demands: notes.settled_tenant_demands,
                     next_window,
                     next_window_demands,
                 }
@@ -371,6 +337,29 @@ impl Coordinator {
             },
             other => panic!("pool grant answered {other:?}"),
         }
+    }
+
+    /// Applies pool call `command` with its join ahead as the leader's desk
+    /// plans them, at `stamp_ms`: the call's outcome and the join's.
+    fn propose(
+        &mut self,
+        command: Command,
+        join: Option<Command>,
+        stamp_ms: u64,
+    ) -> (Outcome, Option<Outcome>) {
+        let plan = self
+            .desk
+            .plan(&self.state, command, join, stamp_ms, &Principal::Member(1));
+        let mut outcomes = self
+            .state
+            .apply(&Proposal {
+                stamp_ms,
+                commands: plan.commands,
+            })
+            .outcomes;
+        let join_outcome = if plan.joined { outcomes.pop() } else { None };
+        let outcome = outcomes.pop().expect("one outcome per command");
+        (outcome, join_outcome)
     }
 
     /// A pool release (or its resend), answered.
@@ -393,23 +382,12 @@ impl Coordinator {
         let join = pending
             .join_next
             .as_ref()
-            .map(|join| self.join_command(region_index, join, stamp_ms));
-        let joined = join.is_some();
-        let mut commands = vec![command];
-        commands.extend(join);
-        let mut outcomes = self.state.apply(&Proposal { stamp_ms, commands }).outcomes;
-        let join_outcome = if joined { outcomes.pop() } else { None };
-        let outcome = outcomes.pop().expect("one outcome per command");
+            .map(|join| self.join_command(region_index, join));
+        let (outcome, join_outcome) = self.propose(command, join, stamp_ms);
         match outcome {
             Outcome::PoolRelease(outcome) => {
                 // The leader remembers late hand-backs, as the API does.
-                if let Some(roster) = self.roster.as_mut() {
-                    let window = WindowBounds {
-                        start_ms: outcome.window_start_ms,
-                        end_ms: outcome.window_end_ms,
-                    };
-                    roster.note_release(&self.key, window, stamp_ms, outcome.released);
-                }
+                self.desk.note_release(&self.key, &outcome, stamp_ms);
                 let (next_window, next_window_demands) =
                     self.join_answer(region_index, pending.join_next.as_ref(), join_outcome);
                 Event::ReleaseAnswered {
@@ -434,26 +412,13 @@ impl Coordinator {
     }
 
     /// The join of the next window region `region_index`'s call carries,
-    /// as the leader proposes it: under the region's join session, its ask
-    /// capped at the expected ceiling in the window joined (as the API does).
-    fn join_command(&self, region_index: usize, join: &JoinAhead<u64>, stamp_ms: u64) -> Command {
-        let cap = self.roster.as_ref().and_then(|roster| {
-            let view = self
-                .state
-                .pool_view_at(&self.key, join.window_start_ms, stamp_ms)?;
-            roster.cap(
-                &view,
-                &self.key,
-                &self.region_of(region_index),
-                join.region_weight,
-                stamp_ms,
-            )
-        });
+    /// under the region's join session (the desk caps its ask).
+    fn join_command(&self, region_index: usize, join: &JoinAhead<u64>) -> Command {
         Command::PoolJoinNext {
             key: self.key.clone(),
             region: self.region_of(region_index),
             region_weight: join.region_weight,
-            want_total: cap.map_or(join.want_total, |cap| join.want_total.min(cap.max(1))),
+            want_total: join.want_total,
             window_start_ms: join.window_start_ms,
             retire: join.retire,
             request_id: Some(RequestId {
@@ -465,9 +430,9 @@ impl Coordinator {
         }
     }
 
-    /// The answer of a join ahead: its grant, with the region's standing
-    /// in the window joined (`None` when it was refused or not made), and
-    /// the settled totals its demand report earns, as the API answers them.
+    /// The answer of a join ahead: its grant with the desk's notes in the
+    /// window joined (`None` when it was refused or not made), and the
+    /// settled totals its demand report earns, as the API answers them.
     fn join_answer(
         &mut self,
         region_index: usize,
@@ -477,14 +442,19 @@ impl Coordinator {
         let (Some(join), Some(Outcome::PoolGrant(grant))) = (join, outcome) else {
             return (None, Vec::new());
         };
-        let window_ms = grant.window_end_ms - grant.window_start_ms;
-        let settled = match grant.window_start_ms.checked_sub(window_ms) {
-            Some(reported) if grant.window_start_ms == join.window_start_ms => {
-                self.settled_demands(region_index, &grant, reported, &join.demands)
-            }
-            _ => Vec::new(),
-        };
-        (Some(self.pool_answer(region_index, &grant)), settled)
+        let region_id = self.region_of(region_index);
+        let notes = self.desk.join_notes(
+            &self.state,
+            &self.key,
+            &region_id,
+            &grant,
+            join.window_start_ms,
+            &join.demands,
+        );
+        (
+            Some(pool_answer(&grant, &notes)),
+            notes.settled_tenant_demands,
+        )
     }
 
     /// The request id of region `region_index`'s release `release`: the
@@ -503,72 +473,6 @@ impl Coordinator {
         self.releases
             .insert(region_index, (release, request_id.clone()));
         request_id
-    }
-
-    /// A pool grant as the API answers it: with the region's standing,
-    /// plain and expected (each ceiling at least what it holds).
-    fn pool_answer(&mut self, region_index: usize, grant: &PoolGrantOutcome) -> PoolAnswer {
-        let region_id = self.region_of(region_index);
-        let window = WindowBounds {
-            start_ms: grant.window_start_ms,
-            end_ms: grant.window_end_ms,
-        };
-        let at_least_held = |s: PoolStanding| PoolStanding {
-            guarantee: s.guarantee,
-            ceiling: s.ceiling.max(grant.granted_total),
-        };
-        let now = grant.coordinator_now_ms;
-        let view = self
-            .state
-            .pool_view_at(&self.key, window.start_ms, now)
-            .filter(|view| view.bounds == window);
-        let answer = match (view, self.roster.as_mut()) {
-            (Some(view), Some(roster)) => roster.answer(&view, &self.key, &region_id, now),
-            (Some(view), None) => StandingAnswer {
-                expected: None,
-                ..PoolRoster::default().answer(&view, &self.key, &region_id, now)
-            },
-            (None, _) => StandingAnswer::default(),
-        };
-        PoolAnswer {
-            granted_total: grant.granted_total,
-            granted_increment: grant.granted_increment,
-            limit: grant.limit,
-            window,
-            remaining_lifetime_ms: grant.window_end_ms - grant.coordinator_now_ms,
-            standing: answer.standing.map(at_least_held),
-            expected: answer.expected.map(at_least_held),
-            reserved_unheld: answer.reserved_unheld,
-            retired_kept: answer.retired_kept,
-            late_released_before: answer.late_released_before,
-        }
-    }
-
-    /// The leader's board takes a report of the window right before the
-    /// granted one and answers the settled totals (the window before that).
-    fn settled_demands(
-        &mut self,
-        region_index: usize,
-        grant: &PoolGrantOutcome,
-        demand_window_ms: u64,
-        demands: &[(TenantId, u64)],
-    ) -> Vec<(TenantId, u64)> {
-        let region_id = self.region_of(region_index);
-        let Some(board) = self.board.as_mut() else {
-            return Vec::new();
-        };
-        let window_ms = grant.window_end_ms - grant.window_start_ms;
-        if demands.is_empty()
-            || grant.window_start_ms.checked_sub(window_ms) != Some(demand_window_ms)
-        {
-            return Vec::new();
-        }
-        board.report(&self.key, demand_window_ms, &region_id, demands);
-        let tenants: Vec<TenantId> = demands.iter().map(|(tenant, _)| tenant.clone()).collect();
-        demand_window_ms
-            .checked_sub(window_ms)
-            .map(|settled| board.totals(&self.key, settled, &tenants))
-            .unwrap_or_default()
     }
 
     /// Performs region `region_index`'s `calls` at once — each applied at
@@ -664,5 +568,25 @@ pub fn as_escrow_grant(grant: &LeaseGrant) -> CoordinatorGrant {
         window_start_ms: grant.window_start_ms,
         window_end_ms: grant.window_end_ms,
         remaining_lifetime_ms: grant.window_end_ms - grant.coordinator_now_ms,
+    }
+}
+
+/// A pool grant as the escrow node's key machine reads the API's answer:
+/// the outcome with the desk's notes.
+fn pool_answer(grant: &PoolGrantOutcome, notes: &GrantNotes) -> PoolAnswer {
+    PoolAnswer {
+        granted_total: grant.granted_total,
+        granted_increment: grant.granted_increment,
+        limit: grant.limit,
+        window: WindowBounds {
+            start_ms: grant.window_start_ms,
+            end_ms: grant.window_end_ms,
+        },
+        remaining_lifetime_ms: grant.window_end_ms - grant.coordinator_now_ms,
+        standing: notes.standing,
+        expected: notes.expected,
+        reserved_unheld: notes.reserved_unheld,
+        retired_kept: notes.retired_kept,
+        late_released_before: notes.late_released_before,
     }
 }

@@ -14,12 +14,9 @@
 
 use std::sync::Arc;
 
-use leasehold_core::coordinator::{Command, Outcome, PoolReleaseDisposition, PoolView};
-use leasehold_core::demand_board::DemandBoard;
-use leasehold_core::pool_lapse::lapse_commands;
-use leasehold_core::pool_roster::{CappedAsks, PoolRoster};
+use leasehold_core::coordinator::{Command, Outcome, PoolReleaseDisposition};
+use leasehold_core::pool_desk::{GrantNotes, PoolDesk};
 use leasehold_core::principal::Principal;
-use leasehold_core::window::WindowBounds;
 use leasehold_proto::convert::coordinator as convert;
 use leasehold_proto::convert::InvalidField;
 use leasehold_proto::refusal::{item_refusal, refusal, Reason};
@@ -37,15 +34,10 @@ use crate::telemetry;
 #[derive(Clone)]
 pub struct CoordinatorApi {
     node: Arc<NodeContext>,
-    /// Tenants' demand reported with pool asks (a hint held while leading;
-    /// see `leasehold_core::demand_board`).
-    demand_board: Arc<std::sync::Mutex<DemandBoard>>,
-    /// The regions of recent pool windows (a hint held while leading; see
-    /// `leasehold_core::pool_roster`).
-    pool_roster: Arc<std::sync::Mutex<PoolRoster>>,
-    /// The totals asks were capped to, by request id (see
-    /// `leasehold_core::pool_roster::CappedAsks`).
-    capped_asks: Arc<std::sync::Mutex<CappedAsks>>,
+    /// The leader's pool memory — demand reports, the regions of recent
+    /// windows, capped asks — held while leading (see
+    /// `leasehold_core::pool_desk`).
+    pool_desk: Arc<std::sync::Mutex<PoolDesk>>,
 }
 
 impl CoordinatorApi {
@@ -53,9 +45,7 @@ impl CoordinatorApi {
     pub fn new(node: Arc<NodeContext>) -> Self {
         Self {
             node,
-            demand_board: Arc::default(),
-            pool_roster: Arc::default(),
-            capped_asks: Arc::default(),
+            pool_desk: Arc::default(),
         }
     }
 
@@ -83,6 +73,24 @@ impl CoordinatorApi {
             outcome => Ok(outcome),
         }
     }
+}
+
+/// `notes` in a pool grant's answer: the hints and the demand totals.
+fn add_notes(response: &mut pb::PoolGrantResponse, notes: GrantNotes) {
+    if let Some(standing) = notes.standing {
+        response.guarantee_total = standing.guarantee;
+        response.ceiling_total = standing.ceiling;
+    }
+    if let Some(expected) = notes.expected {
+        response.expected_guarantee_total = expected.guarantee;
+        response.expected_ceiling_total = expected.ceiling;
+    }
+    response.reserved_unheld_total = notes.reserved_unheld;
+    response.retired_kept_total = notes.retired_kept;
+    response.late_released_before_total = notes.late_released_before;
+    response.tenant_demands = convert::tenant_demands_to_wire(&notes.tenant_demands);
+    response.settled_tenant_demands =
+        convert::tenant_demands_to_wire(&notes.settled_tenant_demands);
 }
 
 fn unexpected(outcome: &Outcome) -> Status {
@@ -133,7 +141,7 @@ impl CoordinatorApi {
         let demand_window = request.demand_window_start_ms;
         let join_next = request.join_next.take();
         let (join_window, join_demands) = self.join_report(join_next.as_ref())?;
-        let mut command =
+        let command =
             convert::pool_grant_command(request, caller.clone()).map_err(|e| self.invalid(e))?;
         let Command::PoolGrant { key, region, .. } = &command else {
             return Err(refusal(Reason::Internal, "not a pool grant"));
@@ -145,62 +153,7 @@ impl CoordinatorApi {
             })
             .transpose()
             .map_err(|e| self.invalid(e))?;
-        let now_ms = self.node.clock.now_ms();
-        let view = self.node.state.read(|state| state.pool_view(&key, now_ms));
-        self.cap_ask(&mut command, view.as_ref(), now_ms);
-        let Command::PoolGrant {
-            region_weight,
-            want_total,
-            ..
-        } = &command
-        else {
-            return Err(refusal(Reason::Internal, "not a pool grant"));
-        };
-        // In the window's last eighth, a late ask beyond the ceiling first
-        // lapses the reserves no region holds: every other region retires
-        // keeping all it holds, in the same group (leasehold_core::pool_lapse).
-        let mut commands = view
-            .map(|view| {
-                let member = Principal::Member(self.node.id);
-                lapse_commands(
-                    &view,
-                    &key,
-                    &region,
-                    *region_weight,
-                    *want_total,
-                    now_ms,
-                    &member,
-                )
-            })
-            .unwrap_or_default();
-        let join = join.map(|join| self.capped_join(join, now_ms));
-        let joined_ahead = join.is_some();
-        let (outcome, join_outcome) = if commands.is_empty() && !joined_ahead {
-            (self.write(command).await?, None)
-        } else {
-            commands.push(command);
-            commands.extend(join);
-            self.node.require_leader()?;
-            let mut outcomes = self.node.propose_all(commands).await?;
-            let join_outcome = if joined_ahead { outcomes.pop() } else { None };
-            // (A release that met a changed total retired no one.)
-            let lapsed = outcomes
-                .iter()
-                .filter(|outcome| {
-                    matches!(
-                        outcome,
-                        Outcome::PoolRelease(release)
-                            if release.disposition == PoolReleaseDisposition::Released
-                    )
-                })
-                .count() as u64;
-            self.node.metrics.record_pool_reserves_lapsed(lapsed);
-            match outcomes.pop() {
-                Some(Outcome::Rejected(error)) => return Err(command_error_status(&error)),
-                Some(outcome) => (outcome, join_outcome),
-                None => return Err(refusal(Reason::Internal, "no outcome for the grant")),
-            }
-        };
+        let (outcome, join_outcome) = self.propose_pool_call(command, join).await?;
         match outcome {
             Outcome::PoolGrant(grant) => {
                 let mut response = pb::PoolGrantResponse::from(&grant);
@@ -210,30 +163,18 @@ impl CoordinatorApi {
                     response.next_window = next.map(Box::new);
                     response.next_window_refused = refused;
                 }
-                // Only the window right before the granted one is counted:
-                // what a region asked for then weighs its tenants now.
-                let window_ms = grant.window_end_ms.saturating_sub(grant.window_start_ms);
-                let previous = grant.window_start_ms.checked_sub(window_ms);
-                if !demands.is_empty() && previous == Some(demand_window) {
-                    let mut board = self
-                        .demand_board
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner);
-                    let totals = board.report(&key, demand_window, &region, &demands);
-                    response.tenant_demands = convert::tenant_demands_to_wire(&totals);
-                    // The window before: every region has reported it.
-                    let tenants: Vec<_> =
-                        demands.iter().map(|(tenant, _)| tenant.clone()).collect();
-                    let settled = demand_window
-                        .checked_sub(window_ms)
-                        .map(|settled| board.totals(&key, settled, &tenants))
-                        .unwrap_or_default();
-                    response.settled_tenant_demands = convert::tenant_demands_to_wire(&settled);
-                }
-                // The region's standing as this member applied it: a hint
-                // for how much to ask next (the proto's guarantee_total,
-                // ceiling_total and their expected_* versions).
-                self.add_standing(&mut response, &key, &region, &grant);
+                // The region's standing as this member applied it, and the
+                // demand totals its report earns.
+                let notes = self.node.state.read(|state| {
+                    self.desk().grant_notes(
+                        state,
+                        &key,
+                        &region,
+                        &grant,
+                        Some((demand_window, &demands)),
+                    )
+                });
+                add_notes(&mut response, notes);
                 Ok(Response::new(response))
             }
             other => Err(unexpected(&other)),
@@ -259,33 +200,13 @@ impl CoordinatorApi {
             .map(|join| convert::join_next_command(join, key.clone(), region.clone(), caller))
             .transpose()
             .map_err(|e| self.invalid(e))?;
-        let (outcome, join_outcome) = match join {
-            None => (self.write(command).await?, None),
-            Some(join) => {
-                let join = self.capped_join(join, self.node.clock.now_ms());
-                self.node.require_leader()?;
-                let mut outcomes = self.node.propose_all(vec![command, join]).await?;
-                let join_outcome = outcomes.pop();
-                match outcomes.pop() {
-                    Some(Outcome::Rejected(error)) => return Err(command_error_status(&error)),
-                    Some(outcome) => (outcome, join_outcome),
-                    None => return Err(refusal(Reason::Internal, "no outcome for the release")),
-                }
-            }
-        };
+        let (outcome, join_outcome) = self.propose_pool_call(command, join).await?;
         match outcome {
             Outcome::PoolRelease(outcome) => {
                 // Remembered for the next window's grants: what was handed
                 // back late (the proto's late_released_before_total).
-                let window = WindowBounds {
-                    start_ms: outcome.window_start_ms,
-                    end_ms: outcome.window_end_ms,
-                };
                 let now_ms = self.node.clock.now_ms();
-                self.pool_roster
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .note_release(&key, window, now_ms, outcome.released);
+                self.desk().note_release(&key, &outcome, now_ms);
                 let mut response = pb::PoolReleaseResponse::from(&outcome);
                 if let Some(joined) = join_outcome {
                     let (next, refused) =
@@ -299,70 +220,57 @@ impl CoordinatorApi {
         }
     }
 
-    /// A join of the next window ahead (`PoolJoinNext`) as the leader
-    /// proposes it: its ask capped as a PoolGrant's in the window joined
-    /// ([`Self::cap_ask`]).
-    fn capped_join(&self, mut join: Command, now_ms: u64) -> Command {
-        let Command::PoolJoinNext {
-            key,
-            window_start_ms,
-            ..
-        } = &join
-        else {
-            return join;
-        };
-        let view = self
-            .node
-            .state
-            .read(|state| state.pool_view_at(key, *window_start_ms, now_ms));
-        self.cap_ask(&mut join, view.as_ref(), now_ms);
-        join
-    }
-
-    /// A `PoolGrant`'s or `PoolJoinNext`'s ask as the leader proposes it in
-    /// `view`'s window: early in a window, capped at the region's expected
-    /// ceiling (room is kept for the regions of the window before that have
-    /// not asked yet: the proto's PoolGrantRequest); a retried request id
-    /// goes out with the total its first attempt had, capped or not (a
-    /// request id names one request). Any other command is left as it is.
-    fn cap_ask(&self, command: &mut Command, view: Option<&PoolView>, now_ms: u64) {
-        let (Command::PoolGrant {
-            key,
-            region,
-            region_weight,
-            want_total,
-            request_id,
-            caller,
-        }
-        | Command::PoolJoinNext {
-            key,
-            region,
-            region_weight,
-            want_total,
-            request_id,
-            caller,
-            ..
-        }) = command
-        else {
-            return;
-        };
-        let cap = view.and_then(|view| {
-            self.pool_roster
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .cap(view, key, region, *region_weight, now_ms)
-        });
-        *want_total = self
-            .capped_asks
+    /// The leader's pool desk (`leasehold_core::pool_desk`).
+    fn desk(&self) -> std::sync::MutexGuard<'_, PoolDesk> {
+        self.pool_desk
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .total(
-                caller,
-                request_id.as_ref(),
-                *want_total,
-                cap.map(|cap| cap.max(1)),
-                now_ms,
-            );
+    }
+
+    /// Proposes pool call `command` with its join ahead as the desk plans
+    /// them (capped asks, lapses first, the join last, in one group) and
+    /// returns the call's outcome and the join's. A refused call is its
+    /// error status.
+    async fn propose_pool_call(
+        &self,
+        command: Command,
+        join: Option<Command>,
+    ) -> Result<(Outcome, Option<Outcome>), Status> {
+        let now_ms = self.node.clock.now_ms();
+        let leader = Principal::Member(self.node.id);
+        let plan = self
+            .node
+            .state
+            .read(|state| self.desk().plan(state, command, join, now_ms, &leader));
+        if plan.commands.len() == 1 {
+            let Some(command) = plan.commands.into_iter().next() else {
+                return Err(refusal(Reason::Internal, "no command to propose"));
+            };
+            return Ok((self.write(command).await?, None));
+        }
+        self.node.require_leader()?;
+        let mut outcomes = self.node.propose_all(plan.commands).await?;
+        let join_outcome = if plan.joined { outcomes.pop() } else { None };
+        if plan.lapses > 0 {
+            // (A release that met a changed total retired no one.)
+            let lapsed = outcomes
+                .iter()
+                .take(plan.lapses)
+                .filter(|outcome| {
+                    matches!(
+                        outcome,
+                        Outcome::PoolRelease(release)
+                            if release.disposition == PoolReleaseDisposition::Released
+                    )
+                })
+                .count() as u64;
+            self.node.metrics.record_pool_reserves_lapsed(lapsed);
+        }
+        match outcomes.pop() {
+            Some(Outcome::Rejected(error)) => Err(command_error_status(&error)),
+            Some(outcome) => Ok((outcome, join_outcome)),
+            None => Err(refusal(Reason::Internal, "no outcome for the pool call")),
+        }
     }
 
     /// A join ahead's demand report, read before anything is proposed (a
@@ -379,11 +287,7 @@ impl CoordinatorApi {
     }
 
     /// The answer of a join ahead: the grant in the window joined, with the
-    /// region's standing there (as for a PoolGrant: the roster records the
-    /// window's regions) and, when the grant is in the window the join
-    /// named (`join_window_start_ms`), its demand report counted as the
-    /// region's report of the window before with the totals it earns; or
-    /// why it was refused.
+    /// desk's notes there ([`PoolDesk::join_notes`]); or why it was refused.
     fn join_answer(
         &self,
         key: &leasehold_core::ids::Key,
@@ -399,69 +303,12 @@ impl CoordinatorApi {
         };
         self.node.metrics.record_pool_join_ahead();
         let mut response = pb::PoolGrantResponse::from(&grant);
-        // The join's report is of the window right before the one joined,
-        // when the grant is in the window it named.
-        let window_ms = grant.window_end_ms.saturating_sub(grant.window_start_ms);
-        let reported = grant.window_start_ms.checked_sub(window_ms);
-        if let (false, true, Some(reported)) = (
-            demands.is_empty(),
-            grant.window_start_ms == join_window_start_ms,
-            reported,
-        ) {
-            let mut board = self
-                .demand_board
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            let totals = board.report(key, reported, region, demands);
-            response.tenant_demands = convert::tenant_demands_to_wire(&totals);
-            let tenants: Vec<_> = demands.iter().map(|(tenant, _)| tenant.clone()).collect();
-            let settled = reported
-                .checked_sub(window_ms)
-                .map(|settled| board.totals(key, settled, &tenants))
-                .unwrap_or_default();
-            response.settled_tenant_demands = convert::tenant_demands_to_wire(&settled);
-        }
-        self.add_standing(&mut response, key, region, &grant);
+        let notes = self.node.state.read(|state| {
+            self.desk()
+                .join_notes(state, key, region, &grant, join_window_start_ms, demands)
+        });
+        add_notes(&mut response, notes);
         (Some(response), String::new())
-    }
-
-    /// A pool grant's answer completed with the region's standing in the
-    /// granted window as this member applied it (a hint for how much to
-    /// ask next: the proto's guarantee_total, ceiling_total, their
-    /// expected_* versions and the other hints); the roster records the
-    /// window's regions. Left 0 when the window is gone meanwhile.
-    fn add_standing(
-        &self,
-        response: &mut pb::PoolGrantResponse,
-        key: &leasehold_core::ids::Key,
-        region: &leasehold_core::ids::RegionId,
-        grant: &leasehold_core::coordinator::PoolGrantOutcome,
-    ) {
-        let now_ms = grant.coordinator_now_ms;
-        let view = self
-            .node
-            .state
-            .read(|state| state.pool_view_at(key, grant.window_start_ms, now_ms))
-            .filter(|view| view.bounds.start_ms == grant.window_start_ms);
-        let Some(view) = view else {
-            return;
-        };
-        let answer = self
-            .pool_roster
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .answer(&view, key, region, now_ms);
-        if let Some(standing) = answer.standing {
-            response.guarantee_total = standing.guarantee;
-            response.ceiling_total = standing.ceiling.max(grant.granted_total);
-        }
-        response.reserved_unheld_total = answer.reserved_unheld;
-        response.retired_kept_total = answer.retired_kept;
-        response.late_released_before_total = answer.late_released_before;
-        if let Some(expected) = answer.expected {
-            response.expected_guarantee_total = expected.guarantee;
-            response.expected_ceiling_total = expected.ceiling.max(grant.granted_total);
-        }
     }
 
     async fn get_window_call(
