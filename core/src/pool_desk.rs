@@ -318,3 +318,174 @@ impl PoolDesk {
             .unwrap_or_default();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::coordinator::{Outcome, Proposal};
+    use crate::ids::{ClientId, RequestId};
+    use crate::policy::Policy;
+
+    const T0: u64 = 1_700_000_000_000;
+    const WINDOW_MS: u64 = 8_000;
+
+    fn state() -> CoordinatorState {
+        let mut state = CoordinatorState::default();
+        state.apply(&Proposal {
+            stamp_ms: T0,
+            commands: vec![Command::SetPolicy(Policy::fair("p/", 100, WINDOW_MS))],
+        });
+        state
+    }
+
+    fn ask(region: &str, weight: u64, want: u64, seq: Option<u64>) -> Command {
+        Command::PoolGrant {
+            key: Key::new("p/k").expect("valid"),
+            region: RegionId::new(region).expect("valid"),
+            region_weight: weight,
+            want_total: want,
+            request_id: seq.map(|seq| RequestId {
+                client: ClientId::new(format!("{region}-node")).expect("valid"),
+                seq,
+            }),
+            caller: Principal::Anonymous,
+        }
+    }
+
+    fn apply(state: &mut CoordinatorState, plan: &PoolPlan, at: u64) -> Vec<Outcome> {
+        state
+            .apply(&Proposal {
+                stamp_ms: at,
+                commands: plan.commands.clone(),
+            })
+            .outcomes
+    }
+
+    fn want_of(command: &Command) -> u64 {
+        match command {
+            Command::PoolGrant { want_total, .. } | Command::PoolJoinNext { want_total, .. } => {
+                *want_total
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// Early in a window the ask of a region is capped by the share of a
+    /// region of the window before that has not asked yet, and a retry of
+    /// the same request id goes out with the same total even once the cap
+    /// is gone.
+    #[test]
+    fn early_asks_are_capped_and_a_retry_keeps_its_total() {
+        let mut desk = PoolDesk::new();
+        let mut state = state();
+        let leader = Principal::Member(1);
+        // A window in which eu and us both asked.
+        let start = T0 / WINDOW_MS * WINDOW_MS;
+        for region in ["eu", "us"] {
+            let plan = desk.plan(&state, ask(region, 1, 10, None), None, start + 1, &leader);
+            let outcomes = apply(&mut state, &plan, start + 1);
+            let Some(Outcome::PoolGrant(grant)) = outcomes.last() else {
+                panic!("{outcomes:?}");
+            };
+            desk.grant_notes(
+                &state,
+                &grant_key(),
+                &RegionId::new(region).unwrap(),
+                grant,
+                None,
+            );
+        }
+        // The next window: eu asks for everything before us has asked.
+        let next = start + WINDOW_MS + 1;
+        let plan = desk.plan(&state, ask("eu", 1, 100, Some(7)), None, next, &leader);
+        assert_eq!(
+            want_of(&plan.commands[plan.lapses]),
+            50,
+            "us's share is kept"
+        );
+        // The same id later, when the leader no longer expects us: the same total.
+        let later = start + 2 * WINDOW_MS - 1;
+        let retry = desk.plan(&state, ask("eu", 1, 100, Some(7)), None, later, &leader);
+        assert_eq!(want_of(&retry.commands[retry.lapses]), 50);
+        // A desk without the roster caps nothing.
+        let mut plain = PoolDesk::new().without_roster();
+        let plan = plain.plan(&state, ask("eu", 1, 100, Some(8)), None, next, &leader);
+        assert_eq!(want_of(&plan.commands[0]), 100);
+    }
+
+    fn grant_key() -> Key {
+        Key::new("p/k").expect("valid")
+    }
+
+    /// In a window's last eighth, an ask beyond the ceiling while another
+    /// region reserves more than it holds is planned after a lapse of that
+    /// region's reserve, and takes what nobody holds.
+    #[test]
+    fn a_late_ask_beyond_the_ceiling_lapses_the_reserves_first() {
+        let mut desk = PoolDesk::new();
+        let mut state = state();
+        let leader = Principal::Member(1);
+        let start = T0 / WINDOW_MS * WINDOW_MS;
+        for (region, want) in [("eu", 10), ("us", 50)] {
+            let plan = desk.plan(&state, ask(region, 1, want, None), None, start + 1, &leader);
+            apply(&mut state, &plan, start + 1);
+        }
+        // eu holds 10 of its guarantee of 50; us asks for all, late.
+        let late = start + WINDOW_MS - WINDOW_MS / 16;
+        let plan = desk.plan(&state, ask("us", 1, 100, None), None, late, &leader);
+        assert_eq!(plan.lapses, 1, "{plan:?}");
+        assert!(matches!(plan.commands[0], Command::PoolRelease { .. }));
+        let outcomes = apply(&mut state, &plan, late);
+        match outcomes.last() {
+            Some(Outcome::PoolGrant(grant)) => {
+                assert_eq!((grant.granted_total, grant.granted_increment), (90, 40))
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// A grant's notes: the standing (its ceiling at least the total) and,
+    /// for a report of the window right before the granted one, the demand
+    /// totals — none for a report of any other window or from a desk
+    /// without demand totals.
+    #[test]
+    fn a_report_of_the_window_before_earns_the_totals() {
+        let mut state = state();
+        let leader = Principal::Member(1);
+        let start = T0 / WINDOW_MS * WINDOW_MS;
+        let tenant = TenantId::new("t").expect("valid");
+        let demands = vec![(tenant.clone(), 30)];
+        for (mut desk, counted) in [
+            (PoolDesk::new(), true),
+            (PoolDesk::new().without_demand_totals(), false),
+        ] {
+            let plan = desk.plan(&state, ask("eu", 1, 10, None), None, start + 1, &leader);
+            let outcomes = apply(&mut state, &plan, start + 1);
+            let Some(Outcome::PoolGrant(grant)) = outcomes.last() else {
+                panic!("{outcomes:?}");
+            };
+            let eu = RegionId::new("eu").expect("valid");
+            let before = start - WINDOW_MS;
+            let notes =
+                desk.grant_notes(&state, &grant_key(), &eu, grant, Some((before, &demands)));
+            let standing = notes.standing.expect("a standing");
+            assert!(standing.ceiling >= grant.granted_total);
+            assert_eq!(
+                notes.tenant_demands,
+                if counted {
+                    vec![(tenant.clone(), 30)]
+                } else {
+                    vec![]
+                }
+            );
+            let elsewhere = desk.grant_notes(
+                &state,
+                &grant_key(),
+                &eu,
+                grant,
+                Some((before - WINDOW_MS, &demands)),
+            );
+            assert!(elsewhere.tenant_demands.is_empty());
+        }
+    }
+}
