@@ -32,17 +32,41 @@ pub struct EscrowShared {
     pub leases: LeaseCoalescer,
     clock: Arc<dyn WallClock>,
     started: Instant,
+    /// The policy table as last read from the cluster.
     policies: RwLock<PolicyTable>,
+    /// Whether the coordinator answers, and the outage it is in if not.
+    reachability: Reachability,
+    /// What `Escrow.Status` and `/metrics` count.
+    counters: NodeCounters,
+    /// The listener's counters (connections, refused requests).
+    pub connections: Arc<ConnectionCounters>,
+    /// Calls refused by identity (shared with the listener's auth layer).
+    pub auth_refusals: Arc<crate::auth::AuthRefusals>,
+    /// Key actors still running (a stopping node waits for them to hand
+    /// their credits back).
+    actors: RunningActors,
+    /// Round trips of answered Lease and PoolGrant calls to the coordinator
+    /// (client retries included), µs.
+    pub lease_round_trip: Histogram,
+}
+
+/// Whether the coordinator answered the last call, and the outage the node
+/// is in while it does not (logged once on entering and on leaving).
+#[derive(Debug)]
+struct Reachability {
     reachable: AtomicBool,
     outage: Mutex<OutageTracker>,
+}
+
+/// The node's counters since it started, summed over its key actors.
+#[derive(Debug, Default)]
+struct NodeCounters {
     evicted_keys: AtomicU64,
     leases_sent: AtomicU64,
     /// PoolGrant and Reconcile calls (leases are counted by the actors).
     other_calls_sent: AtomicU64,
     outage_denials: AtomicU64,
     fallback_tokens: AtomicU64,
-    /// The listener's counters (connections, refused requests).
-    pub connections: Arc<ConnectionCounters>,
     tokens_served: AtomicU64,
     returns_capped: AtomicU64,
     return_tokens_refused: AtomicU64,
@@ -50,23 +74,21 @@ pub struct EscrowShared {
     return_replays: AtomicU64,
     refused_request_ids: AtomicU64,
     refused_holders_exhausted: AtomicU64,
-    /// Calls refused by identity (shared with the listener's auth layer).
-    pub auth_refusals: Arc<crate::auth::AuthRefusals>,
     fair_passes: AtomicU64,
     fair_denials: AtomicU64,
     fair_idle_admissions: AtomicU64,
     shadow_would_deny_requests: AtomicU64,
     shadow_would_deny_tokens: AtomicU64,
     pool_tokens_released: AtomicU64,
-    /// Key actors still running (a stopping node waits for them to hand
-    /// their credits back), and a wake-up when one ends.
-    running_actors: AtomicUsize,
-    actor_ended: tokio::sync::Notify,
-    /// Round trips of answered Lease and PoolGrant calls to the coordinator
-    /// (client retries included), µs.
-    pub lease_round_trip: Histogram,
     /// Denied Acquire and Check calls, by [`DenialReason`].
     denials: [AtomicU64; DenialReason::ALL.len()],
+}
+
+/// Key actors still running, and a wake-up when one ends.
+#[derive(Debug, Default)]
+struct RunningActors {
+    running: AtomicUsize,
+    ended: tokio::sync::Notify,
 }
 
 /// Why an escrow node denied a request (a denial is an answer, not a refusal).
@@ -105,8 +127,8 @@ pub struct RunningActor(Arc<EscrowShared>);
 
 impl Drop for RunningActor {
     fn drop(&mut self) {
-        self.0.running_actors.fetch_sub(1, Ordering::AcqRel);
-        self.0.actor_ended.notify_waiters();
+        self.0.actors.running.fetch_sub(1, Ordering::AcqRel);
+        self.0.actors.ended.notify_waiters();
     }
 }
 
@@ -132,32 +154,15 @@ impl EscrowShared {
             clock,
             started: Instant::now(),
             policies: RwLock::new(PolicyTable::default()),
-            reachable: AtomicBool::new(true),
-            outage: Mutex::new(OutageTracker::default()),
-            evicted_keys: AtomicU64::new(0),
-            leases_sent: AtomicU64::new(0),
-            other_calls_sent: AtomicU64::new(0),
-            outage_denials: AtomicU64::new(0),
-            fallback_tokens: AtomicU64::new(0),
+            reachability: Reachability {
+                reachable: AtomicBool::new(true),
+                outage: Mutex::new(OutageTracker::default()),
+            },
+            counters: NodeCounters::default(),
             connections: Arc::default(),
-            tokens_served: AtomicU64::new(0),
-            returns_capped: AtomicU64::new(0),
-            return_tokens_refused: AtomicU64::new(0),
-            acquire_replays: AtomicU64::new(0),
-            return_replays: AtomicU64::new(0),
-            refused_request_ids: AtomicU64::new(0),
-            refused_holders_exhausted: AtomicU64::new(0),
             auth_refusals: Arc::default(),
-            fair_passes: AtomicU64::new(0),
-            fair_denials: AtomicU64::new(0),
-            fair_idle_admissions: AtomicU64::new(0),
-            shadow_would_deny_requests: AtomicU64::new(0),
-            shadow_would_deny_tokens: AtomicU64::new(0),
-            pool_tokens_released: AtomicU64::new(0),
-            running_actors: AtomicUsize::new(0),
-            actor_ended: tokio::sync::Notify::new(),
+            actors: RunningActors::default(),
             lease_round_trip: Histogram::latency(),
-            denials: Default::default(),
         })
     }
 
@@ -168,7 +173,7 @@ impl EscrowShared {
             .map(|reason| {
                 (
                     *reason,
-                    self.denials[*reason as usize].load(Ordering::Relaxed),
+                    self.counters.denials[*reason as usize].load(Ordering::Relaxed),
                 )
             })
             .collect()
@@ -187,9 +192,11 @@ impl EscrowShared {
     /// Counts one request of `tokens` a shadow policy admitted where this
     /// node would have denied it (`shadow_would_deny_*` in Status).
     pub fn record_shadow_would_deny(&self, tokens: u64) {
-        self.shadow_would_deny_requests
+        self.counters
+            .shadow_would_deny_requests
             .fetch_add(1, Ordering::Relaxed);
-        self.shadow_would_deny_tokens
+        self.counters
+            .shadow_would_deny_tokens
             .fetch_add(tokens, Ordering::Relaxed);
     }
 
@@ -197,8 +204,12 @@ impl EscrowShared {
     /// would have denied and admitted.
     pub fn shadow_would_deny(&self) -> (u64, u64) {
         (
-            self.shadow_would_deny_requests.load(Ordering::Relaxed),
-            self.shadow_would_deny_tokens.load(Ordering::Relaxed),
+            self.counters
+                .shadow_would_deny_requests
+                .load(Ordering::Relaxed),
+            self.counters
+                .shadow_would_deny_tokens
+                .load(Ordering::Relaxed),
         )
     }
 
@@ -213,7 +224,7 @@ impl EscrowShared {
 
     /// Whether the coordinator answered the last call.
     pub fn is_reachable(&self) -> bool {
-        self.reachable.load(Ordering::Relaxed)
+        self.reachability.reachable.load(Ordering::Relaxed)
     }
 
     /// Adds what an actor's fair-throttle counters grew by since it last reported.
@@ -221,10 +232,10 @@ impl EscrowShared {
         let add = |counter: &AtomicU64, now: u64, before: u64| {
             counter.fetch_add(now.saturating_sub(before), Ordering::Relaxed);
         };
-        add(&self.fair_passes, now.passes, reported.passes);
-        add(&self.fair_denials, now.denials, reported.denials);
+        add(&self.counters.fair_passes, now.passes, reported.passes);
+        add(&self.counters.fair_denials, now.denials, reported.denials);
         add(
-            &self.fair_idle_admissions,
+            &self.counters.fair_idle_admissions,
             now.idle_admissions,
             reported.idle_admissions,
         );
@@ -241,14 +252,20 @@ impl EscrowShared {
         outage: OutagePolicy,
         error: Option<&str>,
     ) {
-        let mut tracker = self.outage.lock().unwrap_or_else(PoisonError::into_inner);
-        self.reachable.store(reachable, Ordering::Relaxed);
+        let mut tracker = self
+            .reachability
+            .outage
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        self.reachability
+            .reachable
+            .store(reachable, Ordering::Relaxed);
         let change = tracker.observe(
             reachable,
             OutageCounters {
                 at_ms: self.mono_ms(),
-                outage_denials: self.outage_denials.load(Ordering::Relaxed),
-                fallback_admissions: self.fallback_tokens.load(Ordering::Relaxed),
+                outage_denials: self.counters.outage_denials.load(Ordering::Relaxed),
+                fallback_admissions: self.counters.fallback_tokens.load(Ordering::Relaxed),
             },
         );
         drop(tracker);
@@ -278,17 +295,18 @@ impl EscrowShared {
 
     /// Adds what an actor's counters grew by since it last reported.
     pub fn record(&self, reported: &mut EscrowCounters, now: EscrowCounters) {
-        self.leases_sent
+        self.counters
+            .leases_sent
             .fetch_add(now.leases_sent - reported.leases_sent, Ordering::Relaxed);
-        self.outage_denials.fetch_add(
+        self.counters.outage_denials.fetch_add(
             now.outage_denials - reported.outage_denials,
             Ordering::Relaxed,
         );
-        self.fallback_tokens.fetch_add(
+        self.counters.fallback_tokens.fetch_add(
             now.fallback_tokens - reported.fallback_tokens,
             Ordering::Relaxed,
         );
-        self.tokens_served.fetch_add(
+        self.counters.tokens_served.fetch_add(
             now.tokens_served.saturating_sub(reported.tokens_served),
             Ordering::Relaxed,
         );
@@ -301,27 +319,27 @@ impl EscrowShared {
             counter.fetch_add(now.saturating_sub(before), Ordering::Relaxed);
         };
         add(
-            &self.returns_capped,
+            &self.counters.returns_capped,
             now.returns_capped,
             reported.returns_capped,
         );
         add(
-            &self.return_tokens_refused,
+            &self.counters.return_tokens_refused,
             now.return_tokens_refused,
             reported.return_tokens_refused,
         );
         add(
-            &self.acquire_replays,
+            &self.counters.acquire_replays,
             now.acquire_replays,
             reported.acquire_replays,
         );
         add(
-            &self.return_replays,
+            &self.counters.return_replays,
             now.return_replays,
             reported.return_replays,
         );
         add(
-            &self.refused_request_ids,
+            &self.counters.refused_request_ids,
             now.refused_reused_ids
                 .saturating_add(now.refused_expired_ids),
             reported
@@ -329,7 +347,7 @@ impl EscrowShared {
                 .saturating_add(reported.refused_expired_ids),
         );
         add(
-            &self.refused_holders_exhausted,
+            &self.counters.refused_holders_exhausted,
             now.refused_holders_exhausted,
             reported.refused_holders_exhausted,
         );
@@ -362,29 +380,30 @@ impl EscrowShared {
 
     /// Counts tokens handed back to the region fair pool.
     pub fn record_pool_release(&self, released: u64) {
-        self.pool_tokens_released
+        self.counters
+            .pool_tokens_released
             .fetch_add(released, Ordering::Relaxed);
     }
 
     /// Tokens handed back to the region fair pool since the node started.
     pub fn pool_tokens_released(&self) -> u64 {
-        self.pool_tokens_released.load(Ordering::Relaxed)
+        self.counters.pool_tokens_released.load(Ordering::Relaxed)
     }
 
     /// Registers a running key actor until the guard drops.
     pub fn actor_started(self: &Arc<Self>) -> RunningActor {
-        self.running_actors.fetch_add(1, Ordering::AcqRel);
+        self.actors.running.fetch_add(1, Ordering::AcqRel);
         RunningActor(self.clone())
     }
 
     /// Counts a key actor evicted for idleness (it left the key table).
     pub fn note_evicted(&self) {
-        self.evicted_keys.fetch_add(1, Ordering::Relaxed);
+        self.counters.evicted_keys.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Counts a denied Acquire or Check.
     pub fn record_denial(&self, reason: DenialReason) {
-        self.denials[reason as usize].fetch_add(1, Ordering::Relaxed);
+        self.counters.denials[reason as usize].fetch_add(1, Ordering::Relaxed);
     }
 
     /// Waits, at most `deadline`, until every key actor has ended (each
@@ -392,20 +411,22 @@ impl EscrowShared {
     pub async fn wait_for_actors(&self, deadline: std::time::Duration) -> usize {
         let all_ended = async {
             loop {
-                let ended = self.actor_ended.notified();
-                if self.running_actors.load(Ordering::Acquire) == 0 {
+                let ended = self.actors.ended.notified();
+                if self.actors.running.load(Ordering::Acquire) == 0 {
                     return;
                 }
                 ended.await;
             }
         };
         let _ = tokio::time::timeout(deadline, all_ended).await;
-        self.running_actors.load(Ordering::Acquire)
+        self.actors.running.load(Ordering::Acquire)
     }
 
     /// Counts a PoolGrant, PoolRelease or Reconcile call to the coordinator.
     pub fn count_call(&self) {
-        self.other_calls_sent.fetch_add(1, Ordering::Relaxed);
+        self.counters
+            .other_calls_sent
+            .fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -449,33 +470,36 @@ pub async fn refresh_policies(shared: Arc<EscrowShared>) {
 pub(crate) fn status_of(s: &EscrowShared, active_keys: u64) -> pb::EscrowStatusResponse {
     pb::EscrowStatusResponse {
         region: s.config.region.to_string(),
-        coordinator_reachable: s.reachable.load(Ordering::Relaxed),
+        coordinator_reachable: s.reachability.reachable.load(Ordering::Relaxed),
         active_keys,
-        evicted_keys: s.evicted_keys.load(Ordering::Relaxed),
-        outage_denials: s.outage_denials.load(Ordering::Relaxed),
-        fallback_admissions: s.fallback_tokens.load(Ordering::Relaxed),
-        coordinator_calls: s.leases_sent.load(Ordering::Relaxed)
-            + s.other_calls_sent.load(Ordering::Relaxed),
+        evicted_keys: s.counters.evicted_keys.load(Ordering::Relaxed),
+        outage_denials: s.counters.outage_denials.load(Ordering::Relaxed),
+        fallback_admissions: s.counters.fallback_tokens.load(Ordering::Relaxed),
+        coordinator_calls: s.counters.leases_sent.load(Ordering::Relaxed)
+            + s.counters.other_calls_sent.load(Ordering::Relaxed),
         counters: s
             .connections
             .snapshot()
             .into_iter()
             .map(|(name, value)| (name.to_string(), value))
             .collect(),
-        returns_capped: s.returns_capped.load(Ordering::Relaxed),
-        return_tokens_refused: s.return_tokens_refused.load(Ordering::Relaxed),
-        acquire_replays: s.acquire_replays.load(Ordering::Relaxed),
-        return_replays: s.return_replays.load(Ordering::Relaxed),
-        refused_request_ids: s.refused_request_ids.load(Ordering::Relaxed),
-        refused_holders_exhausted: s.refused_holders_exhausted.load(Ordering::Relaxed),
-        tokens_served: s.tokens_served.load(Ordering::Relaxed),
+        returns_capped: s.counters.returns_capped.load(Ordering::Relaxed),
+        return_tokens_refused: s.counters.return_tokens_refused.load(Ordering::Relaxed),
+        acquire_replays: s.counters.acquire_replays.load(Ordering::Relaxed),
+        return_replays: s.counters.return_replays.load(Ordering::Relaxed),
+        refused_request_ids: s.counters.refused_request_ids.load(Ordering::Relaxed),
+        refused_holders_exhausted: s.counters.refused_holders_exhausted.load(Ordering::Relaxed),
+        tokens_served: s.counters.tokens_served.load(Ordering::Relaxed),
         refused_unauthenticated: s.auth_refusals.unauthenticated(),
         refused_permission_denied: s.auth_refusals.permission_denied(),
-        fair_throttle_passes: s.fair_passes.load(Ordering::Relaxed),
-        fair_throttle_denials: s.fair_denials.load(Ordering::Relaxed),
-        fair_throttle_idle_admissions: s.fair_idle_admissions.load(Ordering::Relaxed),
-        shadow_would_deny_requests: s.shadow_would_deny_requests.load(Ordering::Relaxed),
-        shadow_would_deny_tokens: s.shadow_would_deny_tokens.load(Ordering::Relaxed),
+        fair_throttle_passes: s.counters.fair_passes.load(Ordering::Relaxed),
+        fair_throttle_denials: s.counters.fair_denials.load(Ordering::Relaxed),
+        fair_throttle_idle_admissions: s.counters.fair_idle_admissions.load(Ordering::Relaxed),
+        shadow_would_deny_requests: s
+            .counters
+            .shadow_would_deny_requests
+            .load(Ordering::Relaxed),
+        shadow_would_deny_tokens: s.counters.shadow_would_deny_tokens.load(Ordering::Relaxed),
         pool_tokens_released: s.pool_tokens_released(),
     }
 }
