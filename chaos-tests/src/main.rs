@@ -72,6 +72,10 @@ struct Args {
     /// With `--processes`: L per window (default 300).
     #[arg(long)]
     limit: Option<u64>,
+    /// With `--processes`: the window's length in ms, for every scenario
+    /// (default: the scenario's own, else 1 000).
+    #[arg(long)]
+    window_ms: Option<u64>,
 }
 
 fn parse_weakening(s: &str) -> Result<Weakening, String> {
@@ -261,6 +265,11 @@ fn run_processes(args: &Args) -> ExitCode {
     };
     let mut reports = Vec::new();
     for s in &scenarios {
+        let mut s = s.clone();
+        if let Some(window_ms) = args.window_ms.filter(|w| *w > 0) {
+            s.window_ms = Some(window_ms);
+        }
+        let s = &s;
         let mut report = ScenarioReport::new(s.name, args.seeds);
         for seed in args.from_seed..args.from_seed + args.seeds {
             match runtime.block_on(processes::run(s, &options, seed)) {

@@ -130,30 +130,30 @@ impl Persisted for SnapshotEnvelope {
 
     fn decode_version(version: u32, body: &[u8]) -> Result<Self, CodecError> {
         match version {
-            4 => decode_body::<SnapshotEnvelope>(Self::KIND, body).map(|mut envelope| {
-                envelope.state.zero_cached_increments();
-                envelope
-            }),
-            2 => decode_body::<SnapshotEnvelopeV2>(Self::KIND, body).map(|old| {
-                let mut state: CoordinatorState = old.state.into();
-                state.zero_cached_increments();
-                SnapshotEnvelope {
-                    last_applied: old.last_applied,
-                    membership: old.membership,
-                    state,
-                }
-            }),
-            3 => decode_body::<SnapshotEnvelopeV3>(Self::KIND, body).map(|old| {
-                let mut state: CoordinatorState = old.state.into();
-                state.zero_cached_increments();
-                SnapshotEnvelope {
-                    last_applied: old.last_applied,
-                    membership: old.membership,
-                    state,
-                }
-            }),
+            4 => decode_body::<SnapshotEnvelope>(Self::KIND, body)
+                .map(|old| upgraded(old.last_applied, old.membership, old.state)),
+            2 => decode_body::<SnapshotEnvelopeV2>(Self::KIND, body)
+                .map(|old| upgraded(old.last_applied, old.membership, old.state.into())),
+            3 => decode_body::<SnapshotEnvelopeV3>(Self::KIND, body)
+                .map(|old| upgraded(old.last_applied, old.membership, old.state.into())),
             _ => decode_current(version, body),
         }
+    }
+}
+
+/// A snapshot of an older format, upgraded: its state as read, with the
+/// pool grants its session cache recorded answering an increment of 0 (it
+/// recorded none before format 5).
+fn upgraded(
+    last_applied: Option<LogId>,
+    membership: StoredMembership,
+    mut state: CoordinatorState,
+) -> SnapshotEnvelope {
+    state.zero_cached_increments();
+    SnapshotEnvelope {
+        last_applied,
+        membership,
+        state,
     }
 }
 
