@@ -294,6 +294,19 @@ mod tests {
         );
     }
 
+    /// The client's clock: tokio instants advance the same way.
+    #[cfg(feature = "tokio")]
+    #[test]
+    fn tokio_instants_advance_by_milliseconds_and_saturate_to_themselves() {
+        let now = tokio::time::Instant::now();
+        assert_eq!(
+            now.plus_millis(1_500),
+            now + std::time::Duration::from_millis(1_500)
+        );
+        assert!(now.plus_millis(u64::MAX) >= now);
+        assert!(now.plus_millis(1) > now);
+    }
+
     #[test]
     fn instants_advance_by_milliseconds_and_saturate_to_themselves() {
         let now = std::time::Instant::now();

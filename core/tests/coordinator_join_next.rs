@@ -204,3 +204,19 @@ fn a_region_that_joins_retired_reserves_nothing_beyond_its_total() {
     let eu = view.regions.iter().find(|r| r.region == "eu").expect("eu");
     assert_eq!(eu.pool_weight, 1);
 }
+
+/// The last quarter starts at exactly `end − length / 4`: a join ahead a
+/// millisecond before it is refused, one at it is granted.
+#[test]
+fn the_last_quarter_starts_at_its_exact_boundary() {
+    let mut s = live_window_with_a_grant();
+    assert!(invalid(&run(
+        &mut s,
+        1_749,
+        join_next("f/k", "eu", 1, 70, 2_000)
+    )));
+    assert_eq!(
+        grant(&run(&mut s, 1_750, join_next("f/k", "eu", 1, 70, 2_000))),
+        (2_000, 70)
+    );
+}
