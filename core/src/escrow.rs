@@ -332,7 +332,7 @@ impl RegionEscrow {
 
     /// A grant arrived for lease `lease_id`. Credits it once, or returns it
     /// to its own window when the shared rule
-    /// ([`grant_fate`](crate::window_credit::grant_fate)) does not credit it
+    /// ([`grant_fate`]) does not credit it
     /// (arrived at or after its deadline, or for an older window than the
     /// one held). A grant for a lease that is not outstanding is ignored and
     /// counted.

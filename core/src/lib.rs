@@ -9,8 +9,9 @@
 //! - [`policy`]: the replicated policy table (longest-prefix match).
 //! - [`shadow`]: shadow mode: decisions computed and counted as would-deny, never enforced.
 //! - [`coordinator`]: the L3 state machine: commands, responses, `apply`.
-//! - [`fair_pool`]: the region fair pool arithmetic (weighted max-min across regions).
-//! - [`demand_board`]: the leader's hint of tenants' demand across regions (weight split).
+//! - [`pool`]: the region fair pool as the leader runs it: the weighted
+//!   max-min across regions, the leader's desk around the pool commands
+//!   (capped asks, lapsed reserves, standings, tenants' demand totals).
 //! - [`fair_throttle`]: constant-memory fair throttling of many anonymous callers (stochastic fair BLUE).
 //! - [`decision`]: the `Decision` type and its combine algebra.
 //! - [`admission`]: the axes of unified admission (GCRA, token bucket,
@@ -27,16 +28,12 @@
 pub mod admission;
 pub mod coordinator;
 pub mod decision;
-pub mod demand_board;
 pub mod escrow;
-pub mod fair_pool;
 pub mod fair_throttle;
 pub mod ids;
 pub mod metrics;
 pub mod policy;
-pub mod pool_desk;
-pub mod pool_lapse;
-pub mod pool_roster;
+pub mod pool;
 pub mod predictive_sizer;
 pub mod principal;
 pub mod shadow;

@@ -49,8 +49,8 @@ mod split;
 pub use split::split_weight;
 
 use crate::decision::Decision;
-use crate::fair_pool::RegionFairPool;
 use crate::ids::{RegionId, TenantId};
+use crate::pool::fair_pool::RegionFairPool;
 use crate::window::WindowBounds;
 
 /// Most pool round trips one check may make before deciding.

@@ -8,7 +8,7 @@ use leasehold_core::coordinator::{
     Command, CommandError, CoordinatorState, Outcome, PoolGrantOutcome, PoolReleaseDisposition,
     PoolReleaseOutcome,
 };
-use leasehold_core::fair_pool::RegionFairPool;
+use leasehold_core::pool::fair_pool::RegionFairPool;
 
 const T0: u64 = 1_699_999_980_000;
 

@@ -17,7 +17,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use leasehold_core::escrow::PoolHolding;
-use leasehold_core::fair_pool::{next_grant, retire, PoolMember};
+use leasehold_core::pool::fair_pool::{next_grant, retire, PoolMember};
 use leasehold_core::window::WindowBounds;
 use stateright::{Checker, Model, Property};
 

@@ -90,7 +90,7 @@ pub enum Command {
     /// Region fair pool: the region retires from the current window, keeping
     /// `keep_total` of its total and handing the rest back to the pool; it
     /// stops reserving a guarantee until it asks again
-    /// ([`crate::fair_pool::retire`]). Applied only if `from_total` is the
+    /// ([`crate::pool::fair_pool::retire`]). Applied only if `from_total` is the
     /// region's current total and `window_start_ms` the live window.
     /// (Last in the enum: the encoding of the earlier variants is unchanged.)
     PoolRelease {

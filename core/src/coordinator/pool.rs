@@ -1,6 +1,6 @@
 //! `PoolGrant`: the region fair pool over a `fair` key's current window.
 //!
-//! The arithmetic is [`crate::fair_pool::next_grant`] with `L` = the window's
+//! The arithmetic is [`crate::pool::fair_pool::next_grant`] with `L` = the window's
 //! *effective* limit (so a lowered limit also caps pool grants), over the
 //! window's regions in sorted order. The asking region joins the active set on
 //! its first call in the window (even with `want_total == 0`), and its weight
@@ -18,7 +18,7 @@
 //! region beyond [`super::MAX_REGIONS_PER_WINDOW`] (`InvalidArgument`).
 //!
 //! `PoolRelease` (reclaim): the region's total drops from `from_total` to
-//! `keep_total` and its pool weight to 0 ([`crate::fair_pool::retire`]), in
+//! `keep_total` and its pool weight to 0 ([`crate::pool::fair_pool::retire`]), in
 //! the live window only. Decision table, first matching row wins:
 //!
 //! | condition | outcome | state change |
@@ -62,9 +62,9 @@ use super::lease::MAX_REGIONS_PER_WINDOW;
 use super::region_uses::RegionUses;
 use super::state::CoordinatorState;
 use super::windows::{RegionUse, WindowRecord};
-use crate::fair_pool::{next_grant, retire, PoolMember};
 use crate::ids::{Key, RegionId};
 use crate::policy::{Policy, PolicyKind};
+use crate::pool::fair_pool::{next_grant, retire, PoolMember};
 use crate::shadow;
 use crate::window::WindowBounds;
 

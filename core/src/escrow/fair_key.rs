@@ -23,7 +23,7 @@
 //!   split moves weight between regions, leaving the sum as it was). When
 //!   that guarantee was the leader's *expected* one (it counted the
 //!   regions of the window before that had not asked yet:
-//!   [`crate::pool_roster`]), it was the region's share among all of them
+//!   [`crate::pool::roster`]), it was the region's share among all of them
 //!   and the key joins for the whole of it — asking a hundredth of L
 //!   beyond, since the scaled guarantee drifts by a few tokens a window
 //!   with the demand split and the leader caps the ask at the expected
@@ -154,7 +154,7 @@
 //!   its pool asks ([`FairKey::demand_report`]; a join reports the window
 //!   that just ended, a join ahead the live one) and learns each tenant's total over all regions for
 //!   the window before that one ([`FairKey::on_tenant_demands`], the
-//!   *settled* totals of [`crate::demand_board`]: every region active then
+//!   *settled* totals of [`crate::pool::demand_board`]: every region active then
 //!   has reported it with its first call since or its join ahead, where
 //!   the latest window's
 //!   totals still miss the regions that have not asked yet — and with one
@@ -175,10 +175,10 @@
 use std::collections::BTreeMap;
 
 use crate::decision::Decision;
-use crate::demand_board::MAX_REPORTED_TENANTS;
-use crate::fair_pool::PoolStanding;
 use crate::ids::TenantId;
-use crate::pool_roster::EXPECTATION_SHARE;
+use crate::pool::demand_board::MAX_REPORTED_TENANTS;
+use crate::pool::fair_pool::PoolStanding;
+use crate::pool::roster::EXPECTATION_SHARE;
 use crate::wfe::{RecordedAsk, WeightedFairEscrow};
 use crate::window::WindowBounds;
 
@@ -242,7 +242,7 @@ pub struct PoolAnswer {
     /// coordinator said.
     pub standing: Option<PoolStanding>,
     /// The same, also counting the regions the leader expects to join the
-    /// window early on ([`crate::pool_roster`]), when it said.
+    /// window early on ([`crate::pool::roster`]), when it said.
     pub expected: Option<PoolStanding>,
     /// What the pool reserves for the other regions beyond what they hold
     /// (0 when the leader did not say).

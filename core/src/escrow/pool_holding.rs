@@ -33,7 +33,7 @@
 //! `Σ total ≤ L`. A wrong `others` (a stale answer, a holder the ledger
 //! never heard of) can only make an ask too small or a release stale.
 
-use crate::fair_pool::PoolStanding;
+use crate::pool::fair_pool::PoolStanding;
 use crate::window::WindowBounds;
 
 /// One holder's part of its region's pool total in one window.

@@ -20,7 +20,7 @@ use leasehold_core::escrow::{
 };
 use leasehold_core::ids::{ClientId, Key, RegionId, RequestId, TenantId};
 use leasehold_core::policy::{OutagePolicy, Policy, PolicyKind};
-use leasehold_core::pool_desk::{GrantNotes, PoolDesk};
+use leasehold_core::pool::desk::{GrantNotes, PoolDesk};
 use leasehold_core::principal::Principal;
 use leasehold_core::window::WindowBounds;
 

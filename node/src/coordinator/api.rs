@@ -15,7 +15,7 @@
 use std::sync::Arc;
 
 use leasehold_core::coordinator::{Command, Outcome, PoolReleaseDisposition};
-use leasehold_core::pool_desk::{GrantNotes, PoolDesk};
+use leasehold_core::pool::desk::{GrantNotes, PoolDesk};
 use leasehold_core::principal::Principal;
 use leasehold_proto::convert::coordinator as convert;
 use leasehold_proto::convert::InvalidField;
@@ -36,7 +36,7 @@ pub struct CoordinatorApi {
     node: Arc<NodeContext>,
     /// The leader's pool memory — demand reports, the regions of recent
     /// windows, capped asks — held while leading (see
-    /// `leasehold_core::pool_desk`).
+    /// `leasehold_core::pool::desk`).
     pool_desk: Arc<std::sync::Mutex<PoolDesk>>,
 }
 
@@ -220,7 +220,7 @@ impl CoordinatorApi {
         }
     }
 
-    /// The leader's pool desk (`leasehold_core::pool_desk`).
+    /// The leader's pool desk (`leasehold_core::pool::desk`).
     fn desk(&self) -> std::sync::MutexGuard<'_, PoolDesk> {
         self.pool_desk
             .lock()

@@ -164,7 +164,7 @@ impl NodeMetrics {
     }
 
     /// Counts `regions` retired by the leader, keeping all they hold, to
-    /// lapse the reserves before a late pool ask (`leasehold_core::pool_lapse`).
+    /// lapse the reserves before a late pool ask (`leasehold_core::pool::lapse`).
     pub fn record_pool_reserves_lapsed(&self, regions: u64) {
         self.pool_reserves_lapsed
             .fetch_add(regions, Ordering::Relaxed);

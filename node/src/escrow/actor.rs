@@ -13,7 +13,7 @@
 
 use leasehold_client::coordinator::CoordinatorError;
 use leasehold_core::coordinator::{PoolReleaseDisposition, PoolReleaseOutcome};
-use leasehold_core::fair_pool::PoolStanding;
+use leasehold_core::pool::fair_pool::PoolStanding;
 use leasehold_core::principal::Principal;
 use leasehold_proto::convert::coordinator::tenant_demands_to_wire;
 use leasehold_proto::refusal::{refusal, refusal_with, Reason, KEY};

@@ -13,8 +13,8 @@ use leasehold_core::coordinator::{
     Command, LeaseGrant, PoolGrantOutcome, PoolReleaseDisposition, PoolReleaseOutcome,
     ReconcileDisposition, ReconcileOutcome, WindowView,
 };
-use leasehold_core::demand_board::MAX_REPORTED_TENANTS;
 use leasehold_core::ids::{ClientId, Key, RegionId, RequestId, TenantId};
+use leasehold_core::pool::demand_board::MAX_REPORTED_TENANTS;
 use leasehold_core::principal::Principal;
 
 use super::InvalidField;

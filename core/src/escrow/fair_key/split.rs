@@ -77,7 +77,7 @@ impl<Id: Clone> FairKey<Id> {
     /// starting at `window_start_ms`: the settled totals a pool answer
     /// carries for the window two before the granted one. The split uses
     /// them once they match the window of the key's settled counts. The
-    /// [`TOTALS_WINDOWS`] latest windows are kept, at most
+    /// `TOTALS_WINDOWS` (3) latest windows are kept, at most
     /// [`MAX_REPORTED_TENANTS`] tenants each (the leader answers no more
     /// than a report names), whatever the answer carries.
     pub fn on_tenant_demands(&mut self, window_start_ms: u64, totals: Vec<(TenantId, u64)>) {

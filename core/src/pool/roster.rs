@@ -45,8 +45,8 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use crate::coordinator::{PoolView, MAX_REGIONS_PER_WINDOW};
-use crate::fair_pool::{reserved_unheld, standing, PoolMember, PoolStanding};
 use crate::ids::{Key, RegionId, RequestId};
+use crate::pool::fair_pool::{reserved_unheld, standing, PoolMember, PoolStanding};
 use crate::principal::Principal;
 use crate::window::WindowBounds;
 

@@ -3,7 +3,7 @@
 //! proposes a late ask.
 //!
 //! The pool reserves each active region's guarantee whatever it holds
-//! ([`crate::fair_pool`]), so that a region asking later in the window
+//! ([`crate::pool::fair_pool`]), so that a region asking later in the window
 //! still finds its share. Late in the window the reserve mostly protects
 //! nothing: a region that needed its share has asked for it by then, and
 //! one whose guarantee grew as others retired does not hear of it before
@@ -31,8 +31,8 @@
 //! ceiling, or when that ceiling is already all no other region holds.
 
 use crate::coordinator::{Command, PoolView};
-use crate::fair_pool::{standing, PoolMember};
 use crate::ids::{Key, RegionId};
+use crate::pool::fair_pool::{standing, PoolMember};
 use crate::principal::Principal;
 use crate::window::WindowBounds;
 
@@ -123,7 +123,7 @@ pub fn lapse_commands(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fair_pool::retire;
+    use crate::pool::fair_pool::retire;
     use proptest::prelude::*;
 
     fn region(i: usize) -> RegionId {

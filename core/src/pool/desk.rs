@@ -16,11 +16,11 @@
 //! it is the leader's memory, never replicated: hints, never a bound.
 
 use crate::coordinator::{Command, CoordinatorState, PoolGrantOutcome, PoolReleaseOutcome};
-use crate::demand_board::DemandBoard;
-use crate::fair_pool::PoolStanding;
 use crate::ids::{Key, RegionId, TenantId};
-use crate::pool_lapse::lapse_commands;
-use crate::pool_roster::{CappedAsks, PoolRoster, StandingAnswer};
+use crate::pool::demand_board::DemandBoard;
+use crate::pool::fair_pool::PoolStanding;
+use crate::pool::lapse::lapse_commands;
+use crate::pool::roster::{CappedAsks, PoolRoster, StandingAnswer};
 use crate::principal::Principal;
 use crate::window::WindowBounds;
 
