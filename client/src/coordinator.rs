@@ -36,7 +36,7 @@ use rand::{Rng, SeedableRng};
 use tonic::transport::Channel;
 use tonic::Status;
 
-use crate::transport::{normalize_addr, DialError, Dialer};
+use crate::transport::{normalize_addr, normalize_endpoints, DialError, Dialer};
 
 mod admin;
 mod error;
@@ -171,13 +171,7 @@ impl CoordinatorClient {
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
-        let mut normalized = Vec::new();
-        for endpoint in endpoints {
-            let addr = normalize_addr(endpoint.as_ref())?;
-            if !normalized.contains(&addr) {
-                normalized.push(addr);
-            }
-        }
+        let normalized = normalize_endpoints(endpoints)?;
         if normalized.is_empty() {
             return Err(CoordinatorError::NoEndpoints);
         }

@@ -30,7 +30,7 @@ use tracing::Instrument;
 
 use crate::error::ClientError;
 use crate::source::{AcquireRequest, CheckReply, CheckRequest, CreditSource, Grant, ReturnRequest};
-use crate::transport::{normalize_addr, Dialer};
+use crate::transport::{normalize_endpoints, Dialer};
 use crate::Decision;
 
 /// Deadlines and retry budget of an [`EscrowSource`].
@@ -107,14 +107,8 @@ impl EscrowSource {
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
-        let mut normalized: Vec<String> = Vec::new();
-        for endpoint in endpoints {
-            let addr = normalize_addr(endpoint.as_ref())
-                .map_err(|e| ClientError::InvalidInput(e.to_string()))?;
-            if !normalized.contains(&addr) {
-                normalized.push(addr);
-            }
-        }
+        let normalized =
+            normalize_endpoints(endpoints).map_err(|e| ClientError::InvalidInput(e.to_string()))?;
         if normalized.is_empty() {
             return Err(ClientError::InvalidInput(
                 "at least one escrow node endpoint is needed".into(),

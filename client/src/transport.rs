@@ -123,6 +123,23 @@ pub fn normalize_addr(addr: &str) -> Result<String, DialError> {
     Ok(hostport.to_string())
 }
 
+/// Every address of `endpoints` normalised ([`normalize_addr`]), in the
+/// order given, each once.
+pub fn normalize_endpoints<I, S>(endpoints: I) -> Result<Vec<String>, DialError>
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<str>,
+{
+    let mut normalized: Vec<String> = Vec::new();
+    for endpoint in endpoints {
+        let addr = normalize_addr(endpoint.as_ref())?;
+        if !normalized.contains(&addr) {
+            normalized.push(addr);
+        }
+    }
+    Ok(normalized)
+}
+
 /// The URI tonic needs for a normalised `host:port`.
 pub fn endpoint_uri(addr: &str) -> String {
     format!("http://{addr}")

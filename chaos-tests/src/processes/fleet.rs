@@ -121,17 +121,20 @@ fn free_port() -> Result<u16> {
 /// per-append deadline) exceeds two round trips, and the election and
 /// request timeouts grow with it.
 fn member_config(id: u64, listen: String, data_dir: PathBuf, link_delay: Duration) -> NodeConfig {
-    let round_trip = u64::try_from(link_delay.as_millis()).unwrap_or(u64::MAX / 8) * 2;
-    let heartbeat_ms = 100 + 2 * round_trip;
+    let round_trip = u64::try_from(link_delay.as_millis())
+        .unwrap_or(u64::MAX)
+        .saturating_mul(2);
+    let heartbeat_ms = round_trip.saturating_mul(2).saturating_add(100);
+    let request_timeout_ms = round_trip.saturating_mul(10).saturating_add(2_000);
     NodeConfig {
         id,
         listen,
         data_dir,
         heartbeat_ms,
-        election_timeout_min_ms: 5 * heartbeat_ms,
-        election_timeout_max_ms: 10 * heartbeat_ms,
-        proposal_timeout_ms: 2_000 + 10 * round_trip,
-        read_timeout_ms: 2_000 + 10 * round_trip,
+        election_timeout_min_ms: heartbeat_ms.saturating_mul(5),
+        election_timeout_max_ms: heartbeat_ms.saturating_mul(10),
+        proposal_timeout_ms: request_timeout_ms,
+        read_timeout_ms: request_timeout_ms,
         tick_interval_ms: 500,
         // The runner's own clients dial plaintext.
         insecure: true,

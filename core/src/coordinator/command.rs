@@ -147,9 +147,10 @@ pub enum Outcome {
     Reconcile(ReconcileOutcome),
     /// A pool grant as storage formats up to 4 recorded it, without the
     /// increment: only ever decoded from an older snapshot's session
-    /// cache, and replayed as [`Outcome::PoolGrant`] with an increment of 0
-    /// ([`Outcome::upgraded`]: a retry is handed nothing it could spend a
-    /// second time).
+    /// cache, and turned into [`Outcome::PoolGrant`] with an increment of 0
+    /// as the snapshot is read ([`Outcome::upgraded`],
+    /// [`super::CoordinatorState::zero_cached_increments`]: a retry is
+    /// handed nothing it could spend a second time).
     PoolGrantTotal(PoolGrantTotalOutcome),
     /// A policy was inserted or replaced.
     PolicySet,

@@ -132,7 +132,7 @@ impl Sessions {
         };
         if let Some((stored, outcome)) = session.responses.get(&id.seq) {
             return if *stored == fingerprint {
-                SessionLookup::Replay(outcome.clone().upgraded())
+                SessionLookup::Replay(outcome.clone())
             } else {
                 SessionLookup::Reused
             };
