@@ -399,6 +399,35 @@ impl CoordinatorClient {
         tenant_demands: Vec<TenantDemand>,
         join_next: Option<NextWindowJoin>,
     ) -> Result<PoolGrantResponse, CoordinatorError> {
+        self.pool_grant_asking_more(
+            key,
+            region,
+            region_weight,
+            (want_total, 0),
+            demand_window_start_ms,
+            tenant_demands,
+            join_next,
+        )
+        .await
+    }
+
+    /// [`pool_grant_joining_next`](Self::pool_grant_joining_next) asking
+    /// for `(want_total, want_more)`: `want_more` tokens more than the
+    /// region holds when the leader takes the call up, at least
+    /// `want_total` in all (the proto's `PoolGrantRequest.want_more`; 0:
+    /// the total alone). Every pool call of this client names it as the
+    /// holder (`PoolGrantRequest.holder`).
+    #[allow(clippy::too_many_arguments)]
+    pub async fn pool_grant_asking_more(
+        &self,
+        key: &str,
+        region: &str,
+        region_weight: u64,
+        (want_total, want_more): (u64, u64),
+        demand_window_start_ms: u64,
+        tenant_demands: Vec<TenantDemand>,
+        join_next: Option<NextWindowJoin>,
+    ) -> Result<PoolGrantResponse, CoordinatorError> {
         let mut session = self.checkout_session();
         let request = PoolGrantRequest {
             key: key.to_string(),
@@ -409,6 +438,10 @@ impl CoordinatorClient {
             tenant_demands,
             demand_window_start_ms,
             join_next,
+            // This client is one holder: the leader sums a region's weight
+            // over its holders (the proto's PoolGrantRequest.holder).
+            holder: self.shared.sessions.client_id().to_string(),
+            want_more,
         };
         self.call(Target::Leader, move |channel, timeout| {
             let request = with_timeout(request.clone(), timeout);
@@ -467,6 +500,7 @@ impl CoordinatorClient {
             window_start_ms,
             request_id: Some(request_id),
             join_next,
+            holder: self.shared.sessions.client_id().to_string(),
         };
         self.call(Target::Leader, move |channel, timeout| {
             let request = with_timeout(request.clone(), timeout);

@@ -2,7 +2,9 @@
 //! weighted max-min that shares a window's limit between regions
 //! ([`fair_pool`]), and what the leader keeps around the replicated pool
 //! commands — its desk ([`desk`]) over the demand totals ([`demand_board`]),
-//! the regions of recent windows ([`roster`]) and the lapse of unheld
+//! the weights of a region's holders ([`holder_weights`]), the asks planned
+//! and not yet applied ([`in_flight`]), the regions of
+//! recent windows ([`roster`]) and the lapse of unheld
 //! reserves late in a window ([`lapse`]). The replicated pool commands live
 //! in [`crate::coordinator`] (`pool.rs`); an escrow process's share of a
 //! region's total in [`crate::escrow::PoolHolding`].
@@ -10,5 +12,7 @@
 pub mod demand_board;
 pub mod desk;
 pub mod fair_pool;
+pub mod holder_weights;
+pub mod in_flight;
 pub mod lapse;
 pub mod roster;

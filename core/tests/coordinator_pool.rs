@@ -379,3 +379,40 @@ fn pool_view_at_answers_the_live_window_and_the_next_only() {
     assert_eq!(s.pool_view_at(&k, live.end_ms + length, T0), None);
     assert_eq!(s.pool_view_at(&k, live.start_ms + 1, T0), None);
 }
+
+/// A next window joined ahead that became live before any collection
+/// rolled it is the live view, and the window after it — asked for by a
+/// join ahead of *it* — is its own view (its bounds, no regions), not the
+/// same record again: the leader sizes and caps a join by the window it
+/// joins.
+#[test]
+fn pool_view_at_the_window_after_a_next_window_that_became_live() {
+    let mut s = CoordinatorState::default();
+    run(&mut s, T0, fair("fed/", 100, 60_000));
+    let k = key("fed/k");
+    let live = match run(&mut s, T0, pool("fed/k", "eu", 1, 10)) {
+        Outcome::PoolGrant(grant) => grant,
+        other => panic!("{other:?}"),
+    };
+    let join = Command::PoolJoinNext {
+        key: key("fed/k"),
+        region: region("eu"),
+        region_weight: 1,
+        want_total: 30,
+        window_start_ms: live.window_end_ms,
+        retire: false,
+        request_id: None,
+        caller: leasehold_core::principal::Principal::Anonymous,
+    };
+    run(&mut s, live.window_end_ms - 1_000, join);
+    // In the joined window, before anything rolls it.
+    let now = live.window_end_ms + 1_000;
+    let current = s.pool_view(&k, now).expect("live");
+    assert_eq!(current.bounds.start_ms, live.window_end_ms);
+    assert_eq!(current.regions.len(), 1);
+    let after = s
+        .pool_view_at(&k, current.bounds.end_ms, now)
+        .expect("the window after");
+    assert_eq!(after.bounds.start_ms, current.bounds.end_ms);
+    assert!(after.regions.is_empty(), "{after:?}");
+}

@@ -329,6 +329,7 @@ fn a_release_retried_after_a_grant_would_over_admit() {
                 call: u64::MAX,
                 region_weight: WEIGHT_SCALE,
                 want_total: 5,
+                want_more: 0,
                 demand_window_ms: 0,
                 demands: Vec::new(),
                 join_next: None,

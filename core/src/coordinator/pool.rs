@@ -230,7 +230,13 @@ impl CoordinatorState {
             return None;
         }
         let policy = self.policies.lookup(key.as_str())?;
-        let view = match self.windows.next(key) {
+        // (A next window that became live before any collection rolled it
+        // is still filed as the next one: it is the live view, not this.)
+        let next = self
+            .windows
+            .next(key)
+            .filter(|record| record.bounds.start_ms == window_start_ms);
+        let view = match next {
             Some(record) => PoolView::of(record, policy.shadow),
             None => PoolView {
                 bounds: self

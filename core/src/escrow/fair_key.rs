@@ -300,6 +300,11 @@ pub struct JoinAhead<Id> {
     pub region_weight: u64,
     /// The total asked for in the next window.
     pub want_total: u64,
+    /// How much more than the region holds there this holder asks for:
+    /// all of `want_total`, as it holds nothing there yet (the wire's
+    /// `NextWindowJoin.want_more`; the region's other holders may have
+    /// joined already).
+    pub want_more: u64,
     /// The next window's start (the live window's end).
     pub window_start_ms: u64,
     /// Join retired: hold the total granted and reserve nothing beyond it.
@@ -781,6 +786,24 @@ impl<Id: Clone> FairKey<Id> {
         self.granted
             .as_ref()
             .is_some_and(|g| now_ms < g.deadline_ms)
+    }
+
+    /// How much more than its region holds this holder asks for with a
+    /// pool ask of the region total `want_total` at monotonic `now_ms`
+    /// (the wire's `PoolGrantRequest.want_more`): its own want less what
+    /// it holds, in the live window. The leader asks for the region's
+    /// total when it plans the call plus this, so an ask is not lost to
+    /// what another holder added meanwhile. 0 — by totals alone — when no
+    /// grant is live: a join cannot tell which window the leader will take
+    /// it up in (the one ending, on a clock a little ahead, would be asked
+    /// for more than it needs at its very end), and a join of the next
+    /// window ahead says its own ([`JoinAhead::want_more`]).
+    pub fn want_more(&self, want_total: u64, now_ms: u64) -> u64 {
+        if self.is_live(now_ms) {
+            want_total.saturating_sub(self.holding.region_total())
+        } else {
+            0
+        }
     }
 }
 

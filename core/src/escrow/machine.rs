@@ -322,6 +322,9 @@ pub enum Action<R> {
         region_weight: u64,
         /// The total asked for.
         want_total: u64,
+        /// How much more than the region holds the key asks for
+        /// ([`FairKey::want_more`]).
+        want_more: u64,
         /// The window the demand report is about (0: none).
         demand_window_ms: u64,
         /// The region's demand per tenant in that window.
@@ -1208,10 +1211,15 @@ impl<R> KeyMachine<R> {
         if let Some(working) = self.working.as_mut() {
             working.stage = Stage::Pool { asks_left };
         }
+        let want_more = self
+            .fair
+            .as_ref()
+            .map_or(want_total, |fair| fair.want_more(want_total, now.mono_ms));
         out.push(Action::SendPoolGrant {
             call,
             region_weight,
             want_total,
+            want_more,
             demand_window_ms,
             demands,
             join_next,

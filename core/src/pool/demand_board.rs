@@ -1,55 +1,63 @@
 //! The leader's board of tenants' demand across regions, for the
 //! demand-proportional weight split of `fair` keys ([`crate::wfe::split_weight`]).
 //!
-//! Each region reports, with its pool asks, the tokens each of its tenants
-//! asked for in one window (`d_{t,r}`); the board adds them up per (key,
-//! window, tenant) over the regions (`d_t`) and answers the totals, so a
-//! region weighs a tenant active in several regions by `w_t · d_{t,r} / d_t`
-//! instead of its full weight everywhere.
+//! Each holder of a region — an escrow process, see
+//! [`super::holder_weights`] — reports, with its pool asks, the tokens each
+//! of its tenants asked it for in one window (`d_{t,h}`); the board adds
+//! them up per (key, window, tenant) over every holder of every region
+//! (`d_t`) and answers the totals, so a holder weighs a tenant it shares
+//! with other regions or other holders of its own region by
+//! `w_t · d_{t,h} / d_t` instead of its full weight everywhere (its
+//! region's weight is then the sum over its holders).
 //!
 //! A hint, not state: it lives in the leader's memory only (never
 //! replicated) and never bounds an admission, so losing it (a leader
 //! change) costs one window of less exact weights, never budget. Bounded:
 //! at most [`MAX_BOARD_WINDOWS`] (key, window) entries and
-//! [`MAX_BOARD_CELLS`] (tenant, region) counts in all (the oldest windows
-//! go first), [`MAX_BOARD_TENANTS`] tenants and [`MAX_BOARD_REGIONS`]
-//! regions per entry (reports beyond them are not counted).
+//! [`MAX_BOARD_CELLS`] (tenant, reporter) counts in all (the oldest windows
+//! go first), [`MAX_BOARD_TENANTS`] tenants per entry and
+//! [`MAX_BOARD_REPORTERS`] reporters per tenant (reports beyond them are
+//! not counted).
 
 use std::collections::BTreeMap;
 
 use crate::ids::{Key, RegionId, TenantId};
+use crate::pool::holder_weights::Holder;
 
 /// Most (key, window) entries kept.
 pub const MAX_BOARD_WINDOWS: usize = 16_384;
 /// Most tenants counted per (key, window).
 pub const MAX_BOARD_TENANTS: usize = 1_024;
-/// Most regions counted per (key, window, tenant).
-pub const MAX_BOARD_REGIONS: usize = 64;
-/// Most (tenant, region) counts held over every entry.
+/// Most reporters (region holders) counted per (key, window, tenant).
+pub const MAX_BOARD_REPORTERS: usize = 64;
+/// Most (tenant, reporter) counts held over every entry.
 pub const MAX_BOARD_CELLS: usize = 65_536;
 /// Most tenants one report may carry.
 pub const MAX_REPORTED_TENANTS: usize = 64;
 
-type Entry = BTreeMap<TenantId, BTreeMap<RegionId, u64>>;
+/// Who reports demand: one holder of one region.
+pub type Reporter = (RegionId, Holder);
+
+type Entry = BTreeMap<TenantId, BTreeMap<Reporter, u64>>;
 
 /// See the module doc.
 #[derive(Debug, Default, Clone)]
 pub struct DemandBoard {
     entries: BTreeMap<(u64, Key), Entry>,
-    /// (tenant, region) counts over every entry.
+    /// (tenant, reporter) counts over every entry.
     cells: usize,
 }
 
 impl DemandBoard {
-    /// Records `region`'s report of `demands` for `key`'s window starting
-    /// at `window_start_ms` (replacing the region's earlier report of the
-    /// same tenants there) and returns, per reported tenant, its demand
-    /// summed over every region that reported it.
+    /// Records `reporter`'s report of `demands` for `key`'s window starting
+    /// at `window_start_ms` (replacing its earlier report of the same
+    /// tenants there) and returns, per reported tenant, its demand summed
+    /// over every reporter that reported it.
     pub fn report(
         &mut self,
         key: &Key,
         window_start_ms: u64,
-        region: &RegionId,
+        reporter: &Reporter,
         demands: &[(TenantId, u64)],
     ) -> Vec<(TenantId, u64)> {
         let id = (window_start_ms, key.clone());
@@ -82,11 +90,11 @@ impl DemandBoard {
             if !entry.contains_key(tenant) && entry.len() >= MAX_BOARD_TENANTS {
                 continue;
             }
-            let regions = entry.entry(tenant.clone()).or_default();
-            if regions.contains_key(region) {
-                regions.insert(region.clone(), *demand);
-            } else if regions.len() < MAX_BOARD_REGIONS && self.cells < MAX_BOARD_CELLS {
-                regions.insert(region.clone(), *demand);
+            let reporters = entry.entry(tenant.clone()).or_default();
+            if reporters.contains_key(reporter) {
+                reporters.insert(reporter.clone(), *demand);
+            } else if reporters.len() < MAX_BOARD_REPORTERS && self.cells < MAX_BOARD_CELLS {
+                reporters.insert(reporter.clone(), *demand);
                 self.cells += 1;
             }
         }
@@ -104,10 +112,10 @@ impl DemandBoard {
             .collect()
     }
 
-    /// The totals over every region that reported `window_start_ms` of
-    /// `key`, for those of `tenants` that any region reported (read-only).
-    /// Asked for a window every active region has reported by now (the
-    /// one before the latest), these totals are settled.
+    /// The totals over every reporter of `window_start_ms` of `key`, for
+    /// those of `tenants` that anyone reported (read-only). Asked for a
+    /// window every active holder has reported by now (the one before the
+    /// latest), these totals are settled.
     pub fn totals(
         &self,
         key: &Key,
@@ -133,7 +141,7 @@ impl DemandBoard {
         self.entries.len()
     }
 
-    /// (tenant, region) counts held over every entry.
+    /// (tenant, reporter) counts held over every entry.
     pub fn cells(&self) -> usize {
         self.cells
     }
@@ -153,8 +161,33 @@ mod tests {
         TenantId::new(format!("t{i}")).unwrap()
     }
 
-    fn region(i: usize) -> RegionId {
-        RegionId::new(format!("r{i}")).unwrap()
+    /// The one anonymous holder of region `i`.
+    fn region(i: usize) -> Reporter {
+        (RegionId::new(format!("r{i}")).unwrap(), None)
+    }
+
+    #[test]
+    fn two_holders_of_one_region_report_apart_and_add_up() {
+        let mut board = DemandBoard::default();
+        let key = Key::new("k").unwrap();
+        let holder = |name: &str| {
+            let client = crate::ids::ClientId::new(name).unwrap();
+            (RegionId::new("eu").unwrap(), Some(client))
+        };
+        assert_eq!(
+            board.report(&key, 0, &holder("a"), &[(tenant(1), 30)]),
+            [(tenant(1), 30)]
+        );
+        assert_eq!(
+            board.report(&key, 0, &holder("b"), &[(tenant(1), 10)]),
+            [(tenant(1), 40)]
+        );
+        // a reports again: its count is replaced, b's stays.
+        assert_eq!(
+            board.report(&key, 0, &holder("a"), &[(tenant(1), 20)]),
+            [(tenant(1), 30)]
+        );
+        assert_eq!(board.cells(), 2);
     }
 
     #[test]

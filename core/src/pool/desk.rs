@@ -7,18 +7,26 @@
 //! retried request id goes out with the total its first attempt had:
 //! [`CappedAsks`]), lapses the reserves no region holds before a late ask
 //! beyond the ceiling ([`lapse_commands`]) and caps the join ahead the call
-//! carries in the window it joins. After the commands are applied it
+//! carries in the window it joins; and it writes in each grant's and
+//! join's `region_weight` the sum over the region's holders
+//! ([`HolderWeights`]: a region served by several escrow processes weighs
+//! what they serve together). After the commands are applied it
 //! answers a grant's hints ([`PoolDesk::grant_notes`], [`PoolDesk::join_notes`]):
 //! the region's standing, plain and expected, what other regions reserve
 //! unheld or keep retired, what was handed back late in the window before,
-//! and the tenants' demand totals its report earns ([`DemandBoard`]); and it
-//! remembers what a release handed back ([`PoolDesk::note_release`]). All of
+//! and the tenants' demand totals its report earns ([`DemandBoard`], one
+//! report per holder); and it remembers what a release handed back and
+//! that its holder stopped reserving ([`PoolDesk::note_release`]). All of
 //! it is the leader's memory, never replicated: hints, never a bound.
 
-use crate::coordinator::{Command, CoordinatorState, PoolGrantOutcome, PoolReleaseOutcome};
+use crate::coordinator::{
+    Command, CoordinatorState, PoolGrantOutcome, PoolReleaseOutcome, PoolView,
+};
 use crate::ids::{Key, RegionId, TenantId};
-use crate::pool::demand_board::DemandBoard;
+use crate::pool::demand_board::{DemandBoard, Reporter};
 use crate::pool::fair_pool::PoolStanding;
+use crate::pool::holder_weights::{Holder, HolderWeights};
+use crate::pool::in_flight::InFlightAsks;
 use crate::pool::lapse::lapse_commands;
 use crate::pool::roster::{CappedAsks, PoolRoster, StandingAnswer};
 use crate::principal::Principal;
@@ -31,6 +39,9 @@ pub struct PoolDesk {
     board: Option<DemandBoard>,
     /// `None`: a leader that answers no expected standing and caps nothing.
     roster: Option<PoolRoster>,
+    /// `None`: a leader that takes each call's weight as the region's.
+    holders: Option<HolderWeights>,
+    in_flight: InFlightAsks,
     capped: CappedAsks,
 }
 
@@ -39,7 +50,38 @@ impl Default for PoolDesk {
         PoolDesk {
             board: Some(DemandBoard::default()),
             roster: Some(PoolRoster::default()),
+            holders: Some(HolderWeights::default()),
+            in_flight: InFlightAsks::default(),
             capped: CappedAsks::default(),
+        }
+    }
+}
+
+/// One pool call as the leader takes it up (the proto's
+/// `PoolGrantRequest` and `PoolReleaseRequest`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolCall {
+    /// Its own command: a `PoolGrant` or a `PoolRelease`.
+    pub command: Command,
+    /// The holder it speaks for (its join's too).
+    pub holder: Holder,
+    /// How much more than the region holds a grant asks for (0: its
+    /// `want_total` alone; see [`PoolDesk::plan`]).
+    pub want_more: u64,
+    /// The join ahead it carries (a `PoolJoinNext`) and the join's
+    /// `want_more`.
+    pub join: Option<(Command, u64)>,
+}
+
+impl PoolCall {
+    /// A call of the region's anonymous holder asking by totals alone,
+    /// without a join.
+    pub fn plain(command: Command) -> Self {
+        PoolCall {
+            command,
+            holder: None,
+            want_more: 0,
+            join: None,
         }
     }
 }
@@ -54,6 +96,9 @@ pub struct PoolPlan {
     pub lapses: usize,
     /// Whether the last command is the call's join ahead.
     pub joined: bool,
+    /// The asks by `want_more` it planned, to settle once the commands'
+    /// outcomes are known ([`PoolDesk::settle`]).
+    pub in_flight: Vec<u64>,
 }
 
 /// What a grant's answer carries besides its outcome (the proto's
@@ -96,36 +141,54 @@ impl PoolDesk {
         self
     }
 
-    /// The commands proposing pool call `command` (a `PoolGrant` or a
-    /// `PoolRelease`) with its join ahead `join`, at coordinator time
-    /// `now_ms` against `state`, by `leader` (the lapses' caller).
+    /// The same desk taking each call's weight as its region's (an older
+    /// leader: the region weighs what its latest caller declared).
+    pub fn without_holder_weights(mut self) -> Self {
+        self.holders = None;
+        self
+    }
+
+    /// The commands proposing `call` at coordinator time `now_ms` against
+    /// `state`, by `leader` (the lapses' caller).
     pub fn plan(
         &mut self,
         state: &CoordinatorState,
-        mut command: Command,
-        join: Option<Command>,
+        call: PoolCall,
         now_ms: u64,
         leader: &Principal,
     ) -> PoolPlan {
+        let PoolCall {
+            mut command,
+            holder,
+            want_more,
+            join,
+        } = call;
         let mut commands = Vec::new();
-        if let Command::PoolGrant {
-            key,
-            region,
-            region_weight,
-            ..
-        } = &command
-        {
-            let (key, region, region_weight) = (key.clone(), region.clone(), *region_weight);
+        let mut in_flight = Vec::new();
+        if let Command::PoolGrant { key, region, .. } = &command {
+            let (key, region) = (key.clone(), region.clone());
             let view = state.pool_view(&key, now_ms);
+            if let Some(view) = &view {
+                self.weigh(&mut command, &holder, view);
+                in_flight.extend(self.size_ask(&mut command, want_more, view, now_ms));
+            }
             self.cap_ask(&mut command, view.as_ref(), now_ms);
             // In the window's last eighth, a late ask beyond the ceiling
             // first lapses the reserves no region holds.
-            if let (Some(view), Command::PoolGrant { want_total, .. }) = (&view, &command) {
+            if let (
+                Some(view),
+                Command::PoolGrant {
+                    want_total,
+                    region_weight,
+                    ..
+                },
+            ) = (&view, &command)
+            {
                 commands = lapse_commands(
                     view,
                     &key,
                     &region,
-                    region_weight,
+                    *region_weight,
                     *want_total,
                     now_ms,
                     leader,
@@ -135,7 +198,7 @@ impl PoolDesk {
         let lapses = commands.len();
         commands.push(command);
         let joined = join.is_some();
-        if let Some(mut join) = join {
+        if let Some((mut join, join_want_more)) = join {
             if let Command::PoolJoinNext {
                 key,
                 window_start_ms,
@@ -143,6 +206,18 @@ impl PoolDesk {
             } = &join
             {
                 let view = state.pool_view_at(key, *window_start_ms, now_ms);
+                // A join that came late names the live window, where its
+                // holder may hold already (its own earlier join): it asks
+                // by totals alone there.
+                let late = state.pool_view(key, now_ms).is_some_and(|live| {
+                    live.bounds.start_ms == *window_start_ms && !live.regions.is_empty()
+                });
+                if let Some(view) = &view {
+                    self.weigh(&mut join, &holder, view);
+                    if !late {
+                        in_flight.extend(self.size_ask(&mut join, join_want_more, view, now_ms));
+                    }
+                }
                 self.cap_ask(&mut join, view.as_ref(), now_ms);
             }
             commands.push(join);
@@ -151,6 +226,100 @@ impl PoolDesk {
             commands,
             lapses,
             joined,
+            in_flight,
+        }
+    }
+
+    /// Forgets the asks `plan` made once its commands' outcomes are known
+    /// (applied or refused): the region's totals now count them.
+    pub fn settle(&mut self, plan_in_flight: &[u64]) {
+        for id in plan_in_flight {
+            self.in_flight.settle(*id);
+        }
+    }
+
+    /// Raises a `PoolGrant`'s or `PoolJoinNext`'s `want_total` to the
+    /// region's total in `view`'s window, plus what the asks planned ahead
+    /// of it and not yet applied ask for beyond it
+    /// ([`InFlightAsks`]), plus `want_more` (the proto's `want_more`): a
+    /// holder cannot know what the region's other holders added since its
+    /// last answer — nor, joining a window, what they hold there — so it
+    /// asks by how much more it wants. Only the size of the ask: the grant
+    /// rule and every cap apply to the total as to any other. Returns the
+    /// ask's in-flight id when it asked by `want_more`.
+    fn size_ask(
+        &mut self,
+        command: &mut Command,
+        want_more: u64,
+        view: &PoolView,
+        now_ms: u64,
+    ) -> Option<u64> {
+        let (Command::PoolGrant {
+            key,
+            region,
+            want_total,
+            ..
+        }
+        | Command::PoolJoinNext {
+            key,
+            region,
+            want_total,
+            ..
+        }) = command
+        else {
+            return None;
+        };
+        if want_more == 0 {
+            return None;
+        }
+        let window_start_ms = view.bounds.start_ms;
+        let held = view
+            .regions
+            .iter()
+            .find(|(id, _)| id == region)
+            .map_or(0, |(_, member)| member.granted);
+        let ahead = self.in_flight.pending(key, window_start_ms, region, now_ms);
+        *want_total = (*want_total).max(held.saturating_add(ahead).saturating_add(want_more));
+        Some(
+            self.in_flight
+                .add(key, window_start_ms, region, want_more, now_ms),
+        )
+    }
+
+    /// Writes in a `PoolGrant`'s or `PoolJoinNext`'s `region_weight` the sum
+    /// over its region's holders in `view`'s window, `holder`'s
+    /// declaration included. A retired join counts its holder's weight for
+    /// its own grant only: the holder stops reserving once granted.
+    fn weigh(&mut self, command: &mut Command, holder: &Holder, view: &PoolView) {
+        let window_start_ms = view.bounds.start_ms;
+        let (Command::PoolGrant {
+            key,
+            region,
+            region_weight,
+            ..
+        }
+        | Command::PoolJoinNext {
+            key,
+            region,
+            region_weight,
+            ..
+        }) = command
+        else {
+            return;
+        };
+        let Some(holders) = self.holders.as_mut() else {
+            return;
+        };
+        let sum = holders.declare(key, window_start_ms, region, holder, *region_weight);
+        *region_weight = sum;
+        if let Command::PoolJoinNext {
+            key,
+            region,
+            retire: true,
+            ..
+        } = command
+        {
+            holders.retire(key, window_start_ms, region, holder);
         }
     }
 
@@ -196,15 +365,15 @@ impl PoolDesk {
         );
     }
 
-    /// The notes of `grant` to `region` of `key` as `state` applied it;
-    /// `report`: the call's demand report (the window it counts and the
-    /// counts), counted when it is of the window right before the granted
-    /// one.
+    /// The notes of `grant` to `holder` of `region` of `key` as `state`
+    /// applied it; `report`: the call's demand report (the window it counts
+    /// and the counts), counted when it is of the window right before the
+    /// granted one.
     pub fn grant_notes(
         &mut self,
         state: &CoordinatorState,
         key: &Key,
-        region: &RegionId,
+        (region, holder): (&RegionId, &Holder),
         grant: &PoolGrantOutcome,
         report: Option<(u64, &[(TenantId, u64)])>,
     ) -> GrantNotes {
@@ -212,7 +381,8 @@ impl PoolDesk {
         let previous = grant.window_start_ms.checked_sub(window_ms);
         let mut notes = self.standing_notes(state, key, region, grant);
         if let Some((reported, demands)) = report.filter(|(w, _)| Some(*w) == previous) {
-            self.count_report(&mut notes, key, region, reported, window_ms, demands);
+            let reporter = (region.clone(), holder.clone());
+            self.count_report(&mut notes, key, &reporter, reported, window_ms, demands);
         }
         notes
     }
@@ -224,7 +394,7 @@ impl PoolDesk {
         &mut self,
         state: &CoordinatorState,
         key: &Key,
-        region: &RegionId,
+        (region, holder): (&RegionId, &Holder),
         grant: &PoolGrantOutcome,
         join_window_start_ms: u64,
         demands: &[(TenantId, u64)],
@@ -235,15 +405,28 @@ impl PoolDesk {
             grant.window_start_ms == join_window_start_ms,
             grant.window_start_ms.checked_sub(window_ms),
         ) {
-            self.count_report(&mut notes, key, region, reported, window_ms, demands);
+            let reporter = (region.clone(), holder.clone());
+            self.count_report(&mut notes, key, &reporter, reported, window_ms, demands);
         }
         notes
     }
 
-    /// Remembers what `outcome` of a release of `key` handed back at
-    /// coordinator time `now_ms` (late hand-backs are a hint to the next
-    /// window's grants).
-    pub fn note_release(&mut self, key: &Key, outcome: &PoolReleaseOutcome, now_ms: u64) {
+    /// Remembers what `outcome` of a release of `key` by `holder` of
+    /// `region` handed back at coordinator time `now_ms` (late hand-backs
+    /// are a hint to the next window's grants) and, when it was applied,
+    /// that the holder stopped reserving in that window.
+    pub fn note_release(
+        &mut self,
+        key: &Key,
+        (region, holder): (&RegionId, &Holder),
+        outcome: &PoolReleaseOutcome,
+        now_ms: u64,
+    ) {
+        if let (Some(holders), crate::coordinator::PoolReleaseDisposition::Released) =
+            (self.holders.as_mut(), outcome.disposition)
+        {
+            holders.retire(key, outcome.window_start_ms, region, holder);
+        }
         if let Some(roster) = self.roster.as_mut() {
             let window = WindowBounds {
                 start_ms: outcome.window_start_ms,
@@ -292,14 +475,14 @@ impl PoolDesk {
         }
     }
 
-    /// Counts `region`'s report of `demands` for the window starting at
+    /// Counts `reporter`'s report of `demands` for the window starting at
     /// `reported` and adds the totals it earns to `notes`: that window's
     /// (so far) and the settled one before it.
     fn count_report(
         &mut self,
         notes: &mut GrantNotes,
         key: &Key,
-        region: &RegionId,
+        reporter: &Reporter,
         reported: u64,
         window_ms: u64,
         demands: &[(TenantId, u64)],
@@ -310,7 +493,7 @@ impl PoolDesk {
         if demands.is_empty() {
             return;
         }
-        notes.tenant_demands = board.report(key, reported, region, demands);
+        notes.tenant_demands = board.report(key, reported, reporter, demands);
         let tenants: Vec<TenantId> = demands.iter().map(|(tenant, _)| tenant.clone()).collect();
         notes.settled_tenant_demands = reported
             .checked_sub(window_ms)
@@ -382,7 +565,12 @@ mod tests {
         // A window in which eu and us both asked.
         let start = T0 / WINDOW_MS * WINDOW_MS;
         for region in ["eu", "us"] {
-            let plan = desk.plan(&state, ask(region, 1, 10, None), None, start + 1, &leader);
+            let plan = desk.plan(
+                &state,
+                PoolCall::plain(ask(region, 1, 10, None)),
+                start + 1,
+                &leader,
+            );
             let outcomes = apply(&mut state, &plan, start + 1);
             let Some(Outcome::PoolGrant(grant)) = outcomes.last() else {
                 panic!("{outcomes:?}");
@@ -390,14 +578,19 @@ mod tests {
             desk.grant_notes(
                 &state,
                 &grant_key(),
-                &RegionId::new(region).unwrap(),
+                (&RegionId::new(region).unwrap(), &None),
                 grant,
                 None,
             );
         }
         // The next window: eu asks for everything before us has asked.
         let next = start + WINDOW_MS + 1;
-        let plan = desk.plan(&state, ask("eu", 1, 100, Some(7)), None, next, &leader);
+        let plan = desk.plan(
+            &state,
+            PoolCall::plain(ask("eu", 1, 100, Some(7))),
+            next,
+            &leader,
+        );
         assert_eq!(
             want_of(&plan.commands[plan.lapses]),
             50,
@@ -405,11 +598,21 @@ mod tests {
         );
         // The same id later, when the leader no longer expects us: the same total.
         let later = start + 2 * WINDOW_MS - 1;
-        let retry = desk.plan(&state, ask("eu", 1, 100, Some(7)), None, later, &leader);
+        let retry = desk.plan(
+            &state,
+            PoolCall::plain(ask("eu", 1, 100, Some(7))),
+            later,
+            &leader,
+        );
         assert_eq!(want_of(&retry.commands[retry.lapses]), 50);
         // A desk without the roster caps nothing.
         let mut plain = PoolDesk::new().without_roster();
-        let plan = plain.plan(&state, ask("eu", 1, 100, Some(8)), None, next, &leader);
+        let plan = plain.plan(
+            &state,
+            PoolCall::plain(ask("eu", 1, 100, Some(8))),
+            next,
+            &leader,
+        );
         assert_eq!(want_of(&plan.commands[0]), 100);
     }
 
@@ -427,12 +630,22 @@ mod tests {
         let leader = Principal::Member(1);
         let start = T0 / WINDOW_MS * WINDOW_MS;
         for (region, want) in [("eu", 10), ("us", 50)] {
-            let plan = desk.plan(&state, ask(region, 1, want, None), None, start + 1, &leader);
+            let plan = desk.plan(
+                &state,
+                PoolCall::plain(ask(region, 1, want, None)),
+                start + 1,
+                &leader,
+            );
             apply(&mut state, &plan, start + 1);
         }
         // eu holds 10 of its guarantee of 50; us asks for all, late.
         let late = start + WINDOW_MS - WINDOW_MS / 16;
-        let plan = desk.plan(&state, ask("us", 1, 100, None), None, late, &leader);
+        let plan = desk.plan(
+            &state,
+            PoolCall::plain(ask("us", 1, 100, None)),
+            late,
+            &leader,
+        );
         assert_eq!(plan.lapses, 1, "{plan:?}");
         assert!(matches!(plan.commands[0], Command::PoolRelease { .. }));
         let outcomes = apply(&mut state, &plan, late);
@@ -459,15 +672,25 @@ mod tests {
             (PoolDesk::new(), true),
             (PoolDesk::new().without_demand_totals(), false),
         ] {
-            let plan = desk.plan(&state, ask("eu", 1, 10, None), None, start + 1, &leader);
+            let plan = desk.plan(
+                &state,
+                PoolCall::plain(ask("eu", 1, 10, None)),
+                start + 1,
+                &leader,
+            );
             let outcomes = apply(&mut state, &plan, start + 1);
             let Some(Outcome::PoolGrant(grant)) = outcomes.last() else {
                 panic!("{outcomes:?}");
             };
             let eu = RegionId::new("eu").expect("valid");
             let before = start - WINDOW_MS;
-            let notes =
-                desk.grant_notes(&state, &grant_key(), &eu, grant, Some((before, &demands)));
+            let notes = desk.grant_notes(
+                &state,
+                &grant_key(),
+                (&eu, &None),
+                grant,
+                Some((before, &demands)),
+            );
             let standing = notes.standing.expect("a standing");
             assert!(standing.ceiling >= grant.granted_total);
             assert_eq!(
@@ -481,11 +704,167 @@ mod tests {
             let elsewhere = desk.grant_notes(
                 &state,
                 &grant_key(),
-                &eu,
+                (&eu, &None),
                 grant,
                 Some((before - WINDOW_MS, &demands)),
             );
             assert!(elsewhere.tenant_demands.is_empty());
+        }
+    }
+
+    fn holder(name: &str) -> Holder {
+        Some(ClientId::new(name).expect("valid"))
+    }
+
+    fn weight_of(command: &Command) -> u64 {
+        match command {
+            Command::PoolGrant { region_weight, .. }
+            | Command::PoolJoinNext { region_weight, .. } => *region_weight,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// Two holders of eu (weight 1 each) against us (weight 2): eu weighs
+    /// the sum of its holders, so the pool splits 50 / 50 — not a third
+    /// to eu as when eu weighed its latest caller alone (an older leader);
+    /// a holder's release leaves the other's weight.
+    #[test]
+    fn a_region_of_two_holders_weighs_their_sum() {
+        let leader = Principal::Member(1);
+        let start = T0 / WINDOW_MS * WINDOW_MS;
+        for (mut desk, eu_weight, eu_total) in [
+            (PoolDesk::new(), 2, 50),
+            (PoolDesk::new().without_holder_weights(), 1, 34),
+        ] {
+            let mut state = state();
+            let mut call = |region, name, weight, want| {
+                let plan = desk.plan(
+                    &state,
+                    PoolCall {
+                        command: ask(region, weight, want, None),
+                        holder: holder(name),
+                        want_more: 0,
+                        join: None,
+                    },
+                    start + 1,
+                    &leader,
+                );
+                let weight = weight_of(&plan.commands[plan.lapses]);
+                let outcomes = apply(&mut state, &plan, start + 1);
+                desk.settle(&plan.in_flight);
+                match outcomes.last() {
+                    Some(Outcome::PoolGrant(grant)) => (weight, grant.granted_total),
+                    other => panic!("{other:?}"),
+                }
+            };
+            call("us", "us-a", 2, 1);
+            call("eu", "eu-a", 1, 100);
+            let (weight, total) = call("eu", "eu-b", 1, 100);
+            assert_eq!((weight, total), (eu_weight, eu_total));
+        }
+        // A release by one holder: the other's weight stays the region's.
+        let mut desk = PoolDesk::new();
+        let eu = RegionId::new("eu").expect("valid");
+        let key = grant_key();
+        for name in ["eu-a", "eu-b"] {
+            let plan = desk.plan(
+                &state(),
+                PoolCall {
+                    command: ask("eu", 3, 10, None),
+                    holder: holder(name),
+                    want_more: 0,
+                    join: None,
+                },
+                start + 1,
+                &leader,
+            );
+            desk.settle(&plan.in_flight);
+        }
+        let released = PoolReleaseOutcome {
+            disposition: crate::coordinator::PoolReleaseDisposition::Released,
+            released: 5,
+            granted_total: 5,
+            window_start_ms: start,
+            window_end_ms: start + WINDOW_MS,
+        };
+        desk.note_release(&key, (&eu, &holder("eu-a")), &released, start + 2);
+        let plan = desk.plan(
+            &state(),
+            PoolCall {
+                command: ask("eu", 3, 10, None),
+                holder: holder("eu-b"),
+                want_more: 0,
+                join: None,
+            },
+            start + 3,
+            &leader,
+        );
+        assert_eq!(weight_of(&plan.commands[plan.lapses]), 3);
+    }
+
+    /// Two holders of one region joining the next window at once, each by
+    /// `want_more`: both planned before either is applied, each gets what
+    /// it asked for — the second is sized on top of the first (in flight)
+    /// — where asks by totals alone would give the second nothing.
+    #[test]
+    fn two_holders_joining_at_once_both_get_their_ask() {
+        let leader = Principal::Member(1);
+        let start = T0 / WINDOW_MS * WINDOW_MS;
+        let late = start + WINDOW_MS - WINDOW_MS / 8;
+        let next = start + WINDOW_MS;
+        let join = |name: &str, want: u64| Command::PoolJoinNext {
+            key: grant_key(),
+            region: RegionId::new("eu").expect("valid"),
+            region_weight: 1,
+            want_total: want,
+            window_start_ms: next,
+            retire: false,
+            request_id: Some(RequestId {
+                client: ClientId::new(name).expect("valid"),
+                seq: 1,
+            }),
+            caller: Principal::Anonymous,
+        };
+        for (by_more, increments) in [(true, [30, 20]), (false, [30, 0])] {
+            let mut desk = PoolDesk::new();
+            let mut state = state();
+            // A live window, in which eu asks.
+            let plan = desk.plan(
+                &state,
+                PoolCall::plain(ask("eu", 1, 10, None)),
+                late,
+                &leader,
+            );
+            apply(&mut state, &plan, late);
+            let plans: Vec<PoolPlan> = [("eu-a", 30), ("eu-b", 20)]
+                .into_iter()
+                .map(|(name, want)| {
+                    let more = if by_more { want } else { 0 };
+                    desk.plan(
+                        &state,
+                        PoolCall {
+                            command: ask("eu", 1, 10, None),
+                            holder: holder(name),
+                            want_more: 0,
+                            join: Some((join(name, want), more)),
+                        },
+                        late,
+                        &leader,
+                    )
+                })
+                .collect();
+            for (plan, increment) in plans.iter().zip(increments) {
+                let outcomes = apply(&mut state, plan, late);
+                desk.settle(&plan.in_flight);
+                match outcomes.last() {
+                    Some(Outcome::PoolGrant(grant)) => {
+                        assert_eq!(grant.window_start_ms, next);
+                        assert_eq!(grant.granted_increment, increment, "{by_more}");
+                    }
+                    other => panic!("{other:?}"),
+                }
+            }
+            assert!(desk.in_flight.is_empty());
         }
     }
 }

@@ -20,7 +20,7 @@ use leasehold_core::escrow::{
 };
 use leasehold_core::ids::{ClientId, Key, RegionId, RequestId, TenantId};
 use leasehold_core::policy::{OutagePolicy, Policy, PolicyKind};
-use leasehold_core::pool::desk::{GrantNotes, PoolDesk};
+use leasehold_core::pool::desk::{GrantNotes, PoolCall, PoolDesk};
 use leasehold_core::principal::Principal;
 use leasehold_core::window::WindowBounds;
 
@@ -122,6 +122,13 @@ pub struct Coordinator {
     /// Per holder, its process incarnation: a restarted process draws
     /// request ids under a client id of its own ([`Coordinator::restart`]).
     incarnations: BTreeMap<usize, u64>,
+    /// Per holder, the last seq drawn under its client id: every pool call
+    /// of one process goes under one client id, as the node's do (its
+    /// session names the holder to the leader's desk).
+    seqs: BTreeMap<usize, u64>,
+    /// Per (holder, join id of its key machine): the request id that join
+    /// went under (a resend carries the same).
+    joins: BTreeMap<(usize, u64), RequestId>,
 }
 
 pub fn region(i: usize) -> RegionId {
@@ -163,6 +170,8 @@ impl Coordinator {
             releases: BTreeMap::new(),
             homes: BTreeMap::new(),
             incarnations: BTreeMap::new(),
+            seqs: BTreeMap::new(),
+            joins: BTreeMap::new(),
         }
     }
 
@@ -178,6 +187,8 @@ impl Coordinator {
     pub fn restart(&mut self, holder: usize) {
         *self.incarnations.entry(holder).or_default() += 1;
         self.releases.remove(&holder);
+        self.seqs.remove(&holder);
+        self.joins.retain(|(of, _), _| *of != holder);
     }
 
     /// The region holder `holder` serves.
@@ -185,13 +196,22 @@ impl Coordinator {
         region(self.homes.get(&holder).copied().unwrap_or(holder))
     }
 
-    /// The client id of holder `holder`'s `kind` of calls in its current
-    /// incarnation.
-    fn client_name(&self, kind: &str, holder: usize) -> String {
-        match self.incarnations.get(&holder) {
-            Some(incarnation) => format!("{kind}-r{holder}-i{incarnation}"),
-            None => format!("{kind}-r{holder}"),
-        }
+    /// Holder `holder`'s client id in its current incarnation: the
+    /// holder its pool calls name, as a node names its client id.
+    fn client_of(&self, holder: usize) -> ClientId {
+        let client = match self.incarnations.get(&holder) {
+            Some(incarnation) => format!("escrow-r{holder}-i{incarnation}"),
+            None => format!("escrow-r{holder}"),
+        };
+        ClientId::new(client).expect("valid client id")
+    }
+
+    /// A new request id of holder `holder` in its current incarnation.
+    fn next_request_id(&mut self, holder: usize) -> RequestId {
+        let client = self.client_of(holder);
+        let seq = self.seqs.entry(holder).or_default();
+        *seq += 1;
+        RequestId { client, seq: *seq }
     }
 
     fn apply(&mut self, stamp_ms: u64, command: Command) -> Outcome {
@@ -292,6 +312,7 @@ impl Coordinator {
             call,
             region_weight,
             want_total,
+            want_more,
             demand_window_ms,
             demands,
             join_next,
@@ -300,24 +321,32 @@ impl Coordinator {
             panic!("{ask:?} is not a pool grant");
         };
         let region_id = self.region_of(region_index);
+        let request_id = self.next_request_id(region_index);
+        let holder = Some(self.client_of(region_index));
         let command = Command::PoolGrant {
             key: self.key.clone(),
             region: region_id.clone(),
             region_weight: *region_weight,
             want_total: *want_total,
-            request_id: None,
+            request_id: Some(request_id),
             caller: Principal::Anonymous,
         };
         let join = join_next
             .as_ref()
-            .map(|join| self.join_command(region_index, join));
-        let (outcome, join_outcome) = self.propose(command, join, stamp_ms);
+            .map(|join| (self.join_command(region_index, join), join.want_more));
+        let pool_call = PoolCall {
+            command,
+            holder: holder.clone(),
+            want_more: *want_more,
+            join,
+        };
+        let (outcome, join_outcome) = self.propose(pool_call, stamp_ms);
         match outcome {
             Outcome::PoolGrant(grant) => {
                 let notes = self.desk.grant_notes(
                     &self.state,
                     &self.key,
-                    &region_id,
+                    (&region_id, &holder),
                     &grant,
                     Some((*demand_window_ms, demands)),
                 );
@@ -341,15 +370,10 @@ impl Coordinator {
 
     /// Applies pool call `command` with its join ahead as the leader's desk
     /// plans them, at `stamp_ms`: the call's outcome and the join's.
-    fn propose(
-        &mut self,
-        command: Command,
-        join: Option<Command>,
-        stamp_ms: u64,
-    ) -> (Outcome, Option<Outcome>) {
+    fn propose(&mut self, call: PoolCall, stamp_ms: u64) -> (Outcome, Option<Outcome>) {
         let plan = self
             .desk
-            .plan(&self.state, command, join, stamp_ms, &Principal::Member(1));
+            .plan(&self.state, call, stamp_ms, &Principal::Member(1));
         let mut outcomes = self
             .state
             .apply(&Proposal {
@@ -357,6 +381,7 @@ impl Coordinator {
                 commands: plan.commands,
             })
             .outcomes;
+        self.desk.settle(&plan.in_flight);
         let join_outcome = if plan.joined { outcomes.pop() } else { None };
         let outcome = outcomes.pop().expect("one outcome per command");
         (outcome, join_outcome)
@@ -370,24 +395,34 @@ impl Coordinator {
         stamp_ms: u64,
     ) -> Event<CommandError> {
         let release = pending.request_id;
+        let request_id = self.release_request_id(region_index, release);
+        let holder = Some(self.client_of(region_index));
         let command = Command::PoolRelease {
             key: self.key.clone(),
             region: self.region_of(region_index),
             from_total: pending.from_total,
             keep_total: pending.keep_total,
             window_start_ms: pending.window.start_ms,
-            request_id: Some(self.release_request_id(region_index, release)),
+            request_id: Some(request_id),
             caller: Principal::Anonymous,
         };
         let join = pending
             .join_next
             .as_ref()
-            .map(|join| self.join_command(region_index, join));
-        let (outcome, join_outcome) = self.propose(command, join, stamp_ms);
+            .map(|join| (self.join_command(region_index, join), join.want_more));
+        let call = PoolCall {
+            command,
+            holder: holder.clone(),
+            want_more: 0,
+            join,
+        };
+        let (outcome, join_outcome) = self.propose(call, stamp_ms);
         match outcome {
             Outcome::PoolRelease(outcome) => {
                 // The leader remembers late hand-backs, as the API does.
-                self.desk.note_release(&self.key, &outcome, stamp_ms);
+                let region_id = self.region_of(region_index);
+                self.desk
+                    .note_release(&self.key, (&region_id, &holder), &outcome, stamp_ms);
                 let (next_window, next_window_demands) =
                     self.join_answer(region_index, pending.join_next.as_ref(), join_outcome);
                 Event::ReleaseAnswered {
@@ -413,7 +448,16 @@ impl Coordinator {
 
     /// The join of the next window region `region_index`'s call carries,
     /// under the region's join session (the desk caps its ask).
-    fn join_command(&self, region_index: usize, join: &JoinAhead<u64>) -> Command {
+    fn join_command(&mut self, region_index: usize, join: &JoinAhead<u64>) -> Command {
+        let request_id = match self.joins.get(&(region_index, join.request_id)) {
+            Some(request_id) => request_id.clone(),
+            None => {
+                let request_id = self.next_request_id(region_index);
+                self.joins
+                    .insert((region_index, join.request_id), request_id.clone());
+                request_id
+            }
+        };
         Command::PoolJoinNext {
             key: self.key.clone(),
             region: self.region_of(region_index),
@@ -421,11 +465,7 @@ impl Coordinator {
             want_total: join.want_total,
             window_start_ms: join.window_start_ms,
             retire: join.retire,
-            request_id: Some(RequestId {
-                client: ClientId::new(self.client_name("join", region_index))
-                    .expect("valid client id"),
-                seq: join.request_id,
-            }),
+            request_id: Some(request_id),
             caller: Principal::Anonymous,
         }
     }
@@ -443,10 +483,11 @@ impl Coordinator {
             return (None, Vec::new());
         };
         let region_id = self.region_of(region_index);
+        let holder = Some(self.client_of(region_index));
         let notes = self.desk.join_notes(
             &self.state,
             &self.key,
-            &region_id,
+            (&region_id, &holder),
             &grant,
             join.window_start_ms,
             &join.demands,
@@ -460,16 +501,12 @@ impl Coordinator {
     /// The request id of region `region_index`'s release `release`: the
     /// one it first went under, or the region's next seq for a new one.
     fn release_request_id(&mut self, region_index: usize, release: u64) -> RequestId {
-        let seq = match self.releases.get(&region_index) {
-            Some((id, request_id)) if *id == release => return request_id.clone(),
-            Some((_, request_id)) => request_id.seq + 1,
-            None => 1,
-        };
-        let request_id = RequestId {
-            client: ClientId::new(self.client_name("escrow", region_index))
-                .expect("valid client id"),
-            seq,
-        };
+        if let Some((id, request_id)) = self.releases.get(&region_index) {
+            if *id == release {
+                return request_id.clone();
+            }
+        }
+        let request_id = self.next_request_id(region_index);
         self.releases
             .insert(region_index, (release, request_id.clone()));
         request_id

@@ -15,7 +15,8 @@
 use std::sync::Arc;
 
 use leasehold_core::coordinator::{Command, Outcome, PoolReleaseDisposition};
-use leasehold_core::pool::desk::{GrantNotes, PoolDesk};
+use leasehold_core::pool::desk::{GrantNotes, PoolCall, PoolDesk};
+use leasehold_core::pool::holder_weights::Holder;
 use leasehold_core::principal::Principal;
 use leasehold_proto::convert::coordinator as convert;
 use leasehold_proto::convert::InvalidField;
@@ -139,6 +140,8 @@ impl CoordinatorApi {
             .map_err(|e| self.invalid(e))?;
         let mut request = request.into_inner();
         let demand_window = request.demand_window_start_ms;
+        let holder = convert::pool_holder(&request.holder).map_err(|e| self.invalid(e))?;
+        let want_more = request.want_more;
         let join_next = request.join_next.take();
         let (join_window, join_demands) = self.join_report(join_next.as_ref())?;
         let command =
@@ -149,17 +152,30 @@ impl CoordinatorApi {
         let (key, region) = (key.clone(), region.clone());
         let join = join_next
             .map(|join| {
+                let join_want_more = join.want_more;
                 convert::join_next_command(join, key.clone(), region.clone(), caller.clone())
+                    .map(|command| (command, join_want_more))
             })
             .transpose()
             .map_err(|e| self.invalid(e))?;
-        let (outcome, join_outcome) = self.propose_pool_call(command, join).await?;
+        let call = PoolCall {
+            command,
+            holder: holder.clone(),
+            want_more,
+            join,
+        };
+        let (outcome, join_outcome) = self.propose_pool_call(call).await?;
         match outcome {
             Outcome::PoolGrant(grant) => {
                 let mut response = pb::PoolGrantResponse::from(&grant);
                 if let Some(joined) = join_outcome {
-                    let (next, refused) =
-                        self.join_answer(&key, &region, joined, join_window, &join_demands);
+                    let (next, refused) = self.join_answer(
+                        &key,
+                        (&region, &holder),
+                        joined,
+                        join_window,
+                        &join_demands,
+                    );
                     response.next_window = next.map(Box::new);
                     response.next_window_refused = refused;
                 }
@@ -169,7 +185,7 @@ impl CoordinatorApi {
                     self.desk().grant_notes(
                         state,
                         &key,
-                        &region,
+                        (&region, &holder),
                         &grant,
                         Some((demand_window, &demands)),
                     )
@@ -189,6 +205,7 @@ impl CoordinatorApi {
         let caller = caller(&request);
         let mut request = request.into_inner();
         let join_next = request.join_next.take();
+        let holder = convert::pool_holder(&request.holder).map_err(|e| self.invalid(e))?;
         let (join_window, join_demands) = self.join_report(join_next.as_ref())?;
         let command =
             convert::pool_release_command(request, caller.clone()).map_err(|e| self.invalid(e))?;
@@ -197,20 +214,37 @@ impl CoordinatorApi {
             _ => return Err(refusal(Reason::Internal, "not a pool release")),
         };
         let join = join_next
-            .map(|join| convert::join_next_command(join, key.clone(), region.clone(), caller))
+            .map(|join| {
+                let join_want_more = join.want_more;
+                convert::join_next_command(join, key.clone(), region.clone(), caller)
+                    .map(|command| (command, join_want_more))
+            })
             .transpose()
             .map_err(|e| self.invalid(e))?;
-        let (outcome, join_outcome) = self.propose_pool_call(command, join).await?;
+        let call = PoolCall {
+            command,
+            holder: holder.clone(),
+            want_more: 0,
+            join,
+        };
+        let (outcome, join_outcome) = self.propose_pool_call(call).await?;
         match outcome {
             Outcome::PoolRelease(outcome) => {
                 // Remembered for the next window's grants: what was handed
-                // back late (the proto's late_released_before_total).
+                // back late (the proto's late_released_before_total), and
+                // that this holder stopped reserving.
                 let now_ms = self.node.clock.now_ms();
-                self.desk().note_release(&key, &outcome, now_ms);
+                self.desk()
+                    .note_release(&key, (&region, &holder), &outcome, now_ms);
                 let mut response = pb::PoolReleaseResponse::from(&outcome);
                 if let Some(joined) = join_outcome {
-                    let (next, refused) =
-                        self.join_answer(&key, &region, joined, join_window, &join_demands);
+                    let (next, refused) = self.join_answer(
+                        &key,
+                        (&region, &holder),
+                        joined,
+                        join_window,
+                        &join_demands,
+                    );
                     response.next_window = next;
                     response.next_window_refused = refused;
                 }
@@ -233,15 +267,26 @@ impl CoordinatorApi {
     /// error status.
     async fn propose_pool_call(
         &self,
-        command: Command,
-        join: Option<Command>,
+        call: PoolCall,
     ) -> Result<(Outcome, Option<Outcome>), Status> {
         let now_ms = self.node.clock.now_ms();
         let leader = Principal::Member(self.node.id);
         let plan = self
             .node
             .state
-            .read(|state| self.desk().plan(state, command, join, now_ms, &leader));
+            .read(|state| self.desk().plan(state, call, now_ms, &leader));
+        let in_flight = plan.in_flight.clone();
+        let outcomes = self.propose_plan(plan).await;
+        // Applied or refused: the asks it planned no longer wait in the log.
+        self.desk().settle(&in_flight);
+        outcomes
+    }
+
+    /// Proposes the commands of `plan` (see [`Self::propose_pool_call`]).
+    async fn propose_plan(
+        &self,
+        plan: leasehold_core::pool::desk::PoolPlan,
+    ) -> Result<(Outcome, Option<Outcome>), Status> {
         if plan.commands.len() == 1 {
             let Some(command) = plan.commands.into_iter().next() else {
                 return Err(refusal(Reason::Internal, "no command to propose"));
@@ -291,7 +336,7 @@ impl CoordinatorApi {
     fn join_answer(
         &self,
         key: &leasehold_core::ids::Key,
-        region: &leasehold_core::ids::RegionId,
+        holder: (&leasehold_core::ids::RegionId, &Holder),
         outcome: Outcome,
         join_window_start_ms: u64,
         demands: &[(leasehold_core::ids::TenantId, u64)],
@@ -305,7 +350,7 @@ impl CoordinatorApi {
         let mut response = pb::PoolGrantResponse::from(&grant);
         let notes = self.node.state.read(|state| {
             self.desk()
-                .join_notes(state, key, region, &grant, join_window_start_ms, demands)
+                .join_notes(state, key, holder, &grant, join_window_start_ms, demands)
         });
         add_notes(&mut response, notes);
         (Some(response), String::new())

@@ -349,6 +349,7 @@ impl KeyActor {
                 call,
                 region_weight,
                 want_total,
+                want_more,
                 demand_window_ms,
                 demands,
                 join_next,
@@ -356,7 +357,7 @@ impl KeyActor {
                 self.pool_grant(
                     call,
                     region_weight,
-                    want_total,
+                    (want_total, want_more),
                     demand_window_ms,
                     demands,
                     join_next,
@@ -464,7 +465,7 @@ impl KeyActor {
         &mut self,
         call: u64,
         region_weight: u64,
-        want_total: u64,
+        (want_total, want_more): (u64, u64),
         demand_window_ms: u64,
         demands: Vec<(TenantId, u64)>,
         join_next: Option<JoinAhead<u64>>,
@@ -476,11 +477,11 @@ impl KeyActor {
         let answer = self
             .shared
             .client
-            .pool_grant_joining_next(
+            .pool_grant_asking_more(
                 &self.key,
                 self.shared.config.region.as_str(),
                 region_weight,
-                want_total,
+                (want_total, want_more),
                 demand_window_ms,
                 demands,
                 join_next,
@@ -643,6 +644,7 @@ impl KeyActor {
             request_id: Some(request_id),
             retire: join.retire,
             tenant_demands: tenant_demands_to_wire(&join.demands),
+            want_more: join.want_more,
         }
     }
 

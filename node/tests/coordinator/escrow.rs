@@ -1408,6 +1408,7 @@ async fn a_late_pool_call_joins_the_next_window_ahead() -> Result<()> {
         request_id: Some(request_id),
         retire: false,
         tenant_demands: Vec::new(),
+        want_more: 0,
     };
     until(start + 50).await;
     let eu = client.pool_grant("ahead/k", "eu", 1_000, 40).await?;
@@ -1573,6 +1574,7 @@ async fn a_join_ahead_reports_its_window_and_hears_the_settled_totals() -> Resul
         request_id: Some(client.next_request_id()),
         retire: false,
         tenant_demands: report,
+        want_more: 0,
     };
     let twice = [demand(1), demand(2)].concat();
     let refused = client

@@ -200,6 +200,18 @@ pub fn pool_release_command(
     })
 }
 
+/// The holder a pool call names (`PoolGrantRequest.holder`,
+/// `PoolReleaseRequest.holder`): `None` when empty (the region's anonymous
+/// holder), else 1..=128 bytes.
+pub fn pool_holder(raw: &str) -> Result<Option<ClientId>, InvalidField> {
+    if raw.is_empty() {
+        return Ok(None);
+    }
+    ClientId::new(raw)
+        .map(Some)
+        .map_err(|e| InvalidField::new("holder", e.to_string()))
+}
+
 /// The key of a window read.
 pub fn window_key(request: &pb::GetWindowRequest) -> Result<Key, InvalidField> {
     key(&request.key)
@@ -640,6 +652,20 @@ mod tests {
             }
         }
 
+        /// A pool call's holder reads as none when empty, as itself when it
+        /// is a valid client id, and is refused (field `holder`) otherwise.
+        #[test]
+        fn a_pool_holder_is_none_a_client_id_or_refused(raw in ".{0,140}") {
+            match pool_holder(&raw) {
+                Ok(None) => prop_assert!(raw.is_empty()),
+                Ok(Some(holder)) => prop_assert_eq!(holder.as_str(), raw.as_str()),
+                Err(error) => {
+                    prop_assert_eq!(error.field(), "holder");
+                    prop_assert!(ClientId::new(raw.clone()).is_err());
+                }
+            }
+        }
+
         /// A pool release converts exactly when it keeps at most its total.
         #[test]
         fn a_pool_release_keeps_at_most_its_total(from_total in any::<u64>(), keep_total in any::<u64>()) {
@@ -651,6 +677,7 @@ mod tests {
                 window_start_ms: 1_000,
                 request_id: None,
                 join_next: None,
+                holder: String::new(),
             };
             match pool_release_command(request, Principal::Anonymous) {
                 Ok(command) => {

@@ -112,6 +112,7 @@ impl<Id: Clone> FairKey<Id> {
             request_id,
             region_weight,
             want_total,
+            want_more: want_total,
             window_start_ms: next_start,
             retire,
             demands,

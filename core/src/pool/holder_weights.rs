@@ -1,0 +1,260 @@
+//! The leader's memory of each *holder*'s weight in a `fair` key's window,
+//! so that a region served by several escrow processes at once weighs, in
+//! the pool's max-min, the sum of what its holders declare.
+//!
+//! A holder is one escrow process: the session (`RequestId.client`) its
+//! pool calls carry — a fresh one per process start. A call without a
+//! request id is the region's anonymous holder. Each holder declares the
+//! weight of the tenants it serves, split by its share of each tenant's
+//! demand (the demand board counts each holder's report apart, see
+//! [`super::demand_board`]), so the region's weight is the sum over its
+//! holders: what one process serving all of them would declare. The
+//! replicated command carries that sum as its `region_weight`
+//! ([`super::desk::PoolDesk::plan`] writes it in), so the state machine
+//! stays deterministic and knows nothing of holders.
+//!
+//! A holder's weight counts from its call until the window ends; a release
+//! or a retired join by it sets it to 0 (that holder stops reserving; the
+//! region's other holders do not). A holder that died keeps its weight to
+//! the window's end, as its holding stays spent.
+//!
+//! A hint, not state: the leader's memory only, never replicated, never a
+//! bound on admissions (Δ rests on the replicated totals alone). After a
+//! leader change the sum starts again from the holders that call. Bounded:
+//! at most [`MAX_HOLDER_WINDOWS`] (key, window) entries (the oldest window
+//! goes first) and [`MAX_HOLDERS_PER_REGION`] holders per region of one
+//! window (the one that called least recently goes first).
+
+use std::collections::BTreeMap;
+
+use crate::ids::{ClientId, Key, RegionId};
+
+/// Most (key, window) entries kept.
+pub const MAX_HOLDER_WINDOWS: usize = 16_384;
+/// Most holders remembered per region of one window.
+pub const MAX_HOLDERS_PER_REGION: usize = 16;
+/// Most regions remembered per window (as the replicated window record).
+pub const MAX_HOLDER_REGIONS: usize = 64;
+
+/// Who holds part of a region's pool total: an escrow process's session,
+/// or `None`, the region's calls without a request id.
+pub type Holder = Option<ClientId>;
+
+/// One holder's declared weight and the order of its latest call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Declared {
+    weight: u64,
+    /// A counter of declarations: larger is more recent.
+    turn: u64,
+}
+
+type Entry = BTreeMap<RegionId, BTreeMap<Holder, Declared>>;
+
+/// See the module doc.
+#[derive(Debug, Default, Clone)]
+pub struct HolderWeights {
+    entries: BTreeMap<(u64, Key), Entry>,
+    turn: u64,
+}
+
+impl HolderWeights {
+    /// Records that `holder` of `region` declares `weight` in `key`'s
+    /// window starting at `window_start_ms`, and returns the region's
+    /// weight there: the sum over its holders (at least `weight`). Beyond
+    /// the bounds (see the module doc) the region's weight is `weight`
+    /// alone, as if no other holder were known.
+    pub fn declare(
+        &mut self,
+        key: &Key,
+        window_start_ms: u64,
+        region: &RegionId,
+        holder: &Holder,
+        weight: u64,
+    ) -> u64 {
+        self.set(key, window_start_ms, region, holder, weight)
+            .map_or(weight, |sum| sum.max(weight))
+    }
+
+    /// Records that `holder` of `region` stopped reserving in `key`'s
+    /// window starting at `window_start_ms` (it released, or joined
+    /// retired): its weight is 0 there. Returns the region's weight now:
+    /// the sum over its other holders.
+    pub fn retire(
+        &mut self,
+        key: &Key,
+        window_start_ms: u64,
+        region: &RegionId,
+        holder: &Holder,
+    ) -> u64 {
+        self.set(key, window_start_ms, region, holder, 0)
+            .unwrap_or(0)
+    }
+
+    /// The region's weight as its holders declared it, if any did.
+    pub fn region_weight(&self, key: &Key, window_start_ms: u64, region: &RegionId) -> Option<u64> {
+        let holders = self
+            .entries
+            .get(&(window_start_ms, key.clone()))?
+            .get(region)?;
+        Some(sum(holders))
+    }
+
+    /// (key, window) entries held.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether nothing is held.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    fn set(
+        &mut self,
+        key: &Key,
+        window_start_ms: u64,
+        region: &RegionId,
+        holder: &Holder,
+        weight: u64,
+    ) -> Option<u64> {
+        let id = (window_start_ms, key.clone());
+        if !self.entries.contains_key(&id) && self.entries.len() >= MAX_HOLDER_WINDOWS {
+            // The oldest window goes first; one older than every kept
+            // window is not kept at all.
+            let oldest = self.entries.keys().next()?.clone();
+            if oldest > id {
+                return None;
+            }
+            self.entries.remove(&oldest);
+        }
+        let entry = self.entries.entry(id).or_default();
+        if !entry.contains_key(region) && entry.len() >= MAX_HOLDER_REGIONS {
+            return None;
+        }
+        let holders = entry.entry(region.clone()).or_default();
+        if !holders.contains_key(holder) && holders.len() >= MAX_HOLDERS_PER_REGION {
+            let stalest = holders
+                .iter()
+                .min_by_key(|(_, declared)| declared.turn)
+                .map(|(holder, _)| holder.clone());
+            if let Some(stalest) = stalest {
+                holders.remove(&stalest);
+            }
+        }
+        self.turn += 1;
+        holders.insert(
+            holder.clone(),
+            Declared {
+                weight,
+                turn: self.turn,
+            },
+        );
+        Some(sum(holders))
+    }
+}
+
+fn sum(holders: &BTreeMap<Holder, Declared>) -> u64 {
+    holders.values().fold(0u64, |total, declared| {
+        total.saturating_add(declared.weight)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn key() -> Key {
+        Key::new("p/k").expect("valid")
+    }
+
+    fn region(name: &str) -> RegionId {
+        RegionId::new(name).expect("valid")
+    }
+
+    fn holder(name: &str) -> Holder {
+        Some(ClientId::new(name).expect("valid"))
+    }
+
+    #[test]
+    fn a_region_weighs_the_sum_of_its_holders_and_a_retired_one_counts_zero() {
+        let mut weights = HolderWeights::default();
+        let eu = region("eu");
+        assert_eq!(weights.declare(&key(), 0, &eu, &holder("a"), 3_000), 3_000);
+        assert_eq!(weights.declare(&key(), 0, &eu, &holder("b"), 2_000), 5_000);
+        // A holder's new declaration replaces its old one.
+        assert_eq!(weights.declare(&key(), 0, &eu, &holder("a"), 1_000), 3_000);
+        assert_eq!(weights.retire(&key(), 0, &eu, &holder("b")), 1_000);
+        // Other regions and windows are apart.
+        assert_eq!(
+            weights.declare(&key(), 0, &region("us"), &holder("a"), 7),
+            7
+        );
+        assert_eq!(weights.declare(&key(), 1_000, &eu, &holder("b"), 9), 9);
+        assert_eq!(weights.region_weight(&key(), 0, &eu), Some(1_000));
+        assert_eq!(weights.region_weight(&key(), 2_000, &eu), None);
+    }
+
+    #[test]
+    fn beyond_its_holders_bound_the_least_recent_holder_goes() {
+        let mut weights = HolderWeights::default();
+        let eu = region("eu");
+        for i in 0..MAX_HOLDERS_PER_REGION {
+            weights.declare(&key(), 0, &eu, &holder(&format!("h{i:02}")), 1);
+        }
+        // h00 calls again: h01 is now the stalest.
+        weights.declare(&key(), 0, &eu, &holder("h00"), 1);
+        let sum = weights.declare(&key(), 0, &eu, &holder("new"), 100);
+        assert_eq!(sum, 100 + (MAX_HOLDERS_PER_REGION as u64 - 1));
+        // h01 was forgotten: declaring it again evicts the next stalest.
+        let again = weights.declare(&key(), 0, &eu, &holder("h01"), 1);
+        assert_eq!(again, sum);
+    }
+
+    #[test]
+    fn beyond_its_windows_bound_the_oldest_window_goes() {
+        let mut weights = HolderWeights::default();
+        let eu = region("eu");
+        for start in 1..=MAX_HOLDER_WINDOWS as u64 {
+            weights.declare(&key(), start, &eu, &holder("a"), 1);
+        }
+        assert_eq!(weights.len(), MAX_HOLDER_WINDOWS);
+        // Older than every kept window: not kept, weighed alone.
+        assert_eq!(weights.declare(&key(), 0, &eu, &holder("b"), 5), 5);
+        assert_eq!(weights.region_weight(&key(), 0, &eu), None);
+        // A newer window replaces the oldest.
+        weights.declare(&key(), u64::MAX, &eu, &holder("a"), 1);
+        assert_eq!(weights.len(), MAX_HOLDER_WINDOWS);
+        assert_eq!(weights.region_weight(&key(), 1, &eu), None);
+    }
+
+    proptest! {
+        /// Whatever the order of declarations and retirements, a region's
+        /// weight is the sum of its holders' latest declarations (0 once
+        /// retired), at least the declaring holder's own weight.
+        #[test]
+        fn the_region_weight_is_the_sum_of_the_latest_declarations(
+            calls in proptest::collection::vec((0usize..4, 0usize..2, 0u64..5_000, any::<bool>()), 1..60),
+        ) {
+            let mut weights = HolderWeights::default();
+            let regions = [region("eu"), region("us")];
+            let mut latest = [[0u64; 4]; 2];
+            for (who, at, weight, retire) in calls {
+                let name = holder(&format!("h{who}"));
+                let answer = if retire {
+                    latest[at][who] = 0;
+                    weights.retire(&key(), 0, &regions[at], &name)
+                } else {
+                    latest[at][who] = weight;
+                    weights.declare(&key(), 0, &regions[at], &name, weight)
+                };
+                let expected: u64 = latest[at].iter().sum();
+                prop_assert_eq!(answer, expected);
+                let floor = if retire { 0 } else { weight };
+                prop_assert!(answer >= floor);
+                prop_assert_eq!(weights.region_weight(&key(), 0, &regions[at]), Some(expected));
+            }
+        }
+    }
+}
