@@ -81,6 +81,19 @@ impl Fleet {
     /// random fates.
     fn request(&mut self, h: usize, tokens: u64, now: u64, rng: &mut Rng, faults: bool) {
         let tenant = TenantId::new(format!("t{}", h % 2)).expect("valid tenant");
+        self.request_for(h, tenant, tokens, now, rng, faults);
+    }
+
+    /// One request of holder `h` for `tokens` of `tenant` (weight 1).
+    fn request_for(
+        &mut self,
+        h: usize,
+        tenant: TenantId,
+        tokens: u64,
+        now: u64,
+        rng: &mut Rng,
+        faults: bool,
+    ) {
         let node = &mut self.holders[h];
         let (_, calls) = node.acquire(Some(tenant), 1, tokens, at(now));
         self.settle(h, calls, now, rng, faults);
@@ -292,4 +305,51 @@ fn a_second_node_of_a_region_is_served_what_the_first_does_not_hold() {
         "both nodes together use the whole limit"
     );
     assert!(fleet.admitted.of(0, &1) > 0, "the second node was served");
+}
+
+/// One tenant (weight 1) spread over two regions, served in region 0 by
+/// two escrow nodes and in region 1 by one, each node asked as often:
+/// region 0 has two thirds of the tenant's demand, so by the demand split
+/// it weighs two thirds and is served two thirds of L once the split has
+/// settled — what one node serving both its nodes' traffic would get. A
+/// leader that weighs a region by its latest caller alone (each node
+/// declares its own third) serves the regions half and half.
+#[test]
+fn a_region_of_two_nodes_weighs_what_they_serve_together() {
+    use leasehold_core::pool::desk::PoolDesk;
+    let region_zero_share = |desk: PoolDesk| {
+        let mut rng = Rng::new(5);
+        let mut fleet = Fleet::new(PolicyKind::Fair, 2, true);
+        fleet.coordinator.desk = desk;
+        let tenant = TenantId::new("spread").expect("valid tenant");
+        for now in (0..WINDOWS * WINDOW_MS).step_by(5) {
+            for h in 0..fleet.holders.len() {
+                fleet.tick(h, now, &mut rng, false);
+                fleet.request_for(h, tenant.clone(), 1, now, &mut rng, false);
+            }
+        }
+        fleet.assert_within_limit("two nodes");
+        // The windows after the split settled (two windows of reports).
+        let (mut zero, mut all) = (0, 0);
+        for window in 2..WINDOWS {
+            let start = window * WINDOW_MS;
+            zero += fleet.admitted.of(start, &0) + fleet.admitted.of(start, &2);
+            all += fleet.admitted.total(start);
+        }
+        assert!(
+            all >= (WINDOWS - 2) * L * 99 / 100,
+            "the windows are used: {all}"
+        );
+        zero as f64 / all as f64
+    };
+    let summed = region_zero_share(PoolDesk::new());
+    assert!(
+        (summed - 2.0 / 3.0).abs() <= 0.05,
+        "region 0 got {summed:.3} of L, not two thirds"
+    );
+    let latest_caller = region_zero_share(PoolDesk::new().without_holder_weights());
+    assert!(
+        (latest_caller - 0.5).abs() <= 0.05,
+        "weighed by its latest caller, region 0 got {latest_caller:.3}"
+    );
 }

@@ -4,7 +4,9 @@
 //! *effective* limit (so a lowered limit also caps pool grants), over the
 //! window's regions in sorted order. The asking region joins the active set on
 //! its first call in the window (even with `want_total == 0`), and its weight
-//! is refreshed on every call. Regions that only hold lease grants (after a
+//! is refreshed on every call (the leader's desk writes there the sum over
+//! the region's holders, [`crate::pool::holder_weights`]; the state machine
+//! knows nothing of holders). Regions that only hold lease grants (after a
 //! kind change) take part with weight 0: their grants are held, they reserve
 //! nothing more. Since every grant satisfies `granted_r ≤ L − Σ_{j≠r}
 //! granted_j`, `Σ granted ≤ L` holds for the window.
