@@ -151,6 +151,35 @@ async fn each_bad_request_gets_its_code_and_changes_nothing() -> Result<()> {
             "a bad demand report was not refused as INVALID_FIELD"
         );
     }
+    // A holder beyond 128 bytes names its field, on a grant and a release.
+    let long_holder = "h".repeat(129);
+    let refused = api
+        .pool_grant(pb::PoolGrantRequest {
+            holder: long_holder.clone(),
+            ..pool.clone()
+        })
+        .await
+        .unwrap_err();
+    ensure!(
+        refusal::detail(&refused, refusal::FIELD).as_deref() == Some("holder"),
+        "{refused:?}"
+    );
+    let refused = api
+        .pool_release(pb::PoolReleaseRequest {
+            key: "ok/k".into(),
+            region: "eu".into(),
+            from_total: 1,
+            keep_total: 0,
+            window_start_ms: 1,
+            holder: long_holder,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    ensure!(
+        refusal::detail(&refused, refusal::FIELD).as_deref() == Some("holder"),
+        "{refused:?}"
+    );
 
     let bad_policies = [
         counter_policy("p/", 0, 1000),

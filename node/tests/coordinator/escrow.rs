@@ -1626,3 +1626,49 @@ async fn a_join_ahead_reports_its_window_and_hears_the_settled_totals() -> Resul
 async fn until(at_ms: u64) {
     tokio::time::sleep(Duration::from_millis(at_ms.saturating_sub(wall_ms()))).await;
 }
+
+/// Through the API: two clients (two holders) of eu each declaring weight
+/// 1 000 against us declaring 2 000 — eu weighs their sum and is served
+/// half of L, not a third; and a holder asking by `want_more` after the
+/// other added to eu's total is granted what it asked for on top.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_region_of_two_holders_weighs_their_sum_and_asks_by_more() -> Result<()> {
+    let cluster = Cluster::start_initialised(1, |_| {}).await?;
+    let (first, second) = (cluster.client()?, cluster.client()?);
+    ensure!(first.client_id() != second.client_id());
+    first
+        .admin()
+        .set_policy(fair(counter_policy("holders/", 100, LONG_WINDOW_MS)))
+        .await?;
+    first.pool_grant("holders/k", "us", 2_000, 1).await?;
+    first.pool_grant("holders/k", "eu", 1_000, 100).await?;
+    let eu = second.pool_grant("holders/k", "eu", 1_000, 100).await?;
+    ensure!(eu.granted_total == 50, "eu weighs 2 000: {eu:?}");
+    // At eu's share, 5 more by want_more are not granted: the rule caps
+    // the raised total as any other.
+    let more = first
+        .pool_grant_asking_more("holders/k", "eu", 1_000, (10, 5), 0, Vec::new(), None)
+        .await?;
+    ensure!(
+        more.granted_increment == 0 && more.granted_total == 50,
+        "at the ceiling: {more:?}"
+    );
+    // Below the share: the first holder knows eu's total as 10 (its last
+    // answer) and asks for 15 in all, or 5 more; the second has raised
+    // eu's total to 20 meanwhile. By want_more it gets its 5 on top.
+    let fresh = cluster.client()?;
+    fresh
+        .admin()
+        .set_policy(fair(counter_policy("more/", 100, LONG_WINDOW_MS)))
+        .await?;
+    first.pool_grant("more/k", "eu", 1_000, 10).await?;
+    second.pool_grant("more/k", "eu", 1_000, 20).await?;
+    let asked = first
+        .pool_grant_asking_more("more/k", "eu", 1_000, (15, 5), 0, Vec::new(), None)
+        .await?;
+    ensure!(
+        (asked.granted_total, asked.granted_increment) == (25, 5),
+        "want_more on top of what the other holder added: {asked:?}"
+    );
+    Ok(())
+}
