@@ -380,6 +380,31 @@ def run(cluster):
         grpc.StatusCode.INVALID_ARGUMENT, "INVALID_FIELD", {"field": "keep_total"},
     )
 
+    # Holders: two escrow processes of one region, each naming itself. A
+    # holder that knows the region's total as 10 asks for 5 more by
+    # want_more after the other raised it to 20: it is granted 5 on top.
+    held_key = "pyf/holders"
+
+    def holder_grant(holder, want, more, seq):
+        return cluster.on_leader(REGION_IDENTITY, rpc.CoordinatorStub, "PoolGrant", pb.PoolGrantRequest(
+            key=held_key, region=REGION, region_weight=1000, want_total=want, want_more=more,
+            holder=holder, request_id=pb.RequestId(client_id=client_id, seq=seq),
+        ))
+
+    holder_grant("py-holder-a", 10, 0, seq=20)
+    holder_grant("py-holder-b", 20, 0, seq=21)
+    more = holder_grant("py-holder-a", 15, 5, seq=22)
+    check(
+        more.granted_total == 25 and more.granted_increment == 5,
+        f"want_more asks on top of what another holder added: total {more.granted_total}, "
+        f"increment {more.granted_increment}",
+    )
+    expect_refusal(
+        "PoolGrant naming a holder of 129 bytes",
+        lambda: holder_grant("h" * 129, 1, 0, seq=23),
+        grpc.StatusCode.INVALID_ARGUMENT, "INVALID_FIELD", {"field": "holder"},
+    )
+
     print(
         f"PASS: the Python client behaved as the proto says "
         f"({len(set(endpoints))} member(s) given, leased 100 of 100 then a denial, "
