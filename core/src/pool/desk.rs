@@ -867,4 +867,60 @@ mod tests {
             assert!(desk.in_flight.is_empty());
         }
     }
+
+    /// A join that comes late — it names the live window, where its
+    /// holder may hold already — asks by its total alone: `want_more` does
+    /// not raise it on top of what the region holds there. An ask by
+    /// `want_more` is sized on its own region's total, not another's.
+    #[test]
+    fn a_late_join_asks_by_its_total_and_an_ask_by_its_own_region() {
+        let leader = Principal::Member(1);
+        let start = T0 / WINDOW_MS * WINDOW_MS;
+        let mut desk = PoolDesk::new();
+        let mut state = state();
+        for (region, want) in [("us", 20), ("eu", 30)] {
+            let plan = desk.plan(
+                &state,
+                PoolCall::plain(ask(region, 1, want, None)),
+                start + 1,
+                &leader,
+            );
+            apply(&mut state, &plan, start + 1);
+        }
+        let late_join = Command::PoolJoinNext {
+            key: grant_key(),
+            region: RegionId::new("eu").expect("valid"),
+            region_weight: 1,
+            want_total: 30,
+            window_start_ms: start,
+            retire: false,
+            request_id: None,
+            caller: Principal::Anonymous,
+        };
+        let plan = desk.plan(
+            &state,
+            PoolCall {
+                command: ask("eu", 1, 30, None),
+                holder: holder("eu-a"),
+                want_more: 0,
+                join: Some((late_join, 30)),
+            },
+            start + 2,
+            &leader,
+        );
+        assert_eq!(want_of(plan.commands.last().expect("the join")), 30);
+        // eu holds 30, us 20: 5 more for eu is 35, whatever us holds.
+        let plan = desk.plan(
+            &state,
+            PoolCall {
+                command: ask("eu", 1, 1, None),
+                holder: holder("eu-a"),
+                want_more: 5,
+                join: None,
+            },
+            start + 3,
+            &leader,
+        );
+        assert_eq!(want_of(&plan.commands[plan.lapses]), 35);
+    }
 }

@@ -199,17 +199,38 @@ mod tests {
     #[test]
     fn beyond_its_holders_bound_the_least_recent_holder_goes() {
         let mut weights = HolderWeights::default();
+        assert!(weights.is_empty());
         let eu = region("eu");
         for i in 0..MAX_HOLDERS_PER_REGION {
             weights.declare(&key(), 0, &eu, &holder(&format!("h{i:02}")), 1);
         }
-        // h00 calls again: h01 is now the stalest.
-        weights.declare(&key(), 0, &eu, &holder("h00"), 1);
+        assert!(!weights.is_empty());
+        // h00 calls again (weight 50): h01 is now the stalest.
+        weights.declare(&key(), 0, &eu, &holder("h00"), 50);
+        let others = MAX_HOLDERS_PER_REGION as u64 - 2;
         let sum = weights.declare(&key(), 0, &eu, &holder("new"), 100);
-        assert_eq!(sum, 100 + (MAX_HOLDERS_PER_REGION as u64 - 1));
-        // h01 was forgotten: declaring it again evicts the next stalest.
+        assert_eq!(sum, 100 + 50 + others, "h01 went, not h00");
+        // h01 was forgotten: declaring it again evicts the next stalest
+        // (h02), never the recent h00.
         let again = weights.declare(&key(), 0, &eu, &holder("h01"), 1);
         assert_eq!(again, sum);
+    }
+
+    #[test]
+    fn beyond_its_regions_bound_a_new_region_is_weighed_alone() {
+        let mut weights = HolderWeights::default();
+        for i in 0..MAX_HOLDER_REGIONS {
+            weights.declare(&key(), 0, &region(&format!("r{i}")), &holder("a"), 1);
+        }
+        let full = region("one-too-many");
+        weights.declare(&key(), 0, &full, &holder("a"), 7);
+        assert_eq!(weights.declare(&key(), 0, &full, &holder("b"), 5), 5);
+        assert_eq!(weights.region_weight(&key(), 0, &full), None);
+        // A region it tracks is still summed.
+        assert_eq!(
+            weights.declare(&key(), 0, &region("r0"), &holder("b"), 2),
+            3
+        );
     }
 
     #[test]

@@ -138,7 +138,9 @@ mod tests {
     #[test]
     fn asks_count_until_settled_or_expired() {
         let mut asks = InFlightAsks::default();
+        assert!(asks.is_empty());
         let first = asks.add(&key(), 0, &eu(), 40, 100);
+        assert!(!asks.is_empty());
         let second = asks.add(&key(), 0, &eu(), 25, 110);
         assert_eq!(asks.pending(&key(), 0, &eu(), 120), 65);
         // Another window or region is apart.
