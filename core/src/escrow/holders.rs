@@ -32,6 +32,14 @@
 //!   new holder beyond it is refused ([`HolderRefusal::HoldersExhausted`]);
 //!   no holder's state is evicted to make room, so one caller cannot make
 //!   the escrow forget another's answers or credits.
+//! - At most [`HolderLimits::max_holders_per_principal`] of them per
+//!   authenticated principal (a service identity): a principal's new
+//!   holder beyond it is refused
+//!   ([`HolderRefusal::PrincipalHoldersExhausted`]), so one service that
+//!   mints client ids cannot fill the key's table and lock the other
+//!   services of its region out of the key; it refuses only itself. Callers
+//!   of a plaintext listener are all `Anonymous` — one principal with no
+//!   identity to tell apart — and are bounded by the table alone.
 //!
 //! All arithmetic on amounts is checked: a return of `u64::MAX` is capped,
 //! never wrapped.
@@ -56,6 +64,9 @@ pub struct Holder {
 pub struct HolderLimits {
     /// Most holders tracked per key; a new holder beyond it is refused.
     pub max_holders: usize,
+    /// Most holders of one authenticated principal per key; its new holder
+    /// beyond it is refused (not applied to `Anonymous`).
+    pub max_holders_per_principal: usize,
     /// Most answers remembered per holder (its highest seqs).
     pub max_answers_per_holder: usize,
     /// Most (tenant, window) credit entries per holder.
@@ -69,6 +80,7 @@ impl Default for HolderLimits {
     fn default() -> Self {
         HolderLimits {
             max_holders: 4_096,
+            max_holders_per_principal: 1_024,
             max_answers_per_holder: 64,
             max_credit_entries_per_holder: 64,
             answer_retain_ms: 60_000,
@@ -168,6 +180,16 @@ pub enum HolderRefusal {
         /// The bound.
         max: usize,
     },
+    /// The caller's principal holds as many holders of this key as it may.
+    #[error(
+        "this caller identity already holds its maximum of {max} credit holders of this key \
+         on this escrow node (client ids in use at once); holders are released when their \
+         windows end"
+    )]
+    PrincipalHoldersExhausted {
+        /// The bound.
+        max: usize,
+    },
 }
 
 /// Credits an acquisition handed to its holder.
@@ -209,6 +231,9 @@ pub struct HolderCounters {
     pub refused_expired_ids: u64,
     /// Requests refused: the key's holder table was full.
     pub refused_holders_exhausted: u64,
+    /// Requests refused: the caller's principal had its most holders of
+    /// the key.
+    pub refused_principal_holders: u64,
     /// Credit entries dropped to respect the per-holder bound.
     pub credit_entries_dropped: u64,
 }
@@ -282,6 +307,7 @@ impl<A: Clone> HolderBook<A> {
         HolderBook {
             limits: HolderLimits {
                 max_holders: limits.max_holders.max(1),
+                max_holders_per_principal: limits.max_holders_per_principal.max(1),
                 max_answers_per_holder: limits.max_answers_per_holder.max(1),
                 max_credit_entries_per_holder: limits.max_credit_entries_per_holder.max(1),
                 answer_retain_ms: limits.answer_retain_ms,
@@ -317,6 +343,18 @@ impl<A: Clone> HolderBook<A> {
             .map_or(0, |c| c.outstanding)
     }
 
+    /// How many live holders `principal` has, after dropping what expired
+    /// when it is at its bound.
+    fn holders_of(&mut self, principal: &Principal, now_ms: u64) -> usize {
+        let count = |holders: &BTreeMap<Holder, HolderState<A>>| {
+            holders.keys().filter(|h| h.principal == *principal).count()
+        };
+        if count(&self.holders) >= self.limits.max_holders_per_principal {
+            self.expire(now_ms);
+        }
+        count(&self.holders)
+    }
+
     /// Drops every expired answer, credit and empty holder.
     pub fn expire(&mut self, now_ms: u64) {
         self.holders.retain(|_, h| !h.expire(now_ms));
@@ -350,6 +388,15 @@ impl<A: Clone> HolderBook<A> {
                 self.counters.refused_holders_exhausted += 1;
                 return Err(HolderRefusal::HoldersExhausted {
                     max: self.limits.max_holders,
+                });
+            }
+            if holder.principal != Principal::Anonymous
+                && self.holders_of(&holder.principal, now_ms)
+                    >= self.limits.max_holders_per_principal
+            {
+                self.counters.refused_principal_holders += 1;
+                return Err(HolderRefusal::PrincipalHoldersExhausted {
+                    max: self.limits.max_holders_per_principal,
                 });
             }
             return Ok(None);

@@ -22,7 +22,7 @@ pub struct EscrowArgs {
     #[arg(long, value_name = "FILE", conflicts_with_all = [
         "region", "listen", "coordinators", "batch", "sizer", "eoq", "max_keys",
         "probe_interval_ms", "idle_evict_ms", "pool_release_idle_ms", "shutdown_drain_ms",
-        "max_holders_per_key", "max_tenant_weight", "fair_throttle",
+        "max_holders_per_key", "max_holders_per_identity", "max_tenant_weight", "fair_throttle",
     ])]
     pub config: Option<std::path::PathBuf>,
     /// The region this node serves (1..=64 bytes).
@@ -75,6 +75,14 @@ pub struct EscrowArgs {
     /// it is refused until holders' windows end.
     #[arg(long, default_value_t = 4_096)]
     pub max_holders_per_key: usize,
+    /// Most credit holders (client ids in use) of one caller identity per
+    /// key, on a TLS listener; its new holder beyond it is refused
+    /// (HOLDERS_EXHAUSTED) and only its own, so one service cannot lock
+    /// the others of its region out of a key. Callers of a plaintext
+    /// listener share no identity and are bounded by --max-holders-per-key
+    /// alone.
+    #[arg(long, default_value_t = 1_024)]
+    pub max_holders_per_identity: usize,
     /// Largest tenant weight an Acquire or Check may declare (≥ 1); a
     /// request above it is refused (INVALID_ARGUMENT, field `weight`), so
     /// no service can claim most of its region's fair share.
@@ -155,6 +163,7 @@ impl EscrowArgs {
         config.pool_release_idle_ms = self.pool_release_idle_ms;
         config.shutdown_drain_ms = self.shutdown_drain_ms;
         config.holder_limits.max_holders = self.max_holders_per_key;
+        config.holder_limits.max_holders_per_principal = self.max_holders_per_identity;
         config.max_tenant_weight = self.max_tenant_weight;
         config.metrics_listen = self.metrics_listen.clone();
         config.security = Some(

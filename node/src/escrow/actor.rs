@@ -92,7 +92,8 @@ pub fn refusal_status(refused: &HolderRefusal) -> Status {
     let reason = match refused {
         HolderRefusal::Reused { .. } => Reason::RequestIdReused,
         HolderRefusal::Expired { .. } => Reason::SessionExpired,
-        HolderRefusal::HoldersExhausted { .. } => Reason::HoldersExhausted,
+        HolderRefusal::HoldersExhausted { .. }
+        | HolderRefusal::PrincipalHoldersExhausted { .. } => Reason::HoldersExhausted,
     };
     refusal(reason, refused.to_string())
 }

@@ -66,6 +66,9 @@ pub struct EscrowFile {
     pub shutdown_drain_ms: Option<u64>,
     /// Most credit holders per key, ≥ 1.
     pub max_holders_per_key: Option<usize>,
+    /// Most credit holders of one caller identity per key, ≥ 1 (default
+    /// 1024).
+    pub max_holders_per_identity: Option<usize>,
     /// Largest tenant weight an Acquire or Check may declare, ≥ 1 (default
     /// 1000).
     pub max_tenant_weight: Option<u64>,
@@ -179,6 +182,10 @@ impl EscrowFile {
                 "max_holders_per_key",
                 self.max_holders_per_key.map(|v| v as u128),
             ),
+            (
+                "max_holders_per_identity",
+                self.max_holders_per_identity.map(|v| v as u128),
+            ),
             ("max_tenant_weight", self.max_tenant_weight.map(u128::from)),
         ];
         for (key, value) in at_least_one {
@@ -272,6 +279,9 @@ impl EscrowFile {
         config.holder_limits.max_holders = self
             .max_holders_per_key
             .unwrap_or(config.holder_limits.max_holders);
+        config.holder_limits.max_holders_per_principal = self
+            .max_holders_per_identity
+            .unwrap_or(config.holder_limits.max_holders_per_principal);
         config.max_tenant_weight = self.max_tenant_weight.unwrap_or(config.max_tenant_weight);
         config.security = match security {
             Some(security) => Some(security),

@@ -180,6 +180,9 @@ impl EscrowConfig {
         if self.holder_limits.max_holders == 0 {
             return bad("max-holders-per-key", "must be at least 1");
         }
+        if self.holder_limits.max_holders_per_principal == 0 {
+            return bad("max-holders-per-identity", "must be at least 1");
+        }
         if self.probe_interval_ms == 0 || self.coordinator_timeout_ms == 0 {
             return bad("intervals", "must be at least 1 ms");
         }

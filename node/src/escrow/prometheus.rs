@@ -100,7 +100,7 @@ pub fn render(status: &pb::EscrowStatusResponse, observed: &Observations) -> Str
         "Keys with a live actor.",
         status.active_keys as f64,
     );
-    let counters: [(&str, &str, u64); 19] = [
+    let counters: [(&str, &str, u64); 20] = [
         (
             "evicted_keys",
             "Key actors stopped after being idle.",
@@ -155,6 +155,11 @@ pub fn render(status: &pb::EscrowStatusResponse, observed: &Observations) -> Str
             "refused_holders_exhausted",
             "Requests refused because a key had too many holders.",
             status.refused_holders_exhausted,
+        ),
+        (
+            "refused_identity_holders",
+            "Requests refused because the caller's identity had too many holders of a key.",
+            status.refused_identity_holders,
         ),
         (
             "refused_unauthenticated",

@@ -74,6 +74,7 @@ struct NodeCounters {
     return_replays: AtomicU64,
     refused_request_ids: AtomicU64,
     refused_holders_exhausted: AtomicU64,
+    refused_identity_holders: AtomicU64,
     fair_passes: AtomicU64,
     fair_denials: AtomicU64,
     fair_idle_admissions: AtomicU64,
@@ -351,6 +352,11 @@ impl EscrowShared {
             now.refused_holders_exhausted,
             reported.refused_holders_exhausted,
         );
+        add(
+            &self.counters.refused_identity_holders,
+            now.refused_principal_holders,
+            reported.refused_principal_holders,
+        );
         *reported = now;
     }
 
@@ -489,6 +495,7 @@ pub(crate) fn status_of(s: &EscrowShared, active_keys: u64) -> pb::EscrowStatusR
         return_replays: s.counters.return_replays.load(Ordering::Relaxed),
         refused_request_ids: s.counters.refused_request_ids.load(Ordering::Relaxed),
         refused_holders_exhausted: s.counters.refused_holders_exhausted.load(Ordering::Relaxed),
+        refused_identity_holders: s.counters.refused_identity_holders.load(Ordering::Relaxed),
         tokens_served: s.counters.tokens_served.load(Ordering::Relaxed),
         refused_unauthenticated: s.auth_refusals.unauthenticated(),
         refused_permission_denied: s.auth_refusals.permission_denied(),

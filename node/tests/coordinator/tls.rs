@@ -72,6 +72,7 @@ impl TlsCluster {
             services: vec![
                 ("checkout".into(), RegionId::new("eu")?),
                 ("checkout".into(), RegionId::new("us")?),
+                ("other".into(), RegionId::new("eu")?),
             ],
             server_names: vec!["127.0.0.1".into(), "localhost".into()],
         };
@@ -785,5 +786,87 @@ async fn only_operators_and_members_may_watch() -> Result<()> {
             "{who} sees the grant: {first:?}"
         );
     }
+    cluster.stop().await
+}
+
+/// One service minting client ids against a key is refused beyond its
+/// bound of the key's holders on the escrow node — and only it: another
+/// service of the region keeps being served, and the status counts the
+/// refusals.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_identity_beyond_its_holders_refuses_only_itself() -> Result<()> {
+    let cluster = TlsCluster::start_initialised().await?;
+    cluster
+        .client_as(&operator())?
+        .admin()
+        .set_policy(counter_policy("bound/", 100, LONG_WINDOW_MS))
+        .await?;
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?.to_string();
+    let files = cluster.files(&region("eu"));
+    let mut config = leasehold_node::escrow::EscrowConfig::new(
+        RegionId::new("eu")?,
+        addr.clone(),
+        cluster.addrs.clone(),
+    );
+    config.security = Some(Security::MutualTls(files.clone()));
+    config.holder_limits.max_holders_per_principal = 3;
+    let tls = ReloadingServerConfig::load(files.clone())?;
+    let incoming = TlsIncoming::new(TcpIncoming::from(listener), tls, Duration::from_secs(5));
+    let (stop, stopped) = oneshot::channel::<()>();
+    let escrow = tokio::spawn(leasehold_node::escrow::run_escrow(
+        config,
+        incoming,
+        Security::MutualTls(files).dialer(),
+        Arc::new(SystemClock),
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    let acquire = |principal: Principal, client_id: String| {
+        let dialer = cluster.dialer_as(&principal);
+        let addr = addr.clone();
+        async move {
+            let channel = dialer.dial(&addr).await?;
+            let mut rpc = leasehold_proto::v1::escrow_client::EscrowClient::new(channel);
+            let reply = rpc
+                .acquire(pb::AcquireRequest {
+                    key: "bound/k".into(),
+                    tenant: String::new(),
+                    weight: 0,
+                    tokens: 1,
+                    request_id: Some(pb::RequestId { client_id, seq: 1 }),
+                })
+                .await;
+            anyhow::Ok(reply.map(|r| r.into_inner().granted).map_err(|s| s.code()))
+        }
+    };
+    let checkout = service_eu();
+    let other = Principal::Service {
+        name: "other".into(),
+        region: RegionId::new("eu")?,
+    };
+    for i in 0..3 {
+        let granted = acquire(checkout.clone(), format!("flood-{i}")).await?;
+        ensure!(granted == Ok(1), "holder {i}: {granted:?}");
+    }
+    for i in 3..6 {
+        let refused = acquire(checkout.clone(), format!("flood-{i}")).await?;
+        ensure!(
+            refused == Err(Code::ResourceExhausted),
+            "holder {i}: {refused:?}"
+        );
+    }
+    let served = acquire(other, "other-1".into()).await?;
+    ensure!(served == Ok(1), "the other service is served: {served:?}");
+    let channel = cluster.dialer_as(&operator()).dial(&addr).await?;
+    let status = leasehold_proto::v1::escrow_client::EscrowClient::new(channel)
+        .status(pb::EscrowStatusRequest {})
+        .await?
+        .into_inner();
+    ensure!(status.refused_identity_holders == 3, "{status:?}");
+    ensure!(status.refused_holders_exhausted == 0, "{status:?}");
+    let _ = stop.send(());
+    escrow.await??;
     cluster.stop().await
 }

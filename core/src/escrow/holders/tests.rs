@@ -336,6 +336,7 @@ proptest! {
     ) {
         let limits = HolderLimits {
             max_holders: 3,
+            max_holders_per_principal: 1,
             max_answers_per_holder: max_answers,
             max_credit_entries_per_holder: 2,
             answer_retain_ms: 300,
@@ -406,4 +407,45 @@ proptest! {
             prop_assert!(desk.book.holder_count() <= 3);
         }
     }
+}
+
+/// One principal minting client ids is refused beyond its bound of the
+/// key's holders — and only it: another principal still gets in, and the
+/// table alone bounds `Anonymous` callers (a plaintext listener's).
+#[test]
+fn one_principal_beyond_its_holders_refuses_only_itself() {
+    let limits = HolderLimits {
+        max_holders: 8,
+        max_holders_per_principal: 3,
+        answer_retain_ms: 100,
+        ..HolderLimits::default()
+    };
+    let mut desk = Desk::new(limits);
+    desk.grant(100, 10);
+    let checkout = service("checkout");
+    let other = service("other");
+    for i in 0..3 {
+        desk.acquire(&holder(checkout.clone(), &format!("c{i}")), 1, 1, 11)
+            .expect("within the principal's bound");
+    }
+    assert_eq!(
+        desk.acquire(&holder(checkout.clone(), "c3"), 1, 1, 12),
+        Err(HolderRefusal::PrincipalHoldersExhausted { max: 3 })
+    );
+    assert_eq!(desk.book.counters().refused_principal_holders, 1);
+    assert_eq!(desk.book.counters().refused_holders_exhausted, 0);
+    // A known holder of the principal is still served.
+    assert!(desk
+        .acquire(&holder(checkout.clone(), "c0"), 2, 1, 12)
+        .is_ok());
+    assert!(desk.acquire(&holder(other, "o0"), 1, 1, 12).is_ok());
+    for i in 0..4 {
+        desk.acquire(&holder(Principal::Anonymous, &format!("a{i}")), 1, 1, 12)
+            .expect("anonymous callers: the table's bound only");
+    }
+    assert_eq!(desk.book.holder_count(), 8);
+    // Once the window's credits and answers expired, the principal's
+    // holders are gone and a new one gets in.
+    desk.grant(100, 1_500);
+    assert!(desk.acquire(&holder(checkout, "c9"), 1, 1, 1_500).is_ok());
 }
