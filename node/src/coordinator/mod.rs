@@ -173,12 +173,22 @@ where
         shutdown.await;
         let _ = closing_tx.send(true);
     };
+    let membership = raft.clone();
     let monitor = MonitorApi::new(
         Arc::new(MemberSampler::new(node.clone())),
         node.clock.clone(),
         Arc::new(WatchSlots::default()),
         closing,
-    );
+    )
+    .with_member_gate(Arc::new(move |id| {
+        membership
+            .metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .nodes()
+            .any(|(member, _)| *member == id)
+    }));
 
     tracing::info!(id = node.id, listen = %node.config.listen, "coordinator member serving");
     let public_request_limit = limits.max_request_bytes;

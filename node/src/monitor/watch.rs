@@ -12,6 +12,10 @@
 //! gets the newest view, never a queue, and each update's `skipped` counts
 //! the views published since the previous one it received.
 //!
+//! On a member, a watch by a member certificate is served only while that
+//! member is in the cluster's current membership ([`MemberGate`]): a
+//! removed member's certificate, which nothing revokes, reads nothing.
+//!
 //! A stream ends when its reader goes away (the task notices the closed
 //! channel and stops, giving its [`WatchSlot`] back) or when the server
 //! begins to shut down (the stream's last message is `UNAVAILABLE`), so a
@@ -34,6 +38,7 @@ use tonic::{Request, Response, Status};
 use super::cadence::{Cadence, SAMPLE_INTERVAL_MS};
 use super::{WatchSlot, WatchSlots, WatchTarget};
 use crate::auth::caller;
+use leasehold_core::principal::Principal;
 
 /// The stream of updates one `Watch` call returns.
 pub type UpdateStream = Pin<Box<dyn Stream<Item = Result<pb::WatchUpdate, Status>> + Send>>;
@@ -77,12 +82,18 @@ pub trait Sampler: Send + Sync + 'static {
     fn sample<'a>(&'a self, target: &'a WatchTarget, now_ms: u64) -> BoxFuture<'a, Sample>;
 }
 
+/// Whether member `id` is in the current membership (voters and
+/// learners).
+pub type MemberGate = Arc<dyn Fn(u64) -> bool + Send + Sync>;
+
 /// Serves `leasehold.v1.Monitor` over a [`Sampler`].
 pub struct MonitorApi<S> {
     sampler: Arc<S>,
     clock: Arc<dyn WallClock>,
     slots: Arc<WatchSlots>,
     closing: watch::Receiver<bool>,
+    /// `Some` on a member: member callers must be in the membership.
+    members: Option<MemberGate>,
 }
 
 impl<S: Sampler> MonitorApi<S> {
@@ -99,7 +110,15 @@ impl<S: Sampler> MonitorApi<S> {
             clock,
             slots,
             closing,
+            members: None,
         }
+    }
+
+    /// The same service serving member callers only while `members` says
+    /// they are in the current membership.
+    pub fn with_member_gate(mut self, members: MemberGate) -> Self {
+        self.members = Some(members);
+        self
     }
 }
 
@@ -111,8 +130,17 @@ impl<S: Sampler> Monitor for MonitorApi<S> {
         &self,
         request: Request<pb::WatchRequest>,
     ) -> Result<Response<UpdateStream>, Status> {
+        let who = caller(&request);
+        if let (Principal::Member(id), Some(members)) = (&who, &self.members) {
+            if !members(*id) {
+                return Err(refusal(
+                    Reason::NotAMember,
+                    format!("member {id} is not in the cluster's current membership"),
+                ));
+            }
+        }
         let target = WatchTarget::from_wire(request.get_ref())?;
-        let slot = self.slots.open(&caller(&request))?;
+        let slot = self.slots.open(&who)?;
         let (publish, updates) = watch::channel(None);
         tokio::spawn(sample_until_done(
             self.sampler.clone(),

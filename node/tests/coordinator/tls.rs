@@ -776,6 +776,13 @@ async fn only_operators_and_members_may_watch() -> Result<()> {
             refused.map(|_| ())
         );
     }
+    // A member certificate of a member the cluster does not have (a
+    // removed member's, which nothing revokes) reads nothing.
+    let stranger = watch(Principal::Member(99)).await?;
+    ensure!(
+        stranger.as_ref().err().map(|s| s.code()) == Some(Code::PermissionDenied),
+        "member 99 (not in the membership) was let watch"
+    );
     for who in [operator(), Principal::Member(2)] {
         let mut stream = watch(who.clone()).await??.into_inner();
         let first = tokio::time::timeout(Duration::from_secs(5), stream.message())
