@@ -78,6 +78,9 @@ reasons! {
     MembershipRejected = "MEMBERSHIP_REJECTED", FailedPrecondition;
     /// StepDown on the only voter: nobody could take over.
     NoOtherVoter = "NO_OTHER_VOTER", FailedPrecondition;
+    /// A Raft message whose term jumps absurdly far ahead of the
+    /// receiver's, or towards the edge of its type.
+    TermOutOfRange = "TERM_OUT_OF_RANGE", FailedPrecondition;
     /// The request id already named a different request.
     RequestIdReused = "REQUEST_ID_REUSED", AlreadyExists;
     /// Init on a member that is already initialised.

@@ -6,8 +6,11 @@
 //!
 //! Before a message reaches Raft, its claimed sender (the vote's node id)
 //! is checked against the caller's certificate and this node's current
-//! membership ([`authorize_raft_sender`]); a refused message never touches
-//! the member's term or log.
+//! membership ([`authorize_raft_sender`]), and its term against this
+//! member's ([`term_in_range`]: no message moves a term by more than
+//! [`MAX_TERM_STEP`] or past [`MAX_TERM`], so none can push a cluster to
+//! the end of the term's type, where openraft stops for good); a refused
+//! message never touches the member's term or log.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -16,7 +19,7 @@ use leasehold_proto::refusal::{refusal, Reason};
 use leasehold_proto::v1::raft_server::{Raft as RaftRpc, RaftServer};
 use leasehold_proto::v1::RaftPayload;
 use leasehold_raft_store::{
-    AppendEntriesRequest, InstallSnapshotRequest, NodeId, Raft, VoteRequest,
+    AppendEntriesRequest, InstallSnapshotRequest, NodeId, Raft, Vote, VoteRequest,
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -82,18 +85,30 @@ impl RaftService {
             .collect()
     }
 
-    /// Decodes the message and admits it only from its claimed sender.
+    /// Decodes the message and admits it only from its claimed sender, and
+    /// only with a term in range of this node's ([`term_in_range`]).
     fn admit<T: DeserializeOwned>(
         &self,
         data: &[u8],
         peer: Option<&PeerInfo>,
         what: &str,
-        sender: impl Fn(&T) -> NodeId,
+        vote: impl Fn(&T) -> &Vote,
     ) -> Result<T, Status> {
         let rpc: T = decode(data)?;
-        let claimed = sender(&rpc);
+        let vote = vote(&rpc);
+        let claimed = vote.leader_id.node_id;
         authorize_raft_sender(peer.map(|p| &p.principal), claimed, &self.members())
             .map_err(|refusal| self.refusals.refuse(peer, what, refusal))?;
+        let current = self.raft.metrics().borrow().current_term;
+        if !term_in_range(current, vote.leader_id.term) {
+            return Err(refusal(
+                Reason::TermOutOfRange,
+                format!(
+                    "a {what} at term {} from member {claimed}: this member is at term {current}",
+                    vote.leader_id.term
+                ),
+            ));
+        }
         Ok(rpc)
     }
 
@@ -124,20 +139,15 @@ impl RaftService {
         let what = message.call_name();
         match message {
             RaftMessage::AppendEntries => {
-                let rpc = self.admit(data, peer, what, |r: &AppendEntriesRequest| {
-                    r.vote.leader_id.node_id
-                })?;
+                let rpc = self.admit(data, peer, what, |r: &AppendEntriesRequest| &r.vote)?;
                 encode(&self.raft.append_entries(rpc).await)
             }
             RaftMessage::Vote => {
-                let rpc =
-                    self.admit(data, peer, what, |r: &VoteRequest| r.vote.leader_id.node_id)?;
+                let rpc = self.admit(data, peer, what, |r: &VoteRequest| &r.vote)?;
                 encode(&self.raft.vote(rpc).await)
             }
             RaftMessage::InstallSnapshot => {
-                let rpc = self.admit(data, peer, what, |r: &InstallSnapshotRequest| {
-                    r.vote.leader_id.node_id
-                })?;
+                let rpc = self.admit(data, peer, what, |r: &InstallSnapshotRequest| &r.vote)?;
                 encode(&self.raft.install_snapshot(rpc).await)
             }
         }
@@ -153,6 +163,23 @@ impl RaftService {
         let data = self.handle(message, &data, peer.as_ref()).await?;
         Ok(Response::new(RaftPayload { data }))
     }
+}
+
+/// A Raft message may move this member's term at most this far ahead at
+/// once. Elections raise a term by one each (a member cut off for days
+/// campaigns a few hundred thousand times); a jump beyond it is no
+/// election, only a message meant to push the cluster towards the end of
+/// the term's type, where openraft cannot go on.
+pub const MAX_TERM_STEP: u64 = 1 << 20;
+/// No Raft message may carry a term beyond this (far from `u64::MAX`,
+/// where openraft's arithmetic ends).
+pub const MAX_TERM: u64 = 1 << 62;
+
+/// Whether a Raft message at `term` may be handed to a member at term
+/// `current`: at most [`MAX_TERM_STEP`] ahead and at most [`MAX_TERM`].
+/// Lower terms always are (Raft answers them with its own term).
+pub fn term_in_range(current: u64, term: u64) -> bool {
+    term <= MAX_TERM && term <= current.saturating_add(MAX_TERM_STEP)
 }
 
 fn decode<T: DeserializeOwned>(data: &[u8]) -> Result<T, Status> {
@@ -187,5 +214,43 @@ impl RaftRpc for RaftService {
         request: Request<RaftPayload>,
     ) -> Result<Response<RaftPayload>, Status> {
         self.serve_grpc(RaftMessage::InstallSnapshot, request).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    #[test]
+    fn terms_at_the_edges() {
+        assert!(term_in_range(5, 0));
+        assert!(term_in_range(5, 5 + MAX_TERM_STEP));
+        assert!(!term_in_range(5, 6 + MAX_TERM_STEP));
+        assert!(term_in_range(MAX_TERM, MAX_TERM));
+        assert!(!term_in_range(MAX_TERM, MAX_TERM + 1));
+        assert!(!term_in_range(u64::MAX, u64::MAX - 4));
+        assert!(!term_in_range(0, u64::MAX));
+    }
+
+    proptest! {
+        /// Whatever terms arrive, a member's term can reach neither the
+        /// edge of its type nor move by more than the step per message:
+        /// after any sequence of admitted messages (each adopted), the
+        /// term is at most MAX_TERM and grew by at most the step each.
+        #[test]
+        fn admitted_terms_never_reach_the_edge(
+            terms in proptest::collection::vec(any::<u64>(), 1..50),
+        ) {
+            let mut current = 0u64;
+            for term in terms {
+                if term_in_range(current, term) {
+                    prop_assert!(term <= current.saturating_add(MAX_TERM_STEP));
+                    current = current.max(term);
+                }
+                prop_assert!(current <= MAX_TERM);
+            }
+        }
     }
 }

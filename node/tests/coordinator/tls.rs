@@ -877,3 +877,54 @@ async fn one_identity_beyond_its_holders_refuses_only_itself() -> Result<()> {
     escrow.await??;
     cluster.stop().await
 }
+
+/// A member's own certificate — one that may leak, or a removed member's
+/// while a new member has no membership yet — cannot push a term absurdly
+/// far ahead nor to the edge of its type: such a message is refused
+/// (`TERM_OUT_OF_RANGE`) over gRPC and in frames, terms stay where they
+/// were, and the cluster keeps granting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raft_messages_cannot_push_a_term_out_of_range() -> Result<()> {
+    let cluster = TlsCluster::start_initialised().await?;
+    let terms_before = cluster.terms().await?;
+    let current = terms_before.iter().max().copied().unwrap_or(0);
+    let member = cluster.dialer_as(&Principal::Member(2));
+    for term in [
+        current + leasehold_node::coordinator::raft_service::MAX_TERM_STEP + 1,
+        u64::MAX - 4,
+    ] {
+        for addr in &cluster.addrs {
+            let code = send_append_entries(&*member, addr, forged_append_entries(2, term)?).await?;
+            ensure!(
+                code == Code::FailedPrecondition,
+                "term {term} got {code:?} from {addr}"
+            );
+            let framed =
+                send_framed_append_entries(&*member, addr, &forged_append_entries(2, term)?)
+                    .await?;
+            ensure!(
+                framed.starts_with("FailedPrecondition"),
+                "term {term} got {framed} in frames from {addr}"
+            );
+        }
+    }
+    let terms_after = cluster.terms().await?;
+    ensure!(
+        terms_after.iter().all(|t| *t <= current + 1),
+        "terms moved: {terms_before:?} -> {terms_after:?}"
+    );
+    cluster
+        .client_as(&operator())?
+        .admin()
+        .set_policy(counter_policy("tls/", 100, LONG_WINDOW_MS))
+        .await?;
+    ensure!(
+        cluster
+            .client_as(&region("eu"))?
+            .lease("tls/k", "eu", 1)
+            .await?
+            .granted
+            == 1
+    );
+    cluster.stop().await
+}
