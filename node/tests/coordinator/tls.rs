@@ -656,17 +656,17 @@ async fn wait_until_served(cluster: &TlsCluster, addr: &str, expected: &[u8]) ->
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn escrow_nodes_serve_only_their_regions_services() -> Result<()> {
-    let cluster = TlsCluster::start_initialised().await?;
-    cluster
-        .client_as(&operator())?
-        .admin()
-        .set_policy(counter_policy("tls/", 100, LONG_WINDOW_MS))
-        .await?;
-
-    // An escrow node of region eu, on TLS with the region's certificate,
-    // leasing from the cluster as region eu.
+/// An escrow node of region eu on TLS with the region's certificate,
+/// leasing from `cluster` as region eu, configured by `configure`: its
+/// address, its stop signal and its task.
+async fn start_tls_escrow(
+    cluster: &TlsCluster,
+    configure: impl FnOnce(&mut leasehold_node::escrow::EscrowConfig),
+) -> Result<(
+    String,
+    oneshot::Sender<()>,
+    tokio::task::JoinHandle<Result<(), leasehold_node::NodeError>>,
+)> {
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?.to_string();
     let files = cluster.files(&region("eu"));
@@ -676,6 +676,7 @@ async fn escrow_nodes_serve_only_their_regions_services() -> Result<()> {
         cluster.addrs.clone(),
     );
     config.security = Some(Security::MutualTls(files.clone()));
+    configure(&mut config);
     let tls = ReloadingServerConfig::load(files.clone())?;
     let incoming = TlsIncoming::new(TcpIncoming::from(listener), tls, Duration::from_secs(5));
     let (stop, stopped) = oneshot::channel::<()>();
@@ -688,6 +689,21 @@ async fn escrow_nodes_serve_only_their_regions_services() -> Result<()> {
             let _ = stopped.await;
         },
     ));
+    Ok((addr, stop, escrow))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn escrow_nodes_serve_only_their_regions_services() -> Result<()> {
+    let cluster = TlsCluster::start_initialised().await?;
+    cluster
+        .client_as(&operator())?
+        .admin()
+        .set_policy(counter_policy("tls/", 100, LONG_WINDOW_MS))
+        .await?;
+
+    // An escrow node of region eu, on TLS with the region's certificate,
+    // leasing from the cluster as region eu.
+    let (addr, stop, escrow) = start_tls_escrow(&cluster, |_| {}).await?;
 
     let acquire = |principal: Principal| {
         let dialer = cluster.dialer_as(&principal);
@@ -808,28 +824,10 @@ async fn one_identity_beyond_its_holders_refuses_only_itself() -> Result<()> {
         .admin()
         .set_policy(counter_policy("bound/", 100, LONG_WINDOW_MS))
         .await?;
-    let listener = TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?.to_string();
-    let files = cluster.files(&region("eu"));
-    let mut config = leasehold_node::escrow::EscrowConfig::new(
-        RegionId::new("eu")?,
-        addr.clone(),
-        cluster.addrs.clone(),
-    );
-    config.security = Some(Security::MutualTls(files.clone()));
-    config.holder_limits.max_holders_per_principal = 3;
-    let tls = ReloadingServerConfig::load(files.clone())?;
-    let incoming = TlsIncoming::new(TcpIncoming::from(listener), tls, Duration::from_secs(5));
-    let (stop, stopped) = oneshot::channel::<()>();
-    let escrow = tokio::spawn(leasehold_node::escrow::run_escrow(
-        config,
-        incoming,
-        Security::MutualTls(files).dialer(),
-        Arc::new(SystemClock),
-        async move {
-            let _ = stopped.await;
-        },
-    ));
+    let (addr, stop, escrow) = start_tls_escrow(&cluster, |config| {
+        config.holder_limits.max_holders_per_principal = 3;
+    })
+    .await?;
     let acquire = |principal: Principal, client_id: String| {
         let dialer = cluster.dialer_as(&principal);
         let addr = addr.clone();
