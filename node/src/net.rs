@@ -211,6 +211,10 @@ impl ConnectionCounters {
                 read(&self.responses_resource_exhausted),
             ),
         ]
+        .into_iter()
+        // The process's TLS listeners' handshake refusals (0 in plaintext).
+        .chain(crate::tls::HANDSHAKES.snapshot())
+        .collect()
     }
 
     /// Counts the status of one response and gives the refusals tonic makes

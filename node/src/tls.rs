@@ -12,17 +12,24 @@
 //!   bounded listener, simulated sockets) and yields [`TlsConnection`]s whose
 //!   handshake finished within the timeout. Every client must present a
 //!   certificate chaining to the CA bundle and naming a principal in a SAN
-//!   URI; anything else is dropped at the handshake.
+//!   URI; anything else is dropped at the handshake. Handshakes cannot be
+//!   hoarded ([`HandshakeGate`]): one source address holds at most
+//!   [`MAX_PENDING_HANDSHAKES_PER_SOURCE`] of them (its next connection is
+//!   closed at once), and the timeout a new handshake gets shrinks as the
+//!   listener fills, so sources that stall turn their slots over fast and
+//!   one of them never stops the accept loop for everyone.
 //! - [`TlsConnection`]: implements tonic's `Connected` with
 //!   `ConnectInfo = PeerInfo`, so [`crate::auth::caller`] sees the principal.
 //!
 //! Only the `ring` crypto provider is used.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::io;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
@@ -49,6 +56,116 @@ pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 pub const DEFAULT_RELOAD_INTERVAL: Duration = Duration::from_secs(2);
 /// Most handshakes in progress at once; the listener stops accepting beyond it.
 pub const MAX_PENDING_HANDSHAKES: usize = 1_024;
+/// Most handshakes in progress from one source address; its next
+/// connection is closed at once.
+pub const MAX_PENDING_HANDSHAKES_PER_SOURCE: usize = 32;
+/// The shortest time a handshake is given, when the listener is full.
+pub const MIN_HANDSHAKE_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// Handshake refusals of every TLS listener of this process (shown with
+/// each listener's connection counters).
+pub static HANDSHAKES: HandshakeCounters = HandshakeCounters::new();
+
+/// See [`HANDSHAKES`].
+#[derive(Debug)]
+pub struct HandshakeCounters {
+    refused_per_source: AtomicU64,
+    timed_out: AtomicU64,
+}
+
+impl HandshakeCounters {
+    const fn new() -> Self {
+        HandshakeCounters {
+            refused_per_source: AtomicU64::new(0),
+            timed_out: AtomicU64::new(0),
+        }
+    }
+
+    /// Every counter as `(name, value)`.
+    pub fn snapshot(&self) -> [(&'static str, u64); 2] {
+        [
+            (
+                "tls_handshakes_refused_per_source",
+                self.refused_per_source.load(Ordering::Relaxed),
+            ),
+            (
+                "tls_handshakes_timed_out",
+                self.timed_out.load(Ordering::Relaxed),
+            ),
+        ]
+    }
+}
+
+/// The handshakes a listener has in progress, per source address, and
+/// what a new one gets (pure; see the module doc).
+#[derive(Debug, Default)]
+pub struct HandshakeGate {
+    per_source: HashMap<IpAddr, usize>,
+    pending: usize,
+}
+
+impl HandshakeGate {
+    /// A new handshake from `source`: the time it is given — `full` while
+    /// the listener is at most a quarter full, then less, down to
+    /// [`MIN_HANDSHAKE_TIMEOUT`] when full ([`timeout_under`]) — or `None`
+    /// when its source already has [`MAX_PENDING_HANDSHAKES_PER_SOURCE`] in
+    /// progress (close it at once). Counted until [`Self::finished`].
+    pub fn admit(&mut self, source: Option<IpAddr>, full: Duration) -> Option<Duration> {
+        if let Some(ip) = source {
+            let from = self.per_source.entry(ip).or_default();
+            if *from >= MAX_PENDING_HANDSHAKES_PER_SOURCE {
+                return None;
+            }
+            *from += 1;
+        }
+        let timeout = timeout_under(self.pending, full);
+        self.pending += 1;
+        Some(timeout)
+    }
+
+    /// A handshake admitted from `source` ended (done, failed or timed out).
+    pub fn finished(&mut self, source: Option<IpAddr>) {
+        self.pending = self.pending.saturating_sub(1);
+        if let Some(ip) = source {
+            if let Some(from) = self.per_source.get_mut(&ip) {
+                *from -= 1;
+                if *from == 0 {
+                    self.per_source.remove(&ip);
+                }
+            }
+        }
+    }
+
+    /// Handshakes in progress.
+    pub fn pending(&self) -> usize {
+        self.pending
+    }
+
+    /// Sources with a handshake in progress.
+    pub fn sources(&self) -> usize {
+        self.per_source.len()
+    }
+}
+
+/// The time a handshake is given with `pending` others in progress:
+/// `full` up to a quarter of [`MAX_PENDING_HANDSHAKES`], then down in a
+/// straight line to [`MIN_HANDSHAKE_TIMEOUT`] at the bound (never below it,
+/// never above `full`).
+pub fn timeout_under(pending: usize, full: Duration) -> Duration {
+    let floor = MIN_HANDSHAKE_TIMEOUT.min(full);
+    let calm = MAX_PENDING_HANDSHAKES / 4;
+    if pending <= calm {
+        return full;
+    }
+    let pressure = (pending - calm).min(MAX_PENDING_HANDSHAKES - calm) as u128;
+    let span = (MAX_PENDING_HANDSHAKES - calm) as u128;
+    let room = full.saturating_sub(floor).as_millis();
+    let cut = room * pressure / span;
+    full.saturating_sub(Duration::from_millis(
+        u64::try_from(cut).unwrap_or(u64::MAX),
+    ))
+    .max(floor)
+}
 
 /// Where one process's TLS material lives (PEM files).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -389,18 +506,21 @@ where
     })
 }
 
-type PendingHandshake<IO> = Pin<Box<dyn Future<Output = Option<TlsConnection<IO>>> + Send>>;
+type PendingHandshake<IO> =
+    Pin<Box<dyn Future<Output = (Option<IpAddr>, Option<TlsConnection<IO>>)> + Send>>;
 
 /// A stream of mutual-TLS connections over a stream of accepted ones.
-/// Handshakes run concurrently (at most [`MAX_PENDING_HANDSHAKES`]); a
-/// failed or slow one is logged at debug level and dropped. Errors of the
-/// underlying stream pass through.
+/// Handshakes run concurrently (at most [`MAX_PENDING_HANDSHAKES`], at most
+/// [`MAX_PENDING_HANDSHAKES_PER_SOURCE`] from one address, see
+/// [`HandshakeGate`]); a failed or slow one is logged at debug level and
+/// dropped. Errors of the underlying stream pass through.
 pub struct TlsIncoming<I, IO> {
     inner: Pin<Box<I>>,
     inner_done: bool,
     config: Arc<ReloadingServerConfig>,
     handshake_timeout: Duration,
     pending: FuturesUnordered<PendingHandshake<IO>>,
+    gate: HandshakeGate,
 }
 
 impl<I, IO> TlsIncoming<I, IO> {
@@ -417,6 +537,7 @@ impl<I, IO> TlsIncoming<I, IO> {
             config,
             handshake_timeout,
             pending: FuturesUnordered::new(),
+            gate: HandshakeGate::default(),
         }
     }
 }
@@ -436,14 +557,29 @@ where
                 match this.inner.as_mut().poll_next(cx) {
                     Poll::Ready(Some(Ok(io))) => {
                         let remote_addr = io.connect_info().remote_address();
+                        let source = remote_addr.map(|addr| addr.ip());
+                        let Some(timeout) = this.gate.admit(source, this.handshake_timeout) else {
+                            // Its source holds its most handshakes: closed.
+                            HANDSHAKES
+                                .refused_per_source
+                                .fetch_add(1, Ordering::Relaxed);
+                            tracing::debug!(
+                                ?remote_addr,
+                                "TLS connection refused: too many handshakes from its address"
+                            );
+                            drop(io);
+                            continue;
+                        };
                         let config = this.config.current();
-                        let timeout = this.handshake_timeout;
                         this.pending.push(Box::pin(async move {
                             match handshake(io, remote_addr, config, timeout).await {
-                                Ok(connection) => Some(connection),
+                                Ok(connection) => (source, Some(connection)),
                                 Err(error) => {
+                                    if matches!(error, HandshakeError::Timeout(_)) {
+                                        HANDSHAKES.timed_out.fetch_add(1, Ordering::Relaxed);
+                                    }
                                     tracing::debug!(?remote_addr, %error, "TLS connection refused");
-                                    None
+                                    (source, None)
                                 }
                             }
                         }));
@@ -456,8 +592,13 @@ where
             // An empty set answers `Ready(None)`; the accept loop above then
             // ran until the listener was pending, so a wake-up is registered.
             match Pin::new(&mut this.pending).poll_next(cx) {
-                Poll::Ready(Some(Some(connection))) => return Poll::Ready(Some(Ok(connection))),
-                Poll::Ready(Some(None)) => continue,
+                Poll::Ready(Some((source, connection))) => {
+                    this.gate.finished(source);
+                    if let Some(connection) = connection {
+                        return Poll::Ready(Some(Ok(connection)));
+                    }
+                    continue;
+                }
                 Poll::Ready(None) if this.inner_done => return Poll::Ready(None),
                 Poll::Ready(None) | Poll::Pending => return Poll::Pending,
             }
@@ -610,6 +751,106 @@ mod tests {
             Ok(Err(e)) => Err(e),
             _ => Ok(()),
         }
+    }
+
+    #[test]
+    fn one_source_holds_at_most_its_handshakes_and_gets_them_back() {
+        let full = Duration::from_secs(5);
+        let mut gate = HandshakeGate::default();
+        let hoarder = Some(IpAddr::from([10, 0, 0, 1]));
+        for _ in 0..MAX_PENDING_HANDSHAKES_PER_SOURCE {
+            assert_eq!(gate.admit(hoarder, full), Some(full));
+        }
+        assert_eq!(gate.admit(hoarder, full), None, "its next one is refused");
+        // Another source, and a connection without an address, still get in.
+        assert!(gate
+            .admit(Some(IpAddr::from([10, 0, 0, 2])), full)
+            .is_some());
+        assert!(gate.admit(None, full).is_some());
+        assert_eq!(gate.pending(), MAX_PENDING_HANDSHAKES_PER_SOURCE + 2);
+        gate.finished(hoarder);
+        assert!(gate.admit(hoarder, full).is_some(), "a slot came back");
+        for _ in 0..MAX_PENDING_HANDSHAKES_PER_SOURCE {
+            gate.finished(hoarder);
+        }
+        gate.finished(Some(IpAddr::from([10, 0, 0, 2])));
+        gate.finished(None);
+        assert_eq!((gate.pending(), gate.sources()), (0, 0));
+    }
+
+    #[test]
+    fn the_handshake_timeout_shrinks_as_the_listener_fills() {
+        let full = Duration::from_secs(5);
+        assert_eq!(timeout_under(0, full), full);
+        assert_eq!(timeout_under(MAX_PENDING_HANDSHAKES / 4, full), full);
+        assert_eq!(
+            timeout_under(MAX_PENDING_HANDSHAKES, full),
+            MIN_HANDSHAKE_TIMEOUT
+        );
+        assert_eq!(timeout_under(usize::MAX, full), MIN_HANDSHAKE_TIMEOUT);
+        let half = timeout_under(MAX_PENDING_HANDSHAKES * 5 / 8, full);
+        assert!(half < full && half > MIN_HANDSHAKE_TIMEOUT, "{half:?}");
+        // Never above the configured timeout, even a short one.
+        let short = Duration::from_millis(100);
+        assert_eq!(timeout_under(MAX_PENDING_HANDSHAKES, short), short);
+        let mut last = full;
+        for pending in 0..=MAX_PENDING_HANDSHAKES {
+            let timeout = timeout_under(pending, full);
+            assert!(timeout <= last, "grew at {pending}");
+            last = timeout;
+        }
+    }
+
+    /// One host opening many connections that stall in the handshake holds
+    /// at most its share of the listener: its connections beyond it are
+    /// closed at once and counted, while a client from another address
+    /// handshakes and is served at once.
+    #[tokio::test]
+    async fn stalled_handshakes_from_one_host_do_not_hold_up_others() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = CertificateAuthority::generate("test CA", 1).unwrap();
+        let (addr, operator, mut accepted) =
+            listener(&ca, dir.path(), Duration::from_secs(5)).await;
+        let refused_before = HANDSHAKES.refused_per_source.load(Ordering::Relaxed);
+        let hoarder = "127.0.0.2:0".parse::<SocketAddr>().unwrap();
+        let mut stalled = Vec::new();
+        for _ in 0..MAX_PENDING_HANDSHAKES_PER_SOURCE + 8 {
+            let socket = tokio::net::TcpSocket::new_v4().unwrap();
+            socket.bind(hoarder).unwrap();
+            let mut stream = socket.connect(addr.parse().unwrap()).await.unwrap();
+            // Five bytes of a TLS record header, then nothing.
+            use tokio::io::AsyncWriteExt;
+            let _ = stream.write_all(&[0x16, 0x03, 0x01, 0x02, 0x00]).await;
+            stalled.push(stream);
+        }
+        // The connections beyond the host's share are closed at once; the
+        // others are still waiting in their handshake.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let closed: Vec<bool> = stalled
+            .iter()
+            .map(|stream| {
+                let mut buf = [0u8; 8];
+                !matches!(stream.try_read(&mut buf), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+            })
+            .collect();
+        assert_eq!(
+            closed.iter().filter(|c| **c).count(),
+            8,
+            "exactly the connections beyond its share: {closed:?}"
+        );
+        assert!(closed[MAX_PENDING_HANDSHAKES_PER_SOURCE..]
+            .iter()
+            .all(|c| *c));
+        assert!(HANDSHAKES.refused_per_source.load(Ordering::Relaxed) >= refused_before + 8);
+        // A client from 127.0.0.1 is served while the hoarder stalls.
+        let started = std::time::Instant::now();
+        tls_connect(&addr, &operator).await.unwrap();
+        let peer = tokio::time::timeout(Duration::from_secs(2), accepted.recv())
+            .await
+            .expect("served while the other host stalls")
+            .unwrap();
+        assert_eq!(peer.principal, Principal::Operator("op".into()));
+        assert!(started.elapsed() < Duration::from_secs(2));
     }
 
     #[tokio::test]
