@@ -9,8 +9,8 @@
 //! membership ([`authorize_raft_sender`]), and its term against this
 //! member's ([`term_in_range`]: no message moves a term by more than
 //! [`MAX_TERM_STEP`] or past [`MAX_TERM`], so none can push a cluster to
-//! the end of the term's type, where openraft stops for good); a refused
-//! message never touches the member's term or log.
+//! the end of the term's type, where openraft stops for good; ADR 0023); a
+//! refused message never touches the member's term or log.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
