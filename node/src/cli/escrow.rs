@@ -20,7 +20,7 @@ pub struct EscrowArgs {
     /// LEASEHOLD_TLS_* variables) may be given with it, and replace its TLS
     /// settings.
     #[arg(long, value_name = "FILE", conflicts_with_all = [
-        "region", "listen", "coordinators", "batch", "sizer", "eoq", "max_keys",
+        "region", "listen", "coordinators", "batch", "sizer", "eoq", "max_keys", "max_keys_per_identity",
         "probe_interval_ms", "idle_evict_ms", "pool_release_idle_ms", "shutdown_drain_ms",
         "max_holders_per_key", "max_holders_per_identity", "max_tenant_weight", "fair_throttle",
     ])]
@@ -56,6 +56,12 @@ pub struct EscrowArgs {
     /// Most keys tracked at once.
     #[arg(long, default_value_t = 100_000)]
     pub max_keys: usize,
+    /// Of those, most first requested by one caller identity (TLS
+    /// listener): its new keys beyond it are refused (KEYS_EXHAUSTED), and
+    /// only its own, so one service cannot fill the node's key table for
+    /// the others of its region. Plaintext callers share no identity.
+    #[arg(long, default_value_t = 25_000)]
+    pub max_keys_per_identity: usize,
     /// While the coordinator is unreachable, probe it this often (ms).
     #[arg(long, default_value_t = 1_000)]
     pub probe_interval_ms: u64,
@@ -158,6 +164,7 @@ impl EscrowArgs {
         config.batch = self.batch;
         config.sizer = if self.eoq { SizerKind::Eoq } else { self.sizer };
         config.max_keys = self.max_keys;
+        config.max_keys_per_identity = self.max_keys_per_identity;
         config.probe_interval_ms = self.probe_interval_ms;
         config.idle_evict_ms = self.idle_evict_ms;
         config.pool_release_idle_ms = self.pool_release_idle_ms;

@@ -55,6 +55,9 @@ pub struct EscrowFile {
     pub sizer: Option<String>,
     /// Most keys tracked at once, ≥ 1.
     pub max_keys: Option<usize>,
+    /// Of those, most first requested by one caller identity, ≥ 1 (default
+    /// 25000).
+    pub max_keys_per_identity: Option<usize>,
     /// Probe interval while the coordinator is unreachable, ms, ≥ 1.
     pub probe_interval_ms: Option<u64>,
     /// A key idle this long hands its credits back, ms, ≥ 1.
@@ -176,6 +179,10 @@ impl EscrowFile {
         let at_least_one = [
             ("batch", self.batch.map(|v| v as u128)),
             ("max_keys", self.max_keys.map(|v| v as u128)),
+            (
+                "max_keys_per_identity",
+                self.max_keys_per_identity.map(|v| v as u128),
+            ),
             ("probe_interval_ms", self.probe_interval_ms.map(u128::from)),
             ("idle_evict_ms", self.idle_evict_ms.map(u128::from)),
             (
@@ -270,6 +277,9 @@ impl EscrowFile {
                 .map_err(|e| NodeError::Invalid(format!("escrow config sizer: {e}")))?;
         }
         config.max_keys = self.max_keys.unwrap_or(config.max_keys);
+        config.max_keys_per_identity = self
+            .max_keys_per_identity
+            .unwrap_or(config.max_keys_per_identity);
         config.probe_interval_ms = self.probe_interval_ms.unwrap_or(config.probe_interval_ms);
         config.idle_evict_ms = self.idle_evict_ms.unwrap_or(config.idle_evict_ms);
         config.pool_release_idle_ms = self

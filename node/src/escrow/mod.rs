@@ -85,6 +85,9 @@ pub struct EscrowConfig {
     pub probe_interval_ms: u64,
     /// Most keys tracked at once; new keys beyond it get `RESOURCE_EXHAUSTED`.
     pub max_keys: usize,
+    /// Of those, most first requested by one caller identity (TLS): its
+    /// new keys beyond it get `RESOURCE_EXHAUSTED`, and only its own.
+    pub max_keys_per_identity: usize,
     /// Most tenants tracked per `fair` key; the oldest is evicted beyond it
     /// and its use keeps counting, so a tenant flood cannot over-admit.
     pub max_tenants: usize,
@@ -144,6 +147,7 @@ impl EscrowConfig {
             sizer: SizerKind::Fixed,
             probe_interval_ms: 1_000,
             max_keys: 100_000,
+            max_keys_per_identity: 25_000,
             max_tenants: 10_000,
             max_tenant_weight: DEFAULT_MAX_TENANT_WEIGHT,
             idle_evict_ms: 30_000,
@@ -173,6 +177,9 @@ impl EscrowConfig {
         }
         if self.max_keys == 0 {
             return bad("max-keys", "must be at least 1");
+        }
+        if self.max_keys_per_identity == 0 {
+            return bad("max-keys-per-identity", "must be at least 1");
         }
         if self.max_tenant_weight == 0 {
             return bad("max-tenant-weight", "must be at least 1");

@@ -100,7 +100,7 @@ pub fn render(status: &pb::EscrowStatusResponse, observed: &Observations) -> Str
         "Keys with a live actor.",
         status.active_keys as f64,
     );
-    let counters: [(&str, &str, u64); 20] = [
+    let counters: [(&str, &str, u64); 21] = [
         (
             "evicted_keys",
             "Key actors stopped after being idle.",
@@ -160,6 +160,11 @@ pub fn render(status: &pb::EscrowStatusResponse, observed: &Observations) -> Str
             "refused_identity_holders",
             "Requests refused because the caller's identity had too many holders of a key.",
             status.refused_identity_holders,
+        ),
+        (
+            "refused_identity_keys",
+            "New keys refused because the caller's identity had created too many keys.",
+            status.refused_identity_keys,
         ),
         (
             "refused_unauthenticated",

@@ -60,7 +60,7 @@ impl EscrowApi {
             return Err(invalid_field("tokens", "tokens must be at least 1"));
         }
         self.table
-            .ask(key.as_str(), |reply| KeyRequest::Acquire {
+            .ask((key.as_str(), &principal), |reply| KeyRequest::Acquire {
                 tokens,
                 tenant: tenant.clone(),
                 weight,
@@ -263,7 +263,7 @@ impl pb::escrow_server::Escrow for EscrowApi {
         let caller = crate::auth::caller(&request);
         let mut request = request.into_inner();
         let key = coordinator_wire::key(&request.key)?;
-        let from = holder_request(caller, request.request_id.take())?.ok_or_else(|| {
+        let from = holder_request(caller.clone(), request.request_id.take())?.ok_or_else(|| {
             invalid_field(
                 "request_id",
                 "Return needs a request_id: it names the holder whose credits come back",
@@ -275,7 +275,7 @@ impl pb::escrow_server::Escrow for EscrowApi {
         }
         let settled = self
             .table
-            .ask(key.as_str(), |reply| KeyRequest::Return {
+            .ask((key.as_str(), &caller), |reply| KeyRequest::Return {
                 from: from.clone(),
                 claim: claim.clone(),
                 reply,

@@ -75,6 +75,7 @@ struct NodeCounters {
     refused_request_ids: AtomicU64,
     refused_holders_exhausted: AtomicU64,
     refused_identity_holders: AtomicU64,
+    refused_identity_keys: AtomicU64,
     fair_passes: AtomicU64,
     fair_denials: AtomicU64,
     fair_idle_admissions: AtomicU64,
@@ -407,6 +408,14 @@ impl EscrowShared {
         self.counters.evicted_keys.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Counts a new key refused because its caller's identity created its
+    /// most keys.
+    pub fn note_identity_keys_refused(&self) {
+        self.counters
+            .refused_identity_keys
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Counts a denied Acquire or Check.
     pub fn record_denial(&self, reason: DenialReason) {
         self.counters.denials[reason as usize].fetch_add(1, Ordering::Relaxed);
@@ -496,6 +505,7 @@ pub(crate) fn status_of(s: &EscrowShared, active_keys: u64) -> pb::EscrowStatusR
         refused_request_ids: s.counters.refused_request_ids.load(Ordering::Relaxed),
         refused_holders_exhausted: s.counters.refused_holders_exhausted.load(Ordering::Relaxed),
         refused_identity_holders: s.counters.refused_identity_holders.load(Ordering::Relaxed),
+        refused_identity_keys: s.counters.refused_identity_keys.load(Ordering::Relaxed),
         tokens_served: s.counters.tokens_served.load(Ordering::Relaxed),
         refused_unauthenticated: s.auth_refusals.unauthenticated(),
         refused_permission_denied: s.auth_refusals.permission_denied(),

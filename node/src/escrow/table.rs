@@ -2,11 +2,15 @@
 //! request for a new key when it is full is refused with
 //! `RESOURCE_EXHAUSTED` (never an unbounded map, never over-admission);
 //! idle actors hand their credits back and leave the table after
-//! `idle_evict_ms`, making room.
+//! `idle_evict_ms`, making room. A key counts against the caller identity
+//! whose request created it, and one identity creates at most
+//! `max_keys_per_identity` of them ([`IdentityQuota`]): one service that
+//! floods the node with keys is refused alone.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
+use leasehold_core::principal::Principal;
 use leasehold_proto::refusal::{refusal, Reason};
 use tokio::sync::oneshot;
 use tonic::Status;
@@ -19,9 +23,58 @@ use super::shared::EscrowShared;
 pub struct KeyTable {
     /// What every actor shares.
     pub shared: Arc<EscrowShared>,
-    actors: Mutex<HashMap<String, KeyHandle>>,
+    actors: Mutex<Actors>,
     /// This table, for the actors' eviction callback.
     me: Weak<KeyTable>,
+}
+
+/// The running actors, each with the identity whose request created it.
+#[derive(Debug, Default)]
+struct Actors {
+    handles: HashMap<String, (KeyHandle, Principal)>,
+    created: IdentityQuota,
+}
+
+/// How many keys each caller identity created, against one bound (pure).
+/// `Anonymous` (a plaintext listener's callers, who share no identity) is
+/// not counted.
+#[derive(Debug, Default)]
+pub struct IdentityQuota {
+    counts: HashMap<Principal, usize>,
+}
+
+impl IdentityQuota {
+    /// Counts one more key of `who` unless it already has `max`: whether
+    /// it may.
+    pub fn take(&mut self, who: &Principal, max: usize) -> bool {
+        if *who == Principal::Anonymous {
+            return true;
+        }
+        let count = self.counts.entry(who.clone()).or_default();
+        if *count >= max {
+            if *count == 0 {
+                self.counts.remove(who);
+            }
+            return false;
+        }
+        *count += 1;
+        true
+    }
+
+    /// One key of `who` is gone.
+    pub fn give_back(&mut self, who: &Principal) {
+        if let Some(count) = self.counts.get_mut(who) {
+            *count -= 1;
+            if *count == 0 {
+                self.counts.remove(who);
+            }
+        }
+    }
+
+    /// Keys `who` holds.
+    pub fn of(&self, who: &Principal) -> usize {
+        self.counts.get(who).copied().unwrap_or(0)
+    }
 }
 
 impl KeyTable {
@@ -29,33 +82,38 @@ impl KeyTable {
     pub fn new(shared: Arc<EscrowShared>) -> Arc<Self> {
         Arc::new_cyclic(|me| KeyTable {
             shared,
-            actors: Mutex::new(HashMap::new()),
+            actors: Mutex::new(Actors::default()),
             me: me.clone(),
         })
     }
 
     /// Removes `key`'s actor from the table (it is stopping).
     pub fn forget(&self, key: &str) {
-        if self
-            .actors
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(key)
-            .is_some()
-        {
+        let mut actors = self.actors.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((_, creator)) = actors.handles.remove(key) {
+            actors.created.give_back(&creator);
+            drop(actors);
             self.shared.note_evicted();
         }
     }
 
-    fn handle(self: &Arc<Self>, key: &str) -> Result<KeyHandle, Status> {
+    fn handle(self: &Arc<Self>, key: &str, caller: &Principal) -> Result<KeyHandle, Status> {
         let mut actors = self.actors.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(handle) = actors.get(key) {
+        if let Some((handle, _)) = actors.handles.get(key) {
             return Ok(handle.clone());
         }
-        if actors.len() >= self.shared.config.max_keys {
+        if actors.handles.len() >= self.shared.config.max_keys {
             return Err(refusal(Reason::KeysExhausted, format!(
                 "this escrow node already tracks its maximum of {} keys; idle keys are released after {} ms",
                 self.shared.config.max_keys, self.shared.config.idle_evict_ms
+            )));
+        }
+        let max = self.shared.config.max_keys_per_identity;
+        if !actors.created.take(caller, max) {
+            self.shared.note_identity_keys_refused();
+            return Err(refusal(Reason::KeysExhausted, format!(
+                "{caller} already created its maximum of {max} keys on this escrow node; idle keys are released after {} ms",
+                self.shared.config.idle_evict_ms
             )));
         }
         let handle = KeyHandle::spawn(key.to_string(), self.shared.clone(), {
@@ -66,20 +124,22 @@ impl KeyTable {
                 }
             })
         });
-        actors.insert(key.to_string(), handle.clone());
+        actors
+            .handles
+            .insert(key.to_string(), (handle.clone(), caller.clone()));
         Ok(handle)
     }
 
     /// Sends `key`'s actor the request `make` builds and waits for its answer
-    /// (starting the actor if needed).
+    /// (starting the actor if needed, counted against `caller`).
     pub async fn ask<T>(
         self: &Arc<Self>,
-        key: &str,
+        (key, caller): (&str, &Principal),
         make: impl Fn(oneshot::Sender<T>) -> KeyRequest,
     ) -> Result<T, Status> {
         // An actor that stopped between lookup and send is replaced once.
         for _ in 0..2 {
-            let handle = self.handle(key)?;
+            let handle = self.handle(key, caller)?;
             let (reply, answer) = oneshot::channel();
             if handle.send(make(reply)).await.is_ok() {
                 if let Ok(value) = answer.await {
@@ -98,13 +158,11 @@ impl KeyTable {
     /// handed its credits back (final reconciles, pool releases); returns
     /// how many were still running when it stopped waiting.
     pub async fn return_everything(&self, deadline: std::time::Duration) -> usize {
-        let handles: Vec<KeyHandle> = self
-            .actors
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .drain()
-            .map(|(_, h)| h)
-            .collect();
+        let handles: Vec<KeyHandle> = {
+            let mut actors = self.actors.lock().unwrap_or_else(PoisonError::into_inner);
+            actors.created = IdentityQuota::default();
+            actors.handles.drain().map(|(_, (h, _))| h).collect()
+        };
         drop(handles);
         self.shared.wait_for_actors(deadline).await
     }
@@ -124,11 +182,12 @@ impl KeyTable {
         let actors = self.actors.lock().unwrap_or_else(PoisonError::into_inner);
         match target {
             WatchTarget::Key(key) => {
-                let view = actors.get(key.as_str()).map(KeyHandle::view);
+                let view = actors.handles.get(key.as_str()).map(|(h, _)| h.view());
                 (vec![(key.to_string(), view)], 1)
             }
             WatchTarget::Prefix(prefix) => {
                 let mut keys: Vec<&String> = actors
+                    .handles
                     .keys()
                     .filter(|key| key.starts_with(prefix.as_str()))
                     .collect();
@@ -137,7 +196,7 @@ impl KeyTable {
                 let views = keys
                     .into_iter()
                     .take(max)
-                    .map(|key| (key.clone(), actors.get(key).map(KeyHandle::view)))
+                    .map(|key| (key.clone(), actors.handles.get(key).map(|(h, _)| h.view())))
                     .collect();
                 (views, matching)
             }
@@ -149,6 +208,43 @@ impl KeyTable {
         self.actors
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
+            .handles
             .len() as u64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_identity_takes_at_most_its_keys_and_gets_them_back() {
+        let mut quota = IdentityQuota::default();
+        let flood = Principal::Operator("flood".into());
+        let other = Principal::Operator("other".into());
+        assert!(quota.take(&flood, 2));
+        assert!(quota.take(&flood, 2));
+        assert!(!quota.take(&flood, 2), "its third key is refused");
+        assert!(quota.take(&other, 2), "another identity is not");
+        for _ in 0..5 {
+            assert!(
+                quota.take(&Principal::Anonymous, 2),
+                "anonymous is not counted"
+            );
+        }
+        assert_eq!(quota.of(&Principal::Anonymous), 0);
+        quota.give_back(&flood);
+        assert_eq!(quota.of(&flood), 1);
+        assert!(quota.take(&flood, 2), "a key gone is a key back");
+        quota.give_back(&flood);
+        quota.give_back(&flood);
+        quota.give_back(&flood);
+        assert_eq!(quota.of(&flood), 0);
+        assert!(!quota.take(&other, 0));
+        assert_eq!(
+            quota.counts.len(),
+            1,
+            "nothing kept for identities without keys"
+        );
     }
 }

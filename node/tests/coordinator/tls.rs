@@ -926,3 +926,61 @@ async fn raft_messages_cannot_push_a_term_out_of_range() -> Result<()> {
     );
     cluster.stop().await
 }
+
+/// One service creating keys on an escrow node is refused beyond its
+/// bound of the node's keys — and only it: another service of the region
+/// still opens new keys, and the status counts the refusals.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_identity_beyond_its_keys_refuses_only_itself() -> Result<()> {
+    let cluster = TlsCluster::start_initialised().await?;
+    cluster
+        .client_as(&operator())?
+        .admin()
+        .set_policy(counter_policy("keys/", 100, LONG_WINDOW_MS))
+        .await?;
+    let (addr, stop, escrow) = start_tls_escrow(&cluster, |config| {
+        config.max_keys_per_identity = 2;
+    })
+    .await?;
+    let acquire = |principal: Principal, key: &str| {
+        let dialer = cluster.dialer_as(&principal);
+        let (addr, key) = (addr.clone(), key.to_string());
+        async move {
+            let channel = dialer.dial(&addr).await?;
+            let mut rpc = leasehold_proto::v1::escrow_client::EscrowClient::new(channel);
+            let reply = rpc
+                .acquire(pb::AcquireRequest {
+                    key,
+                    tenant: String::new(),
+                    weight: 0,
+                    tokens: 1,
+                    request_id: None,
+                })
+                .await;
+            anyhow::Ok(reply.map(|r| r.into_inner().granted).map_err(|s| s.code()))
+        }
+    };
+    let other = Principal::Service {
+        name: "other".into(),
+        region: RegionId::new("eu")?,
+    };
+    for key in ["keys/a", "keys/b"] {
+        ensure!(acquire(service_eu(), key).await? == Ok(1), "{key}");
+    }
+    let refused = acquire(service_eu(), "keys/c").await?;
+    ensure!(refused == Err(Code::ResourceExhausted), "{refused:?}");
+    // A key it created is still served; another service opens new keys,
+    // and may use the first service's keys.
+    ensure!(acquire(service_eu(), "keys/a").await? == Ok(1));
+    ensure!(acquire(other.clone(), "keys/c").await? == Ok(1));
+    ensure!(acquire(other, "keys/a").await? == Ok(1));
+    let channel = cluster.dialer_as(&operator()).dial(&addr).await?;
+    let status = leasehold_proto::v1::escrow_client::EscrowClient::new(channel)
+        .status(pb::EscrowStatusRequest {})
+        .await?
+        .into_inner();
+    ensure!(status.refused_identity_keys == 1, "{status:?}");
+    let _ = stop.send(());
+    escrow.await??;
+    cluster.stop().await
+}
