@@ -285,6 +285,23 @@ async fn refusals(cluster: &TlsCluster, addr: &str, name: &str) -> Result<u64> {
         .with_context(|| format!("no metric {name}"))
 }
 
+/// The cluster still grants: an operator sets a policy and region eu
+/// leases one token of it.
+async fn ensure_still_granting(cluster: &TlsCluster) -> Result<()> {
+    cluster
+        .client_as(&operator())?
+        .admin()
+        .set_policy(counter_policy("tls/", 100, LONG_WINDOW_MS))
+        .await?;
+    let granted = cluster
+        .client_as(&region("eu"))?
+        .lease("tls/k", "eu", 1)
+        .await?
+        .granted;
+    ensure!(granted == 1, "the cluster stopped granting: {granted}");
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clients_without_a_certificate_or_with_another_cas_certificate_cannot_connect() -> Result<()>
 {
@@ -510,19 +527,7 @@ async fn forged_raft_messages_from_non_members_or_impostors_leave_terms_unchange
         terms_after == terms_before,
         "terms moved: {terms_before:?} -> {terms_after:?}"
     );
-    cluster
-        .client_as(&operator())?
-        .admin()
-        .set_policy(counter_policy("tls/", 100, LONG_WINDOW_MS))
-        .await?;
-    ensure!(
-        cluster
-            .client_as(&region("eu"))?
-            .lease("tls/k", "eu", 1)
-            .await?
-            .granted
-            == 1
-    );
+    ensure_still_granting(&cluster).await?;
     cluster.stop().await
 }
 
@@ -692,6 +697,43 @@ async fn start_tls_escrow(
     Ok((addr, stop, escrow))
 }
 
+/// One `Acquire` of `tokens` of `key` at the escrow node at `addr`, as
+/// `principal` (under `client_id`, seq 1, when given): the tokens granted,
+/// or the refusal's code.
+async fn acquire_at(
+    cluster: &TlsCluster,
+    addr: &str,
+    principal: &Principal,
+    (key, tokens): (&str, u64),
+    client_id: Option<&str>,
+) -> Result<Result<u64, Code>> {
+    let channel = cluster.dialer_as(principal).dial(addr).await?;
+    let reply = leasehold_proto::v1::escrow_client::EscrowClient::new(channel)
+        .acquire(pb::AcquireRequest {
+            key: key.into(),
+            tenant: String::new(),
+            weight: 0,
+            tokens,
+            request_id: client_id.map(|client_id| pb::RequestId {
+                client_id: client_id.into(),
+                seq: 1,
+            }),
+        })
+        .await;
+    Ok(reply.map(|r| r.into_inner().granted).map_err(|s| s.code()))
+}
+
+/// The status of the escrow node at `addr`, read by an operator.
+async fn escrow_status_at(cluster: &TlsCluster, addr: &str) -> Result<pb::EscrowStatusResponse> {
+    let channel = cluster.dialer_as(&operator()).dial(addr).await?;
+    Ok(
+        leasehold_proto::v1::escrow_client::EscrowClient::new(channel)
+            .status(pb::EscrowStatusRequest {})
+            .await?
+            .into_inner(),
+    )
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn escrow_nodes_serve_only_their_regions_services() -> Result<()> {
     let cluster = TlsCluster::start_initialised().await?;
@@ -705,52 +747,44 @@ async fn escrow_nodes_serve_only_their_regions_services() -> Result<()> {
     // leasing from the cluster as region eu.
     let (addr, stop, escrow) = start_tls_escrow(&cluster, |_| {}).await?;
 
-    let acquire = |principal: Principal| {
-        let dialer = cluster.dialer_as(&principal);
-        let addr = addr.clone();
-        async move {
-            let channel = dialer.dial(&addr).await?;
-            let mut rpc = leasehold_proto::v1::escrow_client::EscrowClient::new(channel);
-            let reply = rpc
-                .acquire(pb::AcquireRequest {
-                    key: "tls/k".into(),
-                    tenant: String::new(),
-                    weight: 0,
-                    tokens: 2,
-                    request_id: Some(pb::RequestId {
-                        client_id: "tls-test".into(),
-                        seq: 1,
-                    }),
-                })
-                .await;
-            anyhow::Ok(reply.map(|r| r.into_inner().granted).map_err(|s| s.code()))
-        }
-    };
     let us_service = Principal::Service {
         name: "checkout".into(),
         region: RegionId::new("us")?,
     };
     ensure!(
-        acquire(us_service).await? == Err(Code::PermissionDenied),
+        acquire_at(&cluster, &addr, &us_service, ("tls/k", 2), Some("tls-test")).await?
+            == Err(Code::PermissionDenied),
         "a us service acquired in eu"
     );
     ensure!(
-        acquire(region("eu")).await? == Err(Code::PermissionDenied),
+        acquire_at(
+            &cluster,
+            &addr,
+            &region("eu"),
+            ("tls/k", 2),
+            Some("tls-test")
+        )
+        .await?
+            == Err(Code::PermissionDenied),
         "a region certificate acquired"
     );
     ensure!(
-        acquire(operator()).await? == Err(Code::PermissionDenied),
+        acquire_at(&cluster, &addr, &operator(), ("tls/k", 2), Some("tls-test")).await?
+            == Err(Code::PermissionDenied),
         "an operator acquired"
     );
-    let granted = acquire(service_eu()).await?;
+    let granted = acquire_at(
+        &cluster,
+        &addr,
+        &service_eu(),
+        ("tls/k", 2),
+        Some("tls-test"),
+    )
+    .await?;
     ensure!(granted == Ok(2), "eu's own service is served: {granted:?}");
 
     // Operators may read the status, which counts the refusals.
-    let channel = cluster.dialer_as(&operator()).dial(&addr).await?;
-    let status = leasehold_proto::v1::escrow_client::EscrowClient::new(channel)
-        .status(pb::EscrowStatusRequest {})
-        .await?
-        .into_inner();
+    let status = escrow_status_at(&cluster, &addr).await?;
     ensure!(status.refused_permission_denied == 3, "{status:?}");
 
     let _ = stop.send(());
@@ -828,47 +862,39 @@ async fn one_identity_beyond_its_holders_refuses_only_itself() -> Result<()> {
         config.holder_limits.max_holders_per_principal = 3;
     })
     .await?;
-    let acquire = |principal: Principal, client_id: String| {
-        let dialer = cluster.dialer_as(&principal);
-        let addr = addr.clone();
-        async move {
-            let channel = dialer.dial(&addr).await?;
-            let mut rpc = leasehold_proto::v1::escrow_client::EscrowClient::new(channel);
-            let reply = rpc
-                .acquire(pb::AcquireRequest {
-                    key: "bound/k".into(),
-                    tenant: String::new(),
-                    weight: 0,
-                    tokens: 1,
-                    request_id: Some(pb::RequestId { client_id, seq: 1 }),
-                })
-                .await;
-            anyhow::Ok(reply.map(|r| r.into_inner().granted).map_err(|s| s.code()))
-        }
-    };
     let checkout = service_eu();
     let other = Principal::Service {
         name: "other".into(),
         region: RegionId::new("eu")?,
     };
     for i in 0..3 {
-        let granted = acquire(checkout.clone(), format!("flood-{i}")).await?;
+        let granted = acquire_at(
+            &cluster,
+            &addr,
+            &checkout,
+            ("bound/k", 1),
+            Some(&format!("flood-{i}")),
+        )
+        .await?;
         ensure!(granted == Ok(1), "holder {i}: {granted:?}");
     }
     for i in 3..6 {
-        let refused = acquire(checkout.clone(), format!("flood-{i}")).await?;
+        let refused = acquire_at(
+            &cluster,
+            &addr,
+            &checkout,
+            ("bound/k", 1),
+            Some(&format!("flood-{i}")),
+        )
+        .await?;
         ensure!(
             refused == Err(Code::ResourceExhausted),
             "holder {i}: {refused:?}"
         );
     }
-    let served = acquire(other, "other-1".into()).await?;
+    let served = acquire_at(&cluster, &addr, &other, ("bound/k", 1), Some("other-1")).await?;
     ensure!(served == Ok(1), "the other service is served: {served:?}");
-    let channel = cluster.dialer_as(&operator()).dial(&addr).await?;
-    let status = leasehold_proto::v1::escrow_client::EscrowClient::new(channel)
-        .status(pb::EscrowStatusRequest {})
-        .await?
-        .into_inner();
+    let status = escrow_status_at(&cluster, &addr).await?;
     ensure!(status.refused_identity_holders == 3, "{status:?}");
     ensure!(status.refused_holders_exhausted == 0, "{status:?}");
     let _ = stop.send(());
@@ -911,19 +937,7 @@ async fn raft_messages_cannot_push_a_term_out_of_range() -> Result<()> {
         terms_after.iter().all(|t| *t <= current + 1),
         "terms moved: {terms_before:?} -> {terms_after:?}"
     );
-    cluster
-        .client_as(&operator())?
-        .admin()
-        .set_policy(counter_policy("tls/", 100, LONG_WINDOW_MS))
-        .await?;
-    ensure!(
-        cluster
-            .client_as(&region("eu"))?
-            .lease("tls/k", "eu", 1)
-            .await?
-            .granted
-            == 1
-    );
+    ensure_still_granting(&cluster).await?;
     cluster.stop().await
 }
 
@@ -942,43 +956,24 @@ async fn one_identity_beyond_its_keys_refuses_only_itself() -> Result<()> {
         config.max_keys_per_identity = 2;
     })
     .await?;
-    let acquire = |principal: Principal, key: &str| {
-        let dialer = cluster.dialer_as(&principal);
-        let (addr, key) = (addr.clone(), key.to_string());
-        async move {
-            let channel = dialer.dial(&addr).await?;
-            let mut rpc = leasehold_proto::v1::escrow_client::EscrowClient::new(channel);
-            let reply = rpc
-                .acquire(pb::AcquireRequest {
-                    key,
-                    tenant: String::new(),
-                    weight: 0,
-                    tokens: 1,
-                    request_id: None,
-                })
-                .await;
-            anyhow::Ok(reply.map(|r| r.into_inner().granted).map_err(|s| s.code()))
-        }
-    };
     let other = Principal::Service {
         name: "other".into(),
         region: RegionId::new("eu")?,
     };
     for key in ["keys/a", "keys/b"] {
-        ensure!(acquire(service_eu(), key).await? == Ok(1), "{key}");
+        ensure!(
+            acquire_at(&cluster, &addr, &service_eu(), (key, 1), None).await? == Ok(1),
+            "{key}"
+        );
     }
-    let refused = acquire(service_eu(), "keys/c").await?;
+    let refused = acquire_at(&cluster, &addr, &service_eu(), ("keys/c", 1), None).await?;
     ensure!(refused == Err(Code::ResourceExhausted), "{refused:?}");
     // A key it created is still served; another service opens new keys,
     // and may use the first service's keys.
-    ensure!(acquire(service_eu(), "keys/a").await? == Ok(1));
-    ensure!(acquire(other.clone(), "keys/c").await? == Ok(1));
-    ensure!(acquire(other, "keys/a").await? == Ok(1));
-    let channel = cluster.dialer_as(&operator()).dial(&addr).await?;
-    let status = leasehold_proto::v1::escrow_client::EscrowClient::new(channel)
-        .status(pb::EscrowStatusRequest {})
-        .await?
-        .into_inner();
+    ensure!(acquire_at(&cluster, &addr, &service_eu(), ("keys/a", 1), None).await? == Ok(1));
+    ensure!(acquire_at(&cluster, &addr, &other, ("keys/c", 1), None).await? == Ok(1));
+    ensure!(acquire_at(&cluster, &addr, &other, ("keys/a", 1), None).await? == Ok(1));
+    let status = escrow_status_at(&cluster, &addr).await?;
     ensure!(status.refused_identity_keys == 1, "{status:?}");
     let _ = stop.send(());
     escrow.await??;
