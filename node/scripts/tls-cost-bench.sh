@@ -40,7 +40,7 @@ start() {
       tls=(--tls-ca "$CERTS/ca.pem" --tls-cert "$CERTS/member-$id.pem" --tls-key "$CERTS/member-$id.key")
     fi
     "$BIN" serve "${tls[@]}" --id "$id" --listen "$(addr "$id")" --data-dir "$data/node-$id" \
-      2>>"$data.log" &
+      --join-members 1,2,3 2>>"$data.log" &
     PIDS+=($!)
   done
   as_operator "$mode" cluster init --endpoint "$(addr 1)" --wait-secs 20 \

@@ -181,21 +181,36 @@ pub fn authorize_region(caller: &Principal, region: &str) -> Result<(), Refusal>
     }
 }
 
+/// Whose Raft messages a member may accept: its current membership, the
+/// members it was told to join while it has none, and every id retired
+/// from the cluster.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RaftPeers {
+    /// Voters and learners of the member's membership (empty while it has
+    /// none yet).
+    pub members: BTreeSet<u64>,
+    /// The members of the cluster it was told to join (`--join-members`).
+    pub joining: BTreeSet<u64>,
+    /// Ids a committed membership change removed from the cluster.
+    pub retired: BTreeSet<u64>,
+}
+
 /// May a Raft message claiming to come from member `claimed_sender` be
-/// accepted from `caller`, given this node's current membership `members`
-/// (voters and learners; empty while the node has none yet)?
+/// accepted from `caller`, given the receiving member's `peers`?
 ///
 /// - On a TLS listener (`caller` is `Some`), the caller must be
-///   `Member(id)` with `id == claimed_sender`, and `id` must be in
-///   `members` unless `members` is empty (a fresh node waiting for its
-///   first membership accepts any member).
-/// - On a plaintext listener (`caller` is `None`) the claimed sender must
-///   be in `members` (unless empty). This is a guard against stray
-///   traffic, not a protection: anyone can claim any id.
+///   `Member(id)` with `id == claimed_sender`.
+/// - A retired id is refused, always (`MEMBER_RETIRED`).
+/// - With a membership, the sender must be in it.
+/// - Without one (a member that has not joined yet), the sender must be
+///   one of the members it was told to join; on TLS with none named, no
+///   sender is accepted. On a plaintext listener with none named, any
+///   sender is (plaintext is a guard against stray traffic, not a
+///   protection: anyone can claim any id).
 pub fn authorize_raft_sender(
     caller: Option<&Principal>,
     claimed_sender: u64,
-    members: &BTreeSet<u64>,
+    peers: &RaftPeers,
 ) -> Result<(), Refusal> {
     let sender = match caller {
         None => claimed_sender,
@@ -215,14 +230,42 @@ pub fn authorize_raft_sender(
         }
         Some(other) => return Err(Refusal::denied(other, "the raft service")),
     };
-    if members.is_empty() || members.contains(&sender) {
-        Ok(())
-    } else {
-        Err(Refusal::PermissionDenied(
-            Reason::NotAMember,
-            format!("member {sender} is not in this node's membership"),
-        ))
+    if peers.retired.contains(&sender) {
+        return Err(Refusal::PermissionDenied(
+            Reason::MemberRetired,
+            format!(
+                "member {sender} was removed from this cluster; its id is never accepted again"
+            ),
+        ));
     }
+    if !peers.members.is_empty() {
+        return if peers.members.contains(&sender) {
+            Ok(())
+        } else {
+            Err(Refusal::PermissionDenied(
+                Reason::NotAMember,
+                format!("member {sender} is not in this node's membership"),
+            ))
+        };
+    }
+    if peers.joining.contains(&sender) || (peers.joining.is_empty() && caller.is_none()) {
+        return Ok(());
+    }
+    let problem = if peers.joining.is_empty() {
+        "this member has no membership yet and was not told which cluster to join \
+         (start it with --join-members and the ids of the cluster's members)"
+            .to_string()
+    } else {
+        format!(
+            "this member has no membership yet and accepts raft messages only from the \
+             members it was told to join ({:?})",
+            peers.joining
+        )
+    };
+    Err(Refusal::PermissionDenied(
+        Reason::NotAMember,
+        format!("member {sender} refused: {problem}"),
+    ))
 }
 
 /// Most peers remembered for log rate limiting; beyond it the oldest
@@ -529,16 +572,21 @@ mod tests {
         assert!(authorize_region(&Principal::Anonymous, "us").is_ok());
     }
 
+    fn peers(members: &[u64], joining: &[u64], retired: &[u64]) -> RaftPeers {
+        RaftPeers {
+            members: members.iter().copied().collect(),
+            joining: joining.iter().copied().collect(),
+            retired: retired.iter().copied().collect(),
+        }
+    }
+
     #[test]
     fn raft_senders_must_be_current_members_under_their_own_id() {
-        let members: BTreeSet<u64> = [1, 2, 3].into();
-        let none = BTreeSet::new();
+        let members = peers(&[1, 2, 3], &[], &[]);
         let m = Principal::Member;
         assert!(authorize_raft_sender(Some(&m(2)), 2, &members).is_ok());
         assert!(is_denied(authorize_raft_sender(Some(&m(2)), 3, &members)));
         assert!(is_denied(authorize_raft_sender(Some(&m(99)), 99, &members)));
-        assert!(authorize_raft_sender(Some(&m(99)), 99, &none).is_ok());
-        assert!(is_denied(authorize_raft_sender(Some(&m(99)), 1, &none)));
         assert!(is_denied(authorize_raft_sender(
             Some(&operator()),
             1,
@@ -546,7 +594,35 @@ mod tests {
         )));
         assert!(authorize_raft_sender(None, 3, &members).is_ok());
         assert!(is_denied(authorize_raft_sender(None, 99, &members)));
-        assert!(authorize_raft_sender(None, 99, &none).is_ok());
+    }
+
+    #[test]
+    fn a_member_without_membership_hears_only_the_cluster_it_joins() {
+        let m = Principal::Member;
+        let told = peers(&[], &[1, 2, 3], &[]);
+        assert!(authorize_raft_sender(Some(&m(1)), 1, &told).is_ok());
+        assert!(is_denied(authorize_raft_sender(Some(&m(4)), 4, &told)));
+        assert!(is_denied(authorize_raft_sender(None, 4, &told)));
+        let untold = peers(&[], &[], &[]);
+        assert!(is_denied(authorize_raft_sender(Some(&m(1)), 1, &untold)));
+        assert!(
+            authorize_raft_sender(None, 99, &untold).is_ok(),
+            "plaintext without a join list hears anyone"
+        );
+    }
+
+    #[test]
+    fn a_retired_id_is_refused_even_if_listed_elsewhere() {
+        let m = Principal::Member;
+        for listed in [peers(&[1, 4], &[], &[4]), peers(&[], &[1, 4], &[4])] {
+            let refusal = authorize_raft_sender(Some(&m(4)), 4, &listed).unwrap_err();
+            assert!(
+                matches!(refusal, Refusal::PermissionDenied(Reason::MemberRetired, _)),
+                "{refusal:?}"
+            );
+            assert!(authorize_raft_sender(None, 4, &listed).is_err());
+            assert!(authorize_raft_sender(Some(&m(1)), 1, &listed).is_ok());
+        }
     }
 
     #[test]
@@ -601,16 +677,22 @@ mod tests {
         }
 
         /// A Raft message over TLS passes only when the certificate's member
-        /// id is the claimed sender and (with a membership) in it.
+        /// id is the claimed sender, not retired, and in the membership —
+        /// or, without one, among the members it was told to join.
         #[test]
         fn raft_sender_law(
             who in any_principal(),
             claimed in 0u64..6,
             members in proptest::collection::btree_set(0u64..6, 0..4),
+            joining in proptest::collection::btree_set(0u64..6, 0..4),
+            retired in proptest::collection::btree_set(0u64..6, 0..3),
         ) {
-            let allowed = authorize_raft_sender(Some(&who), claimed, &members).is_ok();
+            let peers = RaftPeers { members, joining, retired };
+            let allowed = authorize_raft_sender(Some(&who), claimed, &peers).is_ok();
+            let listed = if peers.members.is_empty() { &peers.joining } else { &peers.members };
             let expected = who == Principal::Member(claimed)
-                && (members.is_empty() || members.contains(&claimed));
+                && !peers.retired.contains(&claimed)
+                && listed.contains(&claimed);
             prop_assert_eq!(allowed, expected);
         }
     }

@@ -147,6 +147,11 @@ pub struct NodeConfig {
     /// `host:port` of the Prometheus `/metrics` listener (plain HTTP, its own
     /// port; none when unset). Bind it to a private interface.
     pub metrics_listen: Option<String>,
+    /// The ids of the members of the cluster this member joins. While it
+    /// has no membership yet it accepts Raft messages only from them (on
+    /// TLS, none at all when unset); once the cluster's log reaches it, its
+    /// membership decides. See the joining procedure in docs/security.md.
+    pub join_members: Vec<u64>,
 }
 
 impl Default for NodeConfig {
@@ -180,6 +185,7 @@ impl Default for NodeConfig {
             tls_key: None,
             insecure: false,
             metrics_listen: None,
+            join_members: Vec::new(),
         }
     }
 }
@@ -213,6 +219,9 @@ impl NodeConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.id == 0 {
             return Err(invalid("id", "must be set to a node id of at least 1"));
+        }
+        if self.join_members.contains(&0) {
+            return Err(invalid("join_members", "member ids are at least 1"));
         }
         leasehold_client::transport::normalize_addr(&self.listen)
             .map_err(|e| invalid("listen", format!("must be host:port ({e})")))?;

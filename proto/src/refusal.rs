@@ -122,6 +122,9 @@ reasons! {
     /// A Raft message from a sender that is not a current member, or that
     /// claims another member's id.
     NotAMember = "NOT_A_MEMBER", PermissionDenied;
+    /// A Raft message from a member id a membership change removed from
+    /// the cluster: never accepted again.
+    MemberRetired = "MEMBER_RETIRED", PermissionDenied;
     /// The method does not exist on this server (e.g. a coordinator call
     /// sent to an escrow node's port).
     UnknownMethod = "UNKNOWN_METHOD", Unimplemented;

@@ -5,11 +5,15 @@
 use leasehold_core::coordinator::format_v2::{CoordinatorStateV2, ProposalV2};
 use leasehold_core::coordinator::format_v3::CoordinatorStateV3;
 use leasehold_core::coordinator::{CoordinatorState, Proposal};
+use std::collections::BTreeSet;
+
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::codec::{CodecError, Persisted};
-use crate::types::{Entry, EntryPayload, LogId, Membership, SnapshotMeta, StoredMembership, Vote};
+use crate::types::{
+    Entry, EntryPayload, LogId, Membership, NodeId, SnapshotMeta, StoredMembership, Vote,
+};
 
 /// [`Keyspace::LogMeta`](crate::Keyspace::LogMeta) key of the vote.
 pub(crate) const VOTE_KEY: &[u8] = b"vote";
@@ -113,6 +117,21 @@ pub struct SnapshotEnvelope {
     pub membership: StoredMembership,
     /// The coordinator state.
     pub state: CoordinatorState,
+    /// Every member id a membership change has removed from the cluster
+    /// (never accepted again; see [`retired_by`]).
+    pub retired_members: BTreeSet<NodeId>,
+}
+
+/// The member ids that leave the cluster when membership `before` is
+/// replaced by `after`: the nodes (voters and learners) of `before` that
+/// are not nodes of `after`.
+pub fn retired_by(before: &Membership, after: &Membership) -> BTreeSet<NodeId> {
+    let remaining: BTreeSet<NodeId> = after.nodes().map(|(id, _)| *id).collect();
+    before
+        .nodes()
+        .map(|(id, _)| *id)
+        .filter(|id| !remaining.contains(id))
+        .collect()
 }
 
 impl Persisted for SnapshotEnvelope {
@@ -126,11 +145,18 @@ impl Persisted for SnapshotEnvelope {
     /// (a last variant of the outcome, so a format-4 snapshot decodes as
     /// it is; its cached pool grants replay with an increment of 0); an
     /// older build refuses a format-5 snapshot as of an unknown version.
-    const FORMAT_VERSION: u32 = 5;
+    /// 6: the record of retired member ids; 5 is read with none recorded.
+    const FORMAT_VERSION: u32 = 6;
 
     fn decode_version(version: u32, body: &[u8]) -> Result<Self, CodecError> {
         match version {
-            4 => decode_body::<SnapshotEnvelope>(Self::KIND, body)
+            5 => decode_body::<SnapshotEnvelopeV5>(Self::KIND, body).map(|old| SnapshotEnvelope {
+                last_applied: old.last_applied,
+                membership: old.membership,
+                state: old.state,
+                retired_members: BTreeSet::new(),
+            }),
+            4 => decode_body::<SnapshotEnvelopeV5>(Self::KIND, body)
                 .map(|old| upgraded(old.last_applied, old.membership, old.state)),
             2 => decode_body::<SnapshotEnvelopeV2>(Self::KIND, body)
                 .map(|old| upgraded(old.last_applied, old.membership, old.state.into())),
@@ -154,7 +180,17 @@ fn upgraded(
         last_applied,
         membership,
         state,
+        retired_members: BTreeSet::new(),
     }
+}
+
+/// A snapshot of format 4 or 5 (no record of retired members); upgraded
+/// on read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct SnapshotEnvelopeV5 {
+    last_applied: Option<LogId>,
+    membership: StoredMembership,
+    state: CoordinatorState,
 }
 
 /// A snapshot of format 2; upgraded on read.
@@ -249,6 +285,7 @@ mod decode_fuzz {
             last_applied: Some(log_id(7)),
             membership: StoredMembership::default(),
             state: CoordinatorState::default(),
+            retired_members: [4, 9].into(),
         };
         vec![
             encode(&lease_entry()).unwrap(),
@@ -266,6 +303,44 @@ mod decode_fuzz {
         let _ = decode::<LogId>(bytes);
         let _ = decode::<SnapshotEnvelope>(bytes);
         let _ = decode::<StoredSnapshot>(bytes);
+    }
+
+    fn membership_of(voters: &[u64], learners: &[u64]) -> crate::types::Membership {
+        let voters: BTreeSet<u64> = voters.iter().copied().collect();
+        let nodes: BTreeMap<u64, openraft::BasicNode> = voters
+            .iter()
+            .chain(learners)
+            .map(|id| (*id, openraft::BasicNode::new(format!("n{id}:7000"))))
+            .collect();
+        Membership::new(vec![voters], nodes)
+    }
+
+    #[test]
+    fn members_leaving_a_membership_retire_learners_included() {
+        let before = membership_of(&[1, 2, 3], &[4, 5]);
+        assert_eq!(
+            super::retired_by(&before, &membership_of(&[1, 2, 5], &[6])),
+            [3, 4].into()
+        );
+        assert!(super::retired_by(&before, &membership_of(&[1, 2, 3, 4, 5], &[])).is_empty());
+        assert!(super::retired_by(&membership_of(&[], &[]), &before).is_empty());
+    }
+
+    #[test]
+    fn a_format_5_snapshot_reads_with_no_member_retired() {
+        let old = super::SnapshotEnvelopeV5 {
+            last_applied: Some(log_id(7)),
+            membership: StoredMembership::default(),
+            state: CoordinatorState::default(),
+        };
+        let mut bytes = postcard::to_stdvec(&5u32).unwrap();
+        bytes.extend(postcard::to_stdvec(&old).unwrap());
+        let read: SnapshotEnvelope = decode(&bytes).unwrap();
+        assert_eq!(read.last_applied, Some(log_id(7)));
+        assert!(read.retired_members.is_empty());
+        let current = encode(&read).unwrap();
+        assert_eq!(current[0], 6, "written back in the current format");
+        assert_eq!(decode::<SnapshotEnvelope>(&current).unwrap(), read);
     }
 
     #[test]

@@ -12,6 +12,7 @@
 //! Reads for the API go through [`StateReader`] (a shared handle that stays
 //! valid after the store is handed to openraft).
 
+use std::collections::BTreeSet;
 use std::fmt::Debug;
 use std::io::Cursor;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -24,9 +25,10 @@ use openraft::{ErrorSubject, ErrorVerb, OptionalSend, RaftSnapshotBuilder};
 use crate::codec::{decode, encode};
 use crate::engine::{Keyspace, StorageEngine};
 use crate::error::{OrStorageError, StoreError};
-use crate::records::{SnapshotEnvelope, StoredSnapshot, SNAPSHOT_KEY};
+use crate::records::{retired_by, SnapshotEnvelope, StoredSnapshot, SNAPSHOT_KEY};
 use crate::types::{
-    Entry, EntryPayload, LogId, Snapshot, SnapshotMeta, StorageError, StoredMembership, TypeConfig,
+    Entry, EntryPayload, LogId, NodeId, Snapshot, SnapshotMeta, StorageError, StoredMembership,
+    TypeConfig,
 };
 
 /// The in-memory state machine: the coordinator state and how far it got.
@@ -35,6 +37,8 @@ struct Applied {
     last_applied: Option<LogId>,
     membership: StoredMembership,
     state: CoordinatorState,
+    /// Member ids removed by a membership change, ever.
+    retired_members: BTreeSet<NodeId>,
 }
 
 impl Applied {
@@ -43,6 +47,7 @@ impl Applied {
             last_applied: envelope.last_applied,
             membership: envelope.membership,
             state: envelope.state,
+            retired_members: envelope.retired_members,
         }
     }
 }
@@ -130,6 +135,18 @@ impl StateReader {
     /// The last applied membership configuration.
     pub fn membership(&self) -> StoredMembership {
         read_lock(&self.applied).membership.clone()
+    }
+
+    /// Every member id a committed membership change has removed from the
+    /// cluster (replicated, kept in snapshots): never to be accepted again.
+    pub fn retired_members(&self) -> BTreeSet<NodeId> {
+        read_lock(&self.applied).retired_members.clone()
+    }
+
+    /// Whether member `id` was removed from the cluster by a committed
+    /// membership change.
+    pub fn is_retired(&self, id: NodeId) -> bool {
+        read_lock(&self.applied).retired_members.contains(&id)
     }
 
     /// The size and age of the stored snapshot.
@@ -273,6 +290,7 @@ impl StateMachineStore {
             last_applied: applied.last_applied,
             membership: applied.membership.clone(),
             state: applied.state.clone(),
+            retired_members: applied.retired_members.clone(),
         };
         drop(applied);
         let data = encode(&envelope)?;
@@ -303,6 +321,7 @@ impl StateMachineStore {
             last_applied: meta.last_log_id,
             membership: meta.last_membership.clone(),
             state: envelope.state,
+            retired_members: envelope.retired_members,
         };
         Ok(())
     }
@@ -343,6 +362,8 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                 EntryPayload::Blank => ProposalResult::default(),
                 EntryPayload::Normal(proposal) => applied.state.apply(&proposal),
                 EntryPayload::Membership(membership) => {
+                    let retired = retired_by(applied.membership.membership(), &membership);
+                    applied.retired_members.extend(retired);
                     applied.membership = StoredMembership::new(Some(entry.log_id), membership);
                     ProposalResult::default()
                 }

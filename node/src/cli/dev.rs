@@ -189,6 +189,7 @@ impl DevCluster {
                 tls_cert: Some(files_for(&certs, &Principal::Member(id)).cert),
                 tls_key: Some(files_for(&certs, &Principal::Member(id)).key),
                 insecure: false,
+                join_members: (1..=args.nodes).collect(),
                 ..base.clone()
             };
             config.validate()?;

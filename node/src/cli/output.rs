@@ -140,6 +140,7 @@ pub fn status_json(status: &pb::StatusResponse) -> Value {
         "purged_index": status.purged_index,
         "voters": members(&status.voters),
         "learners": members(&status.learners),
+        "retired_member_ids": status.retired_member_ids,
         "state_machine_now_ms": status.state_machine_now_ms,
         "live_windows": status.live_windows,
         "policies": status.policies,
@@ -185,8 +186,18 @@ pub fn status_text(status: &pb::StatusResponse) -> String {
             )
         })
         .collect::<String>();
+    let retired = if status.retired_member_ids.is_empty() {
+        "-".to_string()
+    } else {
+        status
+            .retired_member_ids
+            .iter()
+            .map(u64::to_string)
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
     format!(
-        "node {} is {}{}\n  term {}  leader {}\n  log index {}  applied {}  snapshot {}  purged {}\n  voters   {}\n  learners {}\n  state clock {} ms  live windows {}  policies {}\n  counters {}{}",
+        "node {} is {}{}\n  term {}  leader {}\n  log index {}  applied {}  snapshot {}  purged {}\n  voters   {}\n  learners {}\n  retired  {}\n  state clock {} ms  live windows {}  policies {}\n  counters {}{}",
         status.node_id,
         status.state,
         if status.initialized { "" } else { " (not initialised)" },
@@ -198,6 +209,7 @@ pub fn status_text(status: &pb::StatusResponse) -> String {
         status.purged_index,
         members(&status.voters),
         members(&status.learners),
+        retired,
         status.state_machine_now_ms,
         status.live_windows,
         status.policies,

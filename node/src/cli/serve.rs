@@ -31,6 +31,12 @@ pub struct ServeArgs {
     /// private interface). Off when unset.
     #[arg(long, env = "LEASEHOLD_METRICS_LISTEN")]
     pub metrics_listen: Option<String>,
+    /// The ids of the cluster's current members when this member joins an
+    /// existing cluster, or of all founding members (comma-separated):
+    /// until the cluster's log reaches it, it accepts Raft messages only
+    /// from them.
+    #[arg(long, value_delimiter = ',', env = "LEASEHOLD_JOIN_MEMBERS")]
+    pub join_members: Vec<u64>,
     /// Mutual TLS material, or --insecure.
     #[command(flatten)]
     pub tls: ServerTlsArgs,
@@ -61,6 +67,9 @@ impl ServeArgs {
         }
         if let Some(data_dir) = &self.data_dir {
             config.data_dir = data_dir.clone();
+        }
+        if !self.join_members.is_empty() {
+            config.join_members = self.join_members.clone();
         }
         if let Some(path) = &self.tls.tls_ca {
             config.tls_ca = Some(path.clone());
@@ -115,6 +124,7 @@ mod tests {
             data_dir: None,
             config: None,
             metrics_listen: None,
+            join_members: Vec::new(),
             tls: ServerTlsArgs {
                 insecure: true,
                 ..ServerTlsArgs::default()

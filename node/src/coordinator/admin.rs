@@ -164,6 +164,15 @@ impl Admin for AdminApi {
             .ok_or_else(|| invalid_field("member", "member is required"))?;
         let (id, node) = member(&raw)?;
         self.node.require_leader()?;
+        if self.node.state.is_retired(id) {
+            return Err(refusal(
+                Reason::MembershipRejected,
+                format!(
+                    "member {id} was removed from this cluster and its id is never accepted \
+                     again: give the new member a new id (and its own certificate)"
+                ),
+            ));
+        }
         let timeout = self.node.config.admin_timeout();
         match tokio::time::timeout(timeout, self.node.raft.add_learner(id, node, false)).await {
             Ok(Ok(response)) => Ok(Response::new(pb::AddLearnerResponse {
@@ -321,6 +330,7 @@ impl Admin for AdminApi {
             live_windows,
             policies,
             shadow,
+            retired_member_ids: self.node.state.retired_members().into_iter().collect(),
             counters: self
                 .node
                 .metrics

@@ -114,10 +114,16 @@ where
     let connection_counters = metrics.connections();
     let incoming = bounded_incoming(incoming, &limits, connection_counters.clone());
     let (stop, stopped) = watch::channel(false);
+    let raft_service = RaftService::new(
+        raft.clone(),
+        state.clone(),
+        config.join_members.iter().copied().collect(),
+        metrics.auth.clone(),
+    );
     let incoming = split_framed(
         incoming,
         FrameServer {
-            service: RaftService::new(raft.clone(), metrics.auth.clone()),
+            service: raft_service.clone(),
             max_frame_bytes: peer_message_limit,
             stopped: stopped.clone(),
         },
@@ -224,7 +230,8 @@ where
                 .max_encoding_message_size(MAX_RESPONSE_BYTES),
         )
         .add_service(
-            RaftService::server(raft.clone(), node.metrics.auth.clone())
+            raft_service
+                .into_server()
                 .max_decoding_message_size(peer_message_limit)
                 .max_encoding_message_size(peer_message_limit),
         )

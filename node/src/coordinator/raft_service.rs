@@ -5,8 +5,11 @@
 //! gRPC service and for the framed transport ([`super::frame_server`]).
 //!
 //! Before a message reaches Raft, its claimed sender (the vote's node id)
-//! is checked against the caller's certificate and this node's current
-//! membership ([`authorize_raft_sender`]), and its term against this
+//! is checked against the caller's certificate, this node's current
+//! membership — or, before it has one, the members it was told to join —
+//! and the replicated record of retired member ids
+//! ([`authorize_raft_sender`]; framed connections are checked the same way
+//! when they open), and its term against this
 //! member's ([`term_in_range`]: no message moves a term by more than
 //! [`MAX_TERM_STEP`] or past [`MAX_TERM`], so none can push a cluster to
 //! the end of the term's type, where openraft stops for good; ADR 0023); a
@@ -15,23 +18,30 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
+use leasehold_core::principal::Principal;
 use leasehold_proto::refusal::{refusal, Reason};
 use leasehold_proto::v1::raft_server::{Raft as RaftRpc, RaftServer};
 use leasehold_proto::v1::RaftPayload;
 use leasehold_raft_store::{
-    AppendEntriesRequest, InstallSnapshotRequest, NodeId, Raft, Vote, VoteRequest,
+    AppendEntriesRequest, InstallSnapshotRequest, NodeId, Raft, StateReader, Vote, VoteRequest,
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tonic::{Request, Response, Status};
 
 use super::network::MAX_PEER_MESSAGE_BYTES;
-use crate::auth::{authorize_call, authorize_raft_sender, AuthRefusals, PeerInfo, Scope};
+use crate::auth::{
+    authorize_call, authorize_raft_sender, AuthRefusals, PeerInfo, RaftPeers, Scope,
+};
 
 /// Serves peer Raft RPCs for one member.
 #[derive(Clone)]
 pub struct RaftService {
     raft: Raft,
+    /// The applied state: its record of retired member ids.
+    state: StateReader,
+    /// The members this member was told to join (`join_members`).
+    joining: Arc<BTreeSet<NodeId>>,
     refusals: Arc<AuthRefusals>,
 }
 
@@ -58,31 +68,50 @@ impl RaftMessage {
 }
 
 impl RaftService {
-    /// The handler of `raft`'s peer messages; refused senders are counted
-    /// in `refusals`.
-    pub fn new(raft: Raft, refusals: Arc<AuthRefusals>) -> Self {
-        Self { raft, refusals }
+    /// The handler of `raft`'s peer messages, whose applied state is
+    /// `state`, told to join the cluster of `joining` (see
+    /// [`RaftPeers`]); refused senders are counted in `refusals`.
+    pub fn new(
+        raft: Raft,
+        state: StateReader,
+        joining: BTreeSet<NodeId>,
+        refusals: Arc<AuthRefusals>,
+    ) -> Self {
+        Self {
+            raft,
+            state,
+            joining: Arc::new(joining),
+            refusals,
+        }
     }
 
-    /// The gRPC service for `raft`, with message limits large enough for
-    /// snapshot chunks; refused senders are counted in `refusals`.
-    pub fn server(raft: Raft, refusals: Arc<AuthRefusals>) -> RaftServer<Self> {
-        RaftServer::new(Self::new(raft, refusals))
+    /// The gRPC service of this handler, with message limits large enough
+    /// for snapshot chunks.
+    pub fn into_server(self) -> RaftServer<Self> {
+        RaftServer::new(self)
             .max_decoding_message_size(MAX_PEER_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_PEER_MESSAGE_BYTES)
     }
 
-    /// This node's current membership: voters and learners (empty while
-    /// it has none).
-    fn members(&self) -> BTreeSet<NodeId> {
-        let metrics = self.raft.metrics();
-        let metrics = metrics.borrow();
-        metrics
-            .membership_config
-            .membership()
-            .nodes()
-            .map(|(id, _)| *id)
-            .collect()
+    /// Whose messages this member accepts now: its current membership
+    /// (voters and learners; empty while it has none), the members it was
+    /// told to join, and the ids retired from the cluster.
+    fn peers(&self) -> RaftPeers {
+        let members = {
+            let metrics = self.raft.metrics();
+            let metrics = metrics.borrow();
+            metrics
+                .membership_config
+                .membership()
+                .nodes()
+                .map(|(id, _)| *id)
+                .collect()
+        };
+        RaftPeers {
+            members,
+            joining: (*self.joining).clone(),
+            retired: self.state.retired_members(),
+        }
     }
 
     /// Decodes the message and admits it only from its claimed sender, and
@@ -97,7 +126,7 @@ impl RaftService {
         let rpc: T = decode(data)?;
         let vote = vote(&rpc);
         let claimed = vote.leader_id.node_id;
-        authorize_raft_sender(peer.map(|p| &p.principal), claimed, &self.members())
+        authorize_raft_sender(peer.map(|p| &p.principal), claimed, &self.peers())
             .map_err(|refusal| self.refusals.refuse(peer, what, refusal))?;
         let current = self.raft.metrics().borrow().current_term;
         if !term_in_range(current, vote.leader_id.term) {
@@ -113,15 +142,22 @@ impl RaftService {
     }
 
     /// Whether `peer` (`None` on a plaintext listener) may open a framed
-    /// Raft connection: on a TLS listener only a member's certificate, as
-    /// for the gRPC `Raft` service (each message's sender is checked
-    /// again). A refusal is counted and logged like a refused call.
+    /// Raft connection: on a TLS listener only the certificate of a member
+    /// whose messages this member accepts now ([`authorize_raft_sender`]:
+    /// in the membership, or one it was told to join, and not retired);
+    /// each message's sender is checked again. A refusal is counted and
+    /// logged like a refused call.
     pub fn admit_framed_connection(&self, peer: Option<&PeerInfo>) -> Result<(), Status> {
+        let principal = peer.map(|p| &p.principal);
         authorize_call(
             "/leasehold.v1.Raft/AppendEntries",
-            peer.map(|p| &p.principal),
+            principal,
             &Scope::Coordinator,
         )
+        .and_then(|()| match principal {
+            Some(Principal::Member(id)) => authorize_raft_sender(principal, *id, &self.peers()),
+            _ => Ok(()),
+        })
         .map_err(|refusal| self.refusals.refuse(peer, "Raft (framed)", refusal))
     }
 

@@ -66,7 +66,7 @@ impl TlsCluster {
         let certs = dir.path().join("certs");
         let ca = CertificateAuthority::generate("test CA", 1)?;
         let plan = MintPlan {
-            members: vec![1, 2, 3, 99],
+            members: vec![1, 2, 3, 4, 5, 99],
             regions: vec![RegionId::new("eu")?, RegionId::new("us")?],
             operators: vec!["admin".into()],
             services: vec![
@@ -96,6 +96,7 @@ impl TlsCluster {
             config.tls_ca = Some(files.ca.clone());
             config.tls_cert = Some(files.cert.clone());
             config.tls_key = Some(files.key.clone());
+            config.join_members = vec![1, 2, 3];
             members.push(spawn_tls_member(
                 config,
                 listener,
@@ -169,6 +170,31 @@ impl TlsCluster {
             terms.push(admin.status().await?.current_term);
         }
         Ok(terms)
+    }
+
+    /// Starts member `id` (TLS, its own certificate) on a fresh port, told
+    /// to join the cluster of members 1–3; it is not added to the cluster.
+    async fn start_member(&self, id: u64) -> Result<(String, RunningMember)> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?.to_string();
+        let files = self.files(&Principal::Member(id));
+        let mut config = fast_config(id, addr.clone(), self.dir.path().join(format!("node-{id}")));
+        config.tls_ca = Some(files.ca.clone());
+        config.tls_cert = Some(files.cert.clone());
+        config.tls_key = Some(files.key.clone());
+        config.join_members = vec![1, 2, 3];
+        let member = spawn_tls_member(config, listener, files, self._stop_reloading.subscribe())?;
+        Ok((addr, member))
+    }
+
+    /// An operator's admin client of the member at `addr` alone.
+    fn admin_of(&self, addr: &str) -> Result<leasehold_client::coordinator::AdminClient> {
+        Ok(CoordinatorClient::with_options(
+            [addr.to_string()],
+            self.dialer_as(&operator()),
+            patient(),
+        )?
+        .admin())
     }
 
     async fn stop(self) -> Result<()> {
@@ -267,6 +293,42 @@ async fn send_framed_append_entries(
         Ok(_) => Ok("Ok".to_string()),
         Err(reason) => Ok(reason),
     }
+}
+
+/// The refusal reason (`leasehold-reason`) of a Raft message, or `None`
+/// when it was accepted.
+async fn raft_refusal(
+    dialer: &dyn Dialer,
+    addr: &str,
+    message: leasehold_node::coordinator::raft_service::RaftMessage,
+    payload: pb::RaftPayload,
+) -> Result<Option<String>> {
+    use leasehold_node::coordinator::raft_service::RaftMessage;
+    let mut client = RaftClient::new(dialer.dial(addr).await?);
+    let answer = match message {
+        RaftMessage::AppendEntries => client.append_entries(payload).await,
+        RaftMessage::Vote => client.vote(payload).await,
+        RaftMessage::InstallSnapshot => client.install_snapshot(payload).await,
+    };
+    Ok(answer.err().map(|status| {
+        status
+            .metadata()
+            .get("leasehold-reason")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("no reason")
+            .to_string()
+    }))
+}
+
+/// A vote request from `candidate` at `term`.
+fn forged_vote(candidate: u64, term: u64) -> Result<pb::RaftPayload> {
+    let request = leasehold_raft_store::VoteRequest {
+        vote: openraft::Vote::new(term, candidate),
+        last_log_id: None,
+    };
+    Ok(pb::RaftPayload {
+        data: postcard::to_allocvec(&request)?,
+    })
 }
 
 /// A refusal counter of member `addr` (from its Status metrics).
@@ -478,8 +540,8 @@ async fn forged_raft_messages_from_non_members_or_impostors_leave_terms_unchange
             send_framed_append_entries(&*outsider, addr, &forged_append_entries(99, far_term)?)
                 .await?;
         ensure!(
-            framed.starts_with("PermissionDenied"),
-            "member 99 got {framed} in frames from {addr}"
+            framed == "no framed connection",
+            "member 99 got {framed} in frames from {addr}: a non-member may not even open one"
         );
     }
     // Member 2 is in the membership but claims to be member 3.
@@ -977,5 +1039,113 @@ async fn one_identity_beyond_its_keys_refuses_only_itself() -> Result<()> {
     ensure!(status.refused_identity_keys == 1, "{status:?}");
     let _ = stop.send(());
     escrow.await??;
+    cluster.stop().await
+}
+
+/// The scenario, replayed: member 4 serves and is removed; its
+/// certificate stays valid (nothing revokes it). It cannot have a Raft
+/// message accepted by member 5, which is started to join but not added
+/// yet (nor can member 99, which never was a member), nor by any member of
+/// the cluster (`MEMBER_RETIRED`, over both transports), and it cannot be
+/// added back. The routine steps — AddLearner(5), ChangeMembership(1, 2,
+/// 3, 5), a step-down — then work, the cluster grants, and member 5 holds
+/// the replicated record of retired ids too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retired_member_is_never_heard_again_not_even_by_a_joining_member() -> Result<()> {
+    use leasehold_node::coordinator::raft_service::RaftMessage;
+    let cluster = TlsCluster::start_initialised().await?;
+    let admin = cluster.client_as(&operator())?.admin();
+    let (addr4, (stop4, task4)) = cluster.start_member(4).await?;
+    admin.add_learner(4, &addr4).await?;
+    admin.change_membership(&[1, 2, 3, 4], false).await?;
+    admin.change_membership(&[1, 2, 3], false).await?;
+    let _ = stop4.send(());
+    task4.await??;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    for addr in &cluster.addrs {
+        while cluster.admin_of(addr)?.status().await?.retired_member_ids != vec![4] {
+            ensure!(
+                tokio::time::Instant::now() < deadline,
+                "{addr} never recorded member 4 as retired"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    let (addr5, (stop5, task5)) = cluster.start_member(5).await?;
+    let term = cluster.terms().await?.into_iter().max().unwrap_or(0) + 5;
+    let retired = cluster.dialer_as(&Principal::Member(4));
+    let stranger = cluster.dialer_as(&Principal::Member(99));
+    for (dialer, id) in [(&retired, 4), (&stranger, 99)] {
+        for (message, payload) in [
+            (RaftMessage::Vote, forged_vote(id, term)?),
+            (RaftMessage::AppendEntries, forged_append_entries(id, term)?),
+        ] {
+            let refused = raft_refusal(&**dialer, &addr5, message, payload).await?;
+            ensure!(
+                refused.as_deref() == Some("NOT_A_MEMBER"),
+                "member {id}'s {message:?} to the joining member: {refused:?}"
+            );
+        }
+        let framed =
+            send_framed_append_entries(&**dialer, &addr5, &forged_append_entries(id, term)?)
+                .await?;
+        ensure!(
+            framed == "no framed connection",
+            "member {id} framed to member 5: {framed}"
+        );
+    }
+    ensure!(
+        cluster.admin_of(&addr5)?.status().await?.current_term == 0,
+        "the joining member's term moved"
+    );
+    for addr in &cluster.addrs {
+        let refused = raft_refusal(
+            &*retired,
+            addr,
+            RaftMessage::AppendEntries,
+            forged_append_entries(4, term)?,
+        )
+        .await?;
+        ensure!(
+            refused.as_deref() == Some("MEMBER_RETIRED"),
+            "member 4 to {addr}: {refused:?}"
+        );
+        let framed =
+            send_framed_append_entries(&*retired, addr, &forged_append_entries(4, term)?).await?;
+        ensure!(
+            framed == "no framed connection",
+            "member 4 framed to {addr}: {framed}"
+        );
+    }
+    ensure!(
+        code_of(admin.add_learner(4, &addr4).await) == Code::FailedPrecondition,
+        "a retired id was added back"
+    );
+
+    admin.add_learner(5, &addr5).await?;
+    admin.change_membership(&[1, 2, 3, 5], false).await?;
+    admin.step_down(None).await?;
+    cluster.wait_for_leader().await?;
+    ensure_still_granting(&cluster).await?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while raft_refusal(
+        &*retired,
+        &addr5,
+        RaftMessage::AppendEntries,
+        forged_append_entries(4, term)?,
+    )
+    .await?
+    .as_deref()
+        != Some("MEMBER_RETIRED")
+    {
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "member 5 never learned that 4 retired"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let _ = stop5.send(());
+    task5.await??;
     cluster.stop().await
 }

@@ -31,6 +31,19 @@ pub fn membership_entry(term: u64, index: u64) -> Entry {
     }
 }
 
+/// A membership entry of exactly `voters`, no learners.
+pub fn membership_of(term: u64, index: u64, voters: &[u64]) -> Entry {
+    let voters: BTreeSet<u64> = voters.iter().copied().collect();
+    let nodes: BTreeMap<u64, openraft::BasicNode> = voters
+        .iter()
+        .map(|id| (*id, openraft::BasicNode::new(format!("node-{id}:7000"))))
+        .collect();
+    Entry {
+        log_id: log_id(term, index),
+        payload: EntryPayload::Membership(Membership::new(vec![voters], nodes)),
+    }
+}
+
 /// A proposal entry stamped `index * 1000` ms carrying one `Tick`.
 pub fn proposal_entry(term: u64, index: u64) -> Entry {
     Entry {
