@@ -1,6 +1,10 @@
 //! Prometheus metrics of a long-running process (`leasehold serve`,
 //! `leasehold escrow`): the text exposition format, and a small plain-HTTP
-//! listener answering `GET /metrics` on its own port (`--metrics-listen`).
+//! listener answering `GET /metrics` on its own port (`--metrics-listen`),
+//! with the health probes an orchestrator needs and no client certificate
+//! for: `GET /healthz` (200 while the process serves) and `GET /readyz`
+//! (200 while it is ready for callers, else 503 with the reason) — so the
+//! gRPC port can require mutual TLS of everyone.
 //!
 //! The endpoint carries no secrets but is unauthenticated: bind it to a
 //! private interface (docs/security.md). The listener is bounded like the
@@ -37,11 +41,27 @@ pub use leasehold_core::metrics::{
 /// Renders the current metrics of a process.
 pub type Render = Arc<dyn Fn() -> String + Send + Sync>;
 
+/// Whether the process is ready for callers now; the reason when not.
+pub type Readiness = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
+
+/// The process's metrics and readiness, as the listener serves them.
+#[derive(Clone)]
+pub struct Exposed {
+    /// The metrics (`/metrics`).
+    pub render: Render,
+    /// The readiness (`/readyz`).
+    pub readiness: Readiness,
+}
+
 /// What a request head asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Route {
     /// `GET /metrics` (a query string is ignored).
     Metrics,
+    /// `GET /healthz`: the process serves.
+    Live,
+    /// `GET /readyz`: the process is ready for callers.
+    Ready,
     /// Another path.
     NotFound,
     /// Another method.
@@ -66,16 +86,21 @@ pub fn route(head: &[u8]) -> Route {
         return Route::MethodNotAllowed;
     }
     let path = target.split('?').next().unwrap_or_default();
-    if path == "/metrics" {
-        Route::Metrics
-    } else {
-        Route::NotFound
+    match path {
+        "/metrics" => Route::Metrics,
+        "/healthz" => Route::Live,
+        "/readyz" => Route::Ready,
+        _ => Route::NotFound,
     }
 }
 
-/// Serves `GET /metrics` on `listener` with what `render` returns, until
-/// `stop` turns true.
-pub async fn serve_metrics(listener: TcpListener, render: Render, mut stop: watch::Receiver<bool>) {
+/// Serves `GET /metrics`, `/healthz` and `/readyz` on `listener` from
+/// `exposed`, until `stop` turns true.
+pub async fn serve_metrics(
+    listener: TcpListener,
+    exposed: Exposed,
+    mut stop: watch::Receiver<bool>,
+) {
     let permits = Arc::new(Semaphore::new(MAX_SCRAPES));
     loop {
         let accepted = tokio::select! {
@@ -91,15 +116,15 @@ pub async fn serve_metrics(listener: TcpListener, render: Render, mut stop: watc
             drop(stream);
             continue;
         };
-        let render = Arc::clone(&render);
+        let exposed = exposed.clone();
         tokio::spawn(async move {
             let _permit = permit;
-            let _ = tokio::time::timeout(REQUEST_TIMEOUT, answer(stream, render)).await;
+            let _ = tokio::time::timeout(REQUEST_TIMEOUT, answer(stream, exposed)).await;
         });
     }
 }
 
-async fn answer(mut stream: tokio::net::TcpStream, render: Render) -> std::io::Result<()> {
+async fn answer(mut stream: tokio::net::TcpStream, exposed: Exposed) -> std::io::Result<()> {
     let mut head = Vec::with_capacity(512);
     let mut buffer = [0u8; 1024];
     while !head.windows(4).any(|w| w == b"\r\n\r\n") && !head.windows(2).any(|w| w == b"\n\n") {
@@ -115,7 +140,7 @@ async fn answer(mut stream: tokio::net::TcpStream, render: Render) -> std::io::R
     let is_head = head.starts_with(b"HEAD ");
     match route(&head) {
         Route::Metrics => {
-            let body = render();
+            let body = (exposed.render)();
             let body = if is_head { String::new() } else { body };
             respond(
                 &mut stream,
@@ -125,12 +150,20 @@ async fn answer(mut stream: tokio::net::TcpStream, render: Render) -> std::io::R
             )
             .await
         }
+        Route::Live => respond(&mut stream, "200 OK", "text/plain", "ok\n").await,
+        Route::Ready => match (exposed.readiness)() {
+            Ok(()) => respond(&mut stream, "200 OK", "text/plain", "ready\n").await,
+            Err(why) => {
+                let body = format!("not ready: {why}\n");
+                respond(&mut stream, "503 Service Unavailable", "text/plain", &body).await
+            }
+        },
         Route::NotFound => {
             respond(
                 &mut stream,
                 "404 Not Found",
                 "text/plain",
-                "metrics are at /metrics\n",
+                "metrics are at /metrics, probes at /healthz and /readyz\n",
             )
             .await
         }
@@ -158,15 +191,16 @@ async fn respond(
     stream.shutdown().await
 }
 
-/// Binds `addr` and serves metrics there in the background until `stop`.
+/// Binds `addr` and serves metrics and probes there in the background
+/// until `stop`.
 pub async fn spawn_metrics_listener(
     addr: &str,
-    render: Render,
+    exposed: Exposed,
     stop: watch::Receiver<bool>,
 ) -> Result<tokio::task::JoinHandle<()>, crate::error::NodeError> {
     let listener = crate::coordinator::bind(addr).await?;
-    tracing::info!(listen = %addr, "serving Prometheus metrics at /metrics");
-    Ok(tokio::spawn(serve_metrics(listener, render, stop)))
+    tracing::info!(listen = %addr, "serving Prometheus metrics at /metrics, probes at /healthz and /readyz");
+    Ok(tokio::spawn(serve_metrics(listener, exposed, stop)))
 }
 
 /// Groups `(prefix, value…)` rows so at most [`MAX_PREFIX_SERIES`] prefixes
@@ -204,6 +238,13 @@ mod tests {
         );
         assert_eq!(route(b"GET /metrics?x=1 HTTP/1.0\r\n\r\n"), Route::Metrics);
         assert_eq!(route(b"GET / HTTP/1.1\r\n\r\n"), Route::NotFound);
+        assert_eq!(route(b"GET /healthz HTTP/1.1\r\n\r\n"), Route::Live);
+        assert_eq!(route(b"HEAD /readyz HTTP/1.1\r\n\r\n"), Route::Ready);
+        assert_eq!(route(b"GET /readyz/x HTTP/1.1\r\n\r\n"), Route::NotFound);
+        assert_eq!(
+            route(b"PUT /healthz HTTP/1.1\r\n\r\n"),
+            Route::MethodNotAllowed
+        );
         assert_eq!(
             route(b"POST /metrics HTTP/1.1\r\n\r\n"),
             Route::MethodNotAllowed

@@ -37,7 +37,8 @@ pub struct ServeArgs {
     /// from them.
     #[arg(long, value_delimiter = ',', env = "LEASEHOLD_JOIN_MEMBERS")]
     pub join_members: Vec<u64>,
-    /// Mutual TLS material, or --insecure.
+    /// Mutual TLS material, or --insecure. `{id}` in a path stands for this
+    /// member's id (`--tls-cert /certs/member-{id}.pem`).
     #[command(flatten)]
     pub tls: ServerTlsArgs,
 }
@@ -81,6 +82,16 @@ impl ServeArgs {
             config.tls_key = Some(path.clone());
         }
         config.insecure |= self.tls.insecure;
+        for path in [
+            &mut config.tls_ca,
+            &mut config.tls_cert,
+            &mut config.tls_key,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            *path = with_member_id(path, config.id);
+        }
         config.validate()?;
         config.security()?;
         Ok(config)
@@ -96,6 +107,16 @@ fn hostname() -> Option<String> {
                 .ok()
                 .map(|h| h.trim().to_string())
         })
+}
+
+/// `path` with every `{id}` replaced by member id `id`: one setting names
+/// each member's own file (`/certs/member-{id}.pem`), as in a StatefulSet
+/// whose pods share their arguments.
+pub fn with_member_id(path: &std::path::Path, id: u64) -> PathBuf {
+    match path.to_str() {
+        Some(text) if text.contains("{id}") => PathBuf::from(text.replace("{id}", &id.to_string())),
+        _ => path.to_path_buf(),
+    }
 }
 
 /// `name-<n>` → `n + 1`.
@@ -181,6 +202,27 @@ mod tests {
             error.contains("--tls-ca") && error.contains("--insecure"),
             "{error}"
         );
+    }
+
+    #[test]
+    fn tls_paths_name_the_members_own_files() {
+        let config = ServeArgs {
+            id: Some(3),
+            listen: Some("127.0.0.1:1".into()),
+            data_dir: Some("/tmp/x".into()),
+            tls: ServerTlsArgs {
+                tls_ca: Some("/certs/ca.pem".into()),
+                tls_cert: Some("/certs/member-{id}.pem".into()),
+                tls_key: Some("/certs/member-{id}.key".into()),
+                insecure: false,
+            },
+            ..args()
+        }
+        .resolve()
+        .unwrap();
+        assert_eq!(config.tls_cert, Some("/certs/member-3.pem".into()));
+        assert_eq!(config.tls_key, Some("/certs/member-3.key".into()));
+        assert_eq!(config.tls_ca, Some("/certs/ca.pem".into()));
     }
 
     #[test]

@@ -166,10 +166,13 @@ where
     background.push(batcher_task);
     if let Some(addr) = node.config.metrics_listen.clone() {
         let render_node = Arc::clone(&node);
-        let render: crate::metrics_http::Render =
-            Arc::new(move || prometheus::render(&render_node));
+        let ready_raft = raft.clone();
+        let exposed = crate::metrics_http::Exposed {
+            render: Arc::new(move || prometheus::render(&render_node)),
+            readiness: Arc::new(move || tasks::readiness(&ready_raft)),
+        };
         background.push(
-            crate::metrics_http::spawn_metrics_listener(&addr, render, stop.subscribe()).await?,
+            crate::metrics_http::spawn_metrics_listener(&addr, exposed, stop.subscribe()).await?,
         );
     }
 

@@ -25,8 +25,8 @@ pub async fn report_health(raft: Raft, reporter: HealthReporter, mut stop: watch
         .await;
     let mut metrics = raft.metrics();
     loop {
-        let has_leader = metrics.borrow_and_update().current_leader.is_some();
-        let status = if has_leader {
+        let ready = ready_with(&metrics.borrow_and_update()).is_ok();
+        let status = if ready {
             ServingStatus::Serving
         } else {
             ServingStatus::NotServing
@@ -45,6 +45,35 @@ pub async fn report_health(raft: Raft, reporter: HealthReporter, mut stop: watch
     reporter
         .set_service_status(COORDINATOR_SERVICE_NAME, ServingStatus::NotServing)
         .await;
+}
+
+/// Whether a member with these Raft metrics is ready for callers: it
+/// knows a leader (so it is initialised and not amid an election). The
+/// gRPC health of `leasehold.v1.Coordinator` and the metrics port's
+/// `/readyz` both answer from it.
+fn ready_with(metrics: &leasehold_raft_store::RaftMetrics) -> Result<(), String> {
+    match metrics.current_leader {
+        Some(_) => Ok(()),
+        None if metrics
+            .membership_config
+            .membership()
+            .nodes()
+            .next()
+            .is_none() =>
+        {
+            Err(
+                "not initialised (no membership yet: `leasehold cluster init`, or the \
+                 cluster's first append has not reached this member)"
+                    .into(),
+            )
+        }
+        None => Err("no leader known (an election is in progress, or no quorum)".into()),
+    }
+}
+
+/// [`ready_with`] of `raft`'s current metrics (`/readyz`).
+pub fn readiness(raft: &Raft) -> Result<(), String> {
+    ready_with(&raft.metrics().borrow())
 }
 
 /// While this member leads, proposes a [`Command::Tick`] every

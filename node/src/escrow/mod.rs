@@ -244,7 +244,14 @@ where
                     &prometheus::Observations::of(shared),
                 )
             });
-            Some(crate::metrics_http::spawn_metrics_listener(addr, render, metrics_stopped).await?)
+            // Ready once serving, like the gRPC health of leasehold.v1.Escrow:
+            // a node that cannot reach the coordinator still answers from
+            // what it holds and by each key's outage policy.
+            let exposed = crate::metrics_http::Exposed {
+                render,
+                readiness: Arc::new(|| Ok(())),
+            };
+            Some(crate::metrics_http::spawn_metrics_listener(addr, exposed, metrics_stopped).await?)
         }
         None => None,
     };

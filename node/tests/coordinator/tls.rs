@@ -175,6 +175,16 @@ impl TlsCluster {
     /// Starts member `id` (TLS, its own certificate) on a fresh port, told
     /// to join the cluster of members 1–3; it is not added to the cluster.
     async fn start_member(&self, id: u64) -> Result<(String, RunningMember)> {
+        self.start_member_with(id, |_| {}).await
+    }
+
+    /// [`start_member`](Self::start_member) with `adjust` applied to its
+    /// configuration.
+    async fn start_member_with(
+        &self,
+        id: u64,
+        adjust: impl FnOnce(&mut NodeConfig),
+    ) -> Result<(String, RunningMember)> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?.to_string();
         let files = self.files(&Principal::Member(id));
@@ -183,6 +193,7 @@ impl TlsCluster {
         config.tls_cert = Some(files.cert.clone());
         config.tls_key = Some(files.key.clone());
         config.join_members = vec![1, 2, 3];
+        adjust(&mut config);
         let member = spawn_tls_member(config, listener, files, self._stop_reloading.subscribe())?;
         Ok((addr, member))
     }
@@ -1145,6 +1156,59 @@ async fn a_retired_member_is_never_heard_again_not_even_by_a_joining_member() ->
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    let _ = stop5.send(());
+    task5.await??;
+    cluster.stop().await
+}
+
+/// The probes an orchestrator uses need no certificate while the gRPC port
+/// requires one: `/healthz` and `/readyz` answer over plain HTTP on the
+/// metrics port of a mutual-TLS member — not ready (503, with the reason)
+/// before it joins, ready once it has — and a client without a certificate
+/// still cannot call the gRPC port.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_probes_need_no_certificate_and_open_nothing_else() -> Result<()> {
+    use crate::metrics::{free_addr, get};
+    let cluster = TlsCluster::start_initialised().await?;
+    let metrics_addr = free_addr()?;
+    let listen = metrics_addr.clone();
+    let (addr5, (stop5, task5)) = cluster
+        .start_member_with(5, move |config| config.metrics_listen = Some(listen))
+        .await?;
+    let (status, _) = get(&metrics_addr, "/healthz").await?;
+    ensure!(status.contains("200"), "liveness before joining: {status}");
+    let (status, body) = get(&metrics_addr, "/readyz").await?;
+    ensure!(
+        status.contains("503") && body.contains("not initialised"),
+        "readiness before joining: {status} {body}"
+    );
+    let plaintext = CoordinatorClient::with_options(
+        [addr5.clone()],
+        Arc::new(TcpDialer::default()),
+        impatient(),
+    )?;
+    ensure!(
+        plaintext.admin().status().await.is_err(),
+        "the gRPC port answered a caller without a certificate"
+    );
+
+    let admin = cluster.client_as(&operator())?.admin();
+    admin.add_learner(5, &addr5).await?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, body) = get(&metrics_addr, "/readyz").await?;
+        if status.contains("200") {
+            ensure!(body.contains("ready"), "{body}");
+            break;
+        }
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "never ready: {status} {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (status, _) = get(&metrics_addr, "/anything-else").await?;
+    ensure!(status.contains("404"), "{status}");
     let _ = stop5.send(());
     task5.await??;
     cluster.stop().await
