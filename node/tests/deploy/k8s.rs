@@ -1,4 +1,6 @@
-//! `deploy/k8s`: the manifests parse and agree with each other.
+//! `deploy/k8s`: the manifests parse and agree with each other, the base
+//! runs mutual TLS with certificates from Secrets and probes that need
+//! none, and the overlays patch only what the base defines.
 
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use yaml_rust2::Yaml;
@@ -10,7 +12,12 @@ use crate::yaml::{
 
 /// Every document of every file the kustomization lists.
 fn manifests() -> Result<Vec<Yaml>> {
-    let dir = deploy_dir().join("k8s");
+    let top = load_documents(&deploy_dir().join("k8s").join("kustomization.yaml"))?;
+    ensure!(
+        strings(&top[0]["resources"]) == ["base"],
+        "deploy/k8s applies the base"
+    );
+    let dir = deploy_dir().join("k8s").join("base");
     let kustomization = load_documents(&dir.join("kustomization.yaml"))?;
     let resources = strings(&kustomization[0]["resources"]);
     ensure!(
@@ -327,38 +334,299 @@ fn member_addresses_in_arguments_name_statefulset_pods() -> Result<()> {
 }
 
 #[test]
-fn probes_check_the_services_that_mean_ready() -> Result<()> {
+fn probes_need_no_certificate_and_ask_the_metrics_port() -> Result<()> {
     let docs = manifests()?;
     for (workload, template) in servers(&docs) {
         let ports = container_ports(template);
         for container in containers(template) {
             let what = format!("{} {}", kind(workload), name(workload));
             let args = strings(&container["args"]);
-            let expected_ready = match args.first().map(String::as_str) {
-                Some("serve") => "leasehold.v1.Coordinator",
-                Some("escrow") => "leasehold.v1.Escrow",
-                other => bail!("{what}: unexpected command {other:?}"),
-            };
-            for probe in ["readinessProbe", "livenessProbe"] {
-                let grpc = &container[probe]["grpc"];
-                let port = grpc["port"]
-                    .as_i64()
-                    .ok_or_else(|| anyhow!("{what}: no gRPC {probe}"))?;
+            let metrics_listen =
+                flag_value(&args, "--metrics-listen").context("--metrics-listen")?;
+            let metrics_port = i64::from(port_of(metrics_listen)?);
+            ensure!(
+                ports.contains(&("metrics".to_string(), metrics_port)),
+                "{what}: the metrics port is not declared as `metrics`"
+            );
+            for (probe, path) in [("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")] {
+                let get = &container[probe]["httpGet"];
                 ensure!(
-                    ports.iter().any(|(_, p)| *p == port),
-                    "{what}: {probe} on undeclared port {port}"
+                    get["path"].as_str() == Some(path),
+                    "{what}: {probe} must GET {path}"
                 );
-                let listen = flag_value(&args, "--listen").context("--listen")?;
                 ensure!(
-                    i64::from(port_of(listen)?) == port,
-                    "{what}: {probe} port {port}, but it listens on {listen}"
+                    get["port"].as_str() == Some("metrics"),
+                    "{what}: {probe} must ask the metrics port (plain HTTP, no certificate)"
+                );
+                ensure!(
+                    container[probe]["grpc"].is_badvalue(),
+                    "{what}: a gRPC {probe} cannot present a certificate"
                 );
             }
+        }
+    }
+    Ok(())
+}
+
+/// The `certs` volume's mount path and Secret of a pod template.
+fn certs_volume(template: &Yaml) -> Result<(String, String)> {
+    let volume = list(&template["spec"]["volumes"])
+        .iter()
+        .find(|v| v["name"].as_str() == Some("certs"))
+        .context("no volume `certs`")?;
+    let secret = string(&volume["secret"]["secretName"], "certs secretName")?.to_string();
+    let mount = list(&containers(template)[0]["volumeMounts"])
+        .iter()
+        .find(|m| m["name"].as_str() == Some("certs"))
+        .context("`certs` is not mounted")?;
+    ensure!(
+        mount["readOnly"].as_bool() == Some(true),
+        "certs must mount read-only"
+    );
+    Ok((
+        string(&mount["mountPath"], "mountPath")?.to_string(),
+        secret,
+    ))
+}
+
+/// The certificate files a workload's arguments read, relative to its
+/// certs mount, for every member id of a StatefulSet (`{id}` expanded).
+fn files_read(workload: &Yaml, template: &Yaml) -> Result<Vec<String>> {
+    let (mount, _) = certs_volume(template)?;
+    let args = strings(&containers(template)[0]["args"]);
+    let ids: Vec<i64> = match kind(workload) {
+        "StatefulSet" => (1..=workload["spec"]["replicas"].as_i64().context("replicas")?).collect(),
+        _ => vec![0],
+    };
+    let mut files = Vec::new();
+    for flag in ["--tls-ca", "--tls-cert", "--tls-key"] {
+        let path = flag_value(&args, flag).with_context(|| format!("no {flag}"))?;
+        let file = path
+            .strip_prefix(&format!("{mount}/"))
+            .with_context(|| format!("{flag} {path} is not under the certs mount {mount}"))?;
+        for id in &ids {
+            let file = file.replace("{id}", &id.to_string());
+            if !files.contains(&file) {
+                files.push(file);
+            }
+        }
+    }
+    files.sort();
+    Ok(files)
+}
+
+#[test]
+fn the_base_speaks_mutual_tls_with_certificates_from_secrets() -> Result<()> {
+    let docs = manifests()?;
+    for (workload, template) in pod_templates(&docs) {
+        let what = format!("{} {}", kind(workload), name(workload));
+        let args = strings(&containers(template)[0]["args"]);
+        ensure!(
+            !args.iter().any(|a| a == "--insecure"),
+            "{what} runs --insecure in the base"
+        );
+        let files = files_read(workload, template).with_context(|| what.clone())?;
+        ensure!(files.contains(&"ca.pem".to_string()), "{what}: {files:?}");
+        let (_, secret) = certs_volume(template)?;
+        ensure!(secret.starts_with("leasehold-"), "{what}: secret {secret}");
+        let security = &containers(template)[0]["securityContext"];
+        ensure!(
+            security["allowPrivilegeEscalation"].as_bool() == Some(false)
+                && security["readOnlyRootFilesystem"].as_bool() == Some(true),
+            "{what}: the container must not escalate and must not write its root file system"
+        );
+        ensure!(
+            template["spec"]["automountServiceAccountToken"].as_bool() == Some(false),
+            "{what}: no service account token is needed"
+        );
+    }
+    let statefulset = of_kind(&docs, "StatefulSet")
+        .next()
+        .context("no StatefulSet")?;
+    let args = strings(&containers(&statefulset["spec"]["template"])[0]["args"]);
+    let replicas = statefulset["spec"]["replicas"]
+        .as_i64()
+        .context("replicas")?;
+    let joined = flag_value(&args, "--join-members").context("members need --join-members")?;
+    ensure!(
+        joined
+            == (1..=replicas)
+                .map(|i| i.to_string())
+                .collect::<Vec<_>>()
+                .join(","),
+        "--join-members {joined} must name the founding members 1..{replicas}"
+    );
+    Ok(())
+}
+
+/// An overlay's kustomization and its patches, parsed.
+fn overlay(name: &str) -> Result<(Yaml, Vec<Yaml>)> {
+    let path = deploy_dir()
+        .join("k8s")
+        .join(name)
+        .join("kustomization.yaml");
+    let kustomization = load_documents(&path)?.remove(0);
+    ensure!(
+        strings(&kustomization["resources"]).contains(&"../base".to_string()),
+        "{name} is an overlay of the base"
+    );
+    let mut patches = Vec::new();
+    for patch in list(&kustomization["patches"]) {
+        let text = string(&patch["patch"], "patch")?;
+        let mut docs = yaml_rust2::YamlLoader::load_from_str(text)?;
+        ensure!(docs.len() == 1, "{name}: one object per patch");
+        patches.push(docs.remove(0));
+    }
+    Ok((kustomization, patches))
+}
+
+/// The base object a patch names (kind and name), and the patch's names
+/// of containers and volumes each defined there.
+fn patched<'a>(docs: &'a [Yaml], patch: &Yaml) -> Result<&'a Yaml> {
+    let target = docs
+        .iter()
+        .find(|d| kind(d) == kind(patch) && name(d) == name(patch))
+        .with_context(|| {
+            format!(
+                "a patch names {} {}, not in the base",
+                kind(patch),
+                name(patch)
+            )
+        })?;
+    let base = &target["spec"]["template"];
+    for container in containers(&patch["spec"]["template"]) {
+        let wanted = container["name"].as_str();
+        ensure!(
+            containers(base)
+                .iter()
+                .any(|c| c["name"].as_str() == wanted),
+            "container {wanted:?} is not in {}",
+            name(target)
+        );
+    }
+    for volume in list(&patch["spec"]["template"]["spec"]["volumes"]) {
+        let wanted = volume["name"].as_str();
+        ensure!(
+            list(&base["spec"]["volumes"])
+                .iter()
+                .any(|v| v["name"].as_str() == wanted),
+            "volume {wanted:?} is not in {}",
+            name(target)
+        );
+    }
+    Ok(target)
+}
+
+#[test]
+fn the_dev_overlay_alone_is_plaintext_and_patches_every_workload() -> Result<()> {
+    let docs = manifests()?;
+    let (_, patches) = overlay("dev-insecure")?;
+    let mut covered = Vec::new();
+    for patch in &patches {
+        let target = patched(&docs, patch)?;
+        covered.push(name(target).to_string());
+        for container in containers(&patch["spec"]["template"]) {
+            let args = strings(&container["args"]);
             ensure!(
-                container["readinessProbe"]["grpc"]["service"].as_str() == Some(expected_ready),
-                "{what}: readiness must ask for {expected_ready}"
+                args.iter().any(|a| a == "--insecure"),
+                "{}: {args:?}",
+                name(target)
+            );
+            ensure!(
+                !args.iter().any(|a| a.starts_with("--tls")),
+                "{}: TLS flags with --insecure: {args:?}",
+                name(target)
+            );
+            let base_args = strings(&containers(&target["spec"]["template"])[0]["args"]);
+            ensure!(
+                args.first() == base_args.first(),
+                "{}: the overlay runs another command",
+                name(target)
             );
         }
+        for volume in list(&patch["spec"]["template"]["spec"]["volumes"]) {
+            ensure!(
+                volume["secret"]["optional"].as_bool() == Some(true),
+                "{}: plaintext needs no Secret",
+                name(target)
+            );
+        }
+    }
+    for (workload, _) in pod_templates(&docs) {
+        ensure!(
+            covered.iter().any(|c| c == name(workload)),
+            "the dev overlay leaves {} on TLS without its Secret",
+            name(workload)
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn cert_manager_projects_exactly_the_files_each_workload_reads() -> Result<()> {
+    let docs = manifests()?;
+    let (_, patches) = overlay("cert-manager")?;
+    let certificates = load_documents(
+        &deploy_dir()
+            .join("k8s")
+            .join("cert-manager")
+            .join("certificates.yaml"),
+    )?;
+    let uri_of = |secret: &str| -> Option<String> {
+        certificates
+            .iter()
+            .find(|c| kind(c) == "Certificate" && c["spec"]["secretName"].as_str() == Some(secret))
+            .and_then(|c| {
+                list(&c["spec"]["uris"])
+                    .first()
+                    .and_then(|u| u.as_str().map(str::to_string))
+            })
+    };
+    let mut covered = Vec::new();
+    for patch in &patches {
+        let target = patched(&docs, patch)?;
+        covered.push(name(target).to_string());
+        let volume = list(&patch["spec"]["template"]["spec"]["volumes"])
+            .iter()
+            .find(|v| v["name"].as_str() == Some("certs"))
+            .context("no certs volume in the patch")?;
+        let mut files = Vec::new();
+        for source in list(&volume["projected"]["sources"]) {
+            let secret = string(&source["secret"]["name"], "projected secret")?;
+            let uri = uri_of(secret).with_context(|| format!("no Certificate writes {secret}"))?;
+            for item in list(&source["secret"]["items"]) {
+                let path = string(&item["path"], "item path")?.to_string();
+                let key = string(&item["key"], "item key")?;
+                ensure!(["tls.crt", "tls.key", "ca.crt"].contains(&key), "{key}");
+                if let Some(stem) = path
+                    .strip_suffix(".pem")
+                    .or_else(|| path.strip_suffix(".key"))
+                {
+                    if stem != "ca" {
+                        // member-1 ↔ spiffe://leasehold/member/1, region-eu ↔ …/region/eu.
+                        let (kind_name, id) = stem.split_once('-').context("file stem")?;
+                        ensure!(
+                            uri == format!("spiffe://leasehold/{kind_name}/{id}"),
+                            "{path} is projected from {secret}, whose certificate is {uri}"
+                        );
+                    }
+                }
+                files.push(path);
+            }
+        }
+        files.sort();
+        ensure!(
+            files == files_read(target, &target["spec"]["template"])?,
+            "{}: projects {files:?}",
+            name(target)
+        );
+    }
+    for (workload, _) in pod_templates(&docs) {
+        ensure!(
+            covered.iter().any(|c| c == name(workload)),
+            "cert-manager leaves {} without certificates",
+            name(workload)
+        );
     }
     Ok(())
 }

@@ -6,7 +6,10 @@
 //! - `k8s`: every manifest parses; selectors, service names, ports, probes,
 //!   Prometheus annotations and the member addresses in arguments match
 //!   the objects they name; members are spread over nodes; the init Job
-//!   sets no policy.
+//!   sets no policy; the base is mutual TLS with probes that need no
+//!   certificate; the overlays patch only what the base defines.
+//! - `k8s_run`: the base's arguments run as processes with the Secrets of
+//!   `deploy/k8s/mint-secrets.sh`: probes answer, a lease goes through.
 //! - `compose`: services, volumes and certificate files referenced exist;
 //!   health checks and metrics ports are wired.
 //! - `systemd`: the units parse, their user is created by the sysusers
@@ -15,6 +18,7 @@
 
 mod compose;
 mod k8s;
+mod k8s_run;
 mod systemd;
 mod yaml;
 
