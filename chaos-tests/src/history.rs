@@ -110,6 +110,41 @@ pub struct HostileProbe {
     pub answer: ProbeAnswer,
 }
 
+/// One Raft message forged by a hostile peer (a retired member's, a
+/// stranger's or an impostor's certificate) and how a member answered it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerProbe {
+    /// Whose certificate sent it, and as whom it claimed to speak.
+    pub from: String,
+    /// The member that received it (`host:port`).
+    pub to: String,
+    /// The message and transport (`Vote over gRPC`, `AppendEntries framed`).
+    pub message: String,
+    /// The term it carried.
+    pub term: u64,
+    /// How it was answered.
+    pub answer: PeerAnswer,
+}
+
+/// How a member answered a forged Raft message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PeerAnswer {
+    /// Handed to Raft and answered: a hostile message got through.
+    Accepted,
+    /// Refused with this gRPC code and `leasehold-reason`.
+    Refused {
+        /// The gRPC code, by name.
+        code: String,
+        /// The machine-readable reason (empty if none).
+        reason: String,
+    },
+    /// The connection was closed before any message (framed transport:
+    /// no preface answered for a certificate it does not accept).
+    ConnectionRefused,
+    /// No answer (the member is down or stopped): says nothing.
+    NoAnswer,
+}
+
 /// One over-return to an escrow node: a hostile client gives back more than
 /// it holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -147,6 +182,8 @@ pub struct History {
     pub hostile_probes: Vec<HostileProbe>,
     /// Hostile clients' returns of more than they held.
     pub over_returns: Vec<OverReturn>,
+    /// Raft messages forged by hostile peers and their answers.
+    pub peer_probes: Vec<PeerProbe>,
     /// Coordinator reads of windows while they were live.
     pub observations: Vec<WindowObservation>,
     /// Simulated time at which the last fault healed, epoch ms.
@@ -251,6 +288,11 @@ impl Recorder {
     /// Records a hostile client's request and its answer.
     pub fn hostile_probe(&self, probe: HostileProbe) {
         self.with(|h| h.hostile_probes.push(probe));
+    }
+
+    /// Records a forged Raft message and its answer.
+    pub fn peer_probe(&self, probe: PeerProbe) {
+        self.with(|h| h.peer_probes.push(probe));
     }
 
     /// Records a hostile client's over-return to an escrow node.

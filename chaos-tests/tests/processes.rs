@@ -183,3 +183,62 @@ async fn killing_one_of_two_escrow_nodes_of_a_region_keeps_its_callers_admitted(
 async fn fair_key_escrow_kill9_at_100_ms_between_regions_admits_at_most_l() {
     fair_scenario_with("fair_escrow_kill9", 2, 50).await;
 }
+
+/// Hostile peers on mutual TLS, interleaved with a membership change, a
+/// leader kill and a step-down (the `hostile_peers` scenario): every
+/// forged Raft message — from a retired member's certificate, a
+/// stranger's, an impostor's, at a joining member too, at any term — is
+/// refused; stalled handshakes from another address and a holder flood at
+/// an escrow node hold up no legitimate client; Σ admitted per window
+/// (the flooder's grants included) stays ≤ L and admissions resume after
+/// every fault.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_peers_among_the_usual_faults_keep_every_invariant() {
+    use leasehold_chaos::history::PeerAnswer;
+    let outcome = run("hostile_peers", &options()).await;
+    let history = &outcome.history;
+    assert!(
+        outcome.violations.is_empty(),
+        "{:?}\nfaults: {:?}",
+        outcome.violations,
+        history.faults
+    );
+    // Three rounds of forgeries reached running members and were refused
+    // (the retired member's among them), none accepted.
+    let refused = |kind: &str| {
+        history
+            .peer_probes
+            .iter()
+            .filter(|p| p.from.contains(kind))
+            .filter(|p| matches!(p.answer, PeerAnswer::Refused { .. } | PeerAnswer::ConnectionRefused))
+            .count()
+    };
+    for kind in ["retired", "stranger", "impostor"] {
+        assert!(refused(kind) > 0, "no {kind} forgery was answered: {:?}", history.faults);
+    }
+    assert!(history
+        .peer_probes
+        .iter()
+        .any(|p| p.answer == PeerAnswer::Refused {
+            code: "PermissionDenied".into(),
+            reason: "MEMBER_RETIRED".into()
+        }));
+    // The flood ran into its bound, and its grants count in Δ.
+    let flood = history
+        .faults
+        .iter()
+        .find(|f| f.contains("holder flood"))
+        .expect("the flood's report");
+    let refused_flood: u64 = flood
+        .split(", ")
+        .find_map(|part| part.strip_suffix(" refused RESOURCE_EXHAUSTED"))
+        .and_then(|n| n.parse().ok())
+        .expect("refusal count");
+    assert!(refused_flood > 0, "{flood}");
+    // The legitimate clients were admitted after the last heal.
+    let healed = history.healed_at_ms.expect("healed");
+    assert!(history
+        .admissions
+        .iter()
+        .any(|a| a.at_ms > healed && a.client < leasehold_chaos::history::HOSTILE_CLIENT_BASE));
+}

@@ -8,10 +8,13 @@
 //! looked at) is allowed too: nothing was executed.
 //! The tokens a hostile client is told it got are also recorded as its
 //! admissions, so an answer that hands out uncounted tokens shows up in
-//! [`check_delta`](super::check_delta) as well.
+//! [`check_delta`](super::check_delta) as well. A Raft message forged by a
+//! hostile peer (a retired member's, a stranger's or an impostor's
+//! certificate, any term) is never handed to Raft: refused, or its
+//! connection closed.
 
 use super::Violation;
-use crate::history::{Expected, History, HostileProbe, ProbeAnswer};
+use crate::history::{Expected, History, HostileProbe, PeerAnswer, ProbeAnswer};
 
 /// `ALREADY_EXISTS` with reason `REQUEST_ID_REUSED`, or `FAILED_PRECONDITION`
 /// with reason `SESSION_EXPIRED`: the refusals a reused id may get.
@@ -77,7 +80,18 @@ pub fn check_hostile(history: &History) -> Vec<Violation> {
                 r.client, r.held, r.window_start_ms, r.offered, r.accepted
             ),
         });
-    probes.chain(returns).collect()
+    let peers = history
+        .peer_probes
+        .iter()
+        .filter(|p| p.answer == PeerAnswer::Accepted)
+        .map(|p| Violation {
+            invariant: "hostile",
+            detail: format!(
+                "a forged {} from {} at term {} was accepted by member {}",
+                p.message, p.from, p.term, p.to
+            ),
+        });
+    probes.chain(returns).chain(peers).collect()
 }
 
 /// Hostile requests whose answer was checked against their id's history

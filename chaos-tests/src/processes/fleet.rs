@@ -2,7 +2,9 @@
 //! each on its own data directory and port, with a generated config file)
 //! and regional escrow nodes (`escrow`), with the faults an operator's
 //! machine can inflict — `kill -9`, `SIGSTOP` / `SIGCONT`, restart on the
-//! same data directory. Dropping the fleet kills every process it started.
+//! same data directory — and, on mutual TLS, the membership changes of an
+//! operator: a member joining, a member retired for good. Dropping the
+//! fleet kills every process it started.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -12,9 +14,16 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use leasehold_client::coordinator::{CoordinatorClient, RetryOptions};
 use leasehold_client::transport::{Dialer, TcpDialer};
+use leasehold_core::principal::Principal;
 use leasehold_node::NodeConfig;
 use std::sync::Arc;
 use tempfile::TempDir;
+
+use super::identities::Identities;
+
+/// `--max-holders-per-identity` of escrow nodes on mutual-TLS runs: ample
+/// for the load's few holders per node, soon reached by a holder flood.
+pub const MAX_HOLDERS_PER_IDENTITY: usize = 16;
 
 /// One process the fleet manages.
 #[derive(Debug)]
@@ -29,6 +38,8 @@ struct Managed {
     log: PathBuf,
     child: Option<Child>,
     stopped: bool,
+    /// Removed from the cluster for good: never restarted.
+    retired: bool,
 }
 
 impl Managed {
@@ -120,13 +131,19 @@ fn free_port() -> Result<u16> {
 /// With links delayed by `link_delay` each way, the heartbeat (openraft's
 /// per-append deadline) exceeds two round trips, and the election and
 /// request timeouts grow with it.
-fn member_config(id: u64, listen: String, data_dir: PathBuf, link_delay: Duration) -> NodeConfig {
+fn member_config(
+    id: u64,
+    listen: String,
+    data_dir: PathBuf,
+    link_delay: Duration,
+    tls: Option<(&Identities, u64)>,
+) -> NodeConfig {
     let round_trip = u64::try_from(link_delay.as_millis())
         .unwrap_or(u64::MAX)
         .saturating_mul(2);
     let heartbeat_ms = round_trip.saturating_mul(2).saturating_add(100);
     let request_timeout_ms = round_trip.saturating_mul(10).saturating_add(2_000);
-    NodeConfig {
+    let config = NodeConfig {
         id,
         listen,
         data_dir,
@@ -136,9 +153,25 @@ fn member_config(id: u64, listen: String, data_dir: PathBuf, link_delay: Duratio
         proposal_timeout_ms: request_timeout_ms,
         read_timeout_ms: request_timeout_ms,
         tick_interval_ms: 500,
-        // The runner's own clients dial plaintext.
-        insecure: true,
         ..NodeConfig::default()
+    };
+    match tls {
+        // Told to join the founding members, like a member of a real cluster.
+        Some((identities, founders)) => {
+            let files = identities.files(&Principal::Member(id));
+            NodeConfig {
+                tls_ca: Some(files.ca),
+                tls_cert: Some(files.cert),
+                tls_key: Some(files.key),
+                join_members: (1..=founders).collect(),
+                ..config
+            }
+        }
+        // The runner's own clients dial plaintext.
+        None => NodeConfig {
+            insecure: true,
+            ..config
+        },
     }
 }
 
@@ -163,6 +196,12 @@ pub struct Fleet {
     /// A delaying proxy in front of each member, by id − 1, when the run
     /// delays links: every address handed out for a member is its proxy's.
     proxies: Vec<super::DelayProxy>,
+    /// The certificates of a mutual-TLS run (`None`: plaintext).
+    identities: Option<Identities>,
+    /// Members of the cluster as first formed.
+    founders: u64,
+    /// How long links are delayed.
+    link_delay: Duration,
 }
 
 impl Fleet {
@@ -172,7 +211,16 @@ impl Fleet {
     /// then the proxies', so the cluster formed with them, the escrow nodes
     /// and the clients all reach members through them (leader hints name
     /// them too), and the members' timings allow for the round trip.
-    pub fn start_members(binary: &Path, members: u64, link_delay: Duration) -> Result<Self> {
+    ///
+    /// With `tls`, every process of the run speaks mutual TLS with its own
+    /// certificate (minted first, [`Identities`]) and members are told to
+    /// join the founding members.
+    pub fn start_members(
+        binary: &Path,
+        members: u64,
+        link_delay: Duration,
+        tls: bool,
+    ) -> Result<Self> {
         if !binary.is_file() {
             bail!(
                 "no leasehold binary at {} (build it: cargo build --release -p leasehold-node, or pass --binary)",
@@ -189,11 +237,31 @@ impl Fleet {
             members: Vec::new(),
             escrows: Vec::new(),
             proxies: Vec::new(),
+            identities: None,
+            founders: members,
+            link_delay,
         };
+        if tls {
+            let certs = fleet.dir.path().join("certs");
+            fleet.identities = Some(Identities::mint(binary, &certs, members)?);
+        }
         for id in 1..=members {
+            fleet.add_member(id)?;
+        }
+        Ok(fleet)
+    }
+
+    /// Starts member `id` on a fresh port and data directory (not added to
+    /// the cluster: a founding member waits for `cluster init`, a later one
+    /// for the joining steps).
+    fn add_member(&mut self, id: u64) -> Result<()> {
+        let fleet = self;
+        let link_delay = fleet.link_delay;
+        {
             let addr = format!("127.0.0.1:{}", free_port()?);
             let data_dir = fleet.dir.path().join(format!("member-{id}"));
-            let config = member_config(id, addr.clone(), data_dir, link_delay);
+            let tls = fleet.identities.as_ref().map(|ids| (ids, fleet.founders));
+            let config = member_config(id, addr.clone(), data_dir, link_delay, tls);
             if !link_delay.is_zero() {
                 fleet
                     .proxies
@@ -213,11 +281,64 @@ impl Fleet {
                 log: fleet.dir.path().join(format!("member-{id}.log")),
                 child: None,
                 stopped: false,
+                retired: false,
             };
             member.spawn(&fleet.binary)?;
             fleet.members.push(member);
         }
-        Ok(fleet)
+        Ok(())
+    }
+
+    /// Starts the next member (id one above the highest), told to join the
+    /// founding members; returns its id and address. The cluster does not
+    /// know it until [`AdminClient::add_learner`].
+    pub fn start_joiner(&mut self) -> Result<(u64, String)> {
+        let id = self.members.len() as u64 + 1;
+        self.add_member(id)?;
+        Ok((id, self.member_addrs()[self.members.len() - 1].clone()))
+    }
+
+    /// Marks member `id` removed from the cluster and kills it: it is
+    /// never restarted, and its certificate is a retired member's.
+    pub fn retire_member(&mut self, id: u64) -> Result<()> {
+        let member = self.member(id)?;
+        member.kill()?;
+        member.retired = true;
+        Ok(())
+    }
+
+    /// Every member id the fleet started, retired ones included.
+    pub fn member_ids(&self) -> Vec<u64> {
+        (1..=self.members.len() as u64).collect()
+    }
+
+    /// The address member `id` is reached at.
+    pub fn member_addr(&self, id: u64) -> Option<String> {
+        let index = usize::try_from(id).ok()?.checked_sub(1)?;
+        self.member_addrs().get(index).cloned()
+    }
+
+    /// Ids of members removed from the cluster.
+    pub fn retired_members(&self) -> Vec<u64> {
+        (1..)
+            .zip(&self.members)
+            .filter(|(_, m)| m.retired)
+            .map(|(id, _)| id)
+            .collect()
+    }
+
+    /// The certificates of a mutual-TLS run.
+    pub fn identities(&self) -> Option<&Identities> {
+        self.identities.as_ref()
+    }
+
+    /// A dialer presenting `principal`'s certificate on a mutual-TLS run,
+    /// plaintext otherwise.
+    pub fn dialer_as(&self, principal: &Principal) -> Arc<dyn Dialer> {
+        match &self.identities {
+            Some(identities) => identities.dialer(principal),
+            None => Arc::new(TcpDialer::default()),
+        }
     }
 
     /// Starts one escrow node per region in `regions`, leasing from the members.
@@ -240,12 +361,29 @@ impl Fleet {
                     batch.to_string(),
                     "--probe-interval-ms".into(),
                     "300".into(),
-                    "--insecure".into(),
                 ],
                 log: self.dir.path().join(format!("escrow-{index}-{region}.log")),
                 child: None,
                 stopped: false,
+                retired: false,
             };
+            match &self.identities {
+                Some(identities) => {
+                    let files = identities.files(&super::identities::region(region)?);
+                    for (flag, path) in [
+                        ("--tls-ca", files.ca),
+                        ("--tls-cert", files.cert),
+                        ("--tls-key", files.key),
+                    ] {
+                        escrow.args.push(flag.into());
+                        escrow.args.push(path.display().to_string());
+                    }
+                    // A bound a holder flood reaches within a window.
+                    escrow.args.push("--max-holders-per-identity".into());
+                    escrow.args.push(MAX_HOLDERS_PER_IDENTITY.to_string());
+                }
+                None => escrow.args.push("--insecure".into()),
+            }
             escrow.spawn(&self.binary)?;
             self.escrows.push(escrow);
         }
@@ -297,10 +435,15 @@ impl Fleet {
         Ok(())
     }
 
-    /// Starts every killed member again on its own data directory and port.
+    /// Starts every killed member again on its own data directory and port
+    /// (retired ones stay down).
     pub fn restart_members(&mut self) -> Result<()> {
         let binary = self.binary.clone();
-        for member in self.members.iter_mut().filter(|m| m.child.is_none()) {
+        for member in self
+            .members
+            .iter_mut()
+            .filter(|m| m.child.is_none() && !m.retired)
+        {
             member.spawn(&binary)?;
         }
         Ok(())
@@ -363,7 +506,7 @@ impl Fleet {
     pub fn responsive_members(&self) -> Vec<u64> {
         (1..)
             .zip(&self.members)
-            .filter(|(_, m)| m.child.is_some() && !m.stopped)
+            .filter(|(_, m)| m.child.is_some() && !m.stopped && !m.retired)
             .map(|(id, _)| id)
             .collect()
     }
@@ -378,7 +521,7 @@ impl Fleet {
 
     /// The member currently leading, asked of every responsive member.
     pub async fn leader(&self) -> Option<u64> {
-        let dialer: Arc<dyn Dialer> = Arc::new(TcpDialer::default());
+        let dialer = self.dialer_as(&super::identities::operator());
         for id in self.responsive_members() {
             let addr = &self.members[usize::try_from(id - 1).ok()?].addr;
             let Ok(client) = CoordinatorClient::with_options(

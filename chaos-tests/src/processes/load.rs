@@ -17,7 +17,9 @@ use leasehold_core::ids::{ClientId, RegionId};
 use rand::{Rng, SeedableRng};
 use tokio::task::JoinHandle;
 
+use super::identities::{self, Identities};
 use super::{fleet::runner_retry_options, wall_now_ms, ProcessOptions, KEY};
+use leasehold_core::principal::Principal;
 use crate::history::{Admission, Recorder};
 use crate::sim::load::{observe_window, RecordingSource};
 
@@ -66,8 +68,17 @@ pub fn spawn(
     seed: u64,
     load_start_ms: u64,
     load_end_ms: u64,
+    identities: Option<&Identities>,
 ) -> Result<LoadTasks> {
-    let dialer: Arc<dyn Dialer> = Arc::new(TcpDialer::default());
+    // Plaintext, or on mutual TLS each client with its own identity: a
+    // region of its own when it leases directly, a service of the escrow
+    // node's region otherwise.
+    let dialer_as = |principal: Result<Principal>| -> Result<Arc<dyn Dialer>> {
+        Ok(match identities {
+            Some(identities) => identities.dialer(&principal?),
+            None => Arc::new(TcpDialer::default()),
+        })
+    };
     let mut handles = Vec::new();
     {
         let recorder = recorder.clone();
@@ -84,7 +95,8 @@ pub fn spawn(
         // (A `fair` key is admitted at escrow nodes only: every client
         // goes through one — through every node of its region, starting at
         // a different one per client, moving on when one fails.)
-        let via_escrow: Option<Vec<String>> = match (escrows.is_empty(), all_via_escrow) {
+        let via_escrow: Option<(Vec<String>, usize)> = match (escrows.is_empty(), all_via_escrow)
+        {
             (true, _) => None,
             (false, true) => {
                 let region = client_region(index, escrows);
@@ -95,17 +107,18 @@ pub fn spawn(
                     .collect();
                 let turn = index / region_count(escrows) % nodes.len().max(1);
                 nodes.rotate_left(turn);
-                Some(nodes)
+                Some((nodes, region))
             }
-            (false, false) => {
-                (index % 2 == 1).then(|| vec![escrows[index / 2 % escrows.len()].0.clone()])
-            }
+            (false, false) => (index % 2 == 1).then(|| {
+                let (addr, region) = &escrows[index / 2 % escrows.len()];
+                (vec![addr.clone()], *region)
+            }),
         };
         let source: Arc<dyn CreditSource> = match via_escrow {
             None => {
                 let client = CoordinatorClient::with_seed(
                     members.to_vec(),
-                    dialer.clone(),
+                    dialer_as(identities::region(&format!("direct-{index}")))?,
                     runner_retry_options(),
                     client_seed,
                 )?;
@@ -119,10 +132,13 @@ pub fn spawn(
                     now_ms: wall_now_ms,
                 })
             }
-            Some(nodes) => Arc::new(RecordingSource {
+            Some((nodes, region)) => Arc::new(RecordingSource {
                 inner: EscrowSource::with_endpoints(
                     nodes,
-                    dialer.clone(),
+                    dialer_as(identities::service(
+                        identities::LOAD_SERVICE,
+                        &format!("region-{region}"),
+                    ))?,
                     EscrowSourceOptions::default(),
                 )?,
                 record_acks: false,

@@ -17,6 +17,8 @@
 //! jitter) but not the interleaving: a run is evidence, not a replay.
 
 mod delay;
+pub mod hostile;
+pub mod identities;
 mod fleet;
 mod load;
 
@@ -25,12 +27,11 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result};
 use leasehold_client::coordinator::{AdminClient, CoordinatorClient};
-use leasehold_client::transport::{Dialer, TcpDialer};
 use leasehold_core::policy::Policy;
-use std::sync::Arc;
 use tonic::Code;
 
 pub use delay::DelayProxy;
+pub use hostile::FloodCounts;
 pub use fleet::Fleet;
 
 use crate::history::{History, Recorder};
@@ -73,6 +74,26 @@ pub enum ProcessFault {
     RestartEscrows,
     /// The leader hands its leadership off (`leasehold cluster step-down`).
     StepDown,
+    /// Starts a new member told to join the founding members, not added
+    /// yet (mutual TLS only).
+    StartJoiner,
+    /// Adds the started joiner: AddLearner, then a voter.
+    AddJoiner,
+    /// Removes member `n` (`0`: the leader) from the voters and kills it
+    /// for good: its id is retired, its certificate still valid.
+    Retire(u64),
+    /// Forges Raft messages to every running member, the joiner included:
+    /// from each retired member's certificate, from a stranger's, and from
+    /// a member claiming another's id; at terms one ahead, beyond the
+    /// step and at the edge of the type; over gRPC and framed (mutual TLS
+    /// only). Each is recorded; the `hostile` invariant allows refusals.
+    ForgeRaft,
+    /// Until the load ends, keeps this many stalled TLS handshakes per
+    /// member from 127.0.0.2 (mutual TLS only).
+    StallHandshakes(usize),
+    /// Until the load ends, a service of escrow node `n`'s region asks it
+    /// for one token under a new holder each time (mutual TLS only).
+    FloodHolders(usize),
 }
 
 /// A named schedule of faults against real processes.
@@ -92,6 +113,8 @@ pub struct ProcessScenario {
     pub window_ms: Option<u64>,
     /// Faults, at times counted from the start of the load.
     pub faults: Vec<(Duration, ProcessFault)>,
+    /// Every process and client on mutual TLS with its own certificate.
+    pub tls: bool,
 }
 
 impl ProcessScenario {
@@ -119,6 +142,7 @@ pub fn scenarios() -> Vec<ProcessScenario> {
         fair: false,
         window_ms: None,
         faults,
+        tls: false,
     };
     // Fair keys under escrow nodes that lose their memory inside a window
     // much longer than a restart: the demand spends L early in the window,
@@ -129,6 +153,7 @@ pub fn scenarios() -> Vec<ProcessScenario> {
         fair: true,
         window_ms: Some(30_000),
         faults,
+        tls: false,
     };
     vec![
         plain("healthy", vec![]),
@@ -170,6 +195,32 @@ pub fn scenarios() -> Vec<ProcessScenario> {
                 (secs(5.0), RestartEscrows),
                 (secs(6.0), Restart),
             ],
+            tls: false,
+        },
+        // Hostile peers on mutual TLS, interleaved with the usual faults:
+        // stalled handshakes and a holder flood all along; forged Raft
+        // messages at a joining member and at the cluster before and after
+        // a member is retired (then from its certificate too), and after a
+        // leader kill; a step-down at the end.
+        ProcessScenario {
+            name: "hostile_peers",
+            escrow_regions: vec![0, 1],
+            fair: false,
+            window_ms: None,
+            faults: vec![
+                (secs(0.5), StallHandshakes(48)),
+                (secs(0.5), FloodHolders(0)),
+                (secs(1.0), StartJoiner),
+                (secs(1.5), ForgeRaft),
+                (secs(2.0), AddJoiner),
+                (secs(3.0), Retire(2)),
+                (secs(3.5), ForgeRaft),
+                (secs(4.5), Kill(0)),
+                (secs(5.5), Restart),
+                (secs(6.0), ForgeRaft),
+                (secs(7.0), StepDown),
+            ],
+            tls: true,
         },
         fair(
             "fair_escrow_kill9",
@@ -209,6 +260,7 @@ pub fn scenarios() -> Vec<ProcessScenario> {
             fair: true,
             window_ms: Some(10_000),
             faults: vec![],
+            tls: false,
         },
         // Two nodes serve region 0; one dies for good under load: its
         // callers move on to the other (run with demand under L to see
@@ -314,7 +366,7 @@ async fn form_cluster(
     options: &ProcessOptions,
     fair: bool,
 ) -> Result<CoordinatorClient> {
-    let dialer: Arc<dyn Dialer> = Arc::new(TcpDialer::default());
+    let dialer = fleet.dialer_as(&identities::operator());
     let client = CoordinatorClient::with_options(
         fleet.member_addrs(),
         dialer,
@@ -358,7 +410,18 @@ pub async fn run(
 ) -> Result<ProcessOutcome> {
     let options = &scenario.options(options);
     let link_delay = Duration::from_millis(options.link_delay_ms);
-    let mut fleet = Fleet::start_members(&options.binary, options.members, link_delay)?;
+    if scenario.tls
+        && (options.clients > identities::DIRECT_CLIENTS
+            || scenario.escrow_regions.iter().any(|r| *r >= identities::ESCROW_REGIONS))
+    {
+        anyhow::bail!(
+            "mutual-TLS runs have certificates for {} clients and {} escrow regions",
+            identities::DIRECT_CLIENTS,
+            identities::ESCROW_REGIONS
+        );
+    }
+    let mut fleet =
+        Fleet::start_members(&options.binary, options.members, link_delay, scenario.tls)?;
     let client = form_cluster(&fleet, options, scenario.fair)
         .await
         .with_context(|| format!("forming the cluster (logs in {})", fleet.dir().display()))?;
@@ -388,10 +451,25 @@ pub async fn run(
         seed,
         load_start_ms,
         load_end_ms,
+        fleet.identities(),
     )?;
 
-    let faulted = inflict(&mut fleet, &admin, scenario, &recorder, load_start_ms).await;
+    let mut background = Vec::new();
+    let faulted = inflict(
+        &mut fleet,
+        &admin,
+        scenario,
+        &recorder,
+        (load_start_ms, load_end_ms),
+        &mut background,
+    )
+    .await;
     let joined = load::join(tasks).await;
+    for task in background {
+        if let Ok(line) = task.await {
+            recorder.fault(line);
+        }
+    }
     let alive = fleet.check_alive();
     drop(fleet);
     faulted?;
@@ -432,14 +510,21 @@ async fn resolve(fleet: &Fleet, pick: u64) -> Option<u64> {
     None
 }
 
-/// Applies the scenario's faults at their times.
+/// A fault that runs in the background until the load ends; it answers
+/// a line for the fault log.
+type Background = tokio::task::JoinHandle<String>;
+
+/// Applies the scenario's faults at their times; faults that last until
+/// the load ends leave their tasks in `background`.
 async fn inflict(
     fleet: &mut Fleet,
     admin: &AdminClient,
     scenario: &ProcessScenario,
     recorder: &Recorder,
-    load_start_ms: u64,
+    (load_start_ms, load_end_ms): (u64, u64),
+    background: &mut Vec<Background>,
 ) -> Result<()> {
+    let mut joiner: Option<(u64, String)> = None;
     for (at, fault) in &scenario.faults {
         sleep_until_ms(load_start_ms + u64::try_from(at.as_millis()).unwrap_or(0)).await;
         fleet.check_alive()?;
@@ -504,6 +589,118 @@ async fn inflict(
                     "{now}: member {old} steps down; {new} leads from {done}"
                 ));
                 recorder.healed(done);
+            }
+            ProcessFault::StartJoiner => {
+                let (id, addr) = fleet.start_joiner()?;
+                recorder.fault(format!("{now}: member {id} starts, told to join"));
+                joiner = Some((id, addr));
+            }
+            ProcessFault::AddJoiner => {
+                let (id, addr) = joiner.clone().context("no joiner started")?;
+                admin
+                    .add_learner(id, &addr)
+                    .await
+                    .with_context(|| format!("adding member {id}"))?;
+                let voters: Vec<u64> = fleet
+                    .member_ids()
+                    .into_iter()
+                    .filter(|m| !fleet.retired_members().contains(m))
+                    .collect();
+                admin
+                    .change_membership(&voters, false)
+                    .await
+                    .with_context(|| format!("making member {id} a voter"))?;
+                recorder.fault(format!("{now}: member {id} joins: voters {voters:?}"));
+            }
+            ProcessFault::Retire(p) => {
+                let id = resolve(fleet, *p).await.context("no leader to retire")?;
+                let voters: Vec<u64> = fleet
+                    .member_ids()
+                    .into_iter()
+                    .filter(|m| *m != id && !fleet.retired_members().contains(m))
+                    .collect();
+                admin
+                    .change_membership(&voters, false)
+                    .await
+                    .with_context(|| format!("retiring member {id}"))?;
+                fleet.retire_member(id)?;
+                recorder.fault(format!("{now}: member {id} retired: voters {voters:?}"));
+            }
+            ProcessFault::ForgeRaft => {
+                let identities = fleet.identities().context("ForgeRaft needs mutual TLS")?;
+                let mut forgers: Vec<hostile::Forger> = fleet
+                    .retired_members()
+                    .into_iter()
+                    .map(|id| hostile::Forger {
+                        certificate: id,
+                        claims: id,
+                        kind: "retired",
+                    })
+                    .collect();
+                forgers.push(hostile::Forger {
+                    certificate: identities::STRANGER,
+                    claims: identities::STRANGER,
+                    kind: "stranger",
+                });
+                let running = fleet.responsive_members();
+                if let [first, second, ..] = running[..] {
+                    forgers.push(hostile::Forger {
+                        certificate: second,
+                        claims: first,
+                        kind: "impostor",
+                    });
+                }
+                let targets: Vec<String> = running
+                    .iter()
+                    .filter_map(|id| fleet.member_addr(*id))
+                    .collect();
+                let sent =
+                    hostile::forge_raft_messages(identities, &targets, &forgers, recorder).await;
+                recorder.fault(format!(
+                    "{now}: {sent} forged Raft messages to members {running:?} from {:?}",
+                    forgers.iter().map(|f| (f.kind, f.certificate)).collect::<Vec<_>>()
+                ));
+            }
+            ProcessFault::StallHandshakes(per_member) => {
+                let targets = fleet.member_addrs();
+                let stalled = hostile::stall_handshakes(targets, *per_member, load_end_ms);
+                let per_member = *per_member;
+                background.push(tokio::spawn(async move {
+                    let opened = stalled.await.unwrap_or(0);
+                    format!(
+                        "{now}..{load_end_ms}: {per_member} stalled handshakes per member from 127.0.0.2 ({opened} connections opened)"
+                    )
+                }));
+                recorder.fault(format!("{now}: stalling handshakes"));
+            }
+            ProcessFault::FloodHolders(index) => {
+                let addr = fleet
+                    .escrow_addrs()
+                    .get(*index)
+                    .cloned()
+                    .with_context(|| format!("no escrow node {index}"))?;
+                let region = scenario.escrow_regions[*index];
+                let flooder = identities::service(
+                    identities::FLOOD_SERVICE,
+                    &format!("region-{region}"),
+                )?;
+                let flood = hostile::flood_holders(
+                    fleet.dialer_as(&flooder),
+                    addr,
+                    KEY,
+                    *index,
+                    load_end_ms,
+                    recorder.clone(),
+                );
+                let index = *index;
+                background.push(tokio::spawn(async move {
+                    let counts = flood.await.unwrap_or_default();
+                    format!(
+                        "{now}..{load_end_ms}: holder flood at escrow node {index}: {} acquires, {} tokens granted, {} refused RESOURCE_EXHAUSTED",
+                        counts.sent, counts.granted, counts.refused_exhausted
+                    )
+                }));
+                recorder.fault(format!("{now}: flooding escrow node {index} with holders"));
             }
         }
     }
