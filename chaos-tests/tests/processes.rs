@@ -210,16 +210,23 @@ async fn hostile_peers_among_the_usual_faults_keep_every_invariant() {
             .peer_probes
             .iter()
             .filter(|p| p.from.contains(kind))
-            .filter(|p| matches!(p.answer, PeerAnswer::Refused { .. } | PeerAnswer::ConnectionRefused))
+            .filter(|p| {
+                matches!(
+                    p.answer,
+                    PeerAnswer::Refused { .. } | PeerAnswer::ConnectionRefused
+                )
+            })
             .count()
     };
     for kind in ["retired", "stranger", "impostor"] {
-        assert!(refused(kind) > 0, "no {kind} forgery was answered: {:?}", history.faults);
+        assert!(
+            refused(kind) > 0,
+            "no {kind} forgery was answered: {:?}",
+            history.faults
+        );
     }
-    assert!(history
-        .peer_probes
-        .iter()
-        .any(|p| p.answer == PeerAnswer::Refused {
+    assert!(history.peer_probes.iter().any(|p| p.answer
+        == PeerAnswer::Refused {
             code: "PermissionDenied".into(),
             reason: "MEMBER_RETIRED".into()
         }));

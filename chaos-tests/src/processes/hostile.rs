@@ -77,11 +77,7 @@ pub async fn forge_raft_messages(
         let current = term_of(ids, target).await;
         for forger in forgers {
             let dialer = ids.dialer(&Principal::Member(forger.certificate));
-            for term in [
-                current + 1,
-                current + MAX_TERM_STEP + 1,
-                u64::MAX - 4,
-            ] {
+            for term in [current + 1, current + MAX_TERM_STEP + 1, u64::MAX - 4] {
                 let vote = VoteRequest {
                     vote: openraft::Vote::new(term, forger.claims),
                     last_log_id: None,
@@ -144,7 +140,9 @@ async fn over_grpc(dialer: &dyn Dialer, addr: &str, message: &str, data: Vec<u8>
                 .unwrap_or_default()
                 .to_string();
             match status.code() {
-                tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Cancelled
+                tonic::Code::Unavailable
+                | tonic::Code::DeadlineExceeded
+                | tonic::Code::Cancelled
                     if reason.is_empty() =>
                 {
                     PeerAnswer::NoAnswer

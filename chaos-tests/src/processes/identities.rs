@@ -45,7 +45,8 @@ impl Identities {
             .chain([STRANGER])
             .map(|id| id.to_string())
             .collect();
-        let escrow_regions: Vec<String> = (0..ESCROW_REGIONS).map(|i| format!("region-{i}")).collect();
+        let escrow_regions: Vec<String> =
+            (0..ESCROW_REGIONS).map(|i| format!("region-{i}")).collect();
         let regions: Vec<String> = escrow_regions
             .iter()
             .cloned()
@@ -53,7 +54,12 @@ impl Identities {
             .collect();
         let services: Vec<String> = escrow_regions
             .iter()
-            .flat_map(|r| [format!("{LOAD_SERVICE}@{r}"), format!("{FLOOD_SERVICE}@{r}")])
+            .flat_map(|r| {
+                [
+                    format!("{LOAD_SERVICE}@{r}"),
+                    format!("{FLOOD_SERVICE}@{r}"),
+                ]
+            })
             .collect();
         let output = Command::new(binary)
             .args(["certs", "mint", "--out"])

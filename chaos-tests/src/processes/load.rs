@@ -19,9 +19,9 @@ use tokio::task::JoinHandle;
 
 use super::identities::{self, Identities};
 use super::{fleet::runner_retry_options, wall_now_ms, ProcessOptions, KEY};
-use leasehold_core::principal::Principal;
 use crate::history::{Admission, Recorder};
 use crate::sim::load::{observe_window, RecordingSource};
+use leasehold_core::principal::Principal;
 
 /// The load's tasks.
 pub struct LoadTasks {
@@ -95,8 +95,7 @@ pub fn spawn(
         // (A `fair` key is admitted at escrow nodes only: every client
         // goes through one — through every node of its region, starting at
         // a different one per client, moving on when one fails.)
-        let via_escrow: Option<(Vec<String>, usize)> = match (escrows.is_empty(), all_via_escrow)
-        {
+        let via_escrow: Option<(Vec<String>, usize)> = match (escrows.is_empty(), all_via_escrow) {
             (true, _) => None,
             (false, true) => {
                 let region = client_region(index, escrows);

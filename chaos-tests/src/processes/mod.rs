@@ -17,9 +17,9 @@
 //! jitter) but not the interleaving: a run is evidence, not a replay.
 
 mod delay;
+mod fleet;
 pub mod hostile;
 pub mod identities;
-mod fleet;
 mod load;
 
 use std::path::PathBuf;
@@ -31,8 +31,8 @@ use leasehold_core::policy::Policy;
 use tonic::Code;
 
 pub use delay::DelayProxy;
-pub use hostile::FloodCounts;
 pub use fleet::Fleet;
+pub use hostile::FloodCounts;
 
 use crate::history::{History, Recorder};
 use crate::invariants::{check_all, Violation};
@@ -412,7 +412,10 @@ pub async fn run(
     let link_delay = Duration::from_millis(options.link_delay_ms);
     if scenario.tls
         && (options.clients > identities::DIRECT_CLIENTS
-            || scenario.escrow_regions.iter().any(|r| *r >= identities::ESCROW_REGIONS))
+            || scenario
+                .escrow_regions
+                .iter()
+                .any(|r| *r >= identities::ESCROW_REGIONS))
     {
         anyhow::bail!(
             "mutual-TLS runs have certificates for {} clients and {} escrow regions",
@@ -508,6 +511,25 @@ async fn resolve(fleet: &Fleet, pick: u64) -> Option<u64> {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     None
+}
+
+/// Replaces the voters by `voters`, as an operator would: again while the
+/// previous change is still committing (refused `FAILED_PRECONDITION`),
+/// for up to five seconds.
+async fn change_membership(admin: &AdminClient, voters: &[u64]) -> Result<()> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        match admin.change_membership(voters, false).await {
+            Ok(_) => return Ok(()),
+            Err(e)
+                if e.code() == Code::FailedPrecondition
+                    && tokio::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
 }
 
 /// A fault that runs in the background until the load ends; it answers
@@ -606,8 +628,7 @@ async fn inflict(
                     .into_iter()
                     .filter(|m| !fleet.retired_members().contains(m))
                     .collect();
-                admin
-                    .change_membership(&voters, false)
+                change_membership(admin, &voters)
                     .await
                     .with_context(|| format!("making member {id} a voter"))?;
                 recorder.fault(format!("{now}: member {id} joins: voters {voters:?}"));
@@ -619,8 +640,7 @@ async fn inflict(
                     .into_iter()
                     .filter(|m| *m != id && !fleet.retired_members().contains(m))
                     .collect();
-                admin
-                    .change_membership(&voters, false)
+                change_membership(admin, &voters)
                     .await
                     .with_context(|| format!("retiring member {id}"))?;
                 fleet.retire_member(id)?;
@@ -658,7 +678,10 @@ async fn inflict(
                     hostile::forge_raft_messages(identities, &targets, &forgers, recorder).await;
                 recorder.fault(format!(
                     "{now}: {sent} forged Raft messages to members {running:?} from {:?}",
-                    forgers.iter().map(|f| (f.kind, f.certificate)).collect::<Vec<_>>()
+                    forgers
+                        .iter()
+                        .map(|f| (f.kind, f.certificate))
+                        .collect::<Vec<_>>()
                 ));
             }
             ProcessFault::StallHandshakes(per_member) => {
@@ -680,10 +703,8 @@ async fn inflict(
                     .cloned()
                     .with_context(|| format!("no escrow node {index}"))?;
                 let region = scenario.escrow_regions[*index];
-                let flooder = identities::service(
-                    identities::FLOOD_SERVICE,
-                    &format!("region-{region}"),
-                )?;
+                let flooder =
+                    identities::service(identities::FLOOD_SERVICE, &format!("region-{region}"))?;
                 let flood = hostile::flood_holders(
                     fleet.dialer_as(&flooder),
                     addr,
