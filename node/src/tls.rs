@@ -853,6 +853,58 @@ mod tests {
         assert!(started.elapsed() < Duration::from_secs(2));
     }
 
+    /// Stalled handshakes from many hosts, each within its share, fill the
+    /// listener: the handshake budget then shrinks to half a second, so a
+    /// client from yet another address still gets in within a few seconds
+    /// instead of waiting out the full timeout of every stalled connection.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn stalled_handshakes_from_many_hosts_leave_room_for_a_client() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = CertificateAuthority::generate("test CA", 1).unwrap();
+        let (addr, operator, mut accepted) =
+            listener(&ca, dir.path(), Duration::from_secs(5)).await;
+        let hosts = MAX_PENDING_HANDSHAKES / MAX_PENDING_HANDSHAKES_PER_SOURCE + 4;
+        let mut stalled = Vec::new();
+        for host in 0..hosts {
+            let source = SocketAddr::from(([127, 0, 1, u8::try_from(host + 1).unwrap()], 0));
+            for _ in 0..MAX_PENDING_HANDSHAKES_PER_SOURCE {
+                let socket = tokio::net::TcpSocket::new_v4().unwrap();
+                socket.bind(source).unwrap();
+                let mut stream = socket.connect(addr.parse().unwrap()).await.unwrap();
+                use tokio::io::AsyncWriteExt;
+                let _ = stream.write_all(&[0x16, 0x03, 0x01, 0x02, 0x00]).await;
+                stalled.push(stream);
+            }
+        }
+        assert!(stalled.len() > MAX_PENDING_HANDSHAKES, "more than the listener holds");
+        let started = std::time::Instant::now();
+        let timed_out_before = HANDSHAKES.timed_out.load(Ordering::Relaxed);
+        loop {
+            if tls_connect(&addr, &operator).await.is_ok() {
+                if let Ok(Some(peer)) =
+                    tokio::time::timeout(Duration::from_millis(500), accepted.recv()).await
+                {
+                    assert_eq!(peer.principal, Principal::Operator("op".into()));
+                    break;
+                }
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(4),
+                "the client waited out the full handshake timeout"
+            );
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(4),
+            "the client waited {:?}, as long as a stalled handshake's full timeout",
+            started.elapsed()
+        );
+        assert!(
+            HANDSHAKES.timed_out.load(Ordering::Relaxed) > timed_out_before,
+            "stalled handshakes were cut short"
+        );
+        drop(stalled);
+    }
+
     #[tokio::test]
     async fn a_stalled_handshake_is_closed_and_does_not_hold_up_others() {
         let dir = tempfile::tempdir().unwrap();
