@@ -30,7 +30,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
@@ -59,6 +59,11 @@ pub const MAX_PENDING_HANDSHAKES: usize = 1_024;
 /// Most handshakes in progress from one source address; its next
 /// connection is closed at once.
 pub const MAX_PENDING_HANDSHAKES_PER_SOURCE: usize = 32;
+/// Most connections one identity (one certificate's principal) may hold
+/// open on a listener, a quarter of the default connection cap: a caller
+/// with a certificate cannot take every connection of a member or escrow
+/// node; its next connection is closed after the handshake.
+pub const MAX_CONNECTIONS_PER_IDENTITY: usize = 1_024;
 /// The shortest time a handshake is given, when the listener is full.
 pub const MIN_HANDSHAKE_TIMEOUT: Duration = Duration::from_millis(500);
 
@@ -71,6 +76,7 @@ pub static HANDSHAKES: HandshakeCounters = HandshakeCounters::new();
 pub struct HandshakeCounters {
     refused_per_source: AtomicU64,
     timed_out: AtomicU64,
+    refused_per_identity: AtomicU64,
 }
 
 impl HandshakeCounters {
@@ -78,12 +84,17 @@ impl HandshakeCounters {
         HandshakeCounters {
             refused_per_source: AtomicU64::new(0),
             timed_out: AtomicU64::new(0),
+            refused_per_identity: AtomicU64::new(0),
         }
     }
 
     /// Every counter as `(name, value)`.
-    pub fn snapshot(&self) -> [(&'static str, u64); 2] {
+    pub fn snapshot(&self) -> [(&'static str, u64); 3] {
         [
+            (
+                "tls_connections_refused_per_identity",
+                self.refused_per_identity.load(Ordering::Relaxed),
+            ),
             (
                 "tls_handshakes_refused_per_source",
                 self.refused_per_source.load(Ordering::Relaxed),
@@ -144,6 +155,78 @@ impl HandshakeGate {
     /// Sources with a handshake in progress.
     pub fn sources(&self) -> usize {
         self.per_source.len()
+    }
+}
+
+/// The connections each identity holds open on one listener (pure; see
+/// [`MAX_CONNECTIONS_PER_IDENTITY`]).
+#[derive(Debug)]
+pub struct IdentityConnections {
+    open: HashMap<Principal, usize>,
+    bound: usize,
+}
+
+impl Default for IdentityConnections {
+    fn default() -> Self {
+        Self::with_bound(MAX_CONNECTIONS_PER_IDENTITY)
+    }
+}
+
+impl IdentityConnections {
+    /// A table allowing `bound` connections per identity.
+    pub fn with_bound(bound: usize) -> Self {
+        Self {
+            open: HashMap::new(),
+            bound,
+        }
+    }
+
+    /// A new connection of `principal`: counted and `true`, or `false`
+    /// when it already holds its bound (close the new one).
+    pub fn open(&mut self, principal: &Principal) -> bool {
+        let held = self.open.entry(principal.clone()).or_default();
+        if *held >= self.bound {
+            return false;
+        }
+        *held += 1;
+        true
+    }
+
+    /// A connection of `principal` closed.
+    pub fn closed(&mut self, principal: &Principal) {
+        if let Some(held) = self.open.get_mut(principal) {
+            *held -= 1;
+            if *held == 0 {
+                self.open.remove(principal);
+            }
+        }
+    }
+
+    /// Connections `principal` holds open.
+    pub fn held_by(&self, principal: &Principal) -> usize {
+        self.open.get(principal).copied().unwrap_or(0)
+    }
+
+    /// Identities holding a connection.
+    pub fn identities(&self) -> usize {
+        self.open.len()
+    }
+}
+
+/// One open connection counted in an [`IdentityConnections`] table,
+/// released when the connection is dropped.
+#[derive(Debug)]
+struct IdentitySlot {
+    table: Arc<Mutex<IdentityConnections>>,
+    principal: Principal,
+}
+
+impl Drop for IdentitySlot {
+    fn drop(&mut self) {
+        self.table
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .closed(&self.principal);
     }
 }
 
@@ -406,6 +489,8 @@ impl RemoteAddress for () {
 pub struct TlsConnection<IO> {
     stream: TlsStream<IO>,
     peer: PeerInfo,
+    /// Its place among its identity's connections (none until admitted).
+    _slot: Option<IdentitySlot>,
 }
 
 impl<IO> TlsConnection<IO> {
@@ -503,6 +588,7 @@ where
             remote_addr,
             principal,
         },
+        _slot: None,
     })
 }
 
@@ -521,6 +607,7 @@ pub struct TlsIncoming<I, IO> {
     handshake_timeout: Duration,
     pending: FuturesUnordered<PendingHandshake<IO>>,
     gate: HandshakeGate,
+    identities: Arc<Mutex<IdentityConnections>>,
 }
 
 impl<I, IO> TlsIncoming<I, IO> {
@@ -538,7 +625,15 @@ impl<I, IO> TlsIncoming<I, IO> {
             handshake_timeout,
             pending: FuturesUnordered::new(),
             gate: HandshakeGate::default(),
+            identities: Arc::default(),
         }
+    }
+
+    /// The same with at most `bound` connections per identity instead of
+    /// [`MAX_CONNECTIONS_PER_IDENTITY`].
+    pub fn with_connections_per_identity(mut self, bound: usize) -> Self {
+        self.identities = Arc::new(Mutex::new(IdentityConnections::with_bound(bound)));
+        self
     }
 }
 
@@ -594,8 +689,27 @@ where
             match Pin::new(&mut this.pending).poll_next(cx) {
                 Poll::Ready(Some((source, connection))) => {
                     this.gate.finished(source);
-                    if let Some(connection) = connection {
-                        return Poll::Ready(Some(Ok(connection)));
+                    if let Some(mut connection) = connection {
+                        let principal = connection.peer.principal.clone();
+                        let admitted = this
+                            .identities
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner)
+                            .open(&principal);
+                        if admitted {
+                            connection._slot = Some(IdentitySlot {
+                                table: this.identities.clone(),
+                                principal,
+                            });
+                            return Poll::Ready(Some(Ok(connection)));
+                        }
+                        HANDSHAKES
+                            .refused_per_identity
+                            .fetch_add(1, Ordering::Relaxed);
+                        tracing::debug!(
+                            %principal,
+                            "TLS connection refused: its identity holds its most connections"
+                        );
                     }
                     continue;
                 }
@@ -701,6 +815,16 @@ mod tests {
         dir: &Path,
         handshake_timeout: Duration,
     ) -> (String, TlsFiles, tokio::sync::mpsc::Receiver<PeerInfo>) {
+        listener_with(ca, dir, handshake_timeout, MAX_CONNECTIONS_PER_IDENTITY).await
+    }
+
+    /// [`listener`] allowing `per_identity` connections per identity.
+    async fn listener_with(
+        ca: &CertificateAuthority,
+        dir: &Path,
+        handshake_timeout: Duration,
+        per_identity: usize,
+    ) -> (String, TlsFiles, tokio::sync::mpsc::Receiver<PeerInfo>) {
         ca.write(dir, false).unwrap();
         let member = ca
             .issue_into(dir, &Principal::Member(1), &["127.0.0.1".into()])
@@ -714,7 +838,8 @@ mod tests {
             tonic::transport::server::TcpIncoming::from(tcp),
             config,
             handshake_timeout,
-        );
+        )
+        .with_connections_per_identity(per_identity);
         let (peers, accepted) = tokio::sync::mpsc::channel(8);
         tokio::spawn(async move {
             let mut open = Vec::new();
@@ -724,6 +849,29 @@ mod tests {
             }
         });
         (addr, files_for(dir, &operator), accepted)
+    }
+
+    /// A mutual-TLS connection to `addr` with `files`, kept open.
+    async fn tls_open(
+        addr: &str,
+        files: &TlsFiles,
+    ) -> io::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
+        let config = rustls::ClientConfig::builder_with_provider(crypto_provider())
+            .with_safe_default_protocol_versions()
+            .map_err(io::Error::other)?
+            .with_root_certificates(load_roots(&files.ca).map_err(io::Error::other)?)
+            .with_client_auth_cert(
+                load_certificates(&files.cert).map_err(io::Error::other)?,
+                load_private_key(&files.key).map_err(io::Error::other)?,
+            )
+            .map_err(io::Error::other)?;
+        let tcp = tokio::net::TcpStream::connect(addr).await?;
+        let name = rustls_pki_types::ServerName::try_from("127.0.0.1")
+            .map_err(io::Error::other)?
+            .to_owned();
+        tokio_rustls::TlsConnector::from(Arc::new(config))
+            .connect(name, tcp)
+            .await
     }
 
     async fn tls_connect(addr: &str, files: &TlsFiles) -> io::Result<()> {
@@ -776,6 +924,87 @@ mod tests {
         gate.finished(Some(IpAddr::from([10, 0, 0, 2])));
         gate.finished(None);
         assert_eq!((gate.pending(), gate.sources()), (0, 0));
+    }
+
+    #[test]
+    fn one_identity_holds_at_most_its_connections_and_gets_them_back() {
+        let mut table = IdentityConnections::with_bound(2);
+        let heavy = Principal::Operator("heavy".into());
+        let other = Principal::Operator("other".into());
+        assert!(table.open(&heavy) && table.open(&heavy));
+        assert!(!table.open(&heavy), "its third is refused");
+        assert!(table.open(&other), "another identity is not");
+        table.closed(&heavy);
+        assert!(table.open(&heavy), "a slot came back");
+        for _ in 0..2 {
+            table.closed(&heavy);
+        }
+        table.closed(&other);
+        assert_eq!(table.identities(), 0);
+    }
+
+    proptest::proptest! {
+        /// Any sequence of opens and closes keeps every identity within
+        /// the bound, and the table counts what is open, nothing more.
+        #[test]
+        fn identity_connections_stay_within_the_bound(
+            steps in proptest::collection::vec((0u8..3, proptest::bool::ANY), 0..200),
+        ) {
+            let bound = 3;
+            let mut table = IdentityConnections::with_bound(bound);
+            let mut model = [0usize; 3];
+            for (who, open) in steps {
+                let principal = Principal::Operator(format!("op{who}"));
+                let held = &mut model[usize::from(who)];
+                if open {
+                    let admitted = table.open(&principal);
+                    proptest::prop_assert_eq!(admitted, *held < bound);
+                    if admitted {
+                        *held += 1;
+                    }
+                } else if *held > 0 {
+                    table.closed(&principal);
+                    *held -= 1;
+                }
+                proptest::prop_assert_eq!(table.held_by(&principal), *held);
+            }
+            proptest::prop_assert_eq!(table.identities(), model.iter().filter(|h| **h > 0).count());
+        }
+    }
+
+    /// An identity holding its most connections gets its next one closed
+    /// right after the handshake (counted), while another identity is
+    /// served.
+    #[tokio::test]
+    async fn an_identity_beyond_its_connections_is_closed_and_others_are_served() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = CertificateAuthority::generate("test CA", 1).unwrap();
+        let (addr, operator, mut accepted) =
+            listener_with(&ca, dir.path(), Duration::from_secs(5), 2).await;
+        let other = Principal::Operator("other".into());
+        let other_files = ca.issue_into(dir.path(), &other, &[]).unwrap();
+        let refused_before = HANDSHAKES.refused_per_identity.load(Ordering::Relaxed);
+        let mut held = Vec::new();
+        for _ in 0..2 {
+            held.push(tls_open(&addr, &operator).await.unwrap());
+            let peer = tokio::time::timeout(Duration::from_secs(2), accepted.recv())
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(peer.principal, Principal::Operator("op".into()));
+        }
+        assert!(
+            tls_connect(&addr, &operator).await.is_err(),
+            "a third connection of the same identity was kept"
+        );
+        assert!(HANDSHAKES.refused_per_identity.load(Ordering::Relaxed) > refused_before);
+        tls_connect(&addr, &other_files).await.unwrap();
+        let peer = tokio::time::timeout(Duration::from_secs(2), accepted.recv())
+            .await
+            .expect("another identity is served")
+            .unwrap();
+        assert_eq!(peer.principal, other);
+        drop(held);
     }
 
     #[test]
@@ -876,7 +1105,10 @@ mod tests {
                 stalled.push(stream);
             }
         }
-        assert!(stalled.len() > MAX_PENDING_HANDSHAKES, "more than the listener holds");
+        assert!(
+            stalled.len() > MAX_PENDING_HANDSHAKES,
+            "more than the listener holds"
+        );
         let started = std::time::Instant::now();
         let timed_out_before = HANDSHAKES.timed_out.load(Ordering::Relaxed);
         loop {
