@@ -875,22 +875,7 @@ mod tests {
     }
 
     async fn tls_connect(addr: &str, files: &TlsFiles) -> io::Result<()> {
-        let config = rustls::ClientConfig::builder_with_provider(crypto_provider())
-            .with_safe_default_protocol_versions()
-            .map_err(io::Error::other)?
-            .with_root_certificates(load_roots(&files.ca).map_err(io::Error::other)?)
-            .with_client_auth_cert(
-                load_certificates(&files.cert).map_err(io::Error::other)?,
-                load_private_key(&files.key).map_err(io::Error::other)?,
-            )
-            .map_err(io::Error::other)?;
-        let tcp = tokio::net::TcpStream::connect(addr).await?;
-        let name = rustls_pki_types::ServerName::try_from("127.0.0.1")
-            .map_err(io::Error::other)?
-            .to_owned();
-        let mut tls = tokio_rustls::TlsConnector::from(Arc::new(config))
-            .connect(name, tcp)
-            .await?;
+        let mut tls = tls_open(addr, files).await?;
         // TLS 1.3 servers verify the client's certificate after the client
         // considers the handshake done: read once to see a refusal.
         let mut buf = [0u8; 1];

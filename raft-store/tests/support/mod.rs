@@ -20,15 +20,7 @@ pub fn log_id(term: u64, index: u64) -> LogId {
 
 /// A membership entry of voters {1, 2, 3}.
 pub fn membership_entry(term: u64, index: u64) -> Entry {
-    let voters: BTreeSet<u64> = [1, 2, 3].into_iter().collect();
-    let nodes: BTreeMap<u64, openraft::BasicNode> = voters
-        .iter()
-        .map(|id| (*id, openraft::BasicNode::new(format!("node-{id}:7000"))))
-        .collect();
-    Entry {
-        log_id: log_id(term, index),
-        payload: EntryPayload::Membership(Membership::new(vec![voters], nodes)),
-    }
+    membership_of(term, index, &[1, 2, 3])
 }
 
 /// A membership entry of exactly `voters`, no learners.
