@@ -36,6 +36,7 @@ pub mod policy;
 pub mod pool;
 pub mod predictive_sizer;
 pub mod principal;
+pub mod rls;
 pub mod shadow;
 pub mod sizer;
 pub mod static_partition;
