@@ -242,10 +242,21 @@ async fn hostile_peers_among_the_usual_faults_keep_every_invariant() {
         .and_then(|n| n.parse().ok())
         .expect("refusal count");
     assert!(refused_flood > 0, "{flood}");
-    // The legitimate clients were admitted after the last heal.
-    let healed = history.healed_at_ms.expect("healed");
+    // The legitimate clients were admitted on both sides of the faults
+    // (liveness after the last heal is the `liveness` invariant's).
+    let legitimate = |a: &&leasehold_chaos::history::Admission| {
+        a.client < leasehold_chaos::history::HOSTILE_CLIENT_BASE
+    };
+    let first_fault = outcome.load_start_ms + 500;
     assert!(history
         .admissions
         .iter()
-        .any(|a| a.at_ms > healed && a.client < leasehold_chaos::history::HOSTILE_CLIENT_BASE));
+        .filter(legitimate)
+        .any(|a| a.at_ms < first_fault));
+    let restarted = outcome.load_start_ms + 5_500;
+    assert!(history
+        .admissions
+        .iter()
+        .filter(legitimate)
+        .any(|a| a.at_ms > restarted));
 }

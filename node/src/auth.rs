@@ -195,6 +195,26 @@ pub struct RaftPeers {
     pub retired: BTreeSet<u64>,
 }
 
+impl RaftPeers {
+    /// The peers of a member whose Raft shows `members` (empty: none yet),
+    /// told to join `joining`, with `retired` ids recorded — or `None` while
+    /// it is still loading a log it has (`has_log` and no membership shown
+    /// yet): then its join list must not stand in for the membership its
+    /// log holds, and nothing is accepted until Raft has loaded it.
+    pub fn current(
+        members: BTreeSet<u64>,
+        joining: BTreeSet<u64>,
+        retired: BTreeSet<u64>,
+        has_log: bool,
+    ) -> Option<RaftPeers> {
+        (!(members.is_empty() && has_log)).then_some(RaftPeers {
+            members,
+            joining,
+            retired,
+        })
+    }
+}
+
 /// May a Raft message claiming to come from member `claimed_sender` be
 /// accepted from `caller`, given the receiving member's `peers`?
 ///
@@ -609,6 +629,21 @@ mod tests {
             authorize_raft_sender(None, 99, &untold).is_ok(),
             "plaintext without a join list hears anyone"
         );
+    }
+
+    #[test]
+    fn a_member_loading_its_log_hears_nobody_not_even_its_join_list() {
+        let set = |ids: &[u64]| ids.iter().copied().collect::<BTreeSet<u64>>();
+        assert_eq!(
+            RaftPeers::current(set(&[]), set(&[1, 2, 3]), set(&[]), true),
+            None,
+            "a restarted member before Raft shows its membership"
+        );
+        let fresh = RaftPeers::current(set(&[]), set(&[1, 2, 3]), set(&[]), false).unwrap();
+        assert!(authorize_raft_sender(Some(&Principal::Member(2)), 2, &fresh).is_ok());
+        let loaded = RaftPeers::current(set(&[1, 3, 4]), set(&[1, 2, 3]), set(&[2]), true).unwrap();
+        assert!(authorize_raft_sender(Some(&Principal::Member(2)), 2, &loaded).is_err());
+        assert!(authorize_raft_sender(Some(&Principal::Member(4)), 4, &loaded).is_ok());
     }
 
     #[test]

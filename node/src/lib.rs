@@ -53,6 +53,7 @@ pub mod metrics_http;
 pub mod monitor;
 pub mod net;
 pub mod policy_file;
+pub mod ratelimit_file;
 pub mod reflection;
 pub mod telemetry;
 pub mod tls;

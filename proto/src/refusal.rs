@@ -110,6 +110,9 @@ reasons! {
     SteppingDown = "STEPPING_DOWN", Unavailable;
     /// The server is stopping (Raft stopped, a watch ended, an actor left).
     ShuttingDown = "SHUTTING_DOWN", Unavailable;
+    /// A member that has a log is still loading it: it cannot yet tell
+    /// who may send it Raft messages. Retry shortly.
+    Starting = "STARTING", Unavailable;
     /// An escrow node could not reach the coordinator for a call that
     /// needs it and the key's outage policy does not apply.
     CoordinatorUnavailable = "COORDINATOR_UNAVAILABLE", Unavailable;

@@ -200,8 +200,8 @@ pub fn scenarios() -> Vec<ProcessScenario> {
         // Hostile peers on mutual TLS, interleaved with the usual faults:
         // stalled handshakes and a holder flood all along; forged Raft
         // messages at a joining member and at the cluster before and after
-        // a member is retired (then from its certificate too), and after a
-        // leader kill; a step-down at the end.
+        // a member is retired (then from its certificate too), at a member
+        // restarting after a leader kill; a step-down at the end.
         ProcessScenario {
             name: "hostile_peers",
             escrow_regions: vec![0, 1],
@@ -217,8 +217,9 @@ pub fn scenarios() -> Vec<ProcessScenario> {
                 (secs(3.5), ForgeRaft),
                 (secs(4.5), Kill(0)),
                 (secs(5.5), Restart),
-                (secs(6.0), ForgeRaft),
-                (secs(7.0), StepDown),
+                // At once: the restarted member is still loading its log.
+                (secs(5.5), ForgeRaft),
+                (secs(6.0), StepDown),
             ],
             tls: true,
         },

@@ -104,6 +104,17 @@ where
     let limits = config.server_limits();
     let (log_store, state_machine) = stores;
     let state = state_machine.reader();
+    // Whether this member has a log: then, until Raft has loaded it, an
+    // empty membership is no invitation to hear its join list.
+    let has_log = {
+        use openraft::storage::RaftLogStorage;
+        let log_state = log_store
+            .clone()
+            .get_log_state()
+            .await
+            .map_err(|e| NodeError::Raft(e.to_string()))?;
+        log_state.last_log_id.is_some() || log_state.last_purged_log_id.is_some()
+    };
     let log_flush_latency = log_store.flush_latency();
     let network = PeerNetwork::new(config.id, dialer).with_max_message_bytes(peer_message_limit);
     let raft = Raft::new(config.id, raft_config, network, log_store, state_machine)
@@ -118,6 +129,7 @@ where
         raft.clone(),
         state.clone(),
         config.join_members.iter().copied().collect(),
+        has_log,
         metrics.auth.clone(),
     );
     let incoming = split_framed(

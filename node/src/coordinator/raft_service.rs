@@ -42,6 +42,9 @@ pub struct RaftService {
     state: StateReader,
     /// The members this member was told to join (`join_members`).
     joining: Arc<BTreeSet<NodeId>>,
+    /// Whether this member's store held a log when it started: then an
+    /// empty membership means its log is not loaded yet, never "not joined".
+    has_log: bool,
     refusals: Arc<AuthRefusals>,
 }
 
@@ -70,17 +73,20 @@ impl RaftMessage {
 impl RaftService {
     /// The handler of `raft`'s peer messages, whose applied state is
     /// `state`, told to join the cluster of `joining` (see
-    /// [`RaftPeers`]); refused senders are counted in `refusals`.
+    /// [`RaftPeers`]); `has_log`: its store held a log entry when it
+    /// started. Refused senders are counted in `refusals`.
     pub fn new(
         raft: Raft,
         state: StateReader,
         joining: BTreeSet<NodeId>,
+        has_log: bool,
         refusals: Arc<AuthRefusals>,
     ) -> Self {
         Self {
             raft,
             state,
             joining: Arc::new(joining),
+            has_log,
             refusals,
         }
     }
@@ -95,9 +101,11 @@ impl RaftService {
 
     /// Whose messages this member accepts now: its current membership
     /// (voters and learners; empty while it has none), the members it was
-    /// told to join, and the ids retired from the cluster.
-    fn peers(&self) -> RaftPeers {
-        let members = {
+    /// told to join, and the ids retired from the cluster. A member that
+    /// started with a log and shows no membership yet is still loading it:
+    /// `STARTING` (its join list must not stand in for a membership it has).
+    fn peers(&self) -> Result<RaftPeers, Status> {
+        let members: BTreeSet<NodeId> = {
             let metrics = self.raft.metrics();
             let metrics = metrics.borrow();
             metrics
@@ -107,11 +115,18 @@ impl RaftService {
                 .map(|(id, _)| *id)
                 .collect()
         };
-        RaftPeers {
+        RaftPeers::current(
             members,
-            joining: (*self.joining).clone(),
-            retired: self.state.retired_members(),
-        }
+            (*self.joining).clone(),
+            self.state.retired_members(),
+            self.has_log,
+        )
+        .ok_or_else(|| {
+            refusal(
+                Reason::Starting,
+                "this member is still loading its log; retry shortly",
+            )
+        })
     }
 
     /// Decodes the message and admits it only from its claimed sender, and
@@ -126,7 +141,8 @@ impl RaftService {
         let rpc: T = decode(data)?;
         let vote = vote(&rpc);
         let claimed = vote.leader_id.node_id;
-        authorize_raft_sender(peer.map(|p| &p.principal), claimed, &self.peers())
+        let peers = self.peers()?;
+        authorize_raft_sender(peer.map(|p| &p.principal), claimed, &peers)
             .map_err(|refusal| self.refusals.refuse(peer, what, refusal))?;
         let current = self.raft.metrics().borrow().current_term;
         if !term_in_range(current, vote.leader_id.term) {
@@ -149,13 +165,14 @@ impl RaftService {
     /// logged like a refused call.
     pub fn admit_framed_connection(&self, peer: Option<&PeerInfo>) -> Result<(), Status> {
         let principal = peer.map(|p| &p.principal);
+        let peers = self.peers()?;
         authorize_call(
             "/leasehold.v1.Raft/AppendEntries",
             principal,
             &Scope::Coordinator,
         )
         .and_then(|()| match principal {
-            Some(Principal::Member(id)) => authorize_raft_sender(principal, *id, &self.peers()),
+            Some(Principal::Member(id)) => authorize_raft_sender(principal, *id, &peers),
             _ => Ok(()),
         })
         .map_err(|refusal| self.refusals.refuse(peer, "Raft (framed)", refusal))
@@ -258,6 +275,92 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+
+    /// A member restarted on a log whose membership is {1}, told to join
+    /// {1, 2}: before its Raft has loaded the log (the core has not run yet
+    /// on this single-threaded runtime), a message from member 2 is refused
+    /// `STARTING` — the join list does not stand in for the membership the
+    /// log holds — and once it has, `NOT_A_MEMBER`.
+    #[tokio::test]
+    async fn a_restarted_member_hears_nobody_until_its_log_is_loaded() {
+        use std::collections::BTreeMap;
+        use std::time::Duration;
+
+        use leasehold_client::transport::TcpDialer;
+        use leasehold_raft_store::{open_with_engine, PowerLossDisk};
+        use openraft::storage::RaftLogStorage;
+        use openraft::BasicNode;
+
+        use super::super::network::PeerNetwork;
+
+        let config = Arc::new(openraft::Config::default().validate().unwrap());
+        let network = || PeerNetwork::new(1, Arc::new(TcpDialer::default()));
+        let disk = PowerLossDisk::new();
+        {
+            let (log, state_machine) = open_with_engine(disk.open_engine()).unwrap();
+            let raft = Raft::new(1, config.clone(), network(), log, state_machine)
+                .await
+                .unwrap();
+            raft.initialize(BTreeMap::from([(1, BasicNode::new("127.0.0.1:1"))]))
+                .await
+                .unwrap();
+            raft.wait(Some(Duration::from_secs(10)))
+                .current_leader(1, "elected")
+                .await
+                .unwrap();
+            raft.shutdown().await.unwrap();
+        }
+        let (log, state_machine) = open_with_engine(disk.open_engine()).unwrap();
+        let has_log = log
+            .clone()
+            .get_log_state()
+            .await
+            .unwrap()
+            .last_log_id
+            .is_some();
+        assert!(has_log);
+        let state = state_machine.reader();
+        let raft = Raft::new(1, config, network(), log, state_machine)
+            .await
+            .unwrap();
+        let service = RaftService::new(raft.clone(), state, [1, 2].into(), has_log, Arc::default());
+        let peer = PeerInfo {
+            remote_addr: None,
+            principal: Principal::Member(2),
+        };
+        let forged = postcard::to_allocvec(&AppendEntriesRequest {
+            vote: openraft::Vote::new_committed(2, 2),
+            prev_log_id: None,
+            entries: Vec::new(),
+            leader_commit: None,
+        })
+        .unwrap();
+        let reason = |result: Result<Vec<u8>, Status>| {
+            let status = result.expect_err("refused");
+            status
+                .metadata()
+                .get("leasehold-reason")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_string()
+        };
+        let early = service
+            .handle(RaftMessage::AppendEntries, &forged, Some(&peer))
+            .await;
+        assert_eq!(reason(early), "STARTING");
+        raft.wait(Some(Duration::from_secs(10)))
+            .metrics(
+                |m| m.membership_config.membership().nodes().next().is_some(),
+                "log loaded",
+            )
+            .await
+            .unwrap();
+        let loaded = service
+            .handle(RaftMessage::AppendEntries, &forged, Some(&peer))
+            .await;
+        assert_eq!(reason(loaded), "NOT_A_MEMBER");
+        raft.shutdown().await.unwrap();
+    }
 
     #[test]
     fn terms_at_the_edges() {
