@@ -31,14 +31,16 @@ pub enum PolicyCommand {
     List(ListArgs),
     /// Remove the policy with exactly this prefix.
     Delete(DeleteArgs),
-    /// Set every policy of a policy file (checked first; nothing is set if any entry is wrong).
+    /// Set every policy of a policy file or rate limit configuration (checked first; nothing is set if any entry is wrong).
     Apply(ApplyArgs),
 }
 
 /// Options of `policy apply`.
 #[derive(Debug, Clone, Args)]
 pub struct ApplyArgs {
-    /// The policy file (`[[policy]]` tables; see deploy/config/policies.example.toml).
+    /// The policy file (`[[policy]]` tables; see deploy/config/policies.example.toml),
+    /// or an `envoyproxy/ratelimit` configuration (`.yaml`/`.yml`: the
+    /// policies its rules stand for; see docs/envoy.md).
     #[arg(value_name = "FILE")]
     pub file: PathBuf,
     /// Where to connect and how to print.
@@ -176,8 +178,13 @@ pub async fn run(args: PolicyArgs) -> Result<(), CliError> {
             );
         }
         PolicyCommand::Apply(args) => {
+            let ratelimit = crate::ratelimit_file::is_ratelimit_file(&args.file);
             let options = CheckOptions {
-                kind: Some(FileKind::Policies),
+                kind: Some(if ratelimit {
+                    FileKind::Ratelimit
+                } else {
+                    FileKind::Policies
+                }),
                 skip_files: true,
             };
             let report = check_file(&args.file, options);
@@ -189,12 +196,23 @@ pub async fn run(args: PolicyArgs) -> Result<(), CliError> {
                     report.errors()
                 )));
             }
-            let policies = PolicyFile::load(&args.file)
-                .map_err(CliError::Usage)?
-                .to_wire()
-                .map_err(|problems| {
-                    CliError::Usage(format!("{} problem(s) in the file", problems.len()))
-                })?;
+            let policies = if ratelimit {
+                crate::ratelimit_file::load(&args.file)
+                    .map_err(|problems| {
+                        CliError::Usage(format!("{} problem(s) in the file", problems.len()))
+                    })?
+                    .policies()
+                    .iter()
+                    .map(pb::Policy::from)
+                    .collect::<Vec<_>>()
+            } else {
+                PolicyFile::load(&args.file)
+                    .map_err(CliError::Usage)?
+                    .to_wire()
+                    .map_err(|problems| {
+                        CliError::Usage(format!("{} problem(s) in the file", problems.len()))
+                    })?
+            };
             let admin = args.client.client()?.admin();
             for policy in &policies {
                 admin.set_policy(policy.clone()).await?;

@@ -8,11 +8,14 @@
 //!   [`EscrowFile`](crate::escrow::config_file::EscrowFile)).
 //! - [`policies`]: a policy file (`leasehold policy apply`,
 //!   [`PolicyFile`](crate::policy_file::PolicyFile)).
+//! - a rate limit configuration in the format of `envoyproxy/ratelimit`
+//!   (YAML; `leasehold policy apply`, [`crate::ratelimit_file`]).
 //! - [`locate`]: the line a field is written on.
 //!
-//! Which kind a file is: `--kind`, or else its content — a `[[policy]]`
-//! table makes a policy file, a `region` or `coordinators` key an escrow
-//! config, anything else a member config. A file is read once; the checks
+//! Which kind a file is: `--kind`, or else its name and content — a
+//! `.yaml` or `.yml` file is a rate limit configuration; in TOML a
+//! `[[policy]]` table makes a policy file, a `region` or `coordinators` key
+//! an escrow config, anything else a member config. A file is read once; the checks
 //! are pure functions of its text (property-tested: no input panics).
 //! Files the config names (TLS material) are looked for on this host unless
 //! `--skip-files` (checking a config meant for another host).
@@ -40,6 +43,8 @@ pub enum FileKind {
     Escrow,
     /// A policy file (`leasehold policy apply`).
     Policies,
+    /// A rate limit configuration of `envoyproxy/ratelimit` (YAML).
+    Ratelimit,
 }
 
 impl fmt::Display for FileKind {
@@ -48,6 +53,7 @@ impl fmt::Display for FileKind {
             FileKind::Member => "member config",
             FileKind::Escrow => "escrow config",
             FileKind::Policies => "policy file",
+            FileKind::Ratelimit => "rate limit configuration",
         })
     }
 }
@@ -261,6 +267,31 @@ pub fn check_text(
         skip: options.skip_files,
         problem: file_problem,
     };
+    let ratelimit = match options.kind {
+        Some(kind) => kind == FileKind::Ratelimit,
+        None => crate::ratelimit_file::is_ratelimit_file(path),
+    };
+    if ratelimit {
+        let findings = match crate::ratelimit_file::parse(text) {
+            Ok(_) => Vec::new(),
+            Err(problems) => problems
+                .into_iter()
+                .map(|p| Finding {
+                    file: path.to_path_buf(),
+                    field: p.field,
+                    line: (p.line > 0).then_some(p.line),
+                    severity: Severity::Error,
+                    problem: p.problem,
+                    fix: p.fix,
+                })
+                .collect(),
+        };
+        return FileReport {
+            file: path.to_path_buf(),
+            kind: Some(FileKind::Ratelimit),
+            findings,
+        };
+    }
     let (kind, problems) = match toml::from_str::<toml::Table>(text) {
         Err(e) => {
             let kind = options.kind;
@@ -288,6 +319,7 @@ pub fn check_text(
                 FileKind::Member => member::check(&table, &files),
                 FileKind::Escrow => escrow::check(&table, &files),
                 FileKind::Policies => policies::check(&table),
+                FileKind::Ratelimit => Vec::new(),
             };
             (kind, problems)
         }

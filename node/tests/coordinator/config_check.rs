@@ -139,3 +139,93 @@ async fn a_policy_file_is_applied_only_when_it_has_no_problem() -> Result<()> {
     );
     Ok(())
 }
+
+/// An `envoyproxy/ratelimit` configuration (YAML) is checked with every
+/// problem at its line, and `policy apply` sets the policies its rules
+/// stand for — one per limited rule, under the rule's prefix — only when it
+/// has no problem.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ratelimit_configuration_is_checked_and_applied_as_policies() -> Result<()> {
+    let example = deploy("ratelimit.example.yaml");
+    let ok = leasehold(&["config", "check", &example])?;
+    ensure!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stdout)
+    );
+    ensure!(String::from_utf8(ok.stdout)?.contains("rate limit configuration"));
+
+    let dir = tempfile::tempdir()?;
+    let bad = dir.path().join("bad.yaml");
+    std::fs::write(
+        &bad,
+        "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: week\n      requests_per_unit: 5\n  - key: b\n    quota_mode: true\n",
+    )?;
+    let bad = bad.display().to_string();
+    let refused = leasehold(&["config", "check", &bad])?;
+    ensure!(!refused.status.success());
+    let text = String::from_utf8(refused.stdout)?;
+    ensure!(
+        text.contains("bad.yaml:5")
+            && text.contains("week")
+            && text.contains("bad.yaml:8")
+            && text.contains("quota_mode"),
+        "{text}"
+    );
+
+    let cluster = Cluster::start_initialised(1, |_| {}).await?;
+    let addr = cluster.addr(1);
+    let not_applied = tokio::task::spawn_blocking({
+        let addr = addr.clone();
+        move || leasehold(&["policy", "apply", &bad, "-e", &addr])
+    })
+    .await??;
+    ensure!(!not_applied.status.success());
+    let admin = cluster.client()?.admin();
+    ensure!(
+        admin.list_policies().await?.is_empty(),
+        "a bad file sets nothing"
+    );
+    let applied =
+        tokio::task::spawn_blocking(move || leasehold(&["policy", "apply", &example, "-e", &addr]))
+            .await??;
+    ensure!(
+        applied.status.success(),
+        "{}",
+        String::from_utf8_lossy(&applied.stderr)
+    );
+    let mut policies: Vec<(String, u64, u64, bool)> = admin
+        .list_policies()
+        .await?
+        .into_iter()
+        .map(|p| (p.prefix, p.limit, p.window_ms, p.shadow))
+        .collect();
+    policies.sort();
+    let day = 86_400_000;
+    ensure!(
+        policies
+            == [
+                (
+                    "rls:messaging/message_type=marketing/to_number/".to_string(),
+                    5,
+                    day,
+                    false
+                ),
+                (
+                    "rls:messaging/remote_address/".to_string(),
+                    10,
+                    1_000,
+                    false
+                ),
+                (
+                    "rls:messaging/remote_address=10.1.*/".to_string(),
+                    2,
+                    1_000,
+                    true
+                ),
+                ("rls:messaging/to_number/".to_string(), 100, day, false),
+            ],
+        "{policies:?}"
+    );
+    Ok(())
+}
