@@ -570,6 +570,48 @@ mod tests {
     }
 
     #[test]
+    fn keys_are_hashed_exactly_beyond_the_key_limit() {
+        // The longest rule prefix still leaves room for `|#` and the hash.
+        assert_eq!(MAX_RULE_PREFIX_BYTES + "|#".len() + 16, MAX_KEY_BYTES);
+        let longest = format!("rls:{}/", "p".repeat(MAX_RULE_PREFIX_BYTES - 5));
+        assert_eq!(longest.len(), MAX_RULE_PREFIX_BYTES);
+        assert_eq!(
+            budget_key(&longest, &[("k", &"v".repeat(300))]).len(),
+            MAX_KEY_BYTES
+        );
+        // A key of exactly the limit keeps its values; one byte more is hashed.
+        let prefix = "rls:d/k/";
+        let fits = "v".repeat(MAX_KEY_BYTES - prefix.len() - 1);
+        let key = budget_key(prefix, &[("k", &fits)]);
+        assert_eq!(key, format!("{prefix}|{fits}"));
+        assert_eq!(key.len(), MAX_KEY_BYTES);
+        let over = format!("{fits}v");
+        assert!(budget_key(prefix, &[("k", &over)]).starts_with("rls:d/k/|#"));
+    }
+
+    #[test]
+    fn values_of_several_entries_are_kept_apart() {
+        let prefix = "rls:d/a/b/";
+        assert_eq!(
+            budget_key(prefix, &[("a", "x"), ("b", "yz")]),
+            "rls:d/a/b/|x/yz"
+        );
+        assert_ne!(
+            budget_key(prefix, &[("a", "x"), ("b", "yz")]),
+            budget_key(prefix, &[("a", "xy"), ("b", "z")])
+        );
+    }
+
+    #[test]
+    fn the_hash_is_fnv_1a_64() {
+        // Published test vectors: keys hashed by one release are the same
+        // budgets in the next.
+        assert_eq!(fnv1a64(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a64(b"a"), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(fnv1a64(b"foobar"), 0x8594_4171_f739_67e8);
+    }
+
+    #[test]
     fn units_name_their_windows() {
         for unit in Unit::ALL {
             assert_eq!(Unit::parse(unit.name()), Some(unit));
