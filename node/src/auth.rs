@@ -181,6 +181,54 @@ pub fn authorize_region(caller: &Principal, region: &str) -> Result<(), Refusal>
     }
 }
 
+/// How much of a shared table each caller identity holds (an escrow node's
+/// keys, a TLS listener's connections), against one bound (pure).
+/// `Anonymous` (a plaintext listener's callers, who share no identity) is
+/// not counted.
+#[derive(Debug, Default)]
+pub struct IdentityQuota {
+    counts: HashMap<Principal, usize>,
+}
+
+impl IdentityQuota {
+    /// Counts one more of `who` unless it already holds `max`: whether it
+    /// may.
+    pub fn take(&mut self, who: &Principal, max: usize) -> bool {
+        if *who == Principal::Anonymous {
+            return true;
+        }
+        let count = self.counts.entry(who.clone()).or_default();
+        if *count >= max {
+            if *count == 0 {
+                self.counts.remove(who);
+            }
+            return false;
+        }
+        *count += 1;
+        true
+    }
+
+    /// One of `who`'s is gone.
+    pub fn give_back(&mut self, who: &Principal) {
+        if let Some(count) = self.counts.get_mut(who) {
+            *count -= 1;
+            if *count == 0 {
+                self.counts.remove(who);
+            }
+        }
+    }
+
+    /// How many `who` holds.
+    pub fn of(&self, who: &Principal) -> usize {
+        self.counts.get(who).copied().unwrap_or(0)
+    }
+
+    /// Identities holding any.
+    pub fn identities(&self) -> usize {
+        self.counts.len()
+    }
+}
+
 /// Whose Raft messages a member may accept: its current membership, the
 /// members it was told to join while it has none, and every id retired
 /// from the cluster.
@@ -709,6 +757,38 @@ mod tests {
             let admin = format!("/leasehold.v1.Admin/{method}");
             let allowed = authorize_call(&admin, Some(&who), &Scope::Coordinator).is_ok();
             prop_assert_eq!(allowed, matches!(who, Principal::Operator(_)));
+        }
+
+        /// Any sequence of takes and give-backs keeps every identity within
+        /// the bound and counts what is held, nothing more; `Anonymous` is
+        /// never counted (an escrow node's keys, a listener's connections).
+        #[test]
+        fn identity_quota_stays_within_the_bound(
+            steps in proptest::collection::vec((0u8..4, any::<bool>()), 0..200),
+        ) {
+            let bound = 3;
+            let mut quota = IdentityQuota::default();
+            let mut model = [0usize; 4];
+            for (who, take) in steps {
+                let principal = match who {
+                    3 => Principal::Anonymous,
+                    n => Principal::Operator(format!("op{n}")),
+                };
+                let counted = who != 3;
+                let held = &mut model[usize::from(who)];
+                if take {
+                    let taken = quota.take(&principal, bound);
+                    prop_assert_eq!(taken, !counted || *held < bound);
+                    if taken && counted {
+                        *held += 1;
+                    }
+                } else if *held > 0 {
+                    quota.give_back(&principal);
+                    *held -= 1;
+                }
+                prop_assert_eq!(quota.of(&principal), *held);
+            }
+            prop_assert_eq!(quota.identities(), model.iter().filter(|h| **h > 0).count());
         }
 
         /// A Raft message over TLS passes only when the certificate's member

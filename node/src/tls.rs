@@ -48,7 +48,7 @@ use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 use tonic::transport::server::{Connected, TcpConnectInfo};
 
-use crate::auth::PeerInfo;
+use crate::auth::{IdentityQuota, PeerInfo};
 
 /// A connection that has not finished its handshake by then is closed.
 pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -158,66 +158,11 @@ impl HandshakeGate {
     }
 }
 
-/// The connections each identity holds open on one listener (pure; see
-/// [`MAX_CONNECTIONS_PER_IDENTITY`]).
-#[derive(Debug)]
-pub struct IdentityConnections {
-    open: HashMap<Principal, usize>,
-    bound: usize,
-}
-
-impl Default for IdentityConnections {
-    fn default() -> Self {
-        Self::with_bound(MAX_CONNECTIONS_PER_IDENTITY)
-    }
-}
-
-impl IdentityConnections {
-    /// A table allowing `bound` connections per identity.
-    pub fn with_bound(bound: usize) -> Self {
-        Self {
-            open: HashMap::new(),
-            bound,
-        }
-    }
-
-    /// A new connection of `principal`: counted and `true`, or `false`
-    /// when it already holds its bound (close the new one).
-    pub fn open(&mut self, principal: &Principal) -> bool {
-        let held = self.open.entry(principal.clone()).or_default();
-        if *held >= self.bound {
-            return false;
-        }
-        *held += 1;
-        true
-    }
-
-    /// A connection of `principal` closed.
-    pub fn closed(&mut self, principal: &Principal) {
-        if let Some(held) = self.open.get_mut(principal) {
-            *held -= 1;
-            if *held == 0 {
-                self.open.remove(principal);
-            }
-        }
-    }
-
-    /// Connections `principal` holds open.
-    pub fn held_by(&self, principal: &Principal) -> usize {
-        self.open.get(principal).copied().unwrap_or(0)
-    }
-
-    /// Identities holding a connection.
-    pub fn identities(&self) -> usize {
-        self.open.len()
-    }
-}
-
-/// One open connection counted in an [`IdentityConnections`] table,
-/// released when the connection is dropped.
+/// One open connection counted among its identity's connections of a
+/// listener, given back when the connection is dropped.
 #[derive(Debug)]
 struct IdentitySlot {
-    table: Arc<Mutex<IdentityConnections>>,
+    table: Arc<Mutex<IdentityQuota>>,
     principal: Principal,
 }
 
@@ -226,7 +171,7 @@ impl Drop for IdentitySlot {
         self.table
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .closed(&self.principal);
+            .give_back(&self.principal);
     }
 }
 
@@ -607,7 +552,9 @@ pub struct TlsIncoming<I, IO> {
     handshake_timeout: Duration,
     pending: FuturesUnordered<PendingHandshake<IO>>,
     gate: HandshakeGate,
-    identities: Arc<Mutex<IdentityConnections>>,
+    /// Connections open per identity, and how many one may hold.
+    identities: Arc<Mutex<IdentityQuota>>,
+    per_identity: usize,
 }
 
 impl<I, IO> TlsIncoming<I, IO> {
@@ -626,13 +573,14 @@ impl<I, IO> TlsIncoming<I, IO> {
             pending: FuturesUnordered::new(),
             gate: HandshakeGate::default(),
             identities: Arc::default(),
+            per_identity: MAX_CONNECTIONS_PER_IDENTITY,
         }
     }
 
     /// The same with at most `bound` connections per identity instead of
     /// [`MAX_CONNECTIONS_PER_IDENTITY`].
     pub fn with_connections_per_identity(mut self, bound: usize) -> Self {
-        self.identities = Arc::new(Mutex::new(IdentityConnections::with_bound(bound)));
+        self.per_identity = bound;
         self
     }
 }
@@ -695,7 +643,7 @@ where
                             .identities
                             .lock()
                             .unwrap_or_else(std::sync::PoisonError::into_inner)
-                            .open(&principal);
+                            .take(&principal, this.per_identity);
                         if admitted {
                             connection._slot = Some(IdentitySlot {
                                 table: this.identities.clone(),
@@ -909,52 +857,6 @@ mod tests {
         gate.finished(Some(IpAddr::from([10, 0, 0, 2])));
         gate.finished(None);
         assert_eq!((gate.pending(), gate.sources()), (0, 0));
-    }
-
-    #[test]
-    fn one_identity_holds_at_most_its_connections_and_gets_them_back() {
-        let mut table = IdentityConnections::with_bound(2);
-        let heavy = Principal::Operator("heavy".into());
-        let other = Principal::Operator("other".into());
-        assert!(table.open(&heavy) && table.open(&heavy));
-        assert!(!table.open(&heavy), "its third is refused");
-        assert!(table.open(&other), "another identity is not");
-        table.closed(&heavy);
-        assert!(table.open(&heavy), "a slot came back");
-        for _ in 0..2 {
-            table.closed(&heavy);
-        }
-        table.closed(&other);
-        assert_eq!(table.identities(), 0);
-    }
-
-    proptest::proptest! {
-        /// Any sequence of opens and closes keeps every identity within
-        /// the bound, and the table counts what is open, nothing more.
-        #[test]
-        fn identity_connections_stay_within_the_bound(
-            steps in proptest::collection::vec((0u8..3, proptest::bool::ANY), 0..200),
-        ) {
-            let bound = 3;
-            let mut table = IdentityConnections::with_bound(bound);
-            let mut model = [0usize; 3];
-            for (who, open) in steps {
-                let principal = Principal::Operator(format!("op{who}"));
-                let held = &mut model[usize::from(who)];
-                if open {
-                    let admitted = table.open(&principal);
-                    proptest::prop_assert_eq!(admitted, *held < bound);
-                    if admitted {
-                        *held += 1;
-                    }
-                } else if *held > 0 {
-                    table.closed(&principal);
-                    *held -= 1;
-                }
-                proptest::prop_assert_eq!(table.held_by(&principal), *held);
-            }
-            proptest::prop_assert_eq!(table.identities(), model.iter().filter(|h| **h > 0).count());
-        }
     }
 
     /// An identity holding its most connections gets its next one closed

@@ -4,7 +4,7 @@
 //! idle actors hand their credits back and leave the table after
 //! `idle_evict_ms`, making room. A key counts against the caller identity
 //! whose request created it, and one identity creates at most
-//! `max_keys_per_identity` of them ([`IdentityQuota`]): one service that
+//! `max_keys_per_identity` of them ([`crate::auth::IdentityQuota`]): one service that
 //! floods the node with keys is refused alone.
 
 use std::collections::HashMap;
@@ -17,6 +17,7 @@ use tonic::Status;
 
 use super::actor::{KeyHandle, KeyRequest, KeyView};
 use super::shared::EscrowShared;
+use crate::auth::IdentityQuota;
 
 /// The key actors of one escrow node.
 #[derive(Debug)]
@@ -33,48 +34,6 @@ pub struct KeyTable {
 struct Actors {
     handles: HashMap<String, (KeyHandle, Principal)>,
     created: IdentityQuota,
-}
-
-/// How many keys each caller identity created, against one bound (pure).
-/// `Anonymous` (a plaintext listener's callers, who share no identity) is
-/// not counted.
-#[derive(Debug, Default)]
-pub struct IdentityQuota {
-    counts: HashMap<Principal, usize>,
-}
-
-impl IdentityQuota {
-    /// Counts one more key of `who` unless it already has `max`: whether
-    /// it may.
-    pub fn take(&mut self, who: &Principal, max: usize) -> bool {
-        if *who == Principal::Anonymous {
-            return true;
-        }
-        let count = self.counts.entry(who.clone()).or_default();
-        if *count >= max {
-            if *count == 0 {
-                self.counts.remove(who);
-            }
-            return false;
-        }
-        *count += 1;
-        true
-    }
-
-    /// One key of `who` is gone.
-    pub fn give_back(&mut self, who: &Principal) {
-        if let Some(count) = self.counts.get_mut(who) {
-            *count -= 1;
-            if *count == 0 {
-                self.counts.remove(who);
-            }
-        }
-    }
-
-    /// Keys `who` holds.
-    pub fn of(&self, who: &Principal) -> usize {
-        self.counts.get(who).copied().unwrap_or(0)
-    }
 }
 
 impl KeyTable {
@@ -242,7 +201,7 @@ mod tests {
         assert_eq!(quota.of(&flood), 0);
         assert!(!quota.take(&other, 0));
         assert_eq!(
-            quota.counts.len(),
+            quota.identities(),
             1,
             "nothing kept for identities without keys"
         );
