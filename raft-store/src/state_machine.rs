@@ -37,22 +37,32 @@ struct Applied {
     last_applied: Option<LogId>,
     membership: StoredMembership,
     state: CoordinatorState,
-    /// Member ids removed by a membership change, ever.
-    retired_members: BTreeSet<NodeId>,
 }
 
 impl Applied {
-    fn from_envelope(envelope: SnapshotEnvelope) -> Self {
-        Self {
+    /// The applied state of `envelope`, and its retired member ids.
+    fn from_envelope(envelope: SnapshotEnvelope) -> (Self, BTreeSet<NodeId>) {
+        let applied = Self {
             last_applied: envelope.last_applied,
             membership: envelope.membership,
             state: envelope.state,
-            retired_members: envelope.retired_members,
-        }
+        };
+        (applied, envelope.retired_members)
     }
 }
 
 type SharedApplied = Arc<RwLock<Applied>>;
+
+/// Member ids a committed membership change removed, ever: part of the
+/// applied state, but under a lock of its own so that the Raft transport,
+/// which checks it on every message, never waits for `apply`. Written only
+/// while the applied state's write lock is held, so a snapshot (taken
+/// under its read lock) sees both as of the same entry.
+type SharedRetired = Arc<RwLock<BTreeSet<NodeId>>>;
+
+fn read_retired(retired: &SharedRetired) -> RwLockReadGuard<'_, BTreeSet<NodeId>> {
+    retired.read().unwrap_or_else(PoisonError::into_inner)
+}
 
 fn read_lock(applied: &SharedApplied) -> RwLockReadGuard<'_, Applied> {
     applied.read().unwrap_or_else(PoisonError::into_inner)
@@ -67,6 +77,7 @@ fn write_lock(applied: &SharedApplied) -> RwLockWriteGuard<'_, Applied> {
 #[derive(Clone)]
 pub struct StateReader {
     applied: SharedApplied,
+    retired: SharedRetired,
     snapshot: Arc<SnapshotStats>,
 }
 
@@ -140,13 +151,13 @@ impl StateReader {
     /// Every member id a committed membership change has removed from the
     /// cluster (replicated, kept in snapshots): never to be accepted again.
     pub fn retired_members(&self) -> BTreeSet<NodeId> {
-        read_lock(&self.applied).retired_members.clone()
+        read_retired(&self.retired).clone()
     }
 
     /// Whether member `id` was removed from the cluster by a committed
     /// membership change.
     pub fn is_retired(&self, id: NodeId) -> bool {
-        read_lock(&self.applied).retired_members.contains(&id)
+        read_retired(&self.retired).contains(&id)
     }
 
     /// The size and age of the stored snapshot.
@@ -230,6 +241,7 @@ fn into_openraft(snapshot: StoredSnapshot) -> Snapshot {
 #[derive(Clone)]
 pub struct StateMachineStore {
     applied: SharedApplied,
+    retired: SharedRetired,
     snapshots: SnapshotStore,
 }
 
@@ -251,16 +263,17 @@ impl StateMachineStore {
             next_id: Arc::new(AtomicU64::new(0)),
             stats: Arc::default(),
         };
-        let applied = match snapshots.engine.get(Keyspace::StateMachine, SNAPSHOT_KEY)? {
+        let (applied, retired) = match snapshots.engine.get(Keyspace::StateMachine, SNAPSHOT_KEY)? {
             Some(bytes) => {
                 let stored: StoredSnapshot = decode(&bytes)?;
                 snapshots.stats.stored(bytes.len());
                 Applied::from_envelope(decode(&stored.data)?)
             }
-            None => Applied::default(),
+            None => (Applied::default(), BTreeSet::new()),
         };
         Ok(Self {
             applied: Arc::new(RwLock::new(applied)),
+            retired: Arc::new(RwLock::new(retired)),
             snapshots,
         })
     }
@@ -270,6 +283,7 @@ impl StateMachineStore {
     pub fn reader(&self) -> StateReader {
         StateReader {
             applied: self.applied.clone(),
+            retired: self.retired.clone(),
             snapshot: self.snapshots.stats.clone(),
         }
     }
@@ -284,13 +298,19 @@ impl StateMachineStore {
         read_lock(&self.applied).last_applied
     }
 
+    /// The retired member ids, for writing: only while the applied state's
+    /// write lock is held (see [`SharedRetired`]).
+    fn retired_write(&self) -> RwLockWriteGuard<'_, BTreeSet<NodeId>> {
+        self.retired.write().unwrap_or_else(PoisonError::into_inner)
+    }
+
     fn snapshot_of_current_state(&self) -> Result<StoredSnapshot, StoreError> {
         let applied = read_lock(&self.applied);
         let envelope = SnapshotEnvelope {
             last_applied: applied.last_applied,
             membership: applied.membership.clone(),
             state: applied.state.clone(),
-            retired_members: applied.retired_members.clone(),
+            retired_members: read_retired(&self.retired).clone(),
         };
         drop(applied);
         let data = encode(&envelope)?;
@@ -317,12 +337,13 @@ impl StateMachineStore {
             data,
         };
         self.snapshots.store_durably(&installed, Replace::Always)?;
-        *write_lock(&self.applied) = Applied {
+        let mut applied = write_lock(&self.applied);
+        *applied = Applied {
             last_applied: meta.last_log_id,
             membership: meta.last_membership.clone(),
             state: envelope.state,
-            retired_members: envelope.retired_members,
         };
+        *self.retired_write() = envelope.retired_members;
         Ok(())
     }
 }
@@ -363,7 +384,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                 EntryPayload::Normal(proposal) => applied.state.apply(&proposal),
                 EntryPayload::Membership(membership) => {
                     let retired = retired_by(applied.membership.membership(), &membership);
-                    applied.retired_members.extend(retired);
+                    self.retired_write().extend(retired);
                     applied.membership = StoredMembership::new(Some(entry.log_id), membership);
                     ProposalResult::default()
                 }
