@@ -265,8 +265,8 @@ impl RegionEscrow {
         // taken-back token was served first; saturation would only lower
         // what may come back.
         h.served = h.served.saturating_add(granted);
-        let (window_start_ms, window_end_ms, deadline_ms) =
-            (h.window_start_ms, h.window_end_ms, h.deadline_ms);
+        let (window_start_ms, window_end_ms, deadline_ms, held_after) =
+            (h.window_start_ms, h.window_end_ms, h.deadline_ms, h.balance);
         self.counters.tokens_served += granted;
         self.note_demand(window_start_ms, granted);
         Some(Served {
@@ -275,6 +275,7 @@ impl RegionEscrow {
             window_end_ms,
             remaining_lifetime_ms: deadline_ms - now_ms,
             from_fallback: false,
+            held_after,
         })
     }
 
@@ -463,6 +464,7 @@ impl RegionEscrow {
             window_end_ms: end,
             remaining_lifetime_ms: end - wall_now_ms,
             from_fallback: true,
+            held_after: 0,
         }
     }
 

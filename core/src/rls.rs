@@ -33,6 +33,8 @@
 
 use std::fmt::Write as _;
 
+pub mod answer;
+
 use crate::ids::MAX_KEY_BYTES;
 use crate::policy::{OutagePolicy, Policy, PolicyKind};
 

@@ -341,6 +341,7 @@ fn a_release_retried_after_a_grant_would_over_admit() {
                 window_end_ms: now + WINDOW_MS,
                 remaining_lifetime_ms: WINDOW_MS,
                 from_fallback: false,
+                held_after: 0,
             };
             fleet.admitted.record(0, &spent, retry);
             let release = fleet.regions[0].tick(at(retry));

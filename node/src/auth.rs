@@ -86,6 +86,8 @@ const ADMIN_SERVICE: &str = "leasehold.v1.Admin";
 const RAFT_SERVICE: &str = "leasehold.v1.Raft";
 const ESCROW_SERVICE: &str = "leasehold.v1.Escrow";
 const MONITOR_SERVICE: &str = "leasehold.v1.Monitor";
+/// Envoy's rate limit service, served by escrow nodes given a ratelimit configuration.
+pub const RATELIMIT_SERVICE: &str = "envoy.service.ratelimit.v3.RateLimitService";
 
 /// Splits a gRPC request path `/package.Service/Method`.
 fn split_path(path: &str) -> Option<(&str, &str)> {
@@ -115,6 +117,7 @@ fn split_path(path: &str) -> Option<(&str, &str)> {
 /// | Escrow `Status` | `Operator`, `Service` of the node's region |
 /// | Monitor on an escrow node | `Operator` |
 /// | Escrow, everything else | `Service` of the node's region |
+/// | Envoy's RateLimitService (`ShouldRateLimit`) | `Service` of the node's region |
 ///
 /// Anything else (unknown services, another scope's services) is refused.
 pub fn authorize_call(
@@ -157,6 +160,10 @@ pub fn authorize_call(
             Principal::Operator(_) => method == "Status",
             _ => false,
         },
+        (Scope::Escrow { region }, RATELIMIT_SERVICE) => matches!(
+            caller,
+            Principal::Service { region: caller_region, .. } if caller_region == region
+        ),
         (Scope::Escrow { .. }, MONITOR_SERVICE) => matches!(caller, Principal::Operator(_)),
         _ => false,
     };
@@ -595,6 +602,27 @@ mod tests {
             &scope
         )));
         assert!(authorize_call("/leasehold.v1.Monitor/Watch", Some(&operator()), &scope).is_ok());
+        let should = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+        assert!(authorize_call(should, Some(&service("eu")), &scope).is_ok());
+        for who in [
+            service("us"),
+            operator(),
+            Principal::Region(region("eu")),
+            Principal::Member(1),
+        ] {
+            assert!(
+                is_denied(authorize_call(should, Some(&who), &scope)),
+                "{who}"
+            );
+        }
+        assert!(
+            is_denied(authorize_call(
+                should,
+                Some(&service("eu")),
+                &Scope::Coordinator
+            )),
+            "a coordinator member serves no RLS"
+        );
         for who in [
             service("eu"),
             Principal::Region(region("eu")),

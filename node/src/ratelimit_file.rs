@@ -37,6 +37,16 @@ pub struct RatelimitProblem {
     pub fix: String,
 }
 
+impl std::fmt::Display for RatelimitProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "line {}: {}: {} ({})",
+            self.line, self.field, self.problem, self.fix
+        )
+    }
+}
+
 /// A YAML node with the line it starts on.
 #[derive(Debug, Clone, PartialEq)]
 struct Node {

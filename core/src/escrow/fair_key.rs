@@ -415,8 +415,15 @@ struct Granted {
     retired: bool,
 }
 
-/// Credits of `granted` tokens in `window`, living `remaining` ms more.
-fn admitted(granted: u64, window: WindowBounds, remaining: u64, limit: u64) -> FairStep {
+/// Credits of `granted` tokens in `window`, living `remaining` ms more,
+/// with `held_after` of the region's grant still unspent.
+fn admitted(
+    granted: u64,
+    window: WindowBounds,
+    remaining: u64,
+    limit: u64,
+    held_after: u64,
+) -> FairStep {
     FairStep::Admit {
         served: Served {
             granted,
@@ -424,6 +431,7 @@ fn admitted(granted: u64, window: WindowBounds, remaining: u64, limit: u64) -> F
             window_end_ms: window.end_ms,
             remaining_lifetime_ms: remaining,
             from_fallback: false,
+            held_after,
         },
         limit,
     }
@@ -693,7 +701,11 @@ impl<Id: Clone> FairKey<Id> {
                 .escrow
                 .check(tenant, weight, cost, window, coordinator_now, &mut ask);
         if decision.allowed {
-            return admitted(cost, window, remaining, decision.limit);
+            let unspent = state
+                .escrow
+                .budget()
+                .saturating_sub(state.escrow.total_used());
+            return admitted(cost, window, remaining, decision.limit, unspent);
         }
         let at_ceiling = now_ms < state.exhausted_until_ms;
         match ask.asked.filter(|_| !at_ceiling) {
@@ -752,7 +764,11 @@ impl<Id: Clone> FairKey<Id> {
                             .escrow
                             .check(tenant, weight, part, window, coordinator_now, &mut ask);
                     if served.allowed {
-                        return admitted(part, window, remaining, served.limit);
+                        let unspent = state
+                            .escrow
+                            .budget()
+                            .saturating_sub(state.escrow.total_used());
+                        return admitted(part, window, remaining, served.limit, unspent);
                     }
                 }
                 if at_ceiling {

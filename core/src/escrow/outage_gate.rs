@@ -122,6 +122,7 @@ impl OutageGate {
             window_end_ms: window_start_ms + window_ms,
             remaining_lifetime_ms: window_ms,
             from_fallback: true,
+            held_after: 0,
         })
     }
 

@@ -47,6 +47,10 @@ pub struct Served {
     pub remaining_lifetime_ms: u64,
     /// True when served from the outage fallback share rather than a grant.
     pub from_fallback: bool,
+    /// Credits the escrow still holds for this window right after this
+    /// serve: what it can admit without asking the coordinator (0 for
+    /// fallback and shadow credits, which come from no grant).
+    pub held_after: u64,
 }
 
 /// Counters an operator reads in the escrow node's status.

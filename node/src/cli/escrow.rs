@@ -23,6 +23,7 @@ pub struct EscrowArgs {
         "region", "listen", "coordinators", "batch", "sizer", "eoq", "max_keys", "max_keys_per_identity",
         "probe_interval_ms", "idle_evict_ms", "pool_release_idle_ms", "shutdown_drain_ms",
         "max_holders_per_key", "max_holders_per_identity", "max_tenant_weight", "fair_throttle",
+        "ratelimit_configs",
     ])]
     pub config: Option<std::path::PathBuf>,
     /// The region this node serves (1..=64 bytes).
@@ -129,6 +130,17 @@ pub struct EscrowArgs {
     /// credits. Unset: throttled requests are always denied.
     #[arg(long, requires = "fair_throttle")]
     pub fair_idle_reserve: Option<u64>,
+    /// Serve Envoy's rate limit service (RLS v3,
+    /// `envoy.service.ratelimit.v3.RateLimitService`) on the node's
+    /// listener, matching requests against this `envoyproxy/ratelimit`
+    /// configuration file (one domain per file; repeat for more). Apply the
+    /// same files to the cluster with `leasehold policy apply`.
+    #[arg(long = "ratelimit-config", value_name = "FILE")]
+    pub ratelimit_configs: Vec<std::path::PathBuf>,
+    /// Add the draft RateLimit headers (`x-ratelimit-limit`, `-remaining`,
+    /// `-reset`) to RLS answers.
+    #[arg(long, requires = "ratelimit_configs")]
+    pub ratelimit_response_headers: bool,
 }
 
 impl EscrowArgs {
@@ -201,6 +213,12 @@ impl EscrowArgs {
                 retry_after_ms: self.fair_retry_after_ms,
             })
             .collect();
+        if !self.ratelimit_configs.is_empty() {
+            config.rls = Some(crate::escrow::rls::RlsConfig::load(
+                &self.ratelimit_configs,
+                self.ratelimit_response_headers,
+            )?);
+        }
         config.validate()?;
         Ok(config)
     }

@@ -14,6 +14,10 @@
 //!
 //! [fair_throttle]            # optional: FAIR in front of these prefixes
 //! prefixes = ["api/"]
+//!
+//! [ratelimit]                # optional: Envoy's rate limit service (RLS v3)
+//! configs = ["/etc/leasehold/ratelimit/edge.yaml"]
+//! response_headers = true    # the draft x-ratelimit-* headers
 //! ```
 //!
 //! Unknown keys are refused. [`EscrowFile::problems`] lists every problem
@@ -85,6 +89,19 @@ pub struct EscrowFile {
     pub insecure: Option<bool>,
     /// A fair throttle (FAIR) in front of key prefixes.
     pub fair_throttle: Option<FairThrottleFile>,
+    /// Envoy's rate limit service, with these ratelimit files.
+    pub ratelimit: Option<RatelimitFile>,
+}
+
+/// The `[ratelimit]` table: Envoy's rate limit service (RLS v3) on the
+/// node's listener.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RatelimitFile {
+    /// `envoyproxy/ratelimit` configuration files, one domain each.
+    pub configs: Vec<PathBuf>,
+    /// Add the draft RateLimit headers to answers (default false).
+    pub response_headers: Option<bool>,
 }
 
 /// The `[fair_throttle]` table: which prefixes, and the throttle's
@@ -221,6 +238,18 @@ impl EscrowFile {
                  (or give the TLS flags when starting)",
             );
         }
+        if self
+            .ratelimit
+            .as_ref()
+            .is_some_and(|r| r.configs.is_empty())
+        {
+            error(
+                "ratelimit",
+                "names no configuration file".into(),
+                "list the ratelimit files: configs = [\"/etc/leasehold/ratelimit/edge.yaml\"], \
+                 or remove the table",
+            );
+        }
         if let Some(fair) = &self.fair_throttle {
             problems.extend(fair.problems());
         }
@@ -302,6 +331,12 @@ impl EscrowFile {
         };
         if let Some(fair) = &self.fair_throttle {
             config.fair_throttle = fair.rules();
+        }
+        if let Some(ratelimit) = &self.ratelimit {
+            config.rls = Some(super::rls::RlsConfig::load(
+                &ratelimit.configs,
+                ratelimit.response_headers.unwrap_or(false),
+            )?);
         }
         config.validate()?;
         Ok(config)

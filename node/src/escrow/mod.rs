@@ -26,6 +26,7 @@ pub mod config_file;
 pub mod fair_throttle;
 pub mod outage;
 pub mod prometheus;
+pub mod rls;
 pub mod service;
 pub mod shared;
 pub mod table;
@@ -34,6 +35,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use futures::Stream;
 use leasehold_client::coordinator::{CoordinatorClient, RetryOptions};
 use leasehold_client::transport::{Dialer, SystemClock, WallClock};
@@ -134,6 +136,9 @@ pub struct EscrowConfig {
     /// `host:port` of the Prometheus `/metrics` listener (plain HTTP; none
     /// when unset).
     pub metrics_listen: Option<String>,
+    /// Envoy's rate limit service (RLS v3) with these domains, on the
+    /// node's listener; not served when `None`.
+    pub rls: Option<rls::RlsConfig>,
 }
 
 impl EscrowConfig {
@@ -162,6 +167,7 @@ impl EscrowConfig {
             fair_throttle_rng_seed: None,
             coordinator_rng_seed: None,
             metrics_listen: None,
+            rls: None,
         }
     }
 
@@ -283,6 +289,15 @@ where
         leasehold_proto::v1::monitor_server::SERVICE_NAME,
     ])
     .map_err(|e| NodeError::Reflection(e.to_string()))?;
+    let rls = shared.rls.clone().map(|state| {
+        RateLimitServiceServer::new(rls::RateLimitApi::new(EscrowApi::new(table.clone()), state))
+            .max_decoding_message_size(limits.max_request_bytes)
+            .max_encoding_message_size(MAX_RESPONSE_BYTES)
+    });
+    if let Some(rls) = &config.rls {
+        let domains: Vec<&str> = rls.domains.iter().map(|d| d.domain.as_str()).collect();
+        tracing::info!(?domains, "serving Envoy's rate limit service (RLS v3)");
+    }
     let served = limits
         .server_builder()
         .layer(refusal_layer(shared.connections.clone()))
@@ -295,6 +310,7 @@ where
                 .max_decoding_message_size(limits.max_request_bytes)
                 .max_encoding_message_size(MAX_RESPONSE_BYTES),
         )
+        .add_optional_service(rls)
         .add_service(
             MonitorServer::new(monitor)
                 .max_decoding_message_size(limits.max_request_bytes)

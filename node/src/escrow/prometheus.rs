@@ -22,6 +22,8 @@ pub struct Observations {
     pub lease_calls: u64,
     /// Refills per lease call.
     pub lease_call_items: HistogramSnapshot,
+    /// Envoy's rate limit service, when the node serves it.
+    pub rls: Option<std::sync::Arc<super::rls::RlsState>>,
 }
 
 impl Observations {
@@ -36,6 +38,7 @@ impl Observations {
                 .calls
                 .load(std::sync::atomic::Ordering::Relaxed),
             lease_call_items: shared.leases.stats().items_per_call.snapshot(),
+            rls: shared.rls.clone(),
         }
     }
 }
@@ -225,6 +228,9 @@ pub fn render(status: &pb::EscrowStatusResponse, observed: &Observations) -> Str
             );
         }
     }
+    if let Some(rls) = &observed.rls {
+        rls.metrics.render(&mut doc);
+    }
     doc.finish()
 }
 
@@ -247,6 +253,7 @@ mod tests {
             denials: vec![(DenialReason::CoordinatorUnreachable, 7)],
             lease_calls: 2,
             lease_call_items: leasehold_core::metrics::Histogram::latency().snapshot(),
+            rls: None,
         };
         let text = render(&status, &observed);
         assert!(

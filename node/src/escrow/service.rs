@@ -33,6 +33,27 @@ impl EscrowApi {
         }
     }
 
+    /// One whole-or-nothing admission of `tokens` on `key` for `caller`
+    /// (what `Check` does), its denial recorded: the RLS path.
+    pub(crate) async fn check_whole(
+        &self,
+        key: &str,
+        tokens: u64,
+        caller: Principal,
+    ) -> Result<Acquired, Status> {
+        let acquired = traced(
+            self.acquire_tokens(key, tokens, "", 0, (caller, None), true)
+                .await,
+        )?;
+        record_escrow_denial(&self.shared, &acquired);
+        Ok(acquired)
+    }
+
+    /// The node's wall clock, epoch ms.
+    pub(crate) fn wall_ms(&self) -> u64 {
+        self.shared.wall_ms()
+    }
+
     /// One acquisition of `tokens` on `key` by `principal` (and the holder
     /// and seq its request id names, if any).
     async fn acquire_tokens(

@@ -48,6 +48,9 @@ pub struct EscrowShared {
     /// Round trips of answered Lease and PoolGrant calls to the coordinator
     /// (client retries included), µs.
     pub lease_round_trip: Histogram,
+    /// Envoy's rate limit service, when the node serves it: its domains
+    /// and metrics.
+    pub rls: Option<Arc<super::rls::RlsState>>,
 }
 
 /// Whether the coordinator answered the last call, and the outage the node
@@ -149,7 +152,12 @@ impl EscrowShared {
         client: CoordinatorClient,
         clock: Arc<dyn WallClock>,
     ) -> Arc<Self> {
+        let rls = config
+            .rls
+            .as_ref()
+            .map(|rls| Arc::new(super::rls::RlsState::new(rls)));
         Arc::new(EscrowShared {
+            rls,
             config,
             leases: LeaseCoalescer::spawn(client.clone()),
             client,

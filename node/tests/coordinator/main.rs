@@ -26,6 +26,9 @@
 //! - `limits`: resource attacks are refused: idle connections, the
 //!   connection cap, oversized messages, the advertised stream cap.
 //! - `metrics`: `/metrics` of a member and an escrow node, scraped over HTTP.
+//! - `rls`: Envoy's rate limit service on escrow nodes, from a client
+//!   generated from Envoy's protos: every answer field, bad input, metrics,
+//!   Σ OK ≤ L across two regions with escrow restarts.
 //! - `logs`: the binary's log lines: JSON objects with `--log-format
 //!   json`, no ANSI escape off a terminal, the "waiting for cluster init" line.
 //! - `traces`: one trace from the client crate through an escrow node to
@@ -51,6 +54,7 @@ mod lease_batch;
 mod limits;
 mod logs;
 mod metrics;
+mod rls;
 mod safety;
 mod shadow;
 mod tls;

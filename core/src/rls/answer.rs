@@ -1,0 +1,600 @@
+//! The answer to one `ShouldRateLimit` request (pure): what each request
+//! descriptor asks of the escrow ([`plan_request`]), and how what the escrow
+//! said becomes the descriptor's status, the overall code and the draft
+//! RateLimit headers ([`DescriptorAnswer::of`], [`overall_over_limit`],
+//! [`draft_headers`]).
+//!
+//! As `envoyproxy/ratelimit` answers, except where a Leasehold budget is
+//! global:
+//!
+//! - a descriptor matching no limiting rule, or whose rule another matched
+//!   rule `replaces`: `OK`, no `current_limit`, `limit_remaining` 0;
+//! - an `unlimited` rule: `OK`, `limit_remaining` `u32::MAX`, never counted;
+//! - a rule of 0 requests, or hits above its `requests_per_unit`:
+//!   `OVER_LIMIT` without asking the escrow (nothing can ever fit);
+//! - otherwise the escrow admits the hits whole or not at all:
+//!   `OK` or `OVER_LIMIT`, with `current_limit` the rule's, and
+//!   `limit_remaining` the credits this escrow node still holds for the key
+//!   after the answer — what it can admit without asking the coordinator, a
+//!   lower bound of what the window has left across regions (0 when over);
+//! - `shadow_mode`: what would be `OVER_LIMIT` is `OK`, counted as such;
+//! - the overall code is `OVER_LIMIT` when any descriptor is.
+
+use super::{apply_replaces, budget_key, rule_prefix, DomainConfig, Quota, Unit};
+
+/// What one request descriptor asks of the escrow.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Plan {
+    /// No limiting rule applies (none matches, or it was replaced).
+    NoLimit,
+    /// An `unlimited` rule matches.
+    Unlimited,
+    /// A rule with a limit matches.
+    Limited(LimitedPlan),
+}
+
+/// A descriptor governed by a rule with a limit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LimitedPlan {
+    /// The Leasehold key the hits spend from.
+    pub key: String,
+    /// The policy prefix of the rule (what metrics name it by).
+    pub rule_prefix: String,
+    /// Hits to admit (≥ 1).
+    pub hits: u64,
+    /// The rule's requests per unit.
+    pub requests_per_unit: u32,
+    /// The rule's unit.
+    pub unit: Unit,
+    /// The rule answers `OK` where it would deny, counting it.
+    pub shadow_mode: bool,
+    /// The rule asked for metrics of its own.
+    pub detailed_metric: bool,
+}
+
+impl LimitedPlan {
+    /// Whether the escrow is asked at all: hits that can never fit the
+    /// rule's limit (0 requests per unit, or more hits than it allows) are
+    /// over the limit without a call.
+    pub fn asks_escrow(&self) -> bool {
+        self.hits <= u64::from(self.requests_per_unit)
+    }
+}
+
+/// One request descriptor: its `(key, value)` entries and the hits it
+/// carries (its own `hits_addend` when set, else the request's; 0 counts
+/// as 1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestDescriptor<'a> {
+    /// The entries, in order.
+    pub entries: &'a [(&'a str, &'a str)],
+    /// Hits (0 counts as 1).
+    pub hits: u64,
+}
+
+/// The plan of each descriptor of a request to `config` (`None`: a domain
+/// no file configures, where nothing is limited), in request order.
+pub fn plan_request(config: Option<&DomainConfig>, descriptors: &[RequestDescriptor]) -> Vec<Plan> {
+    let Some(config) = config else {
+        return vec![Plan::NoLimit; descriptors.len()];
+    };
+    let matches = apply_replaces(
+        descriptors
+            .iter()
+            .map(|d| config.match_descriptor(d.entries))
+            .collect(),
+    );
+    matches
+        .into_iter()
+        .zip(descriptors)
+        .map(|(matched, descriptor)| {
+            let Some(matched) = matched else {
+                return Plan::NoLimit;
+            };
+            match matched.rate_limit.quota {
+                Quota::Unlimited => Plan::Unlimited,
+                Quota::PerUnit {
+                    requests_per_unit,
+                    unit,
+                } => {
+                    let prefix = rule_prefix(&config.domain, &matched.path);
+                    Plan::Limited(LimitedPlan {
+                        key: budget_key(&prefix, descriptor.entries),
+                        rule_prefix: prefix,
+                        hits: descriptor.hits.max(1),
+                        requests_per_unit,
+                        unit,
+                        shadow_mode: matched.rule.shadow_mode,
+                        detailed_metric: matched.rule.detailed_metric,
+                    })
+                }
+            }
+        })
+        .collect()
+}
+
+/// What the escrow answered a [`LimitedPlan`] it was asked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EscrowOutcome {
+    /// The hits were admitted.
+    Admitted {
+        /// Credits the node still holds for the key afterwards.
+        held_after: u64,
+        /// End of the window they were admitted in (epoch ms).
+        window_end_ms: u64,
+        /// Admitted only because the key's policy is in shadow mode.
+        shadow_would_deny: bool,
+    },
+    /// Not admitted.
+    Denied {
+        /// End of the window the denial is about (epoch ms; 0: unknown).
+        window_end_ms: u64,
+    },
+    /// Not asked ([`LimitedPlan::asks_escrow`] is false).
+    NotAsked,
+}
+
+/// A descriptor's status code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Code {
+    /// Allowed.
+    Ok,
+    /// Over the limit.
+    OverLimit,
+}
+
+/// One descriptor's status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DescriptorAnswer {
+    /// `OK` or `OVER_LIMIT`.
+    pub code: Code,
+    /// The rule's limit, where one applies.
+    pub current_limit: Option<(u32, Unit)>,
+    /// See the module doc.
+    pub limit_remaining: u32,
+    /// Until the window ends, ms, where a limit applies.
+    pub until_reset_ms: Option<u64>,
+    /// A shadow-mode rule or policy let through what it would have denied.
+    pub shadow_would_deny: bool,
+}
+
+/// The end of the `unit` window holding `now_ms` (windows start at
+/// multiples of their length since the epoch).
+fn window_end(unit: Unit, now_ms: u64) -> u64 {
+    let window = unit.window_ms();
+    now_ms - now_ms % window + window
+}
+
+impl DescriptorAnswer {
+    /// The status of a descriptor planned `plan`, which the escrow answered
+    /// `outcome` (ignored unless the plan is [`Plan::Limited`]), at `now_ms`
+    /// (epoch ms).
+    pub fn of(plan: &Plan, outcome: EscrowOutcome, now_ms: u64) -> DescriptorAnswer {
+        let limited = match plan {
+            Plan::NoLimit => {
+                return DescriptorAnswer {
+                    code: Code::Ok,
+                    current_limit: None,
+                    limit_remaining: 0,
+                    until_reset_ms: None,
+                    shadow_would_deny: false,
+                }
+            }
+            Plan::Unlimited => {
+                return DescriptorAnswer {
+                    code: Code::Ok,
+                    current_limit: None,
+                    limit_remaining: u32::MAX,
+                    until_reset_ms: None,
+                    shadow_would_deny: false,
+                }
+            }
+            Plan::Limited(limited) => limited,
+        };
+        let current_limit = Some((limited.requests_per_unit, limited.unit));
+        let reset_in = |end_ms: u64| {
+            let end = if end_ms > now_ms {
+                end_ms
+            } else {
+                window_end(limited.unit, now_ms)
+            };
+            Some(end - now_ms)
+        };
+        match outcome {
+            EscrowOutcome::Admitted {
+                held_after,
+                window_end_ms,
+                shadow_would_deny,
+            } => DescriptorAnswer {
+                code: Code::Ok,
+                current_limit,
+                limit_remaining: if shadow_would_deny {
+                    0
+                } else {
+                    u32::try_from(held_after.min(u64::from(limited.requests_per_unit)))
+                        .unwrap_or(u32::MAX)
+                },
+                until_reset_ms: reset_in(window_end_ms),
+                shadow_would_deny,
+            },
+            EscrowOutcome::Denied { window_end_ms } => {
+                DescriptorAnswer::over(limited, current_limit, reset_in(window_end_ms))
+            }
+            EscrowOutcome::NotAsked => DescriptorAnswer::over(limited, current_limit, reset_in(0)),
+        }
+    }
+
+    /// Over the limit, or `OK` counted as a shadow denial.
+    fn over(
+        limited: &LimitedPlan,
+        current_limit: Option<(u32, Unit)>,
+        until_reset_ms: Option<u64>,
+    ) -> DescriptorAnswer {
+        DescriptorAnswer {
+            code: if limited.shadow_mode {
+                Code::Ok
+            } else {
+                Code::OverLimit
+            },
+            current_limit,
+            limit_remaining: 0,
+            until_reset_ms,
+            shadow_would_deny: limited.shadow_mode,
+        }
+    }
+}
+
+/// The overall code: `OVER_LIMIT` when any descriptor is.
+pub fn overall_over_limit(answers: &[DescriptorAnswer]) -> bool {
+    answers.iter().any(|a| a.code == Code::OverLimit)
+}
+
+/// The draft RateLimit headers (draft-polli-ratelimit-headers-03, as
+/// `envoyproxy/ratelimit` sends them) of the most constrained descriptor
+/// with a limit — the fewest remaining, then the soonest reset:
+/// `x-ratelimit-limit: <n>, <n>;w=<window s>`, `x-ratelimit-remaining`,
+/// `x-ratelimit-reset` (seconds, rounded up). None when no descriptor has
+/// a limit.
+pub fn draft_headers(answers: &[DescriptorAnswer]) -> Vec<(&'static str, String)> {
+    let Some((answer, (limit, unit))) = answers
+        .iter()
+        .filter_map(|a| a.current_limit.map(|limit| (a, limit)))
+        .min_by_key(|(a, _)| (a.limit_remaining, a.until_reset_ms.unwrap_or(u64::MAX)))
+    else {
+        return Vec::new();
+    };
+    let window_s = unit.window_ms() / 1_000;
+    let reset_s = answer.until_reset_ms.unwrap_or(0).div_ceil(1_000);
+    vec![
+        (
+            "x-ratelimit-limit",
+            format!("{limit}, {limit};w={window_s}"),
+        ),
+        ("x-ratelimit-remaining", answer.limit_remaining.to_string()),
+        ("x-ratelimit-reset", reset_s.to_string()),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{DescriptorRule, RateLimit, ValueMatch};
+    use super::*;
+    use proptest::prelude::*;
+
+    fn rule(key: &str, value: Option<&str>, quota: Option<Quota>) -> DescriptorRule {
+        DescriptorRule {
+            key: key.into(),
+            value: ValueMatch::of(value),
+            rate_limit: quota.map(|quota| RateLimit {
+                name: None,
+                replaces: Vec::new(),
+                quota,
+            }),
+            shadow_mode: false,
+            detailed_metric: false,
+            descriptors: Vec::new(),
+        }
+    }
+
+    fn per(requests_per_unit: u32, unit: Unit) -> Option<Quota> {
+        Some(Quota::PerUnit {
+            requests_per_unit,
+            unit,
+        })
+    }
+
+    fn config() -> DomainConfig {
+        let mut shadow = rule("shadow", None, per(1, Unit::Second));
+        shadow.shadow_mode = true;
+        let mut named = rule("user", Some("vip"), per(50, Unit::Minute));
+        named.rate_limit.as_mut().unwrap().name = Some("vip".into());
+        let mut replacing = rule("plan", Some("gold"), per(500, Unit::Minute));
+        replacing.rate_limit.as_mut().unwrap().replaces = vec!["vip".into()];
+        DomainConfig {
+            domain: "edge".into(),
+            descriptors: vec![
+                rule("remote_address", None, per(10, Unit::Minute)),
+                rule("free", None, Some(Quota::Unlimited)),
+                rule("closed", None, per(0, Unit::Hour)),
+                shadow,
+                named,
+                replacing,
+            ],
+        }
+    }
+
+    fn limited(plan: &Plan) -> &LimitedPlan {
+        match plan {
+            Plan::Limited(limited) => limited,
+            other => panic!("expected a limited plan, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn each_descriptor_is_planned_by_its_rule() {
+        let config = config();
+        let ip = [("remote_address", "10.0.0.1")];
+        let free = [("free", "x")];
+        let closed = [("closed", "x")];
+        let unknown = [("nobody", "x")];
+        let plans = plan_request(
+            Some(&config),
+            &[
+                RequestDescriptor {
+                    entries: &ip,
+                    hits: 0,
+                },
+                RequestDescriptor {
+                    entries: &free,
+                    hits: 3,
+                },
+                RequestDescriptor {
+                    entries: &closed,
+                    hits: 1,
+                },
+                RequestDescriptor {
+                    entries: &unknown,
+                    hits: 1,
+                },
+                RequestDescriptor {
+                    entries: &[],
+                    hits: 1,
+                },
+            ],
+        );
+        let ip_plan = limited(&plans[0]);
+        assert_eq!(ip_plan.key, "rls:edge/remote_address/|10.0.0.1");
+        assert_eq!(ip_plan.rule_prefix, "rls:edge/remote_address/");
+        assert_eq!(ip_plan.hits, 1, "0 hits count as 1");
+        assert_eq!(
+            (ip_plan.requests_per_unit, ip_plan.unit),
+            (10, Unit::Minute)
+        );
+        assert!(ip_plan.asks_escrow());
+        assert_eq!(plans[1], Plan::Unlimited);
+        assert!(!limited(&plans[2]).asks_escrow(), "0 requests: never asked");
+        assert_eq!(plans[3], Plan::NoLimit);
+        assert_eq!(
+            plans[4],
+            Plan::NoLimit,
+            "an empty descriptor matches nothing"
+        );
+        assert_eq!(
+            plan_request(
+                None,
+                &[RequestDescriptor {
+                    entries: &ip,
+                    hits: 1
+                }]
+            ),
+            vec![Plan::NoLimit],
+            "an unknown domain limits nothing"
+        );
+    }
+
+    #[test]
+    fn a_replaced_rule_limits_nothing_and_hits_above_the_limit_never_fit() {
+        let config = config();
+        let vip = [("user", "vip")];
+        let gold = [("plan", "gold")];
+        let plans = plan_request(
+            Some(&config),
+            &[
+                RequestDescriptor {
+                    entries: &vip,
+                    hits: 1,
+                },
+                RequestDescriptor {
+                    entries: &gold,
+                    hits: 501,
+                },
+            ],
+        );
+        assert_eq!(plans[0], Plan::NoLimit);
+        assert!(!limited(&plans[1]).asks_escrow());
+        let alone = plan_request(
+            Some(&config),
+            &[RequestDescriptor {
+                entries: &vip,
+                hits: 50,
+            }],
+        );
+        assert!(limited(&alone[0]).asks_escrow(), "50 of 50 may fit");
+    }
+
+    #[test]
+    fn statuses_follow_the_escrow_and_shadow_mode_never_denies() {
+        let config = config();
+        let ip = [("remote_address", "a")];
+        let shadow = [("shadow", "a")];
+        let plans = plan_request(
+            Some(&config),
+            &[
+                RequestDescriptor {
+                    entries: &ip,
+                    hits: 1,
+                },
+                RequestDescriptor {
+                    entries: &shadow,
+                    hits: 1,
+                },
+            ],
+        );
+        let now = 90_500;
+        let admitted = DescriptorAnswer::of(
+            &plans[0],
+            EscrowOutcome::Admitted {
+                held_after: 7,
+                window_end_ms: 120_000,
+                shadow_would_deny: false,
+            },
+            now,
+        );
+        assert_eq!(admitted.code, Code::Ok);
+        assert_eq!(admitted.current_limit, Some((10, Unit::Minute)));
+        assert_eq!(admitted.limit_remaining, 7);
+        assert_eq!(admitted.until_reset_ms, Some(29_500));
+        let denied =
+            DescriptorAnswer::of(&plans[0], EscrowOutcome::Denied { window_end_ms: 0 }, now);
+        assert_eq!(denied.code, Code::OverLimit);
+        assert_eq!(denied.limit_remaining, 0);
+        assert_eq!(
+            denied.until_reset_ms,
+            Some(29_500),
+            "unknown end: the unit's window"
+        );
+        let shadowed = DescriptorAnswer::of(
+            &plans[1],
+            EscrowOutcome::Denied {
+                window_end_ms: 91_000,
+            },
+            now,
+        );
+        assert_eq!(shadowed.code, Code::Ok);
+        assert!(shadowed.shadow_would_deny);
+        assert_eq!(shadowed.until_reset_ms, Some(500));
+        assert!(overall_over_limit(&[admitted, denied, shadowed]));
+        assert!(!overall_over_limit(&[admitted, shadowed]));
+        let policy_shadow = DescriptorAnswer::of(
+            &plans[0],
+            EscrowOutcome::Admitted {
+                held_after: 9,
+                window_end_ms: 120_000,
+                shadow_would_deny: true,
+            },
+            now,
+        );
+        assert_eq!(
+            (policy_shadow.code, policy_shadow.limit_remaining),
+            (Code::Ok, 0)
+        );
+        assert!(policy_shadow.shadow_would_deny);
+    }
+
+    #[test]
+    fn remaining_never_exceeds_the_limit_and_unlimited_is_the_maximum() {
+        let config = config();
+        let ip = [("remote_address", "a")];
+        let free = [("free", "a")];
+        let plans = plan_request(
+            Some(&config),
+            &[
+                RequestDescriptor {
+                    entries: &ip,
+                    hits: 1,
+                },
+                RequestDescriptor {
+                    entries: &free,
+                    hits: 1,
+                },
+            ],
+        );
+        let answer = DescriptorAnswer::of(
+            &plans[0],
+            EscrowOutcome::Admitted {
+                held_after: u64::MAX,
+                window_end_ms: 60_000,
+                shadow_would_deny: false,
+            },
+            1,
+        );
+        assert_eq!(answer.limit_remaining, 10);
+        let free = DescriptorAnswer::of(&plans[1], EscrowOutcome::NotAsked, 1);
+        assert_eq!(
+            (free.code, free.limit_remaining, free.current_limit),
+            (Code::Ok, u32::MAX, None)
+        );
+    }
+
+    #[test]
+    fn headers_name_the_most_constrained_descriptor() {
+        let a = DescriptorAnswer {
+            code: Code::Ok,
+            current_limit: Some((100, Unit::Minute)),
+            limit_remaining: 40,
+            until_reset_ms: Some(1_001),
+            shadow_would_deny: false,
+        };
+        let b = DescriptorAnswer {
+            current_limit: Some((10, Unit::Second)),
+            limit_remaining: 3,
+            until_reset_ms: Some(200),
+            ..a
+        };
+        let none = DescriptorAnswer {
+            current_limit: None,
+            limit_remaining: 0,
+            until_reset_ms: None,
+            ..a
+        };
+        assert_eq!(
+            draft_headers(&[a, b, none]),
+            vec![
+                ("x-ratelimit-limit", "10, 10;w=1".to_string()),
+                ("x-ratelimit-remaining", "3".to_string()),
+                ("x-ratelimit-reset", "1".to_string()),
+            ]
+        );
+        assert_eq!(draft_headers(&[a])[2].1, "2", "1001 ms rounds up to 2 s");
+        assert_eq!(draft_headers(&[a])[0].1, "100, 100;w=60");
+        assert!(draft_headers(&[none]).is_empty());
+    }
+
+    proptest! {
+        /// Whatever the escrow says, a descriptor is over the limit only
+        /// when a limited, non-shadow rule governs it and the escrow did
+        /// not admit it; never more remaining than the rule's limit.
+        #[test]
+        fn over_limit_only_where_a_live_rule_was_not_admitted(
+            requests in 0u32..20,
+            hits in 0u64..25,
+            shadow in any::<bool>(),
+            admitted in any::<bool>(),
+            held_after in any::<u64>(),
+            now in 0u64..1_000_000_000,
+            end_offset in 0u64..120_000,
+        ) {
+            let mut governing = rule("k", None, per(requests, Unit::Minute));
+            governing.shadow_mode = shadow;
+            let config = DomainConfig { domain: "d".into(), descriptors: vec![governing] };
+            let entries = [("k", "v")];
+            let plans = plan_request(Some(&config), &[RequestDescriptor { entries: &entries, hits }]);
+            let plan = limited(&plans[0]);
+            let outcome = if !plan.asks_escrow() {
+                EscrowOutcome::NotAsked
+            } else if admitted {
+                EscrowOutcome::Admitted { held_after, window_end_ms: now + end_offset, shadow_would_deny: false }
+            } else {
+                EscrowOutcome::Denied { window_end_ms: now + end_offset }
+            };
+            let answer = DescriptorAnswer::of(&plans[0], outcome, now);
+            let was_admitted = matches!(outcome, EscrowOutcome::Admitted { .. });
+            prop_assert_eq!(answer.code == Code::OverLimit, !shadow && !was_admitted);
+            prop_assert_eq!(answer.shadow_would_deny, shadow && !was_admitted);
+            prop_assert!(answer.limit_remaining <= requests);
+            prop_assert!(plan.asks_escrow() == (hits.max(1) <= u64::from(requests)));
+            let reset = answer.until_reset_ms.expect("a limited rule has a reset");
+            prop_assert!((1..=120_000).contains(&reset));
+        }
+    }
+}

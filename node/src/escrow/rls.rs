@@ -1,0 +1,565 @@
+//! Envoy's rate limit service (`envoy.service.ratelimit.v3.RateLimitService`,
+//! RLS v3) on the escrow node: `ShouldRateLimit` answers every descriptor
+//! from the node's escrow, with no coordinator call per request.
+//!
+//! The node reads `envoyproxy/ratelimit` configuration files
+//! (`--ratelimit-config`, [`crate::ratelimit_file`]); each request's
+//! descriptors are planned by the pure rules of
+//! [`leasehold_core::rls::answer`] and each limited descriptor is admitted
+//! whole or not at all on its Leasehold key, like `leasehold.v1.Escrow/Check`
+//! (so the global budget's Δ = 0 holds behind Envoy exactly as it does for
+//! the node's own clients). The keys' policies come from the cluster: apply
+//! the same files with `leasehold policy apply` (docs/envoy.md).
+//!
+//! Requests the node cannot answer are refused `INVALID_ARGUMENT` (reason
+//! `INVALID_FIELD`): an empty `domain`, no `descriptors`, more than
+//! [`MAX_DESCRIPTORS`] descriptors or [`MAX_ENTRIES`] entries in one, an
+//! entry with an empty key. A descriptor's `limit` override is not honoured
+//! (the cluster's policy governs, so every region enforces one limit) and a
+//! descriptor with `is_negative_hits` spends and returns nothing; both are
+//! answered `OK` without a limit and counted.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use envoy_types::pb::envoy::config::core::v3::HeaderValue;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
+    rate_limit::Unit as WireUnit, Code as WireCode, DescriptorStatus, RateLimit as WireLimit,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::Duration as WireDuration;
+use leasehold_core::escrow::machine::Acquired;
+use leasehold_core::metrics::{Exposition, MetricKind};
+use leasehold_core::rls::answer::{
+    draft_headers, overall_over_limit, plan_request, Code, DescriptorAnswer, EscrowOutcome, Plan,
+    RequestDescriptor,
+};
+use leasehold_core::rls::{DomainConfig, Unit};
+use leasehold_proto::refusal::invalid_field;
+use tonic::{Request, Response, Status};
+
+use super::service::EscrowApi;
+use crate::error::NodeError;
+
+/// Most descriptors in one request.
+pub const MAX_DESCRIPTORS: usize = 64;
+/// Most entries in one descriptor.
+pub const MAX_ENTRIES: usize = 32;
+
+/// What the node serves RLS with: the domains of its ratelimit files.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RlsConfig {
+    /// The files the domains were read from (for logs and status).
+    pub files: Vec<PathBuf>,
+    /// One configuration per domain.
+    pub domains: Vec<DomainConfig>,
+    /// Add the draft RateLimit headers (`x-ratelimit-limit`, `-remaining`,
+    /// `-reset`) to every answer with a limit.
+    pub response_headers: bool,
+}
+
+impl RlsConfig {
+    /// Reads `files` (each one domain in the `envoyproxy/ratelimit`
+    /// format); a problem in any, or a domain configured twice, refuses
+    /// them all with every problem at its line.
+    pub fn load(files: &[PathBuf], response_headers: bool) -> Result<RlsConfig, NodeError> {
+        let mut domains: Vec<DomainConfig> = Vec::new();
+        let mut problems = Vec::new();
+        for file in files {
+            match crate::ratelimit_file::load(file) {
+                Ok(config) => {
+                    if domains.iter().any(|d| d.domain == config.domain) {
+                        problems.push(format!(
+                            "{}: domain {:?} is configured by another file too",
+                            file.display(),
+                            config.domain
+                        ));
+                    } else {
+                        domains.push(config);
+                    }
+                }
+                Err(found) => problems.extend(
+                    found
+                        .into_iter()
+                        .map(|problem| format!("{}: {problem}", file.display())),
+                ),
+            }
+        }
+        if problems.is_empty() {
+            Ok(RlsConfig {
+                files: files.to_vec(),
+                domains,
+                response_headers,
+            })
+        } else {
+            Err(NodeError::Invalid(format!(
+                "ratelimit configuration refused:\n  {}",
+                problems.join("\n  ")
+            )))
+        }
+    }
+}
+
+/// How a descriptor was answered, for metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    WithinLimit,
+    OverLimit,
+    ShadowMode,
+    Unlimited,
+    NoLimit,
+}
+
+impl Outcome {
+    const ALL: [Outcome; 5] = [
+        Outcome::WithinLimit,
+        Outcome::OverLimit,
+        Outcome::ShadowMode,
+        Outcome::Unlimited,
+        Outcome::NoLimit,
+    ];
+
+    fn as_str(self) -> &'static str {
+        match self {
+            Outcome::WithinLimit => "within_limit",
+            Outcome::OverLimit => "over_limit",
+            Outcome::ShadowMode => "shadow_mode",
+            Outcome::Unlimited => "unlimited",
+            Outcome::NoLimit => "no_limit",
+        }
+    }
+}
+
+/// Descriptors and hits, per outcome.
+#[derive(Debug, Default)]
+struct OutcomeCounters {
+    descriptors: [AtomicU64; 5],
+    hits: AtomicU64,
+}
+
+impl OutcomeCounters {
+    fn count(&self, outcome: Outcome, hits: u64) {
+        self.descriptors[outcome as usize].fetch_add(1, Ordering::Relaxed);
+        self.hits.fetch_add(hits, Ordering::Relaxed);
+    }
+}
+
+/// The RLS metrics: per configured domain (and one bucket for every
+/// domain no file configures), per rule only where the file sets
+/// `detailed_metric` — so their number is bounded by the configuration,
+/// never by what requests carry.
+#[derive(Debug, Default)]
+pub struct RlsMetrics {
+    domains: BTreeMap<String, OutcomeCounters>,
+    unknown_domain: OutcomeCounters,
+    /// By rule prefix: (domain, counters).
+    detailed: HashMap<String, (String, OutcomeCounters)>,
+    requests_ok: AtomicU64,
+    requests_over_limit: AtomicU64,
+    requests_refused: AtomicU64,
+    limit_overrides_ignored: AtomicU64,
+    negative_hits_ignored: AtomicU64,
+}
+
+impl RlsMetrics {
+    fn new(config: &RlsConfig) -> RlsMetrics {
+        let mut metrics = RlsMetrics::default();
+        for domain in &config.domains {
+            metrics
+                .domains
+                .insert(domain.domain.clone(), OutcomeCounters::default());
+            for (path, _) in domain.limiting_rules() {
+                if path.last().is_some_and(|rule| rule.detailed_metric) {
+                    metrics.detailed.insert(
+                        leasehold_core::rls::rule_prefix(&domain.domain, &path),
+                        (domain.domain.clone(), OutcomeCounters::default()),
+                    );
+                }
+            }
+        }
+        metrics
+    }
+
+    /// Appends the RLS families to `doc`.
+    pub fn render(&self, doc: &mut Exposition) {
+        let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed) as f64;
+        doc.family(
+            "leasehold_escrow_rls_requests_total",
+            MetricKind::Counter,
+            "ShouldRateLimit requests by overall code (OK, OVER_LIMIT) or refused as invalid.",
+        );
+        for (code, counter) in [
+            ("OK", &self.requests_ok),
+            ("OVER_LIMIT", &self.requests_over_limit),
+            ("refused", &self.requests_refused),
+        ] {
+            doc.sample(
+                "leasehold_escrow_rls_requests_total",
+                &[("code", code)],
+                load(counter),
+            );
+        }
+        let domains = self
+            .domains
+            .iter()
+            .map(|(domain, counters)| (domain.as_str(), counters))
+            .chain([("", &self.unknown_domain)]);
+        doc.family(
+            "leasehold_escrow_rls_descriptors_total",
+            MetricKind::Counter,
+            "Request descriptors by domain (\"\": a domain no file configures) and outcome \
+             (within_limit, over_limit, shadow_mode: OK where it would be over, unlimited, \
+             no_limit: no rule applies).",
+        );
+        let mut hits = Vec::new();
+        for (domain, counters) in domains {
+            for outcome in Outcome::ALL {
+                doc.sample(
+                    "leasehold_escrow_rls_descriptors_total",
+                    &[("domain", domain), ("outcome", outcome.as_str())],
+                    load(&counters.descriptors[outcome as usize]),
+                );
+            }
+            hits.push((domain, load(&counters.hits)));
+        }
+        doc.family(
+            "leasehold_escrow_rls_hits_total",
+            MetricKind::Counter,
+            "Hits (hits_addend, 0 counting as 1) of request descriptors, by domain.",
+        );
+        for (domain, value) in hits {
+            doc.sample(
+                "leasehold_escrow_rls_hits_total",
+                &[("domain", domain)],
+                value,
+            );
+        }
+        doc.family(
+            "leasehold_escrow_rls_rule_descriptors_total",
+            MetricKind::Counter,
+            "Request descriptors by rule (its key prefix), for rules with detailed_metric.",
+        );
+        let mut detailed: Vec<_> = self.detailed.iter().collect();
+        detailed.sort_by(|a, b| a.0.cmp(b.0));
+        for (rule, (domain, counters)) in detailed {
+            for outcome in Outcome::ALL {
+                doc.sample(
+                    "leasehold_escrow_rls_rule_descriptors_total",
+                    &[
+                        ("domain", domain),
+                        ("rule", rule),
+                        ("outcome", outcome.as_str()),
+                    ],
+                    load(&counters.descriptors[outcome as usize]),
+                );
+            }
+        }
+        doc.single(
+            "leasehold_escrow_rls_limit_overrides_ignored_total",
+            MetricKind::Counter,
+            "Descriptors carrying a limit override, answered by the configured rule instead.",
+            load(&self.limit_overrides_ignored),
+        );
+        doc.single(
+            "leasehold_escrow_rls_negative_hits_ignored_total",
+            MetricKind::Counter,
+            "Descriptors with is_negative_hits, answered OK without spending or returning.",
+            load(&self.negative_hits_ignored),
+        );
+    }
+
+    fn domain(&self, domain: &str) -> &OutcomeCounters {
+        self.domains.get(domain).unwrap_or(&self.unknown_domain)
+    }
+}
+
+/// The RLS state of a node: its domains and metrics.
+#[derive(Debug)]
+pub struct RlsState {
+    domains: HashMap<String, DomainConfig>,
+    response_headers: bool,
+    /// What `/metrics` shows.
+    pub metrics: RlsMetrics,
+}
+
+impl RlsState {
+    /// The state serving `config`.
+    pub fn new(config: &RlsConfig) -> RlsState {
+        RlsState {
+            domains: config
+                .domains
+                .iter()
+                .map(|d| (d.domain.clone(), d.clone()))
+                .collect(),
+            response_headers: config.response_headers,
+            metrics: RlsMetrics::new(config),
+        }
+    }
+}
+
+/// The gRPC face of RLS on the escrow node.
+#[derive(Debug, Clone)]
+pub struct RateLimitApi {
+    escrow: EscrowApi,
+    state: Arc<RlsState>,
+}
+
+impl RateLimitApi {
+    /// RLS answered from `escrow`'s keys with `state`'s domains.
+    pub fn new(escrow: EscrowApi, state: Arc<RlsState>) -> Self {
+        RateLimitApi { escrow, state }
+    }
+}
+
+fn wire_unit(unit: Unit) -> WireUnit {
+    match unit {
+        Unit::Second => WireUnit::Second,
+        Unit::Minute => WireUnit::Minute,
+        Unit::Hour => WireUnit::Hour,
+        Unit::Day => WireUnit::Day,
+    }
+}
+
+fn wire_status(answer: &DescriptorAnswer) -> DescriptorStatus {
+    DescriptorStatus {
+        code: match answer.code {
+            Code::Ok => WireCode::Ok,
+            Code::OverLimit => WireCode::OverLimit,
+        } as i32,
+        current_limit: answer
+            .current_limit
+            .map(|(requests_per_unit, unit)| WireLimit {
+                name: String::new(),
+                requests_per_unit,
+                unit: wire_unit(unit) as i32,
+            }),
+        limit_remaining: answer.limit_remaining,
+        duration_until_reset: answer.until_reset_ms.map(|ms| WireDuration {
+            seconds: i64::try_from(ms / 1_000).unwrap_or(i64::MAX),
+            nanos: i32::try_from(ms % 1_000 * 1_000_000).unwrap_or(0),
+        }),
+        quota: None,
+    }
+}
+
+/// One descriptor of a request, read.
+struct ReadDescriptor<'a> {
+    entries: Vec<(&'a str, &'a str)>,
+    /// Its own `hits_addend`, else the request's.
+    hits: u64,
+    /// `is_negative_hits`.
+    negative: bool,
+}
+
+/// A request's descriptors as entries and hits, refusing what cannot be
+/// answered.
+fn read_descriptors(request: &RateLimitRequest) -> Result<Vec<ReadDescriptor<'_>>, Status> {
+    if request.domain.is_empty() {
+        return Err(invalid_field(
+            "domain",
+            "the rate limit domain must not be empty",
+        ));
+    }
+    if request.descriptors.is_empty() {
+        return Err(invalid_field(
+            "descriptors",
+            "the rate limit descriptor list must not be empty",
+        ));
+    }
+    if request.descriptors.len() > MAX_DESCRIPTORS {
+        return Err(invalid_field(
+            "descriptors",
+            format!(
+                "{} descriptors; at most {MAX_DESCRIPTORS} in one request",
+                request.descriptors.len()
+            ),
+        ));
+    }
+    request
+        .descriptors
+        .iter()
+        .enumerate()
+        .map(|(i, descriptor)| {
+            if descriptor.entries.len() > MAX_ENTRIES {
+                return Err(invalid_field(
+                    "descriptors.entries",
+                    format!(
+                        "descriptor {i} has {} entries; at most {MAX_ENTRIES}",
+                        descriptor.entries.len()
+                    ),
+                ));
+            }
+            let entries = descriptor
+                .entries
+                .iter()
+                .map(|entry| {
+                    if entry.key.is_empty() {
+                        Err(invalid_field(
+                            "descriptors.entries.key",
+                            format!("descriptor {i} has an entry with an empty key"),
+                        ))
+                    } else {
+                        Ok((entry.key.as_str(), entry.value.as_str()))
+                    }
+                })
+                .collect::<Result<Vec<_>, Status>>()?;
+            let hits = descriptor
+                .hits_addend
+                .map_or(u64::from(request.hits_addend), |hits| hits.value);
+            Ok(ReadDescriptor {
+                entries,
+                hits,
+                negative: descriptor.is_negative_hits,
+            })
+        })
+        .collect()
+}
+
+#[tonic::async_trait]
+impl RateLimitService for RateLimitApi {
+    #[tracing::instrument(name = "rls.should_rate_limit", level = "debug", skip_all, fields(
+        domain = %request.get_ref().domain, descriptors = request.get_ref().descriptors.len()))]
+    async fn should_rate_limit(
+        &self,
+        request: Request<RateLimitRequest>,
+    ) -> Result<Response<RateLimitResponse>, Status> {
+        let caller = crate::auth::caller(&request);
+        let request = request.into_inner();
+        let metrics = &self.state.metrics;
+        let descriptors = match read_descriptors(&request) {
+            Ok(descriptors) => descriptors,
+            Err(status) => {
+                metrics.requests_refused.fetch_add(1, Ordering::Relaxed);
+                return Err(status);
+            }
+        };
+        let overrides = request
+            .descriptors
+            .iter()
+            .filter(|d| d.limit.is_some())
+            .count();
+        metrics
+            .limit_overrides_ignored
+            .fetch_add(overrides as u64, Ordering::Relaxed);
+        let config = self.state.domains.get(&request.domain);
+        // A negative-hits descriptor takes no part (not even in `replaces`).
+        let counted: Vec<RequestDescriptor> = descriptors
+            .iter()
+            .filter(|d| !d.negative)
+            .map(|d| RequestDescriptor {
+                entries: &d.entries,
+                hits: d.hits,
+            })
+            .collect();
+        let mut counted_plans = plan_request(config, &counted).into_iter();
+        let plans: Vec<Plan> = descriptors
+            .iter()
+            .map(|d| {
+                if d.negative {
+                    metrics
+                        .negative_hits_ignored
+                        .fetch_add(1, Ordering::Relaxed);
+                    Plan::NoLimit
+                } else {
+                    counted_plans.next().unwrap_or(Plan::NoLimit)
+                }
+            })
+            .collect();
+        let outcomes = futures::future::try_join_all(plans.iter().map(|plan| {
+            let caller = caller.clone();
+            async move {
+                let Plan::Limited(limited) = plan else {
+                    return Ok(EscrowOutcome::NotAsked);
+                };
+                if !limited.asks_escrow() {
+                    return Ok(EscrowOutcome::NotAsked);
+                }
+                let acquired = self
+                    .escrow
+                    .check_whole(&limited.key, limited.hits, caller)
+                    .await?;
+                Ok::<_, Status>(match acquired {
+                    Acquired::Credits {
+                        served,
+                        shadow_would_deny,
+                        ..
+                    } => EscrowOutcome::Admitted {
+                        held_after: served.held_after,
+                        window_end_ms: served.window_end_ms,
+                        shadow_would_deny,
+                    },
+                    Acquired::Denied { window_end_ms, .. } => {
+                        EscrowOutcome::Denied { window_end_ms }
+                    }
+                })
+            }
+        }))
+        .await
+        .inspect_err(|_| {
+            metrics.requests_refused.fetch_add(1, Ordering::Relaxed);
+        })?;
+        let now_ms = self.escrow.wall_ms();
+        let answers: Vec<DescriptorAnswer> = plans
+            .iter()
+            .zip(outcomes)
+            .map(|(plan, outcome)| DescriptorAnswer::of(plan, outcome, now_ms))
+            .collect();
+        let domain_counters = metrics.domain(&request.domain);
+        for (plan, answer) in plans.iter().zip(&answers) {
+            let (outcome, hits, detailed) = match plan {
+                Plan::NoLimit => (Outcome::NoLimit, 0, None),
+                Plan::Unlimited => (Outcome::Unlimited, 0, None),
+                Plan::Limited(limited) => (
+                    if answer.code == Code::OverLimit {
+                        Outcome::OverLimit
+                    } else if answer.shadow_would_deny {
+                        Outcome::ShadowMode
+                    } else {
+                        Outcome::WithinLimit
+                    },
+                    limited.hits,
+                    limited
+                        .detailed_metric
+                        .then(|| metrics.detailed.get(&limited.rule_prefix))
+                        .flatten(),
+                ),
+            };
+            domain_counters.count(outcome, hits);
+            if let Some((_, counters)) = detailed {
+                counters.count(outcome, hits);
+            }
+        }
+        let over = overall_over_limit(&answers);
+        let counter = if over {
+            &metrics.requests_over_limit
+        } else {
+            &metrics.requests_ok
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        let response_headers_to_add = if self.state.response_headers {
+            draft_headers(&answers)
+                .into_iter()
+                .map(|(key, value)| HeaderValue {
+                    key: key.to_string(),
+                    value,
+                    raw_value: Vec::new(),
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        Ok(Response::new(RateLimitResponse {
+            overall_code: if over {
+                WireCode::OverLimit
+            } else {
+                WireCode::Ok
+            } as i32,
+            statuses: answers.iter().map(wire_status).collect(),
+            response_headers_to_add,
+            ..RateLimitResponse::default()
+        }))
+    }
+}
