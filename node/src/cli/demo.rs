@@ -449,6 +449,7 @@ pub async fn run(args: DemoArgs) -> Result<(), CliError> {
         nodes: 3,
         config: None,
         escrow_base_port: 0,
+        ratelimit_configs: Vec::new(),
     };
     let cluster = DevCluster::start(&dev)?;
     let result = async {

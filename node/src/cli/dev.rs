@@ -26,6 +26,7 @@ use super::{shutdown_signal, CliError};
 use crate::certs::{files_for, mint, CertificateAuthority, MintPlan};
 use crate::config::NodeConfig;
 use crate::error::NodeError;
+use crate::escrow::rls::RlsConfig;
 use crate::tls::Security;
 
 /// Prefix of the demo policy `dev` sets.
@@ -55,6 +56,12 @@ pub struct DevArgs {
     /// next port). 0 starts no escrow nodes.
     #[arg(long, default_value_t = 7201)]
     pub escrow_base_port: u16,
+    /// Serve Envoy's rate limit service (RLS v3) on the escrow nodes,
+    /// matching this `envoyproxy/ratelimit` configuration file (repeat for
+    /// more domains); `dev` also sets the policies its rules stand for. The
+    /// answers carry the draft RateLimit headers.
+    #[arg(long = "ratelimit-config", value_name = "FILE")]
+    pub ratelimit_configs: Vec<PathBuf>,
 }
 
 /// Regions of the escrow nodes `dev` starts.
@@ -119,6 +126,7 @@ fn start_escrow_nodes(
     args: &DevArgs,
     members: &[(u64, String)],
     certs: &Path,
+    rls: Option<&RlsConfig>,
 ) -> Result<DevEscrowNodes, CliError> {
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let mut nodes = Vec::new();
@@ -140,6 +148,7 @@ fn start_escrow_nodes(
             coordinators.clone(),
         );
         config.security = Some(dev_security(certs, &Principal::Region(region_id)));
+        config.rls = rls.cloned();
         let mut stopped = stopped.clone();
         tasks.push(tokio::spawn(async move {
             let shutdown = async move {
@@ -316,13 +325,35 @@ pub async fn prepare(
     Ok(status)
 }
 
+/// Sets the policies `rls`'s rules stand for (`leasehold policy apply`).
+async fn apply_ratelimit_policies(admin: &AdminClient, rls: &RlsConfig) -> Result<(), CliError> {
+    for domain in &rls.domains {
+        for policy in domain.policies() {
+            admin.set_policy(policy).await?;
+        }
+    }
+    Ok(())
+}
+
 /// Runs `leasehold dev`.
 pub async fn run(args: DevArgs) -> Result<(), CliError> {
+    let rls = if args.ratelimit_configs.is_empty() {
+        None
+    } else {
+        Some(RlsConfig::load(&args.ratelimit_configs, true)?)
+    };
     let mut cluster = DevCluster::start(&args)?;
     let admin = cluster.admin()?;
     let members = cluster.members.clone();
+    let prepare_all = async {
+        let status = prepare(&admin, &members).await?;
+        if let Some(rls) = &rls {
+            apply_ratelimit_policies(&admin, rls).await?;
+        }
+        Ok(status)
+    };
     let prepared = tokio::select! {
-        prepared = prepare(&admin, &members) => prepared,
+        prepared = prepare_all => prepared,
         failed = cluster.run_until(std::future::pending()) => failed.map(|_| pb::StatusResponse::default()),
     };
     let status = match prepared {
@@ -332,13 +363,14 @@ pub async fn run(args: DevArgs) -> Result<(), CliError> {
             return Err(e);
         }
     };
-    let escrow = start_escrow_nodes(&args, &cluster.members, &cluster.certs)?;
+    let escrow = start_escrow_nodes(&args, &cluster.members, &cluster.certs, rls.as_ref())?;
     print_banner(
         &args,
         &cluster.members,
         &cluster.certs,
         status.current_leader,
         &escrow.nodes,
+        rls.as_ref(),
     );
     let result = cluster.run_until(shutdown_signal()).await;
     println!("stopping…");
@@ -350,12 +382,35 @@ pub async fn run(args: DevArgs) -> Result<(), CliError> {
     result
 }
 
+/// How to reach the escrow nodes' rate limit service.
+fn print_rls_banner(rls: &RlsConfig, certs: &Path, escrow_nodes: &[(String, String)]) {
+    let domains: Vec<&str> = rls.domains.iter().map(|d| d.domain.as_str()).collect();
+    println!();
+    println!(
+        "Envoy's rate limit service (envoy.service.ratelimit.v3.RateLimitService) is served \
+         by each escrow node, domains {domains:?}, policies set."
+    );
+    for (region, addr) in escrow_nodes {
+        if let Ok(service) = dev_service(region) {
+            let files = files_for(certs, &service);
+            println!(
+                "  region {region}: {addr}   Envoy's client certificate: {} (key {}), CA {}",
+                files.cert.display(),
+                files.key.display(),
+                files.ca.display()
+            );
+        }
+    }
+    println!("  (docs/envoy.md: an envoy.yaml that rate-limits through these nodes)");
+}
+
 fn print_banner(
     args: &DevArgs,
     members: &[(u64, String)],
     certs: &Path,
     leader: Option<u64>,
     escrow_nodes: &[(String, String)],
+    rls: Option<&RlsConfig>,
 ) {
     let first = &members[0].1;
     let all = members
@@ -419,6 +474,9 @@ fn print_banner(
             files.cert.display(),
             files.key.display()
         );
+    }
+    if let Some(rls) = rls {
+        print_rls_banner(rls, certs, escrow_nodes);
     }
     println!();
     println!("Press Ctrl-C to stop.");

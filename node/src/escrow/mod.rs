@@ -265,6 +265,11 @@ where
     health_reporter
         .set_serving::<EscrowServer<EscrowApi>>()
         .await;
+    if config.rls.is_some() {
+        health_reporter
+            .set_serving::<RateLimitServiceServer<rls::RateLimitApi>>()
+            .await;
+    }
     tracing::info!(region = %config.region, listen = %config.listen, "escrow node serving");
     let auth = AuthLayer::new(
         Scope::Escrow {

@@ -33,6 +33,7 @@ async fn dev_cluster_initialises_once_and_is_reused() -> Result<()> {
         nodes: 3,
         config: None,
         escrow_base_port: 0,
+        ratelimit_configs: Vec::new(),
     };
 
     let first = DevCluster::start(&args)?;

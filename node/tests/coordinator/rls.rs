@@ -145,6 +145,18 @@ async fn every_field_is_answered_as_documented() -> Result<()> {
     })
     .await?;
     let mut client = rls_client(&node).await?;
+    let channel = Channel::from_shared(format!("http://{}", node.addr))?
+        .connect()
+        .await?;
+    let health = tonic_health::pb::health_client::HealthClient::new(channel)
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: "envoy.service.ratelimit.v3.RateLimitService".into(),
+        })
+        .await?
+        .into_inner();
+    ensure!(
+        health.status == tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+    );
 
     // A per-value budget: 5 an hour for each address; hits_addend 0 is 1.
     for i in 0..5 {
@@ -381,6 +393,31 @@ async fn a_key_without_its_policy_is_refused_and_headers_are_off_by_default() ->
     .await?;
     ensure!(overall(&unlimited) == WireCode::Ok);
     ensure!(unlimited.response_headers_to_add.is_empty());
+    // A node without ratelimit files serves no RLS (and says so in health).
+    let plain = EscrowNode::start(&cluster, "us", |_| {}).await?;
+    let channel = Channel::from_shared(format!("http://{}", plain.addr))?
+        .connect()
+        .await?;
+    let unknown = tonic_health::pb::health_client::HealthClient::new(channel.clone())
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: "envoy.service.ratelimit.v3.RateLimitService".into(),
+        })
+        .await
+        .expect_err("not served");
+    ensure!(unknown.code() == tonic::Code::NotFound, "{unknown:?}");
+    let unserved = RateLimitServiceClient::new(channel)
+        .should_rate_limit(request(
+            "edge",
+            vec![descriptor(&[("generic_key", "free")])],
+            1,
+        ))
+        .await
+        .expect_err("not served");
+    ensure!(
+        unserved.code() == tonic::Code::Unimplemented,
+        "{unserved:?}"
+    );
+    plain.stop().await;
     node.stop().await;
     Ok(())
 }
