@@ -62,6 +62,13 @@ impl EscrowNode {
         Ok(EscrowClient::connect(format!("http://{}", self.addr)).await?)
     }
 
+    /// Stops the node as a crash would: no credits handed back, its memory
+    /// gone (the listener closes with the task).
+    pub(crate) async fn crash(self) {
+        self.task.abort();
+        let _ = self.task.await;
+    }
+
     pub(crate) async fn stop(mut self) {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());

@@ -422,10 +422,10 @@ async fn a_key_without_its_policy_is_refused_and_headers_are_off_by_default() ->
     Ok(())
 }
 
-/// Two regions' escrow nodes serve RLS for one descriptor whose rule
-/// allows L = 60 an hour; eight callers per region ask until their
-/// answers stop coming back OK, while the us node is stopped and started
-/// afresh twice and a coordinator member is stopped. The oracle sums every
+/// Two regions' escrow nodes (two for eu, serving at once) serve RLS for
+/// one descriptor whose rule allows L = 60 an hour; eight callers per node
+/// ask 25 times each, while the us node is stopped, then crashed, and each
+/// time started afresh, and a coordinator member is stopped. The oracle sums every
 /// OK per window (told by the answer's reset): ≤ L.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_regions_behind_rls_never_admit_more_than_the_limit() -> Result<()> {
@@ -437,6 +437,8 @@ async fn two_regions_behind_rls_never_admit_more_than_the_limit() -> Result<()> 
     let mut cluster = Cluster::start_initialised(3, |_| {}).await?;
     apply(&cluster, &config).await?;
     let eu = start_rls_node(&cluster, "eu", &config).await?;
+    // A second node of region eu, serving at the same time.
+    let eu2 = start_rls_node(&cluster, "eu", &config).await?;
     let mut us = start_rls_node(&cluster, "us", &config).await?;
 
     // (window end, rounded to the hour) -> OKs, over every caller.
@@ -474,12 +476,18 @@ async fn two_regions_behind_rls_never_admit_more_than_the_limit() -> Result<()> 
     let mut callers = Vec::new();
     for _ in 0..8 {
         callers.push(run_callers(eu.addr.clone(), admitted.clone()));
+        callers.push(run_callers(eu2.addr.clone(), admitted.clone()));
         callers.push(run_callers(us.addr.clone(), admitted.clone()));
     }
-    // Faults while they run: us loses its memory twice; a member stops.
+    // Faults while they run: us loses its memory twice (a clean stop, then
+    // a crash that hands nothing back); a member stops.
     for round in 0..2 {
         tokio::time::sleep(Duration::from_millis(150)).await;
-        us.stop().await;
+        if round == 0 {
+            us.stop().await;
+        } else {
+            us.crash().await;
+        }
         us = start_rls_node(&cluster, "us", &config).await?;
         for _ in 0..4 {
             callers.push(run_callers(us.addr.clone(), admitted.clone()));
@@ -508,6 +516,7 @@ async fn two_regions_behind_rls_never_admit_more_than_the_limit() -> Result<()> 
         "only {total} of {LIMIT} admitted: {admitted:?}"
     );
     eu.stop().await;
+    eu2.stop().await;
     us.stop().await;
     Ok(())
 }
