@@ -13,6 +13,9 @@
 #   - both regions admitted (eu through its other node after the kill; the
 #     load client prints each region's longest pause);
 #   - leases through the escrow nodes work again after the restart;
+#   - Envoy's rate limit service on all four escrow nodes, asked as Envoy
+#     asks it (service certificate `envoy` of each region): Σ OK ≤ L per
+#     window over both regions, with the draft RateLimit headers;
 #   - every container is healthy (`leasehold health`) and serves /metrics.
 # Prints each step; exits non-zero on the first failed check (the /metrics
 # step reports and fails at the end, after the other checks have run).
@@ -269,6 +272,18 @@ load_client load --escrow eu=escrow-eu:7200,escrow-eu-2:7200 --escrow us=escrow-
   --duration-secs 4 --kept-key "$KEPT_KEY" > "$WORK/after.out" 2>&1 || { sed 's/^/    /' "$WORK/after.out"; fail "load after the restart"; }
 { grep '^region ' "$WORK/after.out" || true; } | sed 's/^/    /'
 
+step "Envoy's rate limit service (RLS v3) on all four escrow nodes: Σ OK ≤ 10 per 1 s window"
+docker run --rm --network "$NETWORK" -v "$CERTS_VOLUME:/certs:ro" \
+  -v "$PWD/deploy/config/ratelimit.example.yaml:/etc/leasehold/ratelimit/messaging.yaml:ro" \
+  -e LEASEHOLD_CA=/certs/ca.pem -e LEASEHOLD_CERT=/certs/operator-admin.pem \
+  -e LEASEHOLD_KEY=/certs/operator-admin.key -e LEASEHOLD_ENDPOINT=n1:7100,n2:7100,n3:7100 \
+  "$IMAGE" policy apply /etc/leasehold/ratelimit/messaging.yaml 2>&1 | sed 's/^/    /'
+sleep 3 # the escrow nodes read policies every 2 s
+load_client rls --escrow eu=escrow-eu:7200,escrow-eu-2:7200 --escrow us=escrow-us:7200,escrow-us-2:7200 \
+  --domain messaging --entry remote_address=192.0.2.7 --limit 10 --window-ms 1000 \
+  --duration-secs 4 > "$WORK/rls.out" 2>&1 || { sed 's/^/    /' "$WORK/rls.out"; fail "RLS through the escrow nodes"; }
+grep '^RLS ' "$WORK/rls.out" | sed 's/^/    /'
+
 step "scrape /metrics of every container"
 metrics_failures=0
 for target in n1:7101 n2:7101 n3:7101 escrow-eu:7201 escrow-eu-2:7201 escrow-us:7201 escrow-us-2:7201; do
@@ -294,7 +309,7 @@ for target in n1:7101 n2:7101 n3:7101 escrow-eu:7201 escrow-eu-2:7201 escrow-us:
 done
 
 step "summary"
-info "image FROM scratch, compose up, init, policies, leader kill, network cut, full restart: passed"
+info "image FROM scratch, compose up, init, policies, leader kill, network cut, full restart, RLS: passed"
 info "Σ admitted ≤ L in every window; all $acked_tokens acknowledged tokens of key $acked_key kept"
 info "total $(( $(date +%s) - STARTED )) s"
 if [ "$metrics_failures" -gt 0 ]; then

@@ -11,6 +11,13 @@
 //!   went without an admission, and the line
 //!   `ACKNOWLEDGED <key> <window_start_ms> <tokens>`; it fails when a window
 //!   admitted more than `--limit` or a region admitted nothing.
+//! - `rls`: Envoy's rate limit service on every `--escrow` node, as Envoy
+//!   calls it (`ShouldRateLimit`, with a service certificate of each
+//!   node's region), one descriptor `--entry KEY=VALUE` of `--domain`, for
+//!   `--duration-secs`: OK answers per window (aligned to `--window-ms`)
+//!   summed over every node; it fails when a window had more than
+//!   `--limit`, when no answer was OK, or when an answer lacked the draft
+//!   RateLimit headers.
 //! - `verify`: after a restart, reads `--key`'s window (linearizable) and
 //!   fails unless it is the window the grants were acknowledged in and its
 //!   Σ granted is at least the acknowledged tokens: no acknowledged grant
@@ -49,6 +56,38 @@ enum Command {
     Load(LoadArgs),
     /// Check that a key's window still holds every acknowledged grant.
     Verify(VerifyArgs),
+    /// Ask Envoy's rate limit service on every escrow node; Σ OK ≤ L per window.
+    Rls(RlsArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+struct RlsArgs {
+    #[command(flatten)]
+    certs: Certs,
+    /// A region's escrow nodes as REGION=HOST:PORT[,HOST:PORT…]; repeat.
+    #[arg(long = "escrow", value_parser = parse_escrow, required = true)]
+    escrows: Vec<(String, String)>,
+    /// The service whose certificates call the escrow nodes (as Envoy).
+    #[arg(long, default_value = "envoy")]
+    service: String,
+    /// The rate limit domain.
+    #[arg(long)]
+    domain: String,
+    /// The descriptor's one entry, KEY=VALUE.
+    #[arg(long)]
+    entry: String,
+    /// The rule's requests per unit (L).
+    #[arg(long)]
+    limit: u64,
+    /// The rule's window (its unit), in milliseconds.
+    #[arg(long)]
+    window_ms: u64,
+    /// Callers per escrow node.
+    #[arg(long, default_value_t = 2)]
+    callers_per_escrow: usize,
+    /// How long to ask.
+    #[arg(long)]
+    duration_secs: u64,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -427,11 +466,140 @@ fn kept_verdict(
     Ok(())
 }
 
+/// OK answers per window start, and what else was seen.
+#[derive(Debug, Default)]
+struct RlsTally {
+    ok: BTreeMap<u64, u64>,
+    over_limit: u64,
+    errors: u64,
+    without_headers: u64,
+}
+
+async fn rls(args: RlsArgs) -> Result<()> {
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+    use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+
+    let (key, value) = args
+        .entry
+        .split_once('=')
+        .context("--entry must be KEY=VALUE")?;
+    if args.limit == 0 || args.window_ms == 0 || args.duration_secs == 0 {
+        bail!("--limit, --window-ms and --duration-secs must be at least 1");
+    }
+    let request = RateLimitRequest {
+        domain: args.domain.clone(),
+        descriptors: vec![RateLimitDescriptor {
+            entries: vec![Entry {
+                key: key.to_string(),
+                value: value.to_string(),
+            }],
+            ..RateLimitDescriptor::default()
+        }],
+        hits_addend: 1,
+    };
+    let tally = Arc::new(Mutex::new(RlsTally::default()));
+    let end = tokio::time::Instant::now() + Duration::from_secs(args.duration_secs);
+    let mut tasks = Vec::new();
+    for (region, addrs) in &args.escrows {
+        let dialer = args
+            .certs
+            .dialer(&format!("service-{}-{region}", args.service));
+        for addr in addrs.split(',') {
+            let channel = dialer
+                .dial(addr)
+                .await
+                .with_context(|| format!("dialing {addr}"))?;
+            for _ in 0..args.callers_per_escrow {
+                let mut client = RateLimitServiceClient::new(channel.clone());
+                let (request, tally, window_ms) = (request.clone(), tally.clone(), args.window_ms);
+                tasks.push(tokio::spawn(async move {
+                    while tokio::time::Instant::now() < end {
+                        let answer = client.should_rate_limit(request.clone()).await;
+                        let at = wall_now_ms();
+                        {
+                            let mut tally = tally.lock().unwrap_or_else(|e| e.into_inner());
+                            match answer.map(tonic::Response::into_inner) {
+                                Ok(answer) => {
+                                    if !answer
+                                        .response_headers_to_add
+                                        .iter()
+                                        .any(|h| h.key == "x-ratelimit-limit")
+                                    {
+                                        tally.without_headers += 1;
+                                    }
+                                    if answer.overall_code == Code::Ok as i32 {
+                                        let reset = answer
+                                            .statuses
+                                            .first()
+                                            .and_then(|s| s.duration_until_reset)
+                                            .map_or(0, |d| {
+                                                d.seconds.max(0) as u64 * 1_000
+                                                    + u64::from(d.nanos.max(0) as u32 / 1_000_000)
+                                            });
+                                        let start = window_of(at, reset, window_ms);
+                                        *tally.ok.entry(start).or_default() += 1;
+                                    } else {
+                                        tally.over_limit += 1;
+                                    }
+                                }
+                                Err(_) => tally.errors += 1,
+                            }
+                        }
+                        tokio::time::sleep(Duration::from_millis(2)).await;
+                    }
+                }));
+            }
+        }
+    }
+    for task in tasks {
+        task.await?;
+    }
+    let tally = tally.lock().unwrap_or_else(|e| e.into_inner());
+    for (start, ok) in &tally.ok {
+        println!("window {start}: {ok} OK of L = {}", args.limit);
+    }
+    let total: u64 = tally.ok.values().sum();
+    println!(
+        "RLS {total} OK, {} OVER_LIMIT, {} errors, {} without headers",
+        tally.over_limit, tally.errors, tally.without_headers
+    );
+    rls_verdict(&tally, args.limit)
+}
+
+/// The start of the window an OK answer received at `at_ms` was admitted
+/// in, told by its `reset_ms` (until the window's end, as the node saw it):
+/// the window boundary nearest to `at_ms + reset_ms`, minus one window —
+/// so an answer admitted just before an edge and received after it counts
+/// in its own window.
+fn window_of(at_ms: u64, reset_ms: u64, window_ms: u64) -> u64 {
+    let end = at_ms + reset_ms;
+    ((end + window_ms / 2) / window_ms * window_ms).saturating_sub(window_ms)
+}
+
+/// Fails on a window over `limit`, on no OK at all, and on answers without
+/// the draft headers.
+fn rls_verdict(tally: &RlsTally, limit: u64) -> Result<()> {
+    if let Some((start, ok)) = tally.ok.iter().find(|(_, ok)| **ok > limit) {
+        bail!("window {start}: {ok} OK answers > L = {limit}");
+    }
+    if tally.ok.is_empty() {
+        bail!("no answer was OK");
+    }
+    if tally.without_headers > 0 {
+        bail!("{} answers lacked x-ratelimit-limit", tally.without_headers);
+    }
+    Ok(())
+}
+
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let result = match Cli::parse().command {
         Command::Load(args) => load(args).await,
         Command::Verify(args) => verify(args).await,
+        Command::Rls(args) => rls(args).await,
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -445,6 +613,28 @@ async fn main() -> std::process::ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_answer_counts_in_the_window_it_was_admitted_in() {
+        // Admitted at 999 ms with 1 ms left, received at 1 002 ms.
+        assert_eq!(window_of(1_002, 1, 1_000), 0);
+        assert_eq!(window_of(1_002, 998, 1_000), 1_000);
+        assert_eq!(window_of(60_500, 500, 1_000), 60_000);
+    }
+
+    #[test]
+    fn the_rls_verdict_fails_over_the_limit_without_answers_or_headers() {
+        let mut tally = RlsTally::default();
+        assert!(rls_verdict(&tally, 10).is_err(), "no OK at all");
+        tally.ok.insert(0, 10);
+        tally.ok.insert(1_000, 3);
+        assert!(rls_verdict(&tally, 10).is_ok());
+        tally.ok.insert(2_000, 11);
+        assert!(rls_verdict(&tally, 10).is_err(), "11 > 10");
+        tally.ok.insert(2_000, 1);
+        tally.without_headers = 1;
+        assert!(rls_verdict(&tally, 10).is_err(), "headers missing");
+    }
 
     #[test]
     fn a_window_over_the_limit_is_reported_with_its_sum_over_regions() {
