@@ -168,6 +168,9 @@ pub struct History {
     pub limit: u64,
     /// Window length of the key.
     pub window_ms: u64,
+    /// The key the load spends, whose utilisation is reported; empty:
+    /// [`SHARED_KEY`].
+    pub load_key: &'static str,
     /// Keys governed by a shadow-mode policy at any time of the run: their
     /// decisions are counted, never enforced, so the Δ oracle leaves them
     /// out (explicitly: see `invariants::delta`).
@@ -206,10 +209,15 @@ pub struct History {
 }
 
 impl History {
-    /// Σ admitted tokens of [`SHARED_KEY`] per window start.
+    /// Σ admitted tokens of the load's key per window start.
     pub fn admitted_per_window(&self) -> BTreeMap<u64, u64> {
+        let key = if self.load_key.is_empty() {
+            SHARED_KEY
+        } else {
+            self.load_key
+        };
         let mut sums = BTreeMap::new();
-        for a in self.admissions.iter().filter(|a| a.key == SHARED_KEY) {
+        for a in self.admissions.iter().filter(|a| a.key == key) {
             *sums.entry(a.window_start_ms).or_insert(0) += a.cost;
         }
         sums
@@ -260,6 +268,11 @@ impl Recorder {
     /// every region ([`History::outage_allowance`]).
     pub fn allow_outage_excess(&self, tokens: u64) {
         self.with(|h| h.outage_allowance = tokens);
+    }
+
+    /// Names the key the load spends (when it is not [`SHARED_KEY`]).
+    pub fn load_key(&self, key: &'static str) {
+        self.with(|h| h.load_key = key);
     }
 
     /// Records an admission.

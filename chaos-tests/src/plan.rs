@@ -58,6 +58,11 @@ pub struct FleetShape {
     /// Escrow node 1 serves region 0 beside node 0 (two nodes, one region,
     /// active-active) instead of a region of its own.
     pub second_node_in_region_0: bool,
+    /// Clients are Envoy's rate limit filter: each asks its escrow node's
+    /// rate limit service (`ShouldRateLimit`, one hit) for the descriptor
+    /// of [`crate::sim::rls`], whose rule allows `limit` per window (the
+    /// window must be a unit's: 1 s, 1 min, 1 h or 1 day).
+    pub rls: bool,
     /// The key's outage policy: `fallback` with this many tokens per region
     /// per window (0: `fail_closed`). The Δ oracle then allows the window
     /// `escrow_nodes ×` this beyond L, as the policy documents.
@@ -81,6 +86,7 @@ impl Default for FleetShape {
             sparse_region_0: false,
             light_region_0: false,
             second_node_in_region_0: false,
+            rls: false,
             fallback_tokens_per_region: 0,
         }
     }

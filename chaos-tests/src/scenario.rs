@@ -306,6 +306,28 @@ pub fn all() -> Vec<Scenario> {
         // The same with nodes 0 and 1 serving region 0 together (node 2
         // region 2), active-active.
         escrow_restarts("fair_two_nodes_per_region_restarts", true, true),
+        // Envoy's rate limit filter in front of every client: each request
+        // is one ShouldRateLimit to its escrow node; the oracle sums the
+        // fleet's OK answers per 1 s window.
+        Scenario {
+            shape: FleetShape {
+                escrow_nodes: 2,
+                rls: true,
+                ..FleetShape::default()
+            },
+            ..base("rls_healthy", vec![])
+        },
+        // The same inside one-minute windows (L spent early in each) while
+        // escrow nodes crash, drain and restart — two of them serving one
+        // region — and the leader loses power.
+        Scenario {
+            shape: FleetShape {
+                rls: true,
+                window_ms: 60_000,
+                ..escrow_restarts("", false, true).shape
+            },
+            ..escrow_restarts("rls_escrow_restarts", false, true)
+        },
     ]
 }
 

@@ -104,6 +104,7 @@ scenario_tests!(
     leader_step_down,
     fair_pool_leader_power_loss,
     fair_pool_region_cut,
+    rls_healthy,
 );
 
 /// Tokens admitted per window start by the clients of escrow node `region`
@@ -309,6 +310,8 @@ fn every_scenario_has_a_test() {
         "escrow_restarts_mid_window",
         "fair_escrow_restarts_mid_window",
         "fair_two_nodes_per_region_restarts",
+        "rls_healthy",
+        "rls_escrow_restarts",
     ];
     for s in scenario::all() {
         assert!(tested.contains(&s.name), "scenario {} has no test", s.name);
@@ -354,6 +357,13 @@ fn fair_escrow_restarts_mid_window() {
 #[test]
 fn fair_two_nodes_per_region_restarts() {
     assert_restarts_hold("fair_two_nodes_per_region_restarts");
+}
+
+/// Envoy's filter behind every client: Σ OK answers ≤ L per one-minute
+/// window across the fleet while escrow nodes crash, drain and restart.
+#[test]
+fn rls_escrow_restarts() {
+    assert_restarts_hold("rls_escrow_restarts");
 }
 
 /// Bug found by the 100-seed run: a step-down abandoned by its caller (the

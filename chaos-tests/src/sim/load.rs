@@ -176,6 +176,15 @@ pub fn spawn_clients(
                     Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
                 }
             }
+            if shape.rls {
+                let unit = super::rls::unit_of(shape.window_ms)
+                    .ok_or("an rls fleet's window must be a unit's")?;
+                for policy in super::rls::domain(shape.limit, unit).policies() {
+                    while admin.set_policy(pb::Policy::from(&policy)).await.is_err() {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                }
+            }
             let policy = if shape.fair {
                 leasehold_core::policy::Policy::fair("chaos/", shape.limit, shape.window_ms)
             } else {
@@ -206,13 +215,14 @@ pub fn spawn_clients(
     }
 
     for index in 0..shape.clients {
-        let (members, dialer, recorder, ready, window_ms, escrow_nodes) = (
+        let (members, dialer, recorder, ready, window_ms, escrow_nodes, rls) = (
             members.to_vec(),
             dialer.clone(),
             recorder.clone(),
             ready.clone(),
             shape.window_ms,
             shape.escrow_nodes,
+            shape.rls,
         );
         // Region 0's clients of a sparse fleet ask only early in each window.
         let sparse = shape.sparse_region_0 && escrow_nodes > 0 && index % escrow_nodes == 0;
@@ -223,6 +233,17 @@ pub fn spawn_clients(
             let mut rng = rand::rngs::StdRng::seed_from_u64(client_seed);
             while !ready.load(Ordering::SeqCst) {
                 tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            if rls && escrow_nodes > 0 {
+                let addr = format!(
+                    "{}:{}",
+                    super::escrow_host(index % escrow_nodes),
+                    super::ESCROW_PORT
+                );
+                super::rls::ask_until(index, addr, window_ms, load_end_ms, recorder, rng)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                return Ok(());
             }
             let source: Arc<dyn CreditSource> = if escrow_nodes == 0 {
                 let client = CoordinatorClient::with_seed(

@@ -15,6 +15,7 @@ pub mod hostile;
 pub(crate) mod load;
 mod membership;
 mod net;
+pub mod rls;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -99,6 +100,9 @@ pub fn run(scenario: &Scenario, seed: u64, weakening: Weakening) -> RunOutcome {
     let shape = scenario.shape.clone();
     leasehold_raft_store::seed_election_rng(seed);
     let recorder = Recorder::new(shape.limit, shape.window_ms);
+    if shape.rls {
+        recorder.load_key(rls::RLS_KEY);
+    }
     recorder.allow_outage_excess(
         shape.fallback_tokens_per_region * u64::try_from(shape.escrow_nodes.max(1)).unwrap_or(1),
     );
@@ -156,6 +160,9 @@ pub fn run(scenario: &Scenario, seed: u64, weakening: Weakening) -> RunOutcome {
         let members = members.clone();
         let fair_throttle = shape.fair_throttle;
         let pool_release_idle_ms = shape.pool_release_idle_ms;
+        let rls = shape
+            .rls
+            .then(|| rls::node_config(shape.limit, shape.window_ms).map_err(|e| e.to_string()));
         let region_index = if shape.second_node_in_region_0 && index == 1 {
             0
         } else {
@@ -167,6 +174,7 @@ pub fn run(scenario: &Scenario, seed: u64, weakening: Weakening) -> RunOutcome {
         let drains = drains.clone();
         sim.host(escrow_host(index), move || {
             let members = members.clone();
+            let rls = rls.clone();
             let incarnation = incarnations.fetch_add(1, Ordering::Relaxed);
             let (drain, drained) = tokio::sync::watch::channel(false);
             drains
@@ -190,6 +198,9 @@ pub fn run(scenario: &Scenario, seed: u64, weakening: Weakening) -> RunOutcome {
                         .wrapping_add(index as u64)
                         .wrapping_add(incarnation.wrapping_mul(1_000_003)),
                 );
+                if let Some(rls) = &rls {
+                    config.rls = Some(rls.clone()?);
+                }
                 if fair_throttle {
                     let mut rule = leasehold_node::escrow::FairThrottleRule::new("chaos/");
                     // Rotate within the run, so rotation is exercised too.

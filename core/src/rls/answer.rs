@@ -18,6 +18,9 @@
 //!   after the answer — what it can admit without asking the coordinator, a
 //!   lower bound of what the window has left across regions (0 when over);
 //! - `shadow_mode`: what would be `OVER_LIMIT` is `OK`, counted as such;
+//!   `limit_remaining` is always 0 (the rule's policy is a shadow policy,
+//!   whose grants exceed the limit: what the node holds says nothing of
+//!   what an enforced rule would have left, and 0 is always a lower bound);
 //! - the overall code is `OVER_LIMIT` when any descriptor is.
 
 use super::{apply_replaces, budget_key, rule_prefix, DomainConfig, Quota, Unit};
@@ -208,7 +211,7 @@ impl DescriptorAnswer {
             } => DescriptorAnswer {
                 code: Code::Ok,
                 current_limit,
-                limit_remaining: if shadow_would_deny {
+                limit_remaining: if shadow_would_deny || limited.shadow_mode {
                     0
                 } else {
                     u32::try_from(held_after.min(u64::from(limited.requests_per_unit)))
@@ -592,6 +595,7 @@ mod tests {
             prop_assert_eq!(answer.code == Code::OverLimit, !shadow && !was_admitted);
             prop_assert_eq!(answer.shadow_would_deny, shadow && !was_admitted);
             prop_assert!(answer.limit_remaining <= requests);
+            prop_assert!(!shadow || answer.limit_remaining == 0, "a shadow rule reports nothing left");
             prop_assert!(plan.asks_escrow() == (hits.max(1) <= u64::from(requests)));
             let reset = answer.until_reset_ms.expect("a limited rule has a reset");
             prop_assert!((1..=120_000).contains(&reset));

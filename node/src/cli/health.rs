@@ -10,6 +10,7 @@
 //! | `""` (default) | the process is up and serving gRPC |
 //! | `leasehold.v1.Coordinator` | a member that can serve Coordinator calls (it knows a leader; never before `cluster init`) |
 //! | `leasehold.v1.Escrow` | an escrow node serving its region |
+//! | `envoy.service.ratelimit.v3.RateLimitService` | an escrow node serving Envoy's rate limit service (`--ratelimit-config`) |
 //!
 //! How it connects: the client TLS options (`--ca/--cert/--cert-key`,
 //! `LEASEHOLD_CA/LEASEHOLD_CERT/LEASEHOLD_KEY`) or `--insecure`
@@ -42,8 +43,8 @@ pub struct HealthArgs {
         default_value = "127.0.0.1:7100"
     )]
     pub endpoint: String,
-    /// The service asked about: "" (the process), `leasehold.v1.Coordinator`
-    /// or `leasehold.v1.Escrow`.
+    /// The service asked about: "" (the process), `leasehold.v1.Coordinator`,
+    /// `leasehold.v1.Escrow` or `envoy.service.ratelimit.v3.RateLimitService`.
     #[arg(long, env = "LEASEHOLD_HEALTH_SERVICE", default_value = "")]
     pub service: String,
     /// Deadline of the whole check (connect and answer), in milliseconds.

@@ -14,10 +14,11 @@
 //! Requests the node cannot answer are refused `INVALID_ARGUMENT` (reason
 //! `INVALID_FIELD`): an empty `domain`, no `descriptors`, more than
 //! [`MAX_DESCRIPTORS`] descriptors or [`MAX_ENTRIES`] entries in one, an
-//! entry with an empty key. A descriptor's `limit` override is not honoured
-//! (the cluster's policy governs, so every region enforces one limit) and a
-//! descriptor with `is_negative_hits` spends and returns nothing; both are
-//! answered `OK` without a limit and counted.
+//! entry with an empty key. A descriptor's `limit` override is not honoured:
+//! the descriptor is answered by the rule it matches, as without one (the
+//! cluster's policy governs, so every region enforces one limit). A
+//! descriptor with `is_negative_hits` spends and returns nothing and is
+//! answered `OK` without a limit. Both are counted.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
