@@ -13,7 +13,9 @@
 //! - a rule of 0 requests, or hits above its `requests_per_unit`:
 //!   `OVER_LIMIT` without asking the escrow (nothing can ever fit);
 //! - otherwise the escrow admits the hits whole or not at all:
-//!   `OK` or `OVER_LIMIT`, with `current_limit` the rule's, and
+//!   `OK` or `OVER_LIMIT`, with `current_limit` the limit of the key's
+//!   policy as the cluster holds it (changed at runtime by `policy apply`;
+//!   the rule's own where the escrow was not asked), the rule's unit, and
 //!   `limit_remaining` the credits this escrow node still holds for the key
 //!   after the answer — what it can admit without asking the coordinator, a
 //!   lower bound of what the window has left across regions (0 when over);
@@ -121,6 +123,8 @@ pub fn plan_request(config: Option<&DomainConfig>, descriptors: &[RequestDescrip
 pub enum EscrowOutcome {
     /// The hits were admitted.
     Admitted {
+        /// The key's limit per window, as the cluster's policy sets it.
+        limit: u64,
         /// Credits the node still holds for the key afterwards.
         held_after: u64,
         /// End of the window they were admitted in (epoch ms).
@@ -130,6 +134,8 @@ pub enum EscrowOutcome {
     },
     /// Not admitted.
     Denied {
+        /// The key's limit per window, as the cluster's policy sets it.
+        limit: u64,
         /// End of the window the denial is about (epoch ms; 0: unknown).
         window_end_ms: u64,
     },
@@ -194,7 +200,12 @@ impl DescriptorAnswer {
             }
             Plan::Limited(limited) => limited,
         };
-        let current_limit = Some((limited.requests_per_unit, limited.unit));
+        let rule_limit = Some((limited.requests_per_unit, limited.unit));
+        let policy_limit = |limit: u64| match u32::try_from(limit) {
+            Ok(limit) if limit > 0 => Some((limit, limited.unit)),
+            Ok(_) => rule_limit,
+            Err(_) => Some((u32::MAX, limited.unit)),
+        };
         let reset_in = |end_ms: u64| {
             let end = if end_ms > now_ms {
                 end_ms
@@ -205,25 +216,26 @@ impl DescriptorAnswer {
         };
         match outcome {
             EscrowOutcome::Admitted {
+                limit,
                 held_after,
                 window_end_ms,
                 shadow_would_deny,
             } => DescriptorAnswer {
                 code: Code::Ok,
-                current_limit,
+                current_limit: policy_limit(limit),
                 limit_remaining: if shadow_would_deny || limited.shadow_mode {
                     0
                 } else {
-                    u32::try_from(held_after.min(u64::from(limited.requests_per_unit)))
-                        .unwrap_or(u32::MAX)
+                    u32::try_from(held_after.min(limit.max(1))).unwrap_or(u32::MAX)
                 },
                 until_reset_ms: reset_in(window_end_ms),
                 shadow_would_deny,
             },
-            EscrowOutcome::Denied { window_end_ms } => {
-                DescriptorAnswer::over(limited, current_limit, reset_in(window_end_ms))
-            }
-            EscrowOutcome::NotAsked => DescriptorAnswer::over(limited, current_limit, reset_in(0)),
+            EscrowOutcome::Denied {
+                limit,
+                window_end_ms,
+            } => DescriptorAnswer::over(limited, policy_limit(limit), reset_in(window_end_ms)),
+            EscrowOutcome::NotAsked => DescriptorAnswer::over(limited, rule_limit, reset_in(0)),
         }
     }
 
@@ -447,6 +459,7 @@ mod tests {
         let admitted = DescriptorAnswer::of(
             &plans[0],
             EscrowOutcome::Admitted {
+                limit: 10,
                 held_after: 7,
                 window_end_ms: 120_000,
                 shadow_would_deny: false,
@@ -457,8 +470,14 @@ mod tests {
         assert_eq!(admitted.current_limit, Some((10, Unit::Minute)));
         assert_eq!(admitted.limit_remaining, 7);
         assert_eq!(admitted.until_reset_ms, Some(29_500));
-        let denied =
-            DescriptorAnswer::of(&plans[0], EscrowOutcome::Denied { window_end_ms: 0 }, now);
+        let denied = DescriptorAnswer::of(
+            &plans[0],
+            EscrowOutcome::Denied {
+                limit: 10,
+                window_end_ms: 0,
+            },
+            now,
+        );
         assert_eq!(denied.code, Code::OverLimit);
         assert_eq!(denied.limit_remaining, 0);
         assert_eq!(
@@ -469,6 +488,7 @@ mod tests {
         let shadowed = DescriptorAnswer::of(
             &plans[1],
             EscrowOutcome::Denied {
+                limit: 1,
                 window_end_ms: 91_000,
             },
             now,
@@ -481,6 +501,7 @@ mod tests {
         let policy_shadow = DescriptorAnswer::of(
             &plans[0],
             EscrowOutcome::Admitted {
+                limit: 10,
                 held_after: 9,
                 window_end_ms: 120_000,
                 shadow_would_deny: true,
@@ -515,6 +536,7 @@ mod tests {
         let answer = DescriptorAnswer::of(
             &plans[0],
             EscrowOutcome::Admitted {
+                limit: 10,
                 held_after: u64::MAX,
                 window_end_ms: 60_000,
                 shadow_would_deny: false,
@@ -526,6 +548,54 @@ mod tests {
         assert_eq!(
             (free.code, free.limit_remaining, free.current_limit),
             (Code::Ok, u32::MAX, None)
+        );
+    }
+
+    #[test]
+    fn the_policys_limit_is_reported_where_the_escrow_was_asked() {
+        let config = config();
+        let ip = [("remote_address", "a")];
+        let plans = plan_request(
+            Some(&config),
+            &[RequestDescriptor {
+                entries: &ip,
+                hits: 1,
+            }],
+        );
+        // The file says 10 a minute; the cluster's policy was raised to 40.
+        let raised = DescriptorAnswer::of(
+            &plans[0],
+            EscrowOutcome::Admitted {
+                limit: 40,
+                held_after: 25,
+                window_end_ms: 60_000,
+                shadow_would_deny: false,
+            },
+            1,
+        );
+        assert_eq!(raised.current_limit, Some((40, Unit::Minute)));
+        assert_eq!(raised.limit_remaining, 25);
+        let denied = DescriptorAnswer::of(
+            &plans[0],
+            EscrowOutcome::Denied {
+                limit: u64::MAX,
+                window_end_ms: 60_000,
+            },
+            1,
+        );
+        assert_eq!(denied.current_limit, Some((u32::MAX, Unit::Minute)));
+        let unknown = DescriptorAnswer::of(
+            &plans[0],
+            EscrowOutcome::Denied {
+                limit: 0,
+                window_end_ms: 60_000,
+            },
+            1,
+        );
+        assert_eq!(
+            unknown.current_limit,
+            Some((10, Unit::Minute)),
+            "no policy limit: the rule's"
         );
     }
 
@@ -586,9 +656,9 @@ mod tests {
             let outcome = if !plan.asks_escrow() {
                 EscrowOutcome::NotAsked
             } else if admitted {
-                EscrowOutcome::Admitted { held_after, window_end_ms: now + end_offset, shadow_would_deny: false }
+                EscrowOutcome::Admitted { limit: u64::from(requests), held_after, window_end_ms: now + end_offset, shadow_would_deny: false }
             } else {
-                EscrowOutcome::Denied { window_end_ms: now + end_offset }
+                EscrowOutcome::Denied { limit: u64::from(requests), window_end_ms: now + end_offset }
             };
             let answer = DescriptorAnswer::of(&plans[0], outcome, now);
             let was_admitted = matches!(outcome, EscrowOutcome::Admitted { .. });

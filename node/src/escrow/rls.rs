@@ -485,16 +485,22 @@ impl RateLimitService for RateLimitApi {
                 Ok::<_, Status>(match acquired {
                     Acquired::Credits {
                         served,
+                        limit,
                         shadow_would_deny,
-                        ..
                     } => EscrowOutcome::Admitted {
+                        limit,
                         held_after: served.held_after,
                         window_end_ms: served.window_end_ms,
                         shadow_would_deny,
                     },
-                    Acquired::Denied { window_end_ms, .. } => {
-                        EscrowOutcome::Denied { window_end_ms }
-                    }
+                    Acquired::Denied {
+                        limit,
+                        window_end_ms,
+                        ..
+                    } => EscrowOutcome::Denied {
+                        limit,
+                        window_end_ms,
+                    },
                 })
             }
         }))

@@ -520,3 +520,53 @@ async fn two_regions_behind_rls_never_admit_more_than_the_limit() -> Result<()> 
     us.stop().await;
     Ok(())
 }
+
+/// `policy apply` with a raised limit reaches the answers without a
+/// restart: `current_limit` follows the cluster's policy, and a value's
+/// budget is the new limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limit_changed_at_runtime_is_answered_without_a_restart() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let config = rls_config(&dir, EDGE, false)?;
+    let cluster = Cluster::start_initialised(1, |_| {}).await?;
+    apply(&cluster, &config).await?;
+    let node = EscrowNode::start(&cluster, "eu", move |c| {
+        c.batch = 2;
+        c.policy_refresh_ms = 100;
+        c.rls = Some(config.clone());
+    })
+    .await?;
+    let mut client = rls_client(&node).await?;
+    let address = || request("edge", vec![descriptor(&[("remote_address", "r")])], 1);
+    for _ in 0..5 {
+        ensure!(overall(&ask(&mut client, address()).await?) == WireCode::Ok);
+    }
+    ensure!(overall(&ask(&mut client, address()).await?) == WireCode::OverLimit);
+    let raised = leasehold_core::policy::Policy::counter("rls:edge/remote_address/", 8, 3_600_000);
+    cluster
+        .client()?
+        .admin()
+        .set_policy(pb::Policy::from(&raised))
+        .await?;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    // A value whose window is not spent: the raised limit at once.
+    let fresh = || request("edge", vec![descriptor(&[("remote_address", "s")])], 1);
+    for hit in 0..8 {
+        let answer = ask(&mut client, fresh()).await?;
+        ensure!(
+            overall(&answer) == WireCode::Ok,
+            "hit {hit} of 8: {answer:?}"
+        );
+        let limit = answer.statuses[0]
+            .current_limit
+            .as_ref()
+            .context("a limit")?;
+        ensure!(limit.requests_per_unit == 8, "{limit:?}");
+    }
+    ensure!(overall(&ask(&mut client, fresh()).await?) == WireCode::OverLimit);
+    // One the coordinator already called spent stays so until its window
+    // ends (docs/envoy.md).
+    ensure!(overall(&ask(&mut client, address()).await?) == WireCode::OverLimit);
+    node.stop().await;
+    Ok(())
+}
