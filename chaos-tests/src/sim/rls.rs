@@ -66,6 +66,7 @@ pub fn node_config(limit: u64, window_ms: u64) -> anyhow::Result<RlsConfig> {
         files: Vec::new(),
         domains: vec![domain(limit, unit)],
         response_headers: false,
+        reload_interval_ms: 0,
     })
 }
 

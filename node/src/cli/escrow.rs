@@ -141,6 +141,11 @@ pub struct EscrowArgs {
     /// `-reset`) to RLS answers.
     #[arg(long, requires = "ratelimit_configs")]
     pub ratelimit_response_headers: bool,
+    /// Read the ratelimit files again this often (ms; 0: never): a change
+    /// that reads without a problem is served at once, one with problems
+    /// is logged and the previous rules keep serving.
+    #[arg(long, default_value_t = crate::escrow::rls::DEFAULT_RELOAD_INTERVAL_MS)]
+    pub ratelimit_reload_ms: u64,
 }
 
 impl EscrowArgs {
@@ -214,10 +219,12 @@ impl EscrowArgs {
             })
             .collect();
         if !self.ratelimit_configs.is_empty() {
-            config.rls = Some(crate::escrow::rls::RlsConfig::load(
+            let mut rls = crate::escrow::rls::RlsConfig::load(
                 &self.ratelimit_configs,
                 self.ratelimit_response_headers,
-            )?);
+            )?;
+            rls.reload_interval_ms = self.ratelimit_reload_ms;
+            config.rls = Some(rls);
         }
         config.validate()?;
         Ok(config)

@@ -18,6 +18,7 @@
 //! [ratelimit]                # optional: Envoy's rate limit service (RLS v3)
 //! configs = ["/etc/leasehold/ratelimit/edge.yaml"]
 //! response_headers = true    # the draft x-ratelimit-* headers
+//! reload_interval_ms = 5000  # read the files again (0: never)
 //! ```
 //!
 //! Unknown keys are refused. [`EscrowFile::problems`] lists every problem
@@ -102,6 +103,8 @@ pub struct RatelimitFile {
     pub configs: Vec<PathBuf>,
     /// Add the draft RateLimit headers to answers (default false).
     pub response_headers: Option<bool>,
+    /// Read the files again this often, ms (0: never; default 5000).
+    pub reload_interval_ms: Option<u64>,
 }
 
 /// The `[fair_throttle]` table: which prefixes, and the throttle's
@@ -333,10 +336,14 @@ impl EscrowFile {
             config.fair_throttle = fair.rules();
         }
         if let Some(ratelimit) = &self.ratelimit {
-            config.rls = Some(super::rls::RlsConfig::load(
+            let mut rls = super::rls::RlsConfig::load(
                 &ratelimit.configs,
                 ratelimit.response_headers.unwrap_or(false),
-            )?);
+            )?;
+            rls.reload_interval_ms = ratelimit
+                .reload_interval_ms
+                .unwrap_or(super::rls::DEFAULT_RELOAD_INTERVAL_MS);
+            config.rls = Some(rls);
         }
         config.validate()?;
         Ok(config)
@@ -443,6 +450,41 @@ mod tests {
             .to_config(Some(Security::MutualTls(files.clone())))
             .unwrap();
         assert_eq!(replaced.security, Some(Security::MutualTls(files)));
+    }
+
+    #[test]
+    fn a_ratelimit_table_serves_its_files_and_an_empty_one_is_a_problem() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("edge.yaml");
+        std::fs::write(
+            &path,
+            "domain: edge\ndescriptors:\n  - key: ip\n    rate_limit: {unit: second, requests_per_unit: 3}\n",
+        )
+        .unwrap();
+        let text = format!(
+            "region = \"eu\"\ncoordinators = [\"n1:7100\"]\ninsecure = true\n\
+             [ratelimit]\nconfigs = [{:?}]\nresponse_headers = true\nreload_interval_ms = 250\n",
+            path.display().to_string()
+        );
+        let file: EscrowFile = toml::from_str(&text).unwrap();
+        assert!(file.problems().is_empty(), "{:?}", file.problems());
+        let rls = file.to_config(None).unwrap().rls.expect("RLS served");
+        assert_eq!(rls.domains[0].domain, "edge");
+        assert!(rls.response_headers);
+        assert_eq!(rls.reload_interval_ms, 250);
+        let empty: EscrowFile = toml::from_str(
+            "region = \"eu\"\ncoordinators = [\"n1:7100\"]\ninsecure = true\n[ratelimit]\n",
+        )
+        .unwrap();
+        assert!(empty
+            .problems()
+            .iter()
+            .any(|p| p.field.to_string() == "ratelimit"));
+        std::fs::write(&path, "domain: edge\nquota_mode: true\n").unwrap();
+        let refused = file
+            .to_config(None)
+            .expect_err("a broken ratelimit file refuses to start");
+        assert!(refused.to_string().contains("quota_mode"), "{refused}");
     }
 
     #[test]

@@ -239,6 +239,10 @@ where
     let limits = config.limits;
     let incoming = bounded_incoming(incoming, &limits, shared.connections.clone());
     let refresher = tokio::spawn(shared::refresh_policies(shared.clone()));
+    let rls_reloader = shared
+        .rls
+        .clone()
+        .map(|state| tokio::spawn(rls::reload_periodically(state)));
     let (metrics_stop, metrics_stopped) = tokio::sync::watch::channel(false);
     let metrics_task = match &config.metrics_listen {
         Some(addr) => {
@@ -324,6 +328,9 @@ where
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await;
     refresher.abort();
+    if let Some(reloader) = rls_reloader {
+        reloader.abort();
+    }
     let _ = metrics_stop.send(true);
     if let Some(task) = metrics_task {
         let _ = task.await;

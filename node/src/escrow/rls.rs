@@ -23,7 +23,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
@@ -60,7 +60,14 @@ pub struct RlsConfig {
     /// Add the draft RateLimit headers (`x-ratelimit-limit`, `-remaining`,
     /// `-reset`) to every answer with a limit.
     pub response_headers: bool,
+    /// How often the files are read again; a change that reads without a
+    /// problem replaces the domains, one with problems is logged, counted
+    /// and ignored (0: never).
+    pub reload_interval_ms: u64,
 }
+
+/// How often ratelimit files are read again by default.
+pub const DEFAULT_RELOAD_INTERVAL_MS: u64 = 5_000;
 
 impl RlsConfig {
     /// Reads `files` (each one domain in the `envoyproxy/ratelimit`
@@ -94,6 +101,7 @@ impl RlsConfig {
                 files: files.to_vec(),
                 domains,
                 response_headers,
+                reload_interval_ms: DEFAULT_RELOAD_INTERVAL_MS,
             })
         } else {
             Err(NodeError::Invalid(format!(
@@ -152,12 +160,17 @@ impl OutcomeCounters {
 /// domain no file configures), per rule only where the file sets
 /// `detailed_metric` — so their number is bounded by the configuration,
 /// never by what requests carry.
+/// Domains and rules added by a reload get counters of their own; none is
+/// dropped while the process runs (a reload that removes a domain keeps its
+/// series), so the count is bounded by the configurations loaded.
 #[derive(Debug, Default)]
 pub struct RlsMetrics {
-    domains: BTreeMap<String, OutcomeCounters>,
-    unknown_domain: OutcomeCounters,
+    domains: RwLock<BTreeMap<String, Arc<OutcomeCounters>>>,
+    unknown_domain: Arc<OutcomeCounters>,
     /// By rule prefix: (domain, counters).
-    detailed: HashMap<String, (String, OutcomeCounters)>,
+    detailed: RwLock<HashMap<String, (String, Arc<OutcomeCounters>)>>,
+    reloads: AtomicU64,
+    reloads_refused: AtomicU64,
     requests_ok: AtomicU64,
     requests_over_limit: AtomicU64,
     requests_refused: AtomicU64,
@@ -167,21 +180,29 @@ pub struct RlsMetrics {
 
 impl RlsMetrics {
     fn new(config: &RlsConfig) -> RlsMetrics {
-        let mut metrics = RlsMetrics::default();
+        let metrics = RlsMetrics::default();
+        metrics.register(config);
+        metrics
+    }
+
+    /// Counters for every domain and `detailed_metric` rule of `config`
+    /// that has none yet.
+    fn register(&self, config: &RlsConfig) {
+        let mut domains = self.domains.write().unwrap_or_else(PoisonError::into_inner);
+        let mut detailed = self
+            .detailed
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
         for domain in &config.domains {
-            metrics
-                .domains
-                .insert(domain.domain.clone(), OutcomeCounters::default());
+            domains.entry(domain.domain.clone()).or_default();
             for (path, _) in domain.limiting_rules() {
                 if path.last().is_some_and(|rule| rule.detailed_metric) {
-                    metrics.detailed.insert(
-                        leasehold_core::rls::rule_prefix(&domain.domain, &path),
-                        (domain.domain.clone(), OutcomeCounters::default()),
-                    );
+                    detailed
+                        .entry(leasehold_core::rls::rule_prefix(&domain.domain, &path))
+                        .or_insert_with(|| (domain.domain.clone(), Arc::default()));
                 }
             }
         }
-        metrics
     }
 
     /// Appends the RLS families to `doc`.
@@ -203,11 +224,14 @@ impl RlsMetrics {
                 load(counter),
             );
         }
-        let domains = self
+        let domains: Vec<(String, Arc<OutcomeCounters>)> = self
             .domains
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
             .iter()
-            .map(|(domain, counters)| (domain.as_str(), counters))
-            .chain([("", &self.unknown_domain)]);
+            .map(|(domain, counters)| (domain.clone(), counters.clone()))
+            .chain([(String::new(), self.unknown_domain.clone())])
+            .collect();
         doc.family(
             "leasehold_escrow_rls_descriptors_total",
             MetricKind::Counter,
@@ -216,7 +240,7 @@ impl RlsMetrics {
              no_limit: no rule applies).",
         );
         let mut hits = Vec::new();
-        for (domain, counters) in domains {
+        for (domain, counters) in &domains {
             for outcome in Outcome::ALL {
                 doc.sample(
                     "leasehold_escrow_rls_descriptors_total",
@@ -224,7 +248,7 @@ impl RlsMetrics {
                     load(&counters.descriptors[outcome as usize]),
                 );
             }
-            hits.push((domain, load(&counters.hits)));
+            hits.push((domain.as_str(), load(&counters.hits)));
         }
         doc.family(
             "leasehold_escrow_rls_hits_total",
@@ -243,9 +267,15 @@ impl RlsMetrics {
             MetricKind::Counter,
             "Request descriptors by rule (its key prefix), for rules with detailed_metric.",
         );
-        let mut detailed: Vec<_> = self.detailed.iter().collect();
-        detailed.sort_by(|a, b| a.0.cmp(b.0));
-        for (rule, (domain, counters)) in detailed {
+        let mut detailed: Vec<(String, String, Arc<OutcomeCounters>)> = self
+            .detailed
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .map(|(rule, (domain, counters))| (rule.clone(), domain.clone(), counters.clone()))
+            .collect();
+        detailed.sort_by(|a, b| a.0.cmp(&b.0));
+        for (rule, domain, counters) in &detailed {
             for outcome in Outcome::ALL {
                 doc.sample(
                     "leasehold_escrow_rls_rule_descriptors_total",
@@ -257,6 +287,22 @@ impl RlsMetrics {
                     load(&counters.descriptors[outcome as usize]),
                 );
             }
+        }
+        doc.family(
+            "leasehold_escrow_rls_reloads_total",
+            MetricKind::Counter,
+            "Changed ratelimit files read again: applied, or refused for problems (the domains \
+             before the change kept serving).",
+        );
+        for (result, counter) in [
+            ("applied", &self.reloads),
+            ("refused", &self.reloads_refused),
+        ] {
+            doc.sample(
+                "leasehold_escrow_rls_reloads_total",
+                &[("result", result)],
+                load(counter),
+            );
         }
         doc.single(
             "leasehold_escrow_rls_limit_overrides_ignored_total",
@@ -272,16 +318,41 @@ impl RlsMetrics {
         );
     }
 
-    fn domain(&self, domain: &str) -> &OutcomeCounters {
-        self.domains.get(domain).unwrap_or(&self.unknown_domain)
+    fn domain(&self, domain: &str) -> Arc<OutcomeCounters> {
+        self.domains
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(domain)
+            .unwrap_or(&self.unknown_domain)
+            .clone()
+    }
+
+    fn detailed(&self, rule_prefix: &str) -> Option<Arc<OutcomeCounters>> {
+        self.detailed
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(rule_prefix)
+            .map(|(_, counters)| counters.clone())
     }
 }
 
-/// The RLS state of a node: its domains and metrics.
+type Domains = HashMap<String, DomainConfig>;
+
+fn domains_of(config: &RlsConfig) -> Arc<Domains> {
+    Arc::new(
+        config
+            .domains
+            .iter()
+            .map(|d| (d.domain.clone(), d.clone()))
+            .collect(),
+    )
+}
+
+/// The RLS state of a node: its domains (replaced by a reload) and metrics.
 #[derive(Debug)]
 pub struct RlsState {
-    domains: HashMap<String, DomainConfig>,
-    response_headers: bool,
+    domains: RwLock<Arc<Domains>>,
+    config: Mutex<RlsConfig>,
     /// What `/metrics` shows.
     pub metrics: RlsMetrics,
 }
@@ -290,13 +361,84 @@ impl RlsState {
     /// The state serving `config`.
     pub fn new(config: &RlsConfig) -> RlsState {
         RlsState {
-            domains: config
-                .domains
-                .iter()
-                .map(|d| (d.domain.clone(), d.clone()))
-                .collect(),
-            response_headers: config.response_headers,
+            domains: RwLock::new(domains_of(config)),
+            config: Mutex::new(config.clone()),
             metrics: RlsMetrics::new(config),
+        }
+    }
+
+    fn domains(&self) -> Arc<Domains> {
+        self.domains
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn response_headers(&self) -> bool {
+        self.config
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .response_headers
+    }
+
+    /// Reads the files again; serves what they say now if it differs and
+    /// reads without a problem. Returns whether the domains changed.
+    pub fn reload(&self) -> Result<bool, NodeError> {
+        let current = self
+            .config
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let read = RlsConfig::load(&current.files, current.response_headers);
+        let mut fresh = match read {
+            Ok(fresh) => fresh,
+            Err(e) => {
+                self.metrics.reloads_refused.fetch_add(1, Ordering::Relaxed);
+                return Err(e);
+            }
+        };
+        if fresh.domains == current.domains {
+            return Ok(false);
+        }
+        fresh.reload_interval_ms = current.reload_interval_ms;
+        self.metrics.register(&fresh);
+        *self.domains.write().unwrap_or_else(PoisonError::into_inner) = domains_of(&fresh);
+        *self.config.lock().unwrap_or_else(PoisonError::into_inner) = fresh;
+        self.metrics.reloads.fetch_add(1, Ordering::Relaxed);
+        Ok(true)
+    }
+}
+
+/// Reads `state`'s files again every `reload_interval_ms` (not at all when
+/// 0): a change replaces the domains; problems are logged once per change
+/// and the domains before it keep serving.
+pub async fn reload_periodically(state: Arc<RlsState>) {
+    let interval_ms = state
+        .config
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .reload_interval_ms;
+    if interval_ms == 0 {
+        return;
+    }
+    let mut last_problem = None;
+    loop {
+        tokio::time::sleep(std::time::Duration::from_millis(interval_ms)).await;
+        match state.reload() {
+            Ok(true) => {
+                last_problem = None;
+                let domains: Vec<String> = state.domains().keys().cloned().collect();
+                tracing::info!(?domains, "ratelimit configuration reloaded");
+            }
+            Ok(false) => last_problem = None,
+            Err(e) => {
+                let problem = e.to_string();
+                if last_problem.as_ref() != Some(&problem) {
+                    tracing::warn!(error = %problem,
+                        "ratelimit configuration changed with problems; still serving the previous one");
+                    last_problem = Some(problem);
+                }
+            }
         }
     }
 }
@@ -445,7 +587,8 @@ impl RateLimitService for RateLimitApi {
         metrics
             .limit_overrides_ignored
             .fetch_add(overrides as u64, Ordering::Relaxed);
-        let config = self.state.domains.get(&request.domain);
+        let domains = self.state.domains();
+        let config = domains.get(&request.domain);
         // A negative-hits descriptor takes no part (not even in `replaces`).
         let counted: Vec<RequestDescriptor> = descriptors
             .iter()
@@ -530,12 +673,12 @@ impl RateLimitService for RateLimitApi {
                     limited.hits,
                     limited
                         .detailed_metric
-                        .then(|| metrics.detailed.get(&limited.rule_prefix))
+                        .then(|| metrics.detailed(&limited.rule_prefix))
                         .flatten(),
                 ),
             };
             domain_counters.count(outcome, hits);
-            if let Some((_, counters)) = detailed {
+            if let Some(counters) = detailed {
                 counters.count(outcome, hits);
             }
         }
@@ -546,7 +689,7 @@ impl RateLimitService for RateLimitApi {
             &metrics.requests_ok
         };
         counter.fetch_add(1, Ordering::Relaxed);
-        let response_headers_to_add = if self.state.response_headers {
+        let response_headers_to_add = if self.state.response_headers() {
             draft_headers(&answers)
                 .into_iter()
                 .map(|(key, value)| HeaderValue {

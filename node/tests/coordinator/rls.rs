@@ -570,3 +570,83 @@ async fn a_limit_changed_at_runtime_is_answered_without_a_restart() -> Result<()
     node.stop().await;
     Ok(())
 }
+
+/// A changed ratelimit file is served without a restart; a change with a
+/// problem is refused and the previous rules keep serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_ratelimit_file_is_served_without_a_restart() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut config = rls_config(&dir, EDGE, false)?;
+    config.reload_interval_ms = 50;
+    let path = config.files[0].clone();
+    let cluster = Cluster::start_initialised(1, |_| {}).await?;
+    apply(&cluster, &config).await?;
+    let metrics_addr = free_addr()?;
+    let listen = metrics_addr.clone();
+    let node = EscrowNode::start(&cluster, "eu", move |c| {
+        c.rls = Some(config.clone());
+        c.metrics_listen = Some(listen.clone());
+    })
+    .await?;
+    let mut client = rls_client(&node).await?;
+    let country = || request("edge", vec![descriptor(&[("country", "nz")])], 1);
+    let answer = ask(&mut client, country()).await?;
+    ensure!(
+        answer.statuses[0].current_limit.is_none(),
+        "no rule yet: {answer:?}"
+    );
+
+    // A new rule (its policy applied as an operator would).
+    let with_country =
+        format!("{EDGE}  - key: country\n    rate_limit: {{unit: hour, requests_per_unit: 2}}\n");
+    std::fs::write(&path, &with_country)?;
+    let reloaded = rls_config(&dir, &with_country, false)?;
+    apply(&cluster, &reloaded).await?;
+    let mut limited = None;
+    for _ in 0..100 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let answer = ask(&mut client, country()).await?;
+        if let Some(limit) = answer.statuses[0].current_limit.clone() {
+            limited = Some(limit);
+            break;
+        }
+    }
+    ensure!(
+        limited.map(|l| l.requests_per_unit) == Some(2),
+        "the new rule was not served"
+    );
+    // A broken change is refused; the rules before it keep answering.
+    std::fs::write(
+        &path,
+        "domain: edge\ndescriptors:\n  - key: country\n    rate_limit: {unit: fortnight}\n",
+    )?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let answer = ask(&mut client, country()).await?;
+    ensure!(
+        answer.statuses[0]
+            .current_limit
+            .as_ref()
+            .map(|l| l.requests_per_unit)
+            == Some(2),
+        "{answer:?}"
+    );
+    let (_, text) = get(&metrics_addr, "/metrics").await?;
+    ensure!(
+        sample(
+            &text,
+            "leasehold_escrow_rls_reloads_total{result=\"applied\"}"
+        ) == Some(1.0),
+        "{text}"
+    );
+    ensure!(
+        sample(
+            &text,
+            "leasehold_escrow_rls_reloads_total{result=\"refused\"}"
+        )
+        .unwrap_or(0.0)
+            >= 1.0,
+        "{text}"
+    );
+    node.stop().await;
+    Ok(())
+}
