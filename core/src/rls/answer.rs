@@ -600,6 +600,36 @@ mod tests {
     }
 
     #[test]
+    fn the_reset_is_the_escrows_window_end_else_the_units() {
+        let config = config();
+        let ip = [("remote_address", "a")];
+        let plans = plan_request(
+            Some(&config),
+            &[RequestDescriptor {
+                entries: &ip,
+                hits: 1,
+            }],
+        );
+        let reset = |window_end_ms| {
+            DescriptorAnswer::of(
+                &plans[0],
+                EscrowOutcome::Denied {
+                    limit: 10,
+                    window_end_ms,
+                },
+                90_500,
+            )
+            .until_reset_ms
+        };
+        // The coordinator's window ends at 100 000 (its clock, not this
+        // node's minute): that end is reported.
+        assert_eq!(reset(100_000), Some(9_500));
+        // An end not after now says nothing: the unit's window (one minute).
+        assert_eq!(reset(90_500), Some(29_500));
+        assert_eq!(reset(1), Some(29_500));
+    }
+
+    #[test]
     fn headers_name_the_most_constrained_descriptor() {
         let a = DescriptorAnswer {
             code: Code::Ok,
