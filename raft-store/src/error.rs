@@ -26,6 +26,18 @@ pub enum StoreError {
         /// Last log id of the snapshot metadata.
         meta: String,
     },
+    /// The data directory holds an earlier build's sled store and this
+    /// build cannot read sled.
+    #[error(
+        "{path} holds the Raft store of an earlier build (sled); this build reads only \
+         segment files. Start this member once with a build made with \
+         `--features migrate-sled` (it moves the store and removes the sled directory), \
+         then with this build (docs/operations.md, \"Upgrading from a sled store\")"
+    )]
+    SledStoreFound {
+        /// The sled directory.
+        path: String,
+    },
 }
 
 impl StoreError {

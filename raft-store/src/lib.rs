@@ -5,8 +5,8 @@
 //! - [`types`]: the openraft [`TypeConfig`] and aliases (`Raft`, `Entry`, ...).
 //! - [`engine`]: the narrow storage seam ([`StorageEngine`]) with its
 //!   engines: [`SegmentEngine`] (production: append-only segment files, one
-//!   `fdatasync` per flush), [`SledEngine`] (earlier builds' store, read to
-//!   move it; kept as a second implementation of the seam) and
+//!   `fdatasync` per flush), `SledEngine` (feature `migrate-sled`: earlier
+//!   builds' store, read to move it; a second implementation of the seam) and
 //!   [`PowerLossEngine`] (simulated power loss for chaos tests).
 //! - [`codec`]: versioned postcard encoding of every persisted value.
 //! - [`log_store`]: [`LogStore`], the Raft log and vote.
@@ -51,9 +51,11 @@ use std::path::Path;
 use std::sync::Arc;
 
 pub use codec::CodecError;
+#[cfg(feature = "migrate-sled")]
+pub use engine::SledEngine;
 pub use engine::{
     EngineError, Keyspace, PowerLossDisk, PowerLossEngine, PowerLossOptions, SegmentEngine,
-    SegmentOptions, SegmentStats, SledEngine, StorageEngine, WriteBatch,
+    SegmentOptions, SegmentStats, StorageEngine, WriteBatch,
 };
 pub use error::StoreError;
 pub use log_store::{FlushMode, LogStore};
@@ -64,6 +66,7 @@ pub use types::*;
 
 /// Opens (creating if needed) the Raft store in directory `path` on sled
 /// (log appends flushed in the background).
+#[cfg(feature = "migrate-sled")]
 pub fn open_sled(path: impl AsRef<Path>) -> Result<(LogStore, StateMachineStore), StoreError> {
     open_with(SledEngine::open(path)?, FlushMode::Background)
 }
@@ -83,11 +86,13 @@ pub const SLED_STORE_DIR: &str = "raft";
 /// Opens the Raft store of a member whose data directory is `data_dir`
 /// (created if needed), on the [`SegmentEngine`] in [`STORE_DIR`].
 ///
-/// A store that earlier builds kept on sled (in [`SLED_STORE_DIR`]) is
-/// copied first, keyspace by keyspace, into a new segment store that is
-/// flushed and renamed into place before the sled directory is removed; a
-/// crash at any point leaves either the sled store or the complete new one,
-/// and the next open finishes the job.
+/// A store that earlier builds kept on sled (in [`SLED_STORE_DIR`]) is, with
+/// the `migrate-sled` feature, copied first, keyspace by keyspace, into a
+/// new segment store that is flushed and renamed into place before the
+/// sled directory is removed; a crash at any point leaves either the sled
+/// store or the complete new one, and the next open finishes the job.
+/// Without the feature it is refused ([`StoreError::SledStoreFound`]),
+/// untouched.
 pub fn open_data_dir(
     data_dir: impl AsRef<Path>,
 ) -> Result<(LogStore, StateMachineStore), StoreError> {
@@ -95,19 +100,7 @@ pub fn open_data_dir(
     let (store, sled_store) = (data_dir.join(STORE_DIR), data_dir.join(SLED_STORE_DIR));
     let io = |error: std::io::Error| StoreError::from(EngineError::Backend(Box::new(error)));
     if !store.exists() && sled_store.exists() {
-        let moving = data_dir.join(format!("{STORE_DIR}.moving"));
-        if moving.exists() {
-            std::fs::remove_dir_all(&moving).map_err(io)?;
-        }
-        copy_engine(
-            &SledEngine::open(&sled_store)?,
-            &SegmentEngine::open(&moving)?,
-        )?;
-        std::fs::rename(&moving, &store).map_err(io)?;
-        std::fs::File::open(data_dir)
-            .and_then(|dir| dir.sync_all())
-            .map_err(io)?;
-        tracing::info!(from = %sled_store.display(), to = %store.display(), "moved the Raft store from sled to segment files");
+        move_sled_store(data_dir, &sled_store, &store)?;
     }
     if store.exists() && sled_store.exists() {
         // The move finished (the new store is complete once renamed).
@@ -116,7 +109,39 @@ pub fn open_data_dir(
     open_segments(&store)
 }
 
+/// Refuses an earlier build's sled store: this build cannot read it.
+#[cfg(not(feature = "migrate-sled"))]
+fn move_sled_store(_: &Path, sled_store: &Path, _: &Path) -> Result<(), StoreError> {
+    Err(StoreError::SledStoreFound {
+        path: sled_store.display().to_string(),
+    })
+}
+
+/// Moves an earlier build's sled store to segment files (see
+/// [`open_data_dir`]).
+#[cfg(feature = "migrate-sled")]
+fn move_sled_store(data_dir: &Path, sled_store: &Path, store: &Path) -> Result<(), StoreError> {
+    let io = |error: std::io::Error| StoreError::from(EngineError::Backend(Box::new(error)));
+    {
+        let moving = data_dir.join(format!("{STORE_DIR}.moving"));
+        if moving.exists() {
+            std::fs::remove_dir_all(&moving).map_err(io)?;
+        }
+        copy_engine(
+            &SledEngine::open(sled_store)?,
+            &SegmentEngine::open(&moving)?,
+        )?;
+        std::fs::rename(&moving, store).map_err(io)?;
+        std::fs::File::open(data_dir)
+            .and_then(|dir| dir.sync_all())
+            .map_err(io)?;
+        tracing::info!(from = %sled_store.display(), to = %store.display(), "moved the Raft store from sled to segment files");
+    }
+    Ok(())
+}
+
 /// Copies every key of every keyspace of `from` into `to` and flushes it.
+#[cfg(feature = "migrate-sled")]
 fn copy_engine(from: &dyn StorageEngine, to: &dyn StorageEngine) -> Result<(), StoreError> {
     use std::ops::Bound::Unbounded;
     for keyspace in Keyspace::ALL {

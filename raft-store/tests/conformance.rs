@@ -1,9 +1,11 @@
 //! openraft's storage conformance suite, run against the store on every
 //! engine.
 
+#[cfg(feature = "migrate-sled")]
+use leasehold_raft_store::open_sled;
 use leasehold_raft_store::{
-    open_segments, open_sled, open_with_engine, LogStore, PowerLossDisk, StateMachineStore,
-    StorageError, TypeConfig,
+    open_segments, open_with_engine, LogStore, PowerLossDisk, StateMachineStore, StorageError,
+    TypeConfig,
 };
 use openraft::testing::{StoreBuilder, Suite};
 use openraft::{AnyError, StorageIOError};
@@ -13,8 +15,10 @@ fn storage_error(error: &impl std::error::Error) -> StorageError {
 }
 
 /// Each store on a fresh sled directory, removed when the test drops it.
+#[cfg(feature = "migrate-sled")]
 struct OnSled;
 
+#[cfg(feature = "migrate-sled")]
 impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, tempfile::TempDir> for OnSled {
     async fn build(
         &self,
@@ -55,6 +59,7 @@ fn segment_store_passes_the_openraft_storage_suite() {
     Suite::test_all(OnSegments).expect("storage suite on segments");
 }
 
+#[cfg(feature = "migrate-sled")]
 #[test]
 fn sled_store_passes_the_openraft_storage_suite() {
     Suite::test_all(OnSled).expect("storage suite on sled");

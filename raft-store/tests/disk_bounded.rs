@@ -18,8 +18,10 @@ use leasehold_core::coordinator::{Command, Proposal};
 use leasehold_core::ids::{ClientId, Key, RegionId, RequestId};
 use leasehold_core::policy::{OutagePolicy, Policy, PolicyKind};
 use leasehold_core::principal::Principal;
+#[cfg(feature = "migrate-sled")]
+use leasehold_raft_store::SledEngine;
 use leasehold_raft_store::{
-    open_with_engine, NodeId, Raft, SegmentEngine, SegmentOptions, SledEngine, StorageEngine,
+    open_with_engine, NodeId, Raft, SegmentEngine, SegmentOptions, StorageEngine,
 };
 use openraft::{BasicNode, Config, SnapshotPolicy};
 
@@ -212,6 +214,7 @@ async fn on_segments_the_data_directory_stays_within_twice_what_it_must_keep() -
     Ok(())
 }
 
+#[cfg(feature = "migrate-sled")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_sled_the_data_directory_stays_bounded_and_commits_write_no_snapshot(
 ) -> anyhow::Result<()> {

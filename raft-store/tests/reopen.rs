@@ -1,14 +1,17 @@
 //! Everything acknowledged survives closing and reopening a directory, on
 //! both disk engines; a store of an earlier build on sled is moved to
-//! segment files with everything in it.
+//! segment files with everything in it (`migrate-sled`), or refused,
+//! untouched, with the way to migrate it (the default build).
 
 mod support;
 
 use std::path::Path;
 
+#[cfg(feature = "migrate-sled")]
+use leasehold_raft_store::open_sled;
 use leasehold_raft_store::{
-    open_data_dir, open_segments, open_sled, LogStore, SnapshotEnvelope, StateMachineStore,
-    StoreError, Vote, SLED_STORE_DIR, STORE_DIR,
+    open_data_dir, open_segments, LogStore, SnapshotEnvelope, StateMachineStore, StoreError, Vote,
+    SLED_STORE_DIR, STORE_DIR,
 };
 use openraft::storage::{RaftLogStorage, RaftLogStorageExt, RaftStateMachine};
 use openraft::{RaftLogReader, RaftSnapshotBuilder};
@@ -16,22 +19,53 @@ use support::{entries, log_id};
 
 type Opener = fn(&Path) -> Result<(LogStore, StateMachineStore), StoreError>;
 
-const ENGINES: [(&str, Opener); 2] = [
+const ENGINES: &[(&str, Opener)] = &[
     ("segments", |p| open_segments(p)),
+    #[cfg(feature = "migrate-sled")]
     ("sled", |p| open_sled(p)),
 ];
 
 #[tokio::test]
 async fn acknowledged_log_vote_and_snapshot_survive_reopening() -> anyhow::Result<()> {
-    for (name, open) in ENGINES {
+    for &(name, open) in ENGINES {
         println!("engine: {name}");
         log_vote_and_snapshot_survive(open, open).await?;
     }
     Ok(())
 }
 
+/// Without `migrate-sled`, a data directory holding an earlier build's
+/// sled store is refused — untouched, nothing created beside it — with the
+/// way to migrate it.
+#[cfg(not(feature = "migrate-sled"))]
+#[test]
+fn a_store_on_sled_is_refused_untouched_with_the_way_to_migrate() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let sled_dir = dir.path().join(SLED_STORE_DIR);
+    std::fs::create_dir(&sled_dir)?;
+    std::fs::write(sled_dir.join("db"), b"an earlier build's data")?;
+    let Err(refused) = open_data_dir(dir.path()) else {
+        anyhow::bail!("a sled store was opened by a build that cannot read it");
+    };
+    assert!(
+        matches!(refused, StoreError::SledStoreFound { .. }),
+        "{refused}"
+    );
+    assert!(
+        refused.to_string().contains("--features migrate-sled"),
+        "{refused}"
+    );
+    assert_eq!(
+        std::fs::read(sled_dir.join("db"))?,
+        b"an earlier build's data"
+    );
+    assert!(!dir.path().join(STORE_DIR).exists());
+    Ok(())
+}
+
 /// A store on sled written by an earlier build is found in the data
 /// directory and moved; everything in it is there after the move.
+#[cfg(feature = "migrate-sled")]
 #[tokio::test]
 async fn a_store_on_sled_is_moved_to_segments_with_everything_in_it() -> anyhow::Result<()> {
     fn earlier_build(data_dir: &Path) -> Result<(LogStore, StateMachineStore), StoreError> {
@@ -51,6 +85,7 @@ async fn a_store_on_sled_is_moved_to_segments_with_everything_in_it() -> anyhow:
 
 /// A move cut short (the new store not yet renamed into place) is done
 /// again from the sled store, which is still whole.
+#[cfg(feature = "migrate-sled")]
 #[tokio::test]
 async fn a_move_cut_short_is_done_again() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;

@@ -265,7 +265,7 @@ where
     served.map_err(NodeError::Serve)
 }
 
-/// Runs a member on real TCP: opens the sled stores under
+/// Runs a member on real TCP: opens the Raft store (segment files) under
 /// `config.data_dir`, binds `config.listen` and stamps with the system
 /// clock. With TLS material (see [`NodeConfig::security`]) every connection
 /// is mutual TLS, in and out, and the files are reloaded when they change;
@@ -312,7 +312,8 @@ pub async fn serve(
 }
 
 /// Opens the Raft store of `config.data_dir` (created if missing; a store
-/// of an earlier build on sled is moved to segment files).
+/// of an earlier build on sled is moved to segment files by a build with
+/// the `migrate-sled` feature and refused, with that advice, otherwise).
 pub fn open_stores(config: &NodeConfig) -> Result<CoordinatorStores, NodeError> {
     std::fs::create_dir_all(&config.data_dir).map_err(|source| NodeError::DataDir {
         path: config.data_dir.clone(),

@@ -4,8 +4,10 @@
 //! Everything above this module (log store, state machine) speaks only
 //! [`StorageEngine`]; swapping the on-disk engine touches this module alone.
 //! Two engines implement it:
-//! - [`SledEngine`]: sled 0.34 on a directory, with background flushing off,
-//!   so data is durable exactly when [`StorageEngine::flush`] returns.
+//! - [`SegmentEngine`]: append-only segment files (production, ADR 0012).
+//! - `SledEngine` (feature `migrate-sled`): sled 0.34 on a directory, with
+//!   background flushing off, so data is durable exactly when
+//!   [`StorageEngine::flush`] returns; read to move earlier builds' stores.
 //! - [`PowerLossEngine`]: in memory, over a [`PowerLossDisk`] that outlives a
 //!   simulated process and can [`PowerLossDisk::crash`], discarding every
 //!   write not yet flushed (models power loss in simulations).
@@ -20,12 +22,14 @@
 
 mod power_loss;
 mod segment_engine;
+#[cfg(feature = "migrate-sled")]
 mod sled_engine;
 
 use std::ops::Bound;
 
 pub use power_loss::{PowerLossDisk, PowerLossEngine, PowerLossOptions};
 pub use segment_engine::{SegmentEngine, SegmentOptions, SegmentStats};
+#[cfg(feature = "migrate-sled")]
 pub use sled_engine::SledEngine;
 
 /// A named, separately ordered set of keys.

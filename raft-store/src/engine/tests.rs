@@ -201,6 +201,7 @@ proptest! {
 
     /// sled agrees with the model for every read, and what was flushed is
     /// there after reopening the directory.
+    #[cfg(feature = "migrate-sled")]
     #[test]
     fn sled_engine_matches_the_model(
         steps in prop::collection::vec(step(false), 1..25),
