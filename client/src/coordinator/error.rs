@@ -165,7 +165,7 @@ pub(crate) fn classify(addr: &str, status: Status) -> CoordinatorError {
         }
         Code::Unavailable => CoordinatorError::Unavailable {
             addr: addr.to_string(),
-            message,
+            message: with_causes(message, &status),
         },
         // The server cancels a call whose grpc-timeout expired.
         Code::DeadlineExceeded | Code::Cancelled => CoordinatorError::DeadlineExceeded {
@@ -175,10 +175,36 @@ pub(crate) fn classify(addr: &str, status: Status) -> CoordinatorError {
         Code::Unknown | Code::Aborted | Code::Internal if is_transport_message(&message) => {
             CoordinatorError::Transport {
                 addr: addr.to_string(),
-                message,
+                message: with_causes(message, &status),
             }
         }
         code => CoordinatorError::Rpc { code, message },
+    }
+}
+
+/// `message` followed by the explanations under `status`, when it came from
+/// the connection rather than the server: tonic keeps the transport's error
+/// as the status's source, and its message alone ("transport error") names
+/// no cause. Each explanation once, outermost first, e.g. `transport error:
+/// connection error: received fatal alert: UnknownCA` or `tcp connect
+/// error: transport error: Connection refused (os error 111)`. A status the
+/// server sent has no source: its message is kept as it is.
+fn with_causes(message: String, status: &Status) -> String {
+    let mut causes: Vec<String> = Vec::new();
+    let mut next = std::error::Error::source(status);
+    while let Some(error) = next {
+        let text = error.to_string();
+        // An error wrapping another often displays the same text.
+        if !text.is_empty() && !message.contains(&text) && !causes.iter().any(|c| c.contains(&text))
+        {
+            causes.push(text);
+        }
+        next = error.source();
+    }
+    if causes.is_empty() {
+        message
+    } else {
+        format!("{message}: {}", causes.join(": "))
     }
 }
 
@@ -195,4 +221,45 @@ fn is_transport_message(message: &str) -> bool {
     ]
     .iter()
     .any(|needle| lower.contains(needle))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An error with a cause, as hyper's connector wraps an IO error.
+    #[derive(Debug)]
+    struct Wrapping(&'static str, std::io::Error);
+
+    impl std::fmt::Display for Wrapping {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(self.0)
+        }
+    }
+
+    impl std::error::Error for Wrapping {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.1)
+        }
+    }
+
+    #[test]
+    fn a_connection_failure_keeps_its_causes_and_a_server_status_its_message() {
+        let refused = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused here");
+        let status = Status::from_error(Box::new(tonic::ConnectError(Box::new(Wrapping(
+            "tcp connect error",
+            refused,
+        )))));
+        match classify("n1:7100", status) {
+            CoordinatorError::Unavailable { addr, message } => {
+                assert_eq!(addr, "n1:7100");
+                assert_eq!(message, "tcp connect error: refused here");
+            }
+            other => panic!("expected unavailable, got {other:?}"),
+        }
+        match classify("n1:7100", Status::unavailable("no quorum")) {
+            CoordinatorError::Unavailable { message, .. } => assert_eq!(message, "no quorum"),
+            other => panic!("expected unavailable, got {other:?}"),
+        }
+    }
 }

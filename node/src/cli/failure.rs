@@ -7,7 +7,9 @@
 //! - `0` success;
 //! - `1` the cluster refused or the command failed (not found, exists
 //!   already with other contents, wrong key kind, permission denied, …);
-//! - `2` bad usage or input (flags, configuration, invalid arguments);
+//! - `2` bad usage or input (flags, configuration, invalid arguments), or
+//!   a setup no retry can fix: TLS on one side only, a certificate one side
+//!   refuses, another service on the port (see [`super::diagnose`]);
 //! - `3` unavailable: no leader, no quorum, unreachable or slow members —
 //!   the same command may succeed later.
 
@@ -87,6 +89,9 @@ pub fn describe(error: &CliError, endpoints: &[String]) -> Failure {
         CliError::Conflict(_) => Failure::new("conflict", message, EXIT_FAILED),
         CliError::NotFound(_) => Failure::new("not_found", message, EXIT_FAILED),
         CliError::Coordinator(e) => describe_coordinator(e, message, endpoints),
+        CliError::Diagnosed(diagnosis) => {
+            Failure::new(diagnosis.code(), message, EXIT_USAGE).hint(diagnosis.hint())
+        }
     }
 }
 
@@ -178,7 +183,7 @@ fn describe_coordinator(
             tonic::Code::Unauthenticated | tonic::Code::PermissionDenied => {
                 Failure::new("permission_denied", message, EXIT_FAILED).hint(
                     "admin commands need an operator certificate \
-                 (spiffe://leasehold/operator/NAME; `leasehold certs mint operator`); \
+                 (spiffe://leasehold/operator/NAME; `leasehold certs mint --operators NAME`); \
                  lease and reconcile need the region's certificate",
                 )
             }
@@ -229,6 +234,31 @@ mod tests {
         let hint = failure.hint.unwrap_or_default();
         assert!(hint.contains("does not resolve"), "{hint}");
         assert!(hint.contains("every member's endpoint"), "{hint}");
+    }
+
+    #[test]
+    fn a_diagnosed_cause_is_a_setup_error_with_its_own_code_and_hint() {
+        use crate::cli::diagnose::{Diagnosis, Refusal};
+        for diagnosis in [
+            Diagnosis::ServerSpeaksTls {
+                addr: "127.0.0.1:7100".into(),
+            },
+            Diagnosis::ClientCertificateRefused {
+                addr: "127.0.0.1:7100".into(),
+                cert: "/certs/operator-admin.pem".into(),
+                why: Refusal::Closed,
+            },
+            Diagnosis::WrongService {
+                addr: "127.0.0.1:7200".into(),
+                escrow: true,
+            },
+        ] {
+            let failure = describe(&CliError::Diagnosed(diagnosis.clone()), &endpoints());
+            assert_eq!(failure.exit_code, EXIT_USAGE, "{diagnosis}");
+            assert_eq!(failure.code, diagnosis.code());
+            assert_eq!(failure.message, diagnosis.to_string());
+            assert_eq!(failure.hint, Some(diagnosis.hint()));
+        }
     }
 
     #[test]

@@ -18,6 +18,8 @@
 //! - [`runtime`]: `--worker-threads`, the tokio workers of the process.
 //! - [`output`]: `--output text|json` rendering.
 //! - [`failure`]: what a failed command prints, and its exit code.
+//! - [`diagnose`]: the cause of a call that failed at the connection or
+//!   reached another service, found by probing the endpoints.
 //!
 //! Client commands share `--endpoint HOST:PORT` (repeatable or
 //! comma-separated; `http://` accepted), `--output`, and how to connect:
@@ -32,6 +34,7 @@ pub mod cluster;
 pub mod config;
 pub mod demo;
 pub mod dev;
+pub mod diagnose;
 pub mod escrow;
 pub mod failure;
 pub mod fair_eval;
@@ -144,6 +147,12 @@ pub enum CliError {
     /// of a prefix with no policy, without `--if-exists`).
     #[error("{0}")]
     NotFound(String),
+    /// A call failed because of how this command and the endpoint connect
+    /// (TLS on one side only, a certificate one side refuses) or because
+    /// the endpoint is not a coordinator member: the cause a probe of the
+    /// endpoint found after the call failed ([`diagnose`]).
+    #[error("{0}")]
+    Diagnosed(diagnose::Diagnosis),
 }
 
 /// Where a client command connects, and how it prints.
@@ -296,8 +305,20 @@ impl Command {
     }
 }
 
-/// Runs one parsed command to completion.
+/// Runs one parsed command to completion. When a client command's call
+/// fails at the connection or reaches another service, its endpoints are
+/// probed and the cause found replaces the error ([`diagnose`]).
 pub async fn run(cli: Cli) -> Result<(), CliError> {
+    let client = cli.command.client_args().cloned();
+    match (dispatch(cli).await, client) {
+        (Err(CliError::Coordinator(error)), Some(client)) => {
+            Err(diagnose::explain(error, &client).await)
+        }
+        (result, _) => result,
+    }
+}
+
+async fn dispatch(cli: Cli) -> Result<(), CliError> {
     match cli.command {
         Command::Serve(args) => serve::run(args).await,
         Command::Dev(args) => dev::run(args).await,

@@ -12,6 +12,9 @@
 //!   a gRPC-only listener told apart at the preface.
 //! - `lease_batch`: `LeaseBatch` items answered as alone, exactly-once per item.
 //! - `cli`: `leasehold dev` and the binary's client commands.
+//! - `cli_errors`: what the binary says, the same on every run, when TLS
+//!   or the service on the port cannot work: certificates either side does
+//!   not trust, TLS on one side only, an escrow node's port.
 //! - `health`: `leasehold health` before and after `cluster init`.
 //! - `config_check`: `leasehold config check` over good and broken files,
 //!   `leasehold policy apply`.
@@ -42,6 +45,7 @@
 mod admission;
 mod bad_input;
 mod cli;
+mod cli_errors;
 mod config_check;
 mod escrow;
 mod escrow_fair;
