@@ -141,15 +141,21 @@ fn a_late_grant_is_returned_to_its_own_window_not_credited_to_the_next() {
     assert_eq!((grant.granted, grant.window_start_ms), (60, T0));
     assert_eq!(ticket.sent_at_ms, 5_000);
     // The answer takes 30 ms: the window (10 ms of lifetime left) died on
-    // the way. The grant goes back to its own window; the request is denied.
+    // the way. The grant goes back to its own window; the request leases
+    // once more, in the window now current, instead of being denied.
     let back = escrow.feed(event, at(5_030));
     assert_eq!(
-        back,
-        vec![Action::Reconcile(Reconcile {
+        back[0],
+        Action::Reconcile(Reconcile {
             window_start_ms: T0,
             leftover: 60
-        })]
+        })
     );
+    assert!(
+        matches!(back[1..], [Action::SendLease(_)]),
+        "the request leases again: {back:?}"
+    );
+    let lease_again = back[1].clone();
     assert_eq!(served(&mut escrow), 0);
     assert_eq!(escrow.machine().counters().tokens_credited, 0);
     // By the time the return reaches the coordinator its window is over: forfeited.
@@ -159,13 +165,13 @@ fn a_late_grant_is_returned_to_its_own_window_not_credited_to_the_next() {
     let outcome = coordinator.reconcile(0, back, T0 + WINDOW_MS + 35);
     assert_eq!(outcome.disposition, ReconcileDisposition::WindowEnded);
     assert_eq!(outcome.credited, 0);
-    // The next window's credits come from a fresh lease of the next window.
-    let (_, calls) = escrow.acquire(None, 1, 25, at(5_040));
+    // The next window's credits come from that fresh lease of the next
+    // window: the waiting request's 1, then 25, 25 and the 9 left of 60.
     let event = coordinator
-        .answer(0, &calls[0], T0 + WINDOW_MS + 40)
+        .answer(0, &lease_again, T0 + WINDOW_MS + 40)
         .unwrap();
     escrow.feed(event, at(5_045));
-    for _ in 0..2 {
+    for _ in 0..3 {
         escrow.acquire(None, 1, 25, at(5_050));
     }
     let answers = escrow.take_answers();
@@ -179,7 +185,7 @@ fn a_late_grant_is_returned_to_its_own_window_not_credited_to_the_next() {
         .collect();
     assert_eq!(
         granted,
-        vec![25, 25, 10],
+        vec![1, 25, 25, 9],
         "the late 60 were not added to these"
     );
 }

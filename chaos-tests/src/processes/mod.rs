@@ -500,12 +500,15 @@ async fn sleep_until_ms(at_ms: u64) {
     }
 }
 
-/// Member `pick`, or the current leader for `0` (asked for up to a second).
+/// Member `pick`, or the current leader for `0` (asked for up to 5 s).
 async fn resolve(fleet: &Fleet, pick: u64) -> Option<u64> {
     if pick != 0 {
         return Some(pick);
     }
-    for _ in 0..20 {
+    // An election after an earlier fault may take a few seconds on a
+    // loaded machine (processes, not a simulation): wait up to 5 s.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while tokio::time::Instant::now() < deadline {
         if let Some(leader) = fleet.leader().await {
             return Some(leader);
         }

@@ -447,6 +447,9 @@ struct Working {
     /// Whether this request's own last call was answered (`None`: none made).
     answered: Option<bool>,
     stage: Stage,
+    /// Whether it already leased again after a grant that came back too
+    /// late to credit (its window had ended): it does so once.
+    leased_again: bool,
 }
 
 /// One key of a regional escrow node (see the module doc).
@@ -896,6 +899,7 @@ impl<R> KeyMachine<R> {
             throttled: matches!(verdict, Some(GateVerdict::Throttled { .. })),
             answered: None,
             stage: Stage::Policy,
+            leased_again: false,
         });
         if known {
             self.decide(now, out);
@@ -998,6 +1002,17 @@ impl<R> KeyMachine<R> {
         self.note_credited(grant.window_start_ms, credited);
         if let Some(back) = back {
             out.push(Action::Reconcile(back));
+        }
+        // A grant that came back after its window ended is handed back,
+        // uncredited; it says nothing of the window now current. The
+        // request it was for leases once more instead of being denied for
+        // want of a budget nobody has asked about yet.
+        let late = grant.granted > 0 && credited == 0;
+        if let Some(working) = self.working.as_mut().filter(|w| late && !w.leased_again) {
+            working.leased_again = true;
+            working.answered = Some(true);
+            self.counter_begin(now, out);
+            return;
         }
         self.after_lease(retry_after_ms, Some(true), now, out);
     }

@@ -185,6 +185,84 @@ fn a_counter_key_leases_once_then_serves_from_its_credits() {
     assert_eq!(m.counters().unexpected_grants, 1);
 }
 
+/// A grant that comes back after its window ended is handed back, and the
+/// request it was for leases once more in the window now current instead of
+/// being denied; a second late grant denies it.
+#[test]
+fn a_request_whose_grant_came_back_too_late_leases_once_more() {
+    let counter = policy(PolicyKind::Counter, 100, OutagePolicy::FailClosed, false);
+    let mut m = Machine::new(config(10), None, 0);
+    // Sent 5 ms before the window's end (coordinator and local clocks agree).
+    let sent = m.handle(Event::Acquire(request(1, 3, &counter)), at(WINDOW_MS - 5));
+    let first = lease_ticket(&sent);
+    let late = CoordinatorGrant {
+        granted: 10,
+        window_start_ms: 0,
+        window_end_ms: WINDOW_MS,
+        remaining_lifetime_ms: 4,
+    };
+    // Answered 30 ms later: the window (and the credits' lifetime) is over.
+    let again = m.handle(
+        Event::LeaseGranted {
+            ticket: first.id,
+            grant: late,
+        },
+        at(WINDOW_MS + 25),
+    );
+    assert!(answers(&again).is_empty(), "not denied: {again:?}");
+    assert!(again
+        .iter()
+        .any(|a| matches!(a, Action::Reconcile(back) if back.leftover == 10)));
+    let second = lease_ticket(&again);
+    assert_ne!(second.id, first.id);
+    let fresh = CoordinatorGrant {
+        granted: 10,
+        window_start_ms: WINDOW_MS,
+        window_end_ms: 2 * WINDOW_MS,
+        remaining_lifetime_ms: WINDOW_MS - 30,
+    };
+    let done = m.handle(
+        Event::LeaseGranted {
+            ticket: second.id,
+            grant: fresh,
+        },
+        at(WINDOW_MS + 30),
+    );
+    assert_eq!(granted(&answers(&done)[0].1), Some(3));
+
+    // Late twice: the second time the request is denied (no loop).
+    let sent = m.handle(
+        Event::Acquire(request(2, 20, &counter)),
+        at(2 * WINDOW_MS - 5),
+    );
+    let first = lease_ticket(&sent);
+    let late = |start| CoordinatorGrant {
+        granted: 10,
+        window_start_ms: start,
+        window_end_ms: start + WINDOW_MS,
+        remaining_lifetime_ms: 1,
+    };
+    let again = m.handle(
+        Event::LeaseGranted {
+            ticket: first.id,
+            grant: late(WINDOW_MS),
+        },
+        at(2 * WINDOW_MS + 10),
+    );
+    let second = lease_ticket(&again);
+    let denied = m.handle(
+        Event::LeaseGranted {
+            ticket: second.id,
+            grant: late(2 * WINDOW_MS),
+        },
+        at(3 * WINDOW_MS + 10),
+    );
+    assert!(
+        matches!(answers(&denied)[0].1, Ok(Acquired::Denied { .. })),
+        "{denied:?}"
+    );
+}
+
 #[test]
 fn an_unknown_policy_is_refreshed_once_then_refused() {
     let mut m = Machine::new(config(10), None, 0);
