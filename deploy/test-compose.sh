@@ -176,6 +176,19 @@ info "built $LOAD_IMAGE (the image plus the load client)"
   || fail "the image has no HEALTHCHECK running leasehold health"
 
 export LEASEHOLD_IMAGE="$IMAGE"
+# JSON log lines (checked below), and published ports the kernel hands out
+# free, so this run collides with nothing else on the host.
+export LEASEHOLD_LOG_FORMAT=json
+read -r LEASEHOLD_N1_PORT LEASEHOLD_N2_PORT LEASEHOLD_N3_PORT LEASEHOLD_ESCROW_EU_PORT \
+  LEASEHOLD_ESCROW_EU_2_PORT LEASEHOLD_ESCROW_US_PORT LEASEHOLD_ESCROW_US_2_PORT < <(python3 -c '
+import socket
+held = [socket.socket() for _ in range(7)]
+for s in held:
+    s.bind(("127.0.0.1", 0))
+print(" ".join(str(s.getsockname()[1]) for s in held))
+')
+export LEASEHOLD_N1_PORT LEASEHOLD_N2_PORT LEASEHOLD_N3_PORT LEASEHOLD_ESCROW_EU_PORT \
+  LEASEHOLD_ESCROW_EU_2_PORT LEASEHOLD_ESCROW_US_PORT LEASEHOLD_ESCROW_US_2_PORT
 
 wait_healthy() {
   local deadline=$(( $(date +%s) + $1 )) service id state pending
@@ -208,6 +221,20 @@ step "cluster status (docker-compose run --rm cli) and policies"
 compose run --rm -T cli cluster status 2>&1 | quiet
 cli policy set --prefix load/ --limit "$LIMIT" --window-ms 1000 | sed 's/^/    /'
 cli policy set --prefix kept/ --limit 1000000 --window-ms 2678400000 | sed 's/^/    /'
+
+step "the operator's way in: certificates on the host, a region's cli, JSON logs"
+docker cp "$(container n1)":/certs "$WORK/host-certs" >/dev/null
+"$BINARY" cluster status --endpoint "127.0.0.1:$LEASEHOLD_N1_PORT" --ca "$WORK/host-certs/ca.pem" \
+  --cert "$WORK/host-certs/operator-admin.pem" --cert-key "$WORK/host-certs/operator-admin.key" \
+  > "$WORK/host-status.out" 2>&1 || { sed 's/^/    /' "$WORK/host-status.out"; fail "cluster status from the host with the copied certificates"; }
+info "docker cp n1:/certs, then leasehold cluster status on 127.0.0.1:$LEASEHOLD_N1_PORT from the host: ok"
+compose run --rm -T cli-eu lease --key load/cli-eu --region eu --tokens 1 > "$WORK/cli-eu.out" 2>&1 \
+  || { sed 's/^/    /' "$WORK/cli-eu.out"; fail "lease through the cli-eu service"; }
+info "docker-compose run --rm cli-eu lease: $(grep -v '^$' "$WORK/cli-eu.out" | tail -1)"
+docker logs "$(container n1)" 2>&1 | tail -5 > "$WORK/n1.log"
+python3 -c 'import json, sys; [json.loads(l) for l in open(sys.argv[1]) if l.strip()]' "$WORK/n1.log" \
+  || { sed 's/^/    /' "$WORK/n1.log"; fail "LEASEHOLD_LOG_FORMAT=json: n1's log lines are not JSON"; }
+info "LEASEHOLD_LOG_FORMAT=json: n1 logs JSON objects"
 
 step "load for ${LOAD_SECS} s through eu's and us's escrow nodes, with direct leases of $KEPT_KEY"
 docker run -d --name "${PROJECT}-load" --network "$NETWORK" -v "$CERTS_VOLUME:/certs:ro" "$LOAD_IMAGE" \

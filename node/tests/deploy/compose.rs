@@ -271,8 +271,8 @@ fn addresses_name_member_services_and_init_sets_no_policy() -> Result<()> {
 fn the_compose_file_lists_its_services() -> Result<()> {
     let services = services()?;
     ensure!(
-        list(&services["certs"]["command"]).len() > 2 && services.len() == 10,
-        "expected certs, n1-n3, init, escrow-eu, escrow-eu-2, escrow-us, escrow-us-2, cli: {:?}",
+        list(&services["certs"]["command"]).len() > 2 && services.len() == 12,
+        "expected certs, n1-n3, init, escrow-eu, escrow-eu-2, escrow-us, escrow-us-2, cli, cli-eu, cli-us: {:?}",
         services.keys().collect::<Vec<_>>()
     );
     Ok(())
