@@ -20,57 +20,14 @@ while [ $# -gt 0 ]; do
     *) echo "usage: $0 [--binary PATH]" >&2; exit 2 ;;
   esac
 done
-[ -x "$binary" ] || { echo "FAIL: no leasehold binary at $binary (cargo build -p leasehold-node first)" >&2; exit 2; }
-command -v python3 >/dev/null || { echo "FAIL: python3 is required" >&2; exit 2; }
-python3 -c 'import venv, ensurepip' 2>/dev/null \
-  || { echo "FAIL: python3 cannot make virtual environments (install python3-venv)" >&2; exit 2; }
+label="docs/examples/python RLS"
+# shellcheck source=common.sh
+. "$here/common.sh"
+make_venv
 
-work="$(mktemp -d)"
-cluster_pid=""
-cleanup() {
-  if [ -n "$cluster_pid" ]; then
-    kill "$cluster_pid" 2>/dev/null || true
-    wait "$cluster_pid" 2>/dev/null || true
-  fi
-  rm -rf "$work"
-}
-trap cleanup EXIT
-fail() {
-  echo "FAIL: docs/examples/python RLS: $*" >&2
-  if [ -f "$work/cluster.log" ]; then
-    echo "--- leasehold dev log (last 40 lines)" >&2
-    tail -n 40 "$work/cluster.log" >&2
-  fi
-  exit 1
-}
-
-python3 -m venv "$work/venv"
-py="$work/venv/bin/python"
-"$py" -m pip install --quiet --disable-pip-version-check -r "$here/requirements.txt" \
-  || fail "pip install -r requirements.txt"
-
-# Free ports: a base the kernel hands out whose next ports are free too,
-# for the members (base .. base+nodes-1) and the escrow nodes eu and us
-# (the two after). A race with another process is possible: the cluster
-# then fails to start and this says so.
-port="$(python3 - "$((nodes + 2))" <<'EOF'
-import socket, sys
-n = int(sys.argv[1])
-for _ in range(50):
-    s = socket.socket(); s.bind(("127.0.0.1", 0)); base = s.getsockname()[1]; s.close()
-    if base + n > 65535:
-        continue
-    held = []
-    try:
-        for p in range(base, base + n):
-            t = socket.socket(); t.bind(("127.0.0.1", p)); held.append(t)
-        print(base); break
-    except OSError:
-        pass
-    finally:
-        for t in held: t.close()
-EOF
-)"
+# Free ports for the members (base .. base+nodes-1) and the escrow nodes
+# eu and us (the two after).
+port="$(free_ports "$((nodes + 2))")"
 [ -n "$port" ] || fail "no $((nodes + 2)) free consecutive ports"
 escrow_port=$((port + nodes))
 "$binary" dev --data-dir "$work/cluster" --base-port "$port" --nodes "$nodes" \
