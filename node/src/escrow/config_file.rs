@@ -253,6 +253,9 @@ impl EscrowFile {
                  or remove the table",
             );
         }
+        if let Some(ratelimit) = &self.ratelimit {
+            problems.extend(ratelimit.problems());
+        }
         if let Some(fair) = &self.fair_throttle {
             problems.extend(fair.problems());
         }
@@ -347,6 +350,38 @@ impl EscrowFile {
         }
         config.validate()?;
         Ok(config)
+    }
+}
+
+impl RatelimitFile {
+    /// Every problem of the files it names (read now), at their lines, and
+    /// a domain named by two of them.
+    fn problems(&self) -> Vec<Problem> {
+        let field = || FieldPath::in_table("ratelimit", "configs");
+        let mut problems = Vec::new();
+        let mut domains: Vec<String> = Vec::new();
+        for path in &self.configs {
+            match crate::ratelimit_file::load(path) {
+                Ok(config) if domains.contains(&config.domain) => problems.push(Problem::error(
+                    field(),
+                    format!(
+                        "{}: domain {:?} is configured by another file too",
+                        path.display(),
+                        config.domain
+                    ),
+                    "keep each domain in one file",
+                )),
+                Ok(config) => domains.push(config.domain),
+                Err(found) => problems.extend(found.into_iter().map(|problem| {
+                    Problem::error(
+                        field(),
+                        format!("{}: {problem}", path.display()),
+                        "fix the file: `leasehold config check FILE` lists its problems",
+                    )
+                })),
+            }
+        }
+        problems
     }
 }
 
@@ -485,6 +520,25 @@ mod tests {
             .to_config(None)
             .expect_err("a broken ratelimit file refuses to start");
         assert!(refused.to_string().contains("quota_mode"), "{refused}");
+        // `config check` of the node's file reads the ratelimit files too.
+        let found = file.problems();
+        assert!(
+            found
+                .iter()
+                .any(|p| p.field.to_string() == "ratelimit.configs"
+                    && p.problem.contains("quota_mode")
+                    && p.problem.contains("line 2")),
+            "{found:?}"
+        );
+        let missing: EscrowFile = toml::from_str(
+            "region = \"eu\"\ncoordinators = [\"n1:7100\"]\ninsecure = true\n\
+             [ratelimit]\nconfigs = [\"/nonexistent/edge.yaml\"]\n",
+        )
+        .unwrap();
+        assert!(missing
+            .problems()
+            .iter()
+            .any(|p| p.problem.contains("/nonexistent/edge.yaml")));
     }
 
     #[test]
