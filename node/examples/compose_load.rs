@@ -539,7 +539,10 @@ async fn rls(args: RlsArgs) -> Result<()> {
                                                 d.seconds.max(0) as u64 * 1_000
                                                     + u64::from(d.nanos.max(0) as u32 / 1_000_000)
                                             });
-                                        let start = window_of(at, reset, window_ms);
+                                        let start =
+                                            leasehold_core::rls::answer::admitted_window_start(
+                                                at, reset, window_ms,
+                                            );
                                         *tally.ok.entry(start).or_default() += 1;
                                     } else {
                                         tally.over_limit += 1;
@@ -567,16 +570,6 @@ async fn rls(args: RlsArgs) -> Result<()> {
         tally.over_limit, tally.errors, tally.without_headers
     );
     rls_verdict(&tally, args.limit)
-}
-
-/// The start of the window an OK answer received at `at_ms` was admitted
-/// in, told by its `reset_ms` (until the window's end, as the node saw it):
-/// the window boundary nearest to `at_ms + reset_ms`, minus one window —
-/// so an answer admitted just before an edge and received after it counts
-/// in its own window.
-fn window_of(at_ms: u64, reset_ms: u64, window_ms: u64) -> u64 {
-    let end = at_ms + reset_ms;
-    ((end + window_ms / 2) / window_ms * window_ms).saturating_sub(window_ms)
 }
 
 /// Fails on a window over `limit`, on no OK at all, and on answers without
@@ -613,14 +606,6 @@ async fn main() -> std::process::ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn an_answer_counts_in_the_window_it_was_admitted_in() {
-        // Admitted at 999 ms with 1 ms left, received at 1 002 ms.
-        assert_eq!(window_of(1_002, 1, 1_000), 0);
-        assert_eq!(window_of(1_002, 998, 1_000), 1_000);
-        assert_eq!(window_of(60_500, 500, 1_000), 60_000);
-    }
 
     #[test]
     fn the_rls_verdict_fails_over_the_limit_without_answers_or_headers() {

@@ -13,6 +13,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use leasehold_client::transport::Dialer;
+use leasehold_core::rls::answer::admitted_window_start;
 use leasehold_core::rls::{DescriptorRule, DomainConfig, Quota, RateLimit, Unit, ValueMatch};
 use leasehold_node::escrow::rls::RlsConfig;
 use rand::Rng;
@@ -68,14 +69,6 @@ pub fn node_config(limit: u64, window_ms: u64) -> anyhow::Result<RlsConfig> {
         response_headers: false,
         reload_interval_ms: 0,
     })
-}
-
-/// The start of the window an `OK` received at `at_ms`, `reset_ms` before
-/// its window's end (as the node saw it), was admitted in: the window edge
-/// nearest to `at_ms + reset_ms`, less one window.
-pub fn admitted_window(at_ms: u64, reset_ms: u64, window_ms: u64) -> u64 {
-    let end = at_ms + reset_ms;
-    ((end + window_ms / 2) / window_ms * window_ms).saturating_sub(window_ms)
 }
 
 /// One client: asks escrow node `addr` until `load_end_ms`, recording each
@@ -141,7 +134,7 @@ pub async fn ask_until(
                 client: index,
                 key: RLS_KEY,
                 cost: 1,
-                window_start_ms: admitted_window(at_ms, reset_ms, window_ms),
+                window_start_ms: admitted_window_start(at_ms, reset_ms, window_ms),
                 at_ms,
             });
             tokio::time::sleep(Duration::from_millis(rng.gen_range(2..8))).await;
@@ -167,14 +160,7 @@ mod tests {
     }
 
     #[test]
-    fn an_ok_counts_in_the_window_it_was_admitted_in() {
-        assert_eq!(
-            admitted_window(1_003, 0, 1_000),
-            0,
-            "admitted at the edge, received after"
-        );
-        assert_eq!(admitted_window(1_003, 997, 1_000), 1_000);
-        assert_eq!(admitted_window(59_990, 10, 60_000), 0);
+    fn only_unit_windows_serve_rls() {
         assert!(unit_of(1_000).is_some() && unit_of(10_000).is_none());
     }
 }

@@ -259,6 +259,19 @@ impl DescriptorAnswer {
     }
 }
 
+/// The start of the window an `OK` received at `at_ms` (a caller's clock)
+/// was admitted in, told by its `duration_until_reset` of `reset_ms` (until
+/// the window's end as the node saw it): the window edge nearest to
+/// `at_ms + reset_ms`, less one window — so an answer admitted just before
+/// an edge and received after it counts in its own window, whatever the
+/// answer's latency (up to half a window). For oracles summing `OK`
+/// answers per window.
+pub fn admitted_window_start(at_ms: u64, reset_ms: u64, window_ms: u64) -> u64 {
+    let window_ms = window_ms.max(1);
+    let end = at_ms.saturating_add(reset_ms);
+    (end.saturating_add(window_ms / 2) / window_ms * window_ms).saturating_sub(window_ms)
+}
+
 /// The overall code: `OVER_LIMIT` when any descriptor is.
 pub fn overall_over_limit(answers: &[DescriptorAnswer]) -> bool {
     answers.iter().any(|a| a.code == Code::OverLimit)
@@ -627,6 +640,17 @@ mod tests {
         // An end not after now says nothing: the unit's window (one minute).
         assert_eq!(reset(90_500), Some(29_500));
         assert_eq!(reset(1), Some(29_500));
+    }
+
+    #[test]
+    fn an_ok_counts_in_the_window_it_was_admitted_in() {
+        // Admitted at 999 ms with 1 ms left, received at 1 002 ms.
+        assert_eq!(admitted_window_start(1_002, 1, 1_000), 0);
+        assert_eq!(admitted_window_start(1_003, 0, 1_000), 0);
+        assert_eq!(admitted_window_start(1_002, 998, 1_000), 1_000);
+        assert_eq!(admitted_window_start(60_500, 500, 1_000), 60_000);
+        assert_eq!(admitted_window_start(59_990, 10, 60_000), 0);
+        assert_eq!(admitted_window_start(u64::MAX, u64::MAX, 0), u64::MAX - 1);
     }
 
     #[test]

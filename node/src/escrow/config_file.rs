@@ -357,31 +357,19 @@ impl RatelimitFile {
     /// Every problem of the files it names (read now), at their lines, and
     /// a domain named by two of them.
     fn problems(&self) -> Vec<Problem> {
-        let field = || FieldPath::in_table("ratelimit", "configs");
-        let mut problems = Vec::new();
-        let mut domains: Vec<String> = Vec::new();
-        for path in &self.configs {
-            match crate::ratelimit_file::load(path) {
-                Ok(config) if domains.contains(&config.domain) => problems.push(Problem::error(
-                    field(),
-                    format!(
-                        "{}: domain {:?} is configured by another file too",
-                        path.display(),
-                        config.domain
-                    ),
-                    "keep each domain in one file",
-                )),
-                Ok(config) => domains.push(config.domain),
-                Err(found) => problems.extend(found.into_iter().map(|problem| {
+        match super::rls::read_domains(&self.configs) {
+            Ok(_) => Vec::new(),
+            Err(problems) => problems
+                .into_iter()
+                .map(|problem| {
                     Problem::error(
-                        field(),
-                        format!("{}: {problem}", path.display()),
+                        FieldPath::in_table("ratelimit", "configs"),
+                        problem,
                         "fix the file: `leasehold config check FILE` lists its problems",
                     )
-                })),
-            }
+                })
+                .collect(),
         }
-        problems
     }
 }
 

@@ -74,41 +74,48 @@ impl RlsConfig {
     /// format); a problem in any, or a domain configured twice, refuses
     /// them all with every problem at its line.
     pub fn load(files: &[PathBuf], response_headers: bool) -> Result<RlsConfig, NodeError> {
-        let mut domains: Vec<DomainConfig> = Vec::new();
-        let mut problems = Vec::new();
-        for file in files {
-            match crate::ratelimit_file::load(file) {
-                Ok(config) => {
-                    if domains.iter().any(|d| d.domain == config.domain) {
-                        problems.push(format!(
-                            "{}: domain {:?} is configured by another file too",
-                            file.display(),
-                            config.domain
-                        ));
-                    } else {
-                        domains.push(config);
-                    }
-                }
-                Err(found) => problems.extend(
-                    found
-                        .into_iter()
-                        .map(|problem| format!("{}: {problem}", file.display())),
-                ),
-            }
-        }
-        if problems.is_empty() {
-            Ok(RlsConfig {
+        match read_domains(files) {
+            Ok(domains) => Ok(RlsConfig {
                 files: files.to_vec(),
                 domains,
                 response_headers,
                 reload_interval_ms: DEFAULT_RELOAD_INTERVAL_MS,
-            })
-        } else {
-            Err(NodeError::Invalid(format!(
+            }),
+            Err(problems) => Err(NodeError::Invalid(format!(
                 "ratelimit configuration refused:\n  {}",
                 problems.join("\n  ")
-            )))
+            ))),
         }
+    }
+}
+
+/// The domains of ratelimit `files`, one per file, or every problem: each
+/// file's at its lines, and a domain configured by two files (the node's
+/// start, its reloads and `config check` of its TOML all read them so).
+pub fn read_domains(files: &[PathBuf]) -> Result<Vec<DomainConfig>, Vec<String>> {
+    let mut domains: Vec<DomainConfig> = Vec::new();
+    let mut problems = Vec::new();
+    for file in files {
+        match crate::ratelimit_file::load(file) {
+            Ok(config) if domains.iter().any(|d| d.domain == config.domain) => {
+                problems.push(format!(
+                    "{}: domain {:?} is configured by another file too",
+                    file.display(),
+                    config.domain
+                ));
+            }
+            Ok(config) => domains.push(config),
+            Err(found) => problems.extend(
+                found
+                    .into_iter()
+                    .map(|problem| format!("{}: {problem}", file.display())),
+            ),
+        }
+    }
+    if problems.is_empty() {
+        Ok(domains)
+    } else {
+        Err(problems)
     }
 }
 
@@ -352,6 +359,8 @@ fn domains_of(config: &RlsConfig) -> Arc<Domains> {
 #[derive(Debug)]
 pub struct RlsState {
     domains: RwLock<Arc<Domains>>,
+    /// Fixed for the process (a reload changes the domains only).
+    response_headers: bool,
     config: Mutex<RlsConfig>,
     /// What `/metrics` shows.
     pub metrics: RlsMetrics,
@@ -362,6 +371,7 @@ impl RlsState {
     pub fn new(config: &RlsConfig) -> RlsState {
         RlsState {
             domains: RwLock::new(domains_of(config)),
+            response_headers: config.response_headers,
             config: Mutex::new(config.clone()),
             metrics: RlsMetrics::new(config),
         }
@@ -372,13 +382,6 @@ impl RlsState {
             .read()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
-    }
-
-    fn response_headers(&self) -> bool {
-        self.config
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .response_headers
     }
 
     /// Reads the files again; serves what they say now if it differs and
@@ -689,7 +692,7 @@ impl RateLimitService for RateLimitApi {
             &metrics.requests_ok
         };
         counter.fetch_add(1, Ordering::Relaxed);
-        let response_headers_to_add = if self.state.response_headers() {
+        let response_headers_to_add = if self.state.response_headers {
             draft_headers(&answers)
                 .into_iter()
                 .map(|(key, value)| HeaderValue {
