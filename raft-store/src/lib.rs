@@ -15,6 +15,8 @@
 //! - `records`: what is persisted under which key, with format versions.
 //! - [`runtime`]: tokio for openraft, with election randomness a
 //!   simulation can seed.
+//! - [`backup`]: backup files of the state, and new clusters started from
+//!   a backup or from a survivor of a lost quorum.
 //!
 //! # Use
 //! ```no_run
@@ -37,6 +39,7 @@
 //! threshold trades restart replay time against snapshot write cost.
 #![deny(missing_docs)]
 
+pub mod backup;
 pub mod codec;
 pub mod engine;
 mod error;

@@ -4,6 +4,7 @@
 
 use leasehold_core::coordinator::format_v2::{CoordinatorStateV2, ProposalV2};
 use leasehold_core::coordinator::format_v3::CoordinatorStateV3;
+use leasehold_core::coordinator::format_v6::CoordinatorStateV6;
 use leasehold_core::coordinator::{CoordinatorState, Proposal};
 use std::collections::BTreeSet;
 
@@ -146,18 +147,26 @@ impl Persisted for SnapshotEnvelope {
     /// it is; its cached pool grants replay with an increment of 0); an
     /// older build refuses a format-5 snapshot as of an unknown version.
     /// 6: the record of retired member ids; 5 is read with none recorded.
-    const FORMAT_VERSION: u32 = 6;
+    /// 7: the window table records when the state was restored (windows
+    /// sealed by a restore); 4 to 6 are read as never restored.
+    const FORMAT_VERSION: u32 = 7;
 
     fn decode_version(version: u32, body: &[u8]) -> Result<Self, CodecError> {
         match version {
+            6 => decode_body::<SnapshotEnvelopeV6>(Self::KIND, body).map(|old| SnapshotEnvelope {
+                last_applied: old.last_applied,
+                membership: old.membership,
+                state: old.state.into(),
+                retired_members: old.retired_members,
+            }),
             5 => decode_body::<SnapshotEnvelopeV5>(Self::KIND, body).map(|old| SnapshotEnvelope {
                 last_applied: old.last_applied,
                 membership: old.membership,
-                state: old.state,
+                state: old.state.into(),
                 retired_members: BTreeSet::new(),
             }),
             4 => decode_body::<SnapshotEnvelopeV5>(Self::KIND, body)
-                .map(|old| upgraded(old.last_applied, old.membership, old.state)),
+                .map(|old| upgraded(old.last_applied, old.membership, old.state.into())),
             2 => decode_body::<SnapshotEnvelopeV2>(Self::KIND, body)
                 .map(|old| upgraded(old.last_applied, old.membership, old.state.into())),
             3 => decode_body::<SnapshotEnvelopeV3>(Self::KIND, body)
@@ -190,7 +199,16 @@ fn upgraded(
 struct SnapshotEnvelopeV5 {
     last_applied: Option<LogId>,
     membership: StoredMembership,
-    state: CoordinatorState,
+    state: CoordinatorStateV6,
+}
+
+/// A snapshot of format 6 (its state never restored); upgraded on read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct SnapshotEnvelopeV6 {
+    last_applied: Option<LogId>,
+    membership: StoredMembership,
+    state: CoordinatorStateV6,
+    retired_members: BTreeSet<NodeId>,
 }
 
 /// A snapshot of format 2; upgraded on read.
@@ -331,7 +349,7 @@ mod decode_fuzz {
         let old = super::SnapshotEnvelopeV5 {
             last_applied: Some(log_id(7)),
             membership: StoredMembership::default(),
-            state: CoordinatorState::default(),
+            state: CoordinatorStateV6::default(),
         };
         let mut bytes = postcard::to_stdvec(&5u32).unwrap();
         bytes.extend(postcard::to_stdvec(&old).unwrap());
@@ -339,7 +357,7 @@ mod decode_fuzz {
         assert_eq!(read.last_applied, Some(log_id(7)));
         assert!(read.retired_members.is_empty());
         let current = encode(&read).unwrap();
-        assert_eq!(current[0], 6, "written back in the current format");
+        assert_eq!(current[0], 7, "written back in the current format");
         assert_eq!(decode::<SnapshotEnvelope>(&current).unwrap(), read);
     }
 

@@ -160,6 +160,19 @@ impl StateReader {
         read_retired(&self.retired).contains(&id)
     }
 
+    /// The applied state as a snapshot's contents: state, last applied log
+    /// id, membership and retired ids, all as of one moment (a copy of the
+    /// whole state, taken under the read lock).
+    pub fn envelope(&self) -> SnapshotEnvelope {
+        let applied = read_lock(&self.applied);
+        SnapshotEnvelope {
+            last_applied: applied.last_applied,
+            membership: applied.membership.clone(),
+            state: applied.state.clone(),
+            retired_members: read_retired(&self.retired).clone(),
+        }
+    }
+
     /// The size and age of the stored snapshot.
     pub fn snapshot(&self) -> &SnapshotStats {
         &self.snapshot
@@ -304,15 +317,14 @@ impl StateMachineStore {
         self.retired.write().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// The current state as a snapshot's contents (see
+    /// [`StateReader::envelope`]).
+    pub fn envelope(&self) -> SnapshotEnvelope {
+        self.reader().envelope()
+    }
+
     fn snapshot_of_current_state(&self) -> Result<StoredSnapshot, StoreError> {
-        let applied = read_lock(&self.applied);
-        let envelope = SnapshotEnvelope {
-            last_applied: applied.last_applied,
-            membership: applied.membership.clone(),
-            state: applied.state.clone(),
-            retired_members: read_retired(&self.retired).clone(),
-        };
-        drop(applied);
+        let envelope = self.envelope();
         let data = encode(&envelope)?;
         Ok(StoredSnapshot {
             meta: SnapshotMeta {

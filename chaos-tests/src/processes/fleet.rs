@@ -521,28 +521,35 @@ impl Fleet {
 
     /// The member currently leading, asked of every responsive member.
     pub async fn leader(&self) -> Option<u64> {
-        let dialer = self.dialer_as(&super::identities::operator());
         for id in self.responsive_members() {
-            let addr = &self.members[usize::try_from(id - 1).ok()?].addr;
-            let Ok(client) = CoordinatorClient::with_options(
-                [addr],
-                dialer.clone(),
-                RetryOptions {
-                    call_timeout: Duration::from_millis(300),
-                    total_timeout: Duration::from_millis(300),
-                    max_attempts: 1,
-                    ..runner_retry_options()
-                },
-            ) else {
-                continue;
-            };
-            if let Ok(status) = client.admin().status().await {
+            if let Some(status) = self.status_of(id).await {
                 if status.state == "Leader" {
                     return Some(status.node_id);
                 }
             }
         }
         None
+    }
+
+    /// Member `id`'s own status (one try of 300 ms), as the operator's
+    /// `cluster status --endpoint` on it shows.
+    pub async fn status_of(&self, id: u64) -> Option<leasehold_proto::v1::StatusResponse> {
+        let addr = &self
+            .members
+            .get(usize::try_from(id.checked_sub(1)?).ok()?)?
+            .addr;
+        let client = CoordinatorClient::with_options(
+            [addr],
+            self.dialer_as(&super::identities::operator()),
+            RetryOptions {
+                call_timeout: Duration::from_millis(300),
+                total_timeout: Duration::from_millis(300),
+                max_attempts: 1,
+                ..runner_retry_options()
+            },
+        )
+        .ok()?;
+        client.admin().status().await.ok()
     }
 }
 

@@ -519,12 +519,31 @@ async fn resolve(fleet: &Fleet, pick: u64) -> Option<u64> {
 
 /// Replaces the voters by `voters`, as an operator would: again while the
 /// previous change is still committing (refused `FAILED_PRECONDITION`),
-/// for up to five seconds.
-async fn change_membership(admin: &AdminClient, voters: &[u64]) -> Result<()> {
+/// for up to five seconds; then, as docs/security.md says, waits until
+/// each member the leader named as not holding the change yet shows it in
+/// its log (`cluster status` on it), for up to five seconds more.
+async fn change_membership(fleet: &Fleet, admin: &AdminClient, voters: &[u64]) -> Result<()> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     loop {
         match admin.change_membership(voters, false).await {
-            Ok(_) => return Ok(()),
+            Ok(change) => {
+                let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+                for id in change.lagging_member_ids {
+                    loop {
+                        let status = fleet.status_of(id).await;
+                        if status.is_some_and(|s| s.last_log_index >= change.log_index) {
+                            break;
+                        }
+                        anyhow::ensure!(
+                            tokio::time::Instant::now() < deadline,
+                            "member {id} did not receive membership change {} within 5 s",
+                            change.log_index
+                        );
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                }
+                return Ok(());
+            }
             Err(e)
                 if e.code() == Code::FailedPrecondition
                     && tokio::time::Instant::now() < deadline =>
@@ -632,7 +651,7 @@ async fn inflict(
                     .into_iter()
                     .filter(|m| !fleet.retired_members().contains(m))
                     .collect();
-                change_membership(admin, &voters)
+                change_membership(fleet, admin, &voters)
                     .await
                     .with_context(|| format!("making member {id} a voter"))?;
                 recorder.fault(format!("{now}: member {id} joins: voters {voters:?}"));
@@ -644,7 +663,7 @@ async fn inflict(
                     .into_iter()
                     .filter(|m| *m != id && !fleet.retired_members().contains(m))
                     .collect();
-                change_membership(admin, &voters)
+                change_membership(fleet, admin, &voters)
                     .await
                     .with_context(|| format!("retiring member {id}"))?;
                 fleet.retire_member(id)?;

@@ -3,9 +3,9 @@
 //! [`CoordinatorClient`].
 
 use leasehold_proto::v1::{
-    AddLearnerRequest, ChangeMembershipRequest, DeletePolicyRequest, InitRequest,
-    ListPoliciesRequest, Member, Policy, SetPolicyRequest, StatusRequest, StatusResponse,
-    StepDownRequest,
+    AddLearnerRequest, ChangeMembershipRequest, ChangeMembershipResponse, DeletePolicyRequest,
+    InitRequest, ListPoliciesRequest, Member, Policy, SaveSnapshotRequest, SetPolicyRequest,
+    SnapshotInfo, StatusRequest, StatusResponse, StepDownRequest,
 };
 
 use super::{with_timeout, CoordinatorClient, CoordinatorError, Target};
@@ -74,12 +74,14 @@ impl AdminClient {
     }
 
     /// Makes exactly `voter_ids` the voters; with `retain`, removed voters
-    /// stay as learners. Returns the log index of the final membership.
+    /// stay as learners. Returns the log index of the final membership and
+    /// the members that did not hold it yet when the leader answered (they
+    /// still accept Raft messages from removed members until they do).
     pub async fn change_membership(
         &self,
         voter_ids: &[u64],
         retain: bool,
-    ) -> Result<u64, CoordinatorError> {
+    ) -> Result<ChangeMembershipResponse, CoordinatorError> {
         let request = ChangeMembershipRequest {
             voter_ids: voter_ids.to_vec(),
             retain,
@@ -94,7 +96,44 @@ impl AdminClient {
                 }
             })
             .await
-            .map(|response| response.log_index)
+    }
+
+    /// A backup of the coordinator state (`Admin/SaveSnapshot`): from the
+    /// leader (`from_any_member` false: consistent with every write
+    /// acknowledged before the call) or from the first configured endpoint
+    /// that answers (its applied state). Returns what the member says the
+    /// backup holds and the backup file's bytes, as received: check them
+    /// (`leasehold_raft_store::backup::read_backup`) before relying on them.
+    /// Each try must finish within the call timeout.
+    pub async fn save_snapshot(
+        &self,
+        from_any_member: bool,
+    ) -> Result<(SnapshotInfo, Vec<u8>), CoordinatorError> {
+        let target = if from_any_member {
+            Target::Any
+        } else {
+            Target::Leader
+        };
+        self.client
+            .call(target, move |channel, timeout| {
+                let request = with_timeout(SaveSnapshotRequest {}, timeout);
+                async move {
+                    let mut chunks = CoordinatorClient::admin_rpc(channel)
+                        .save_snapshot(request)
+                        .await?
+                        .into_inner();
+                    let (mut info, mut bytes) = (None, Vec::new());
+                    while let Some(chunk) = chunks.message().await? {
+                        info = info.or(chunk.info);
+                        bytes.extend_from_slice(&chunk.data);
+                    }
+                    let info = info.ok_or_else(|| {
+                        tonic::Status::data_loss("the backup arrived without its description")
+                    })?;
+                    Ok(tonic::Response::new((info, bytes)))
+                }
+            })
+            .await
     }
 
     /// Asks the leader to step down so that another voter leads; returns

@@ -13,10 +13,13 @@
 //! - `gc`: collection of dead windows and sessions.
 //! - [`format_v2`]: the types as storage format 2 wrote them, and their upgrade.
 //! - [`format_v3`]: the state as storage format 3 wrote it, and its upgrade.
+//! - [`format_v6`]: the state as storage formats 4 to 6 wrote it (before a
+//!   restore could seal windows), and its upgrade.
 
 mod command;
 pub mod format_v2;
 pub mod format_v3;
+pub mod format_v6;
 mod gc;
 mod lease;
 mod policy_admin;
@@ -35,3 +38,4 @@ pub use sessions::{
     SESSION_OPENING_SEQS,
 };
 pub use state::*;
+pub use windows::seals as restore_seals;

@@ -207,12 +207,15 @@ impl CoordinatorState {
         }
         let view = match self.windows.live(key, now_ms) {
             Some(record) => PoolView::of(record, policy.shadow),
-            None => PoolView {
-                bounds: self.windows.next_bounds(key, policy.window_ms, now_ms),
-                limit: policy.limit,
-                shadow: policy.shadow,
-                regions: Vec::new(),
-            },
+            None => {
+                let bounds = self.windows.next_bounds(key, policy.window_ms, now_ms);
+                PoolView {
+                    bounds,
+                    limit: self.windows.opening_limit(&bounds, policy),
+                    shadow: policy.shadow,
+                    regions: Vec::new(),
+                }
+            }
         };
         Some(view)
     }
@@ -240,14 +243,17 @@ impl CoordinatorState {
             .filter(|record| record.bounds.start_ms == window_start_ms);
         let view = match next {
             Some(record) => PoolView::of(record, policy.shadow),
-            None => PoolView {
-                bounds: self
+            None => {
+                let bounds = self
                     .windows
-                    .next_bounds(key, policy.window_ms, live.bounds.end_ms),
-                limit: policy.limit,
-                shadow: policy.shadow,
-                regions: Vec::new(),
-            },
+                    .next_bounds(key, policy.window_ms, live.bounds.end_ms);
+                PoolView {
+                    bounds,
+                    limit: self.windows.opening_limit(&bounds, policy),
+                    shadow: policy.shadow,
+                    regions: Vec::new(),
+                }
+            }
         };
         Some(view)
     }

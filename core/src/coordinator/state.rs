@@ -241,6 +241,24 @@ impl CoordinatorState {
         self.now_ms
     }
 
+    /// Prepares this state to serve a new cluster restored from it at
+    /// `restored_at_ms` (a backup, or a survivor's state after a lost
+    /// quorum): every window the source cluster may have granted in after
+    /// this state was taken is sealed ([`super::restore_seals`]: limit 0,
+    /// returns still credited). `restored_at_ms` must be no earlier than
+    /// the source cluster's last clock; it is raised to this state's.
+    /// Not a command: applied to the state a new cluster starts from,
+    /// before its first entry.
+    pub fn seal_after_restore(&mut self, restored_at_ms: u64) {
+        let at = restored_at_ms.max(self.now_ms).min(MAX_CLOCK_MS);
+        self.windows.seal_after_restore(at, &self.policies);
+    }
+
+    /// When this state was last restored onto a new cluster (0: never).
+    pub fn restored_at_ms(&self) -> u64 {
+        self.windows.restored_at_ms()
+    }
+
     /// All policies, sorted by prefix.
     pub fn policies(&self) -> Vec<Policy> {
         self.policies.iter().cloned().collect()
@@ -285,7 +303,7 @@ impl CoordinatorState {
                 let bounds = self.windows.next_bounds(key, policy.window_ms, now);
                 WindowView {
                     policy: policy.clone(),
-                    limit: policy.limit,
+                    limit: self.windows.opening_limit(&bounds, policy),
                     window_start_ms: bounds.start_ms,
                     window_end_ms: bounds.end_ms,
                     granted: 0,

@@ -94,10 +94,10 @@ pub(super) struct WindowRecord {
 }
 
 impl WindowRecord {
-    fn new(bounds: WindowBounds, policy: &Policy) -> Self {
+    fn new(bounds: WindowBounds, policy: &Policy, limit: u64) -> Self {
         WindowRecord {
             bounds,
-            limit: policy.limit,
+            limit,
             kind: policy.kind,
             granted: 0,
             returned: 0,
@@ -159,8 +159,29 @@ pub(super) struct WindowTable {
     /// Growth floors by policy prefix; one per prefix (merged by maximum).
     growth_floors: BTreeMap<String, GrowthFloor>,
     /// Each key's next window, opened early (see the module doc); only
-    /// for keys whose live window has not ended. (Last: storage format 4.)
+    /// for keys whose live window has not ended. (Storage format 4.)
     next: BTreeMap<Key, WindowRecord>,
+    /// When this state was last restored onto a new cluster, from a backup
+    /// or from a survivor of a lost quorum (0: never): see [`seals`].
+    /// (Last: storage format 7.)
+    restored_at_ms: u64,
+}
+
+/// Whether a window starting at `start_ms`, of a policy whose windows last
+/// `window_ms`, is sealed by a restore at `restored_at_ms` (0: none): it
+/// starts before `restored_at_ms + window_ms`.
+///
+/// The cluster the state came from may have granted, after the state was
+/// taken and before the restore, in any window live then — and, for a
+/// `fair` key, in the window after it (joined ahead in the live one's last
+/// quarter): every such window starts before `restored_at_ms + window_ms`
+/// when `restored_at_ms` is no earlier than that cluster's last clock. A
+/// sealed window grants nothing more (its limit is 0); returns are still
+/// credited. So no window ever admits grants from both clusters, and Σ
+/// granted per window stays within L across a restore, at the cost of the
+/// rest of each key's current window and its next one.
+pub fn seals(restored_at_ms: u64, start_ms: u64, window_ms: u64) -> bool {
+    restored_at_ms != 0 && start_ms < restored_at_ms.saturating_add(window_ms)
 }
 
 impl WindowTable {
@@ -284,8 +305,8 @@ impl WindowTable {
             let entry = self.keys.get_mut(key)?;
             entry.last_end_ms = bounds.end_ms;
             entry.retention_ms = policy.window_ms;
-            self.next
-                .insert(key.clone(), WindowRecord::new(bounds, policy));
+            let record = WindowRecord::new(bounds, policy, self.opening_limit(&bounds, policy));
+            self.next.insert(key.clone(), record);
         }
         self.next.get_mut(key)
     }
@@ -346,6 +367,7 @@ impl WindowTable {
     /// rule of the module doc), replacing an ended one or a tombstone.
     fn open_window(&mut self, key: &Key, policy: &Policy, now_ms: u64) -> &mut WindowRecord {
         let bounds = self.next_bounds(key, policy.window_ms, now_ms);
+        let limit = self.opening_limit(&bounds, policy);
         let entry = self.keys.entry(key.clone()).or_insert(KeyWindows {
             live: None,
             last_end_ms: 0,
@@ -357,7 +379,45 @@ impl WindowTable {
         entry.deadline_ms = bounds.end_ms;
         entry.last_end_ms = bounds.end_ms;
         entry.retention_ms = policy.window_ms;
-        entry.live.insert(WindowRecord::new(bounds, policy))
+        entry.live.insert(WindowRecord::new(bounds, policy, limit))
+    }
+
+    /// Seals the windows a restore at `restored_at_ms` must not grant in
+    /// ([`seals`]; a later restore moves the seal forward, never back):
+    /// live and next records sealed now get limit 0, and so will every
+    /// record created sealed later. A key's window length is its governing
+    /// policy's (the record's own length without one).
+    pub fn seal_after_restore(&mut self, restored_at_ms: u64, policies: &PolicyTable) {
+        self.restored_at_ms = self.restored_at_ms.max(restored_at_ms);
+        let at = self.restored_at_ms;
+        let live = self
+            .keys
+            .iter_mut()
+            .filter_map(|(key, entry)| Some((key, entry.live.as_mut()?)));
+        for (key, record) in live.chain(self.next.iter_mut()) {
+            let window_ms = policies
+                .lookup(key.as_str())
+                .map(|policy| policy.window_ms)
+                .unwrap_or(record.bounds.end_ms.saturating_sub(record.bounds.start_ms));
+            if seals(at, record.bounds.start_ms, window_ms) {
+                record.limit = 0;
+            }
+        }
+    }
+
+    /// The limit a window with `bounds` opens with under `policy`: the
+    /// policy's, or 0 when a restore seals it ([`seals`]).
+    pub fn opening_limit(&self, bounds: &WindowBounds, policy: &Policy) -> u64 {
+        if seals(self.restored_at_ms, bounds.start_ms, policy.window_ms) {
+            0
+        } else {
+            policy.limit
+        }
+    }
+
+    /// When the state was last restored (0: never).
+    pub fn restored_at_ms(&self) -> u64 {
+        self.restored_at_ms
     }
 
     /// Applies the limit-change rule after the policy table changed: every
@@ -547,6 +607,7 @@ impl From<WindowTableV2> for WindowTable {
             forgotten_end_ms: old.forgotten_end_ms,
             growth_floors: old.growth_floors,
             next: BTreeMap::new(),
+            restored_at_ms: 0,
         }
     }
 }
@@ -570,6 +631,31 @@ impl From<WindowTableV3> for WindowTable {
             forgotten_end_ms: old.forgotten_end_ms,
             growth_floors: old.growth_floors,
             next: BTreeMap::new(),
+            restored_at_ms: 0,
+        }
+    }
+}
+
+/// The window table as formats 4 to 6 stored it, before a restore could
+/// seal windows: read from old snapshots and upgraded (never restored).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(super) struct WindowTableV6 {
+    keys: BTreeMap<Key, KeyWindows>,
+    deadlines: BTreeSet<(u64, Key)>,
+    forgotten_end_ms: u64,
+    growth_floors: BTreeMap<String, GrowthFloor>,
+    next: BTreeMap<Key, WindowRecord>,
+}
+
+impl From<WindowTableV6> for WindowTable {
+    fn from(old: WindowTableV6) -> Self {
+        WindowTable {
+            keys: old.keys,
+            deadlines: old.deadlines,
+            forgotten_end_ms: old.forgotten_end_ms,
+            growth_floors: old.growth_floors,
+            next: old.next,
+            restored_at_ms: 0,
         }
     }
 }

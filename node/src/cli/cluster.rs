@@ -152,17 +152,26 @@ pub async fn run(args: ClusterArgs) -> Result<(), CliError> {
             Ok(())
         }
         ClusterCommand::ChangeMembership(args) => {
-            let index = args
+            let change = args
                 .client
                 .client()?
                 .admin()
                 .change_membership(&args.voters, args.retain)
                 .await?;
+            let index = change.log_index;
+            let lagging = &change.lagging_member_ids;
             emit(
                 args.client.output,
-                json!({"voters": args.voters, "log_index": index}),
+                json!({"voters": args.voters, "log_index": index, "lagging_member_ids": lagging}),
                 || format!("voters are now {:?} (log index {index})", args.voters),
             );
+            if !lagging.is_empty() {
+                eprintln!(
+                    "warning: members {lagging:?} do not hold the change yet; until they do \
+                     they still accept Raft messages from removed members (`cluster status` \
+                     on each: last_log_index ≥ {index})"
+                );
+            }
             Ok(())
         }
         ClusterCommand::StepDown(args) => {

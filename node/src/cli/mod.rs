@@ -43,6 +43,7 @@ pub mod output;
 pub mod policy;
 pub mod runtime;
 pub mod serve;
+pub mod snapshot;
 pub mod watch;
 
 use std::path::PathBuf;
@@ -119,6 +120,10 @@ pub enum Command {
     Health(health::HealthArgs),
     /// Check config and policy files without starting anything.
     Config(config::ConfigArgs),
+    /// Back up the coordinator state, check a backup, restore a new cluster from one.
+    Snapshot(snapshot::SnapshotArgs),
+    /// UNSAFE: make a stopped survivor of a lost quorum the only voter of a new cluster.
+    ForceNewCluster(snapshot::ForceNewClusterArgs),
 }
 
 /// Why a command failed.
@@ -263,10 +268,19 @@ pub struct ServerTlsArgs {
 impl ClientArgs {
     /// A coordinator client for these endpoints.
     pub fn client(&self) -> Result<CoordinatorClient, CliError> {
+        self.client_with_call_timeout(RetryOptions::default().call_timeout)
+    }
+
+    /// A coordinator client for these endpoints whose tries may each take
+    /// up to `call_timeout` (within the total budget).
+    pub fn client_with_call_timeout(
+        &self,
+        call_timeout: Duration,
+    ) -> Result<CoordinatorClient, CliError> {
         let total = Duration::from_millis(self.timeout_ms.max(1));
         let options = RetryOptions {
             total_timeout: total,
-            call_timeout: RetryOptions::default().call_timeout.min(total),
+            call_timeout: call_timeout.min(total),
             ..RetryOptions::default()
         };
         Ok(CoordinatorClient::with_options(
@@ -300,6 +314,10 @@ impl Command {
             Command::PoolGrant(a) => Some(&a.client),
             Command::Window(a) => Some(&a.client),
             Command::Bench(a) => Some(&a.client),
+            Command::Snapshot(args) => match &args.command {
+                snapshot::SnapshotCommand::Save(a) => Some(&a.client),
+                _ => None,
+            },
             _ => None,
         }
     }
@@ -336,6 +354,8 @@ async fn dispatch(cli: Cli) -> Result<(), CliError> {
         Command::Certs(args) => certs::run(args),
         Command::Health(args) => health::run(args).await,
         Command::Config(args) => config::run(args),
+        Command::Snapshot(args) => snapshot::run(args).await,
+        Command::ForceNewCluster(args) => snapshot::force_new_cluster(args).await,
     }
 }
 

@@ -22,6 +22,7 @@ use leasehold_proto::convert::required_policy;
 use leasehold_proto::refusal::{invalid_field, refusal, Reason};
 use leasehold_proto::v1 as pb;
 use leasehold_proto::v1::admin_server::Admin;
+use leasehold_raft_store::backup::{backup_bytes, StateSummary};
 use leasehold_raft_store::{Node, NodeId};
 use openraft::error::{ClientWriteError, InitializeError, RaftError};
 use tonic::{Request, Response, Status};
@@ -59,6 +60,43 @@ async fn hand_off(
     successor
 }
 
+/// How long a membership change waits, once committed, for every remaining
+/// member to hold it before answering with those that do not (a live
+/// member receives it within a heartbeat or two; a caller's call timeout
+/// is 3 s by default).
+const LAGGING_MEMBER_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The members of `metrics`' membership other than `me` whose log does not
+/// reach `index` as far as the leader's replication shows (every other
+/// member when `metrics` shows no replication: `me` does not lead).
+fn members_lacking(
+    metrics: &openraft::RaftMetrics<NodeId, Node>,
+    me: NodeId,
+    index: u64,
+) -> Vec<NodeId> {
+    let holds = |id: &NodeId| {
+        metrics
+            .replication
+            .as_ref()
+            .and_then(|progress| progress.get(id).copied().flatten())
+            .is_some_and(|matched| matched.index >= index)
+    };
+    metrics
+        .membership_config
+        .membership()
+        .nodes()
+        .map(|(id, _)| *id)
+        .filter(|id| *id != me && !holds(id))
+        .collect()
+}
+
+/// Bytes of the backup file per `SaveSnapshot` message.
+const SNAPSHOT_CHUNK_BYTES: usize = 1 << 20;
+
+/// The messages of a `SaveSnapshot` answer.
+pub type SnapshotChunks =
+    std::pin::Pin<Box<dyn futures::Stream<Item = Result<pb::SaveSnapshotChunk, Status>> + Send>>;
+
 /// Serves `leasehold.v1.Admin` for one member.
 #[derive(Clone)]
 pub struct AdminApi {
@@ -69,6 +107,31 @@ impl AdminApi {
     /// The admin API over a member's shared context.
     pub fn new(node: Arc<NodeContext>) -> Self {
         Self { node }
+    }
+
+    /// Waits until every other member of the current membership holds log
+    /// index `index` (the leader's replication progress), or `deadline`;
+    /// returns those that do not (all others when this member no longer
+    /// leads: it cannot tell).
+    async fn wait_until_members_hold(
+        &self,
+        index: u64,
+        deadline: tokio::time::Instant,
+    ) -> Vec<NodeId> {
+        let me = self.node.id;
+        let mut metrics = self.node.raft.metrics();
+        let wait = async {
+            loop {
+                let lagging = members_lacking(&metrics.borrow_and_update(), me, index);
+                if lagging.is_empty() || metrics.changed().await.is_err() {
+                    return lagging;
+                }
+            }
+        };
+        match tokio::time::timeout_at(deadline, wait).await {
+            Ok(lagging) => lagging,
+            Err(_) => members_lacking(&self.node.raft.metrics().borrow(), me, index),
+        }
     }
 
     async fn policy_write(&self, command: Command) -> Result<Outcome, Status> {
@@ -203,9 +266,23 @@ impl Admin for AdminApi {
         )
         .await
         {
-            Ok(Ok(response)) => Ok(Response::new(pb::ChangeMembershipResponse {
-                log_index: response.log_id.index,
-            })),
+            Ok(Ok(response)) => {
+                let log_index = response.log_id.index;
+                let deadline = tokio::time::Instant::now() + LAGGING_MEMBER_WAIT;
+                let lagging_member_ids = self.wait_until_members_hold(log_index, deadline).await;
+                if !lagging_member_ids.is_empty() {
+                    tracing::warn!(
+                        ?lagging_member_ids,
+                        log_index,
+                        "membership changed; these members do not hold the change yet and \
+                         still accept Raft messages from removed members until they do"
+                    );
+                }
+                Ok(Response::new(pb::ChangeMembershipResponse {
+                    log_index,
+                    lagging_member_ids,
+                }))
+            }
             Ok(Err(error)) => membership_write_status(error),
             Err(_) => Err(admin_timeout(timeout.as_millis())),
         }
@@ -375,6 +452,64 @@ impl Admin for AdminApi {
                 format!("unexpected outcome {other:?}"),
             )),
         }
+    }
+
+    type SaveSnapshotStream = SnapshotChunks;
+
+    async fn save_snapshot(
+        &self,
+        _request: Request<pb::SaveSnapshotRequest>,
+    ) -> Result<Response<SnapshotChunks>, Status> {
+        let linearizable = self.node.require_leader().is_ok();
+        if linearizable {
+            self.node.linearizable_read().await?;
+        }
+        let state = self.node.state.clone();
+        let written = tokio::task::spawn_blocking(move || {
+            let envelope = state.envelope();
+            backup_bytes(&envelope).map(|bytes| (StateSummary::of(&envelope), bytes))
+        })
+        .await
+        .map_err(|e| refusal(Reason::Internal, format!("backup task failed: {e}")))?;
+        let (summary, bytes) =
+            written.map_err(|e| refusal(Reason::Internal, format!("encoding the state: {e}")))?;
+        let Some(last) = summary.last_log_id else {
+            return Err(refusal(
+                Reason::NotInitialized,
+                "this member holds no state yet (the cluster is not initialised)",
+            ));
+        };
+        let info = pb::SnapshotInfo {
+            last_log_index: last.index,
+            last_log_term: last.leader_id.term,
+            taken_from: self.node.id,
+            linearizable,
+            state_clock_ms: summary.clock_ms,
+            live_windows: summary.live_windows,
+            policies: summary.policies,
+            voter_ids: summary.voters,
+            retired_member_ids: summary.retired,
+            bytes: bytes.len() as u64,
+            crc32: crc32fast::hash(&bytes),
+            restored_at_ms: summary.restored_at_ms,
+        };
+        tracing::info!(
+            last_log_index = info.last_log_index,
+            bytes = info.bytes,
+            linearizable,
+            "backup of the state taken"
+        );
+        let mut info = Some(info);
+        let chunks: Vec<Result<pb::SaveSnapshotChunk, Status>> = bytes
+            .chunks(SNAPSHOT_CHUNK_BYTES)
+            .map(|data| {
+                Ok(pb::SaveSnapshotChunk {
+                    info: info.take(),
+                    data: data.to_vec(),
+                })
+            })
+            .collect();
+        Ok(Response::new(Box::pin(futures::stream::iter(chunks))))
     }
 
     async fn list_policies(

@@ -111,6 +111,36 @@ impl Cluster {
         })
     }
 
+    /// Starts member `members + 1` on a new loopback port with a data
+    /// directory of its own, after `prepare(data_dir, addr)` (e.g. writing
+    /// a restored store into it); returns its id and address. It is not
+    /// part of any cluster until its store or a leader says so.
+    pub async fn add_member(
+        &mut self,
+        prepare: impl FnOnce(&std::path::Path, &str) -> Result<()>,
+    ) -> Result<(u64, String)> {
+        let id = self.members.len() as u64 + 1;
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?.to_string();
+        let config = fast_config(
+            id,
+            addr.clone(),
+            self._dir.path().join(format!("node-{id}")),
+        );
+        prepare(&config.data_dir, &addr)?;
+        let running = spawn(config.clone(), listener, self.dialer.clone())?;
+        self.members.push(Member {
+            config,
+            running: Some(running),
+        });
+        Ok((id, addr))
+    }
+
+    /// The data directory of member `id`.
+    pub fn data_dir(&self, id: u64) -> std::path::PathBuf {
+        self.members[(id - 1) as usize].config.data_dir.clone()
+    }
+
     /// Starts `n` members and initialises them as one cluster.
     pub async fn start_initialised(n: u64, tweak: impl Fn(&mut NodeConfig)) -> Result<Self> {
         let cluster = Self::start(n, tweak).await?;

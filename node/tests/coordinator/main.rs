@@ -5,6 +5,9 @@
 //!   leader failover under load; a full stop/restart keeps every
 //!   acknowledged grant; a member that missed compacted log entries rejoins
 //!   through install-snapshot.
+//! - `backup`: the disaster drills: a backup saved under load restored
+//!   into a new cluster; a survivor of a lost quorum forced into a new
+//!   cluster; both grown back, Σ ≤ L per window across old and new.
 //! - `bad_input`: every error code, with no state change.
 //! - `hostile_bytes`: arbitrary bytes and field values on every method.
 //! - `exactly_once`: request ids reused for other requests, session floods.
@@ -15,6 +18,8 @@
 //! - `cli_errors`: what the binary says, the same on every run, when TLS
 //!   or the service on the port cannot work: certificates either side does
 //!   not trust, TLS on one side only, an escrow node's port.
+//! - `membership`: a membership change names the members that do not
+//!   hold it yet when the leader answers.
 //! - `health`: `leasehold health` before and after `cluster init`.
 //! - `config_check`: `leasehold config check` over good and broken files,
 //!   `leasehold policy apply`.
@@ -43,6 +48,7 @@
 //!   rotation.
 
 mod admission;
+mod backup;
 mod bad_input;
 mod cli;
 mod cli_errors;
@@ -57,6 +63,7 @@ mod hostile_bytes;
 mod lease_batch;
 mod limits;
 mod logs;
+mod membership;
 mod metrics;
 mod rls;
 mod safety;
