@@ -518,8 +518,12 @@ mod tests {
         let eu = Principal::Region(region("eu"));
         let member = Principal::Member(1);
         // (path, allowed callers among [operator, region eu, member 1, service eu])
-        let table: [(&str, [bool; 4]); 15] = [
+        let table: [(&str, [bool; 4]); 16] = [
             ("/leasehold.v1.Admin/SetPolicy", [true, false, false, false]),
+            (
+                "/leasehold.v1.Admin/SaveSnapshot",
+                [true, false, false, false],
+            ),
             (
                 "/leasehold.v1.Admin/ChangeMembership",
                 [true, false, false, false],

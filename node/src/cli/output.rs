@@ -141,6 +141,7 @@ pub fn status_json(status: &pb::StatusResponse) -> Value {
         "voters": members(&status.voters),
         "learners": members(&status.learners),
         "retired_member_ids": status.retired_member_ids,
+        "restored_at_ms": status.restored_at_ms,
         "state_machine_now_ms": status.state_machine_now_ms,
         "live_windows": status.live_windows,
         "policies": status.policies,
@@ -195,6 +196,14 @@ pub fn status_text(status: &pb::StatusResponse) -> String {
             .map(u64::to_string)
             .collect::<Vec<_>>()
             .join(" ")
+    };
+    let retired = if status.restored_at_ms == 0 {
+        retired
+    } else {
+        format!(
+            "{retired}  (restored at {} ms: earlier windows sealed)",
+            status.restored_at_ms
+        )
     };
     format!(
         "node {} is {}{}\n  term {}  leader {}\n  log index {}  applied {}  snapshot {}  purged {}\n  voters   {}\n  learners {}\n  retired  {}\n  state clock {} ms  live windows {}  policies {}\n  counters {}{}",

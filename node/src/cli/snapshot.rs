@@ -10,7 +10,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use clap::{Args, Subcommand};
 use leasehold_proto::v1 as pb;
 use leasehold_raft_store::backup::{
-    read_backup, survivor_state, write_new_cluster, NewCluster, StateOrigin, StateSummary,
+    read_backup, survivor_state, write_new_cluster, NewCluster, NewClusterError, StateOrigin,
+    StateSummary,
 };
 use leasehold_raft_store::SnapshotEnvelope;
 use serde_json::{json, Value};
@@ -277,7 +278,12 @@ fn new_cluster(
         restored_at,
         origin,
     )
-    .map_err(|e| CliError::Failed(e.to_string()))?;
+    .map_err(|e| match e {
+        NewClusterError::IdInUse(_)
+        | NewClusterError::StoreExists(_)
+        | NewClusterError::NotAMember(_) => CliError::Conflict(e.to_string()),
+        _ => CliError::Failed(e.to_string()),
+    })?;
     let json = json!({
         "member": member.id,
         "addr": member.addr,

@@ -374,22 +374,24 @@ impl Admin for AdminApi {
                 .unwrap_or_default(),
             LeaderView::Unknown { .. } => String::new(),
         };
-        let (now_ms, live_windows, policies, shadow) = self.node.state.read(|state| {
-            let shadow = state
-                .shadow_tallies()
-                .map(|(prefix, tally)| pb::ShadowTally {
-                    prefix: prefix.to_string(),
-                    would_deny_tokens: tally.would_deny_tokens,
-                    would_deny_requests: tally.would_deny_requests,
-                })
-                .collect::<Vec<_>>();
-            (
-                state.now_ms(),
-                state.live_windows(),
-                state.policies().len() as u64,
-                shadow,
-            )
-        });
+        let (now_ms, live_windows, policies, shadow, restored_at_ms) =
+            self.node.state.read(|state| {
+                let shadow = state
+                    .shadow_tallies()
+                    .map(|(prefix, tally)| pb::ShadowTally {
+                        prefix: prefix.to_string(),
+                        would_deny_tokens: tally.would_deny_tokens,
+                        would_deny_requests: tally.would_deny_requests,
+                    })
+                    .collect::<Vec<_>>();
+                (
+                    state.now_ms(),
+                    state.live_windows(),
+                    state.policies().len() as u64,
+                    shadow,
+                    state.restored_at_ms(),
+                )
+            });
         Ok(Response::new(pb::StatusResponse {
             node_id: metrics.id,
             state: format!("{:?}", metrics.state),
@@ -408,6 +410,7 @@ impl Admin for AdminApi {
             policies,
             shadow,
             retired_member_ids: self.node.state.retired_members().into_iter().collect(),
+            restored_at_ms,
             counters: self
                 .node
                 .metrics

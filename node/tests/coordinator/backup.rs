@@ -157,6 +157,10 @@ async fn a_cluster_restored_from_a_backup_taken_under_load_keeps_sigma_within_l(
     ensure!(cluster.leader().await? == 4);
     let status = cluster.status(6).await?;
     ensure!(status.retired_member_ids == vec![1, 2, 3], "{status:?}");
+    ensure!(
+        status.restored_at_ms == written.restored_at_ms,
+        "{status:?}"
+    );
     tokio::time::sleep_until(loaded_from + Duration::from_millis(2 * WINDOW_MS + 1_500)).await;
     stop.store(true, Ordering::Relaxed);
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -257,5 +261,138 @@ async fn a_survivor_forced_into_a_new_cluster_keeps_sigma_within_l() -> Result<(
     stop.store(true, Ordering::Relaxed);
     tokio::time::sleep(Duration::from_millis(100)).await;
     check_oracle(&acked, restored_at + WINDOW_MS)?;
+    Ok(())
+}
+
+/// Runs the binary; returns (exit code, stdout, stderr).
+fn leasehold(args: &[&str]) -> Result<(i32, String, String)> {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_leasehold"))
+        .env("LEASEHOLD_INSECURE", "true")
+        .args(args)
+        .output()
+        .context("run leasehold")?;
+    Ok((
+        output.status.code().unwrap_or(-1),
+        String::from_utf8(output.stdout)?,
+        String::from_utf8(output.stderr)?,
+    ))
+}
+
+/// The operator's commands: `snapshot save` writes a file `inspect` reads
+/// back; a damaged copy is refused by name; `restore` refuses an id of the
+/// old cluster and a used data directory, and writes a new member's store
+/// otherwise; `force-new-cluster` will not run without its loud flag.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_snapshot_commands_save_inspect_and_restore() -> Result<()> {
+    let cluster = Cluster::start_initialised(3, |_| {}).await?;
+    let client = cluster.client()?;
+    client
+        .admin()
+        .set_policy(counter_policy("drill/", LIMIT, LONG_WINDOW_MS))
+        .await?;
+    ensure!(client.lease("drill/a", "eu", 3).await?.granted == 3);
+    let dir = tempfile::tempdir()?;
+    let file = dir.path().join("leasehold.backup");
+    let file_arg = file.to_str().context("utf-8 path")?;
+    let endpoints = cluster
+        .member_list()
+        .iter()
+        .map(|(_, addr)| addr.clone())
+        .collect::<Vec<_>>()
+        .join(",");
+    let (code, out, err) = leasehold(&[
+        "snapshot",
+        "save",
+        "--endpoint",
+        &endpoints,
+        "--out",
+        file_arg,
+        "--output",
+        "json",
+    ])?;
+    ensure!(code == 0, "{err}");
+    let saved: serde_json::Value = serde_json::from_str(&out)?;
+    ensure!(
+        saved["linearizable"] == true && saved["live_windows"] == 1,
+        "{saved}"
+    );
+    ensure!(saved["bytes"].as_u64() == Some(std::fs::metadata(&file)?.len()));
+
+    let (code, out, err) = leasehold(&["snapshot", "inspect", file_arg, "--output", "json"])?;
+    ensure!(code == 0, "{err}");
+    let inspected: serde_json::Value = serde_json::from_str(&out)?;
+    ensure!(
+        inspected["last_log_index"] == saved["last_log_index"],
+        "{inspected} {saved}"
+    );
+    ensure!(
+        inspected["voter_ids"] == serde_json::json!([1, 2, 3]),
+        "{inspected}"
+    );
+
+    let mut damaged = std::fs::read(&file)?;
+    let middle = damaged.len() / 2;
+    damaged[middle] ^= 0x40;
+    let damaged_file = dir.path().join("damaged.backup");
+    std::fs::write(&damaged_file, damaged)?;
+    let (code, _, err) = leasehold(&["snapshot", "inspect", damaged_file.to_str().unwrap()])?;
+    ensure!(
+        code == 1 && err.contains("checksum does not match"),
+        "{code}: {err}"
+    );
+
+    let restored = dir.path().join("member-9");
+    let restored_arg = restored.to_str().unwrap();
+    let restore = |id: &str| {
+        leasehold(&[
+            "snapshot",
+            "restore",
+            "--from",
+            file_arg,
+            "--data-dir",
+            restored_arg,
+            "--id",
+            id,
+            "--addr",
+            "127.0.0.1:1",
+            "--output",
+            "json",
+        ])
+    };
+    let (code, _, err) = restore("2")?;
+    ensure!(
+        code == 1 && err.contains("belongs to the cluster"),
+        "{code}: {err}"
+    );
+    let (code, out, err) = restore("9")?;
+    ensure!(code == 0, "{err}");
+    let written: serde_json::Value = serde_json::from_str(&out)?;
+    ensure!(
+        written["retired_member_ids"] == serde_json::json!([1, 2, 3]),
+        "{written}"
+    );
+    ensure!(
+        written["last_log_index"] == saved["last_log_index"],
+        "{written}"
+    );
+    let (code, _, err) = restore("10")?;
+    ensure!(
+        code == 1 && err.contains("already holds a Raft store"),
+        "{code}: {err}"
+    );
+
+    let (code, _, err) = leasehold(&[
+        "force-new-cluster",
+        "--data-dir",
+        restored_arg,
+        "--id",
+        "9",
+        "--addr",
+        "127.0.0.1:1",
+    ])?;
+    ensure!(
+        code == 2 && err.contains("--unsafe-lose-entries-only-the-lost-members-hold"),
+        "{code}: {err}"
+    );
     Ok(())
 }

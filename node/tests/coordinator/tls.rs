@@ -458,6 +458,10 @@ async fn admin_changes_need_an_operator_certificate() -> Result<()> {
             code_of(admin.step_down(None).await) == Code::PermissionDenied,
             "{who} stepped the leader down"
         );
+        ensure!(
+            code_of(admin.save_snapshot(false).await) == Code::PermissionDenied,
+            "{who} took a backup of the whole state"
+        );
     }
     // Regions may read policies and status (escrow nodes do).
     let as_region = cluster.client_as(&region("eu"))?.admin();
@@ -466,6 +470,11 @@ async fn admin_changes_need_an_operator_certificate() -> Result<()> {
 
     let admin = cluster.client_as(&operator())?.admin();
     admin.set_policy(policy).await?;
+    let (info, bytes) = admin.save_snapshot(false).await?;
+    ensure!(
+        info.linearizable && info.bytes == bytes.len() as u64,
+        "{info:?}"
+    );
     ensure!(admin
         .list_policies()
         .await?
