@@ -206,6 +206,12 @@ pub struct History {
     /// Operator actions (membership changes) that never completed before
     /// the load ended.
     pub unfinished: Vec<String>,
+    /// After a survivor was forced into a new cluster: windows starting
+    /// before this were sealed by it. What the lost members acknowledged
+    /// in them and the survivor lacks is forgotten by design (the
+    /// documented cost of the unsafe recovery), so a read of one of them
+    /// may count less than was acknowledged; Δ still covers them.
+    pub forgotten_before_ms: Option<u64>,
 }
 
 impl History {
@@ -321,6 +327,19 @@ impl Recorder {
     /// Records a fault.
     pub fn fault(&self, what: String) {
         self.with(|h| h.faults.push(what));
+    }
+
+    /// Records when the last fault healed.
+    /// The window length of the run.
+    pub fn window_ms(&self) -> u64 {
+        self.with(|h| h.window_ms)
+    }
+
+    /// Records a survivor forced into a new cluster whose seal covers the
+    /// windows starting before `sealed_before_ms`
+    /// ([`History::forgotten_before_ms`]).
+    pub fn forced_new_cluster(&self, sealed_before_ms: u64) {
+        self.with(|h| h.forgotten_before_ms = Some(sealed_before_ms));
     }
 
     /// Records when the last fault healed.

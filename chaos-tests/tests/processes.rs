@@ -260,3 +260,40 @@ async fn hostile_peers_among_the_usual_faults_keep_every_invariant() {
         .filter(legitimate)
         .any(|a| a.at_ms > restarted));
 }
+
+/// A quorum lost for good under load (docs/operations.md, "Losing a quorum
+/// for good"): a follower falls behind, the two others grant on into a
+/// window it never hears of and are lost with their data; the survivor is
+/// forced into a new cluster by the binary, serves again and grows back
+/// with a new member. Σ admitted per window across the old cluster and
+/// the new one stays ≤ L (the seal), admissions resume after it, and the
+/// new member joins.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quorum_lost_for_good_is_recovered_by_force_keeping_every_invariant() {
+    let mut options = options();
+    options.load = Duration::from_secs(18);
+    let outcome = run("force_new_cluster", &options).await;
+    let history = &outcome.history;
+    assert!(
+        outcome.violations.is_empty(),
+        "{:?}\nfaults: {:?}",
+        outcome.violations,
+        history.faults
+    );
+    let sealed = history
+        .forgotten_before_ms
+        .expect("the survivor was forced into a new cluster");
+    assert!(
+        history
+            .admissions
+            .iter()
+            .any(|a| a.window_start_ms >= sealed),
+        "no admission after the seal: {:?}",
+        history.faults
+    );
+    assert!(
+        history.faults.iter().any(|f| f.contains("joins: voters")),
+        "{:?}",
+        history.faults
+    );
+}

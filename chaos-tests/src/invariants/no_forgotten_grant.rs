@@ -2,6 +2,9 @@
 //! counted after any crash, restart or leader change. A linearizable read of
 //! a window sent at time t must count at least every grant of that window
 //! acknowledged before t (`granted` never decreases within a window).
+//! Except in the windows a forced new cluster sealed
+//! ([`History::forgotten_before_ms`]): the unsafe recovery forgets what
+//! only the lost members held, by design; Δ still covers those windows.
 
 use super::Violation;
 use crate::history::History;
@@ -11,6 +14,11 @@ pub fn check_no_forgotten_grant(history: &History) -> Vec<Violation> {
     history
         .observations
         .iter()
+        .filter(|seen| {
+            history
+                .forgotten_before_ms
+                .is_none_or(|sealed| seen.window_start_ms >= sealed)
+        })
         .filter_map(|seen| {
             let acked: u64 = history
                 .acked_grants
@@ -67,5 +75,20 @@ mod tests {
         let v = check_no_forgotten_grant(&history(&[(10, 100), (20, 200)], 300, 10));
         assert_eq!(v.len(), 1);
         assert!(v[0].detail.contains("30 were acknowledged"));
+    }
+
+    #[test]
+    fn only_windows_a_forced_new_cluster_sealed_may_forget() {
+        let forgetting = history(&[(10, 100), (20, 200)], 300, 10);
+        let sealed = History {
+            forgotten_before_ms: Some(1_000),
+            ..forgetting.clone()
+        };
+        assert!(check_no_forgotten_grant(&sealed).is_empty());
+        let later = History {
+            forgotten_before_ms: Some(0),
+            ..forgetting
+        };
+        assert_eq!(check_no_forgotten_grant(&later).len(), 1);
     }
 }

@@ -307,6 +307,59 @@ impl Fleet {
         Ok(())
     }
 
+    /// The unsafe way out of a lost quorum (docs/operations.md, "Losing a
+    /// quorum for good"): `kill -9`s members `lost` and wipes their data
+    /// directories (never restarted), then runs `leasehold
+    /// force-new-cluster` on the (stopped) `survivor`'s data directory —
+    /// seal margin `clock_margin_ms`, every process sharing this host's
+    /// clock — and starts it again. Returns the seal's `restored_at_ms`.
+    pub fn force_new_cluster(
+        &mut self,
+        survivor: u64,
+        lost: &[u64],
+        clock_margin_ms: u64,
+    ) -> Result<u64> {
+        for id in lost {
+            let member = self.member(*id)?;
+            member.kill()?;
+            member.retired = true;
+            let data_dir = self.dir.path().join(format!("member-{id}"));
+            std::fs::remove_dir_all(&data_dir)
+                .with_context(|| format!("wiping {}", data_dir.display()))?;
+        }
+        self.member(survivor)?.kill()?;
+        let addr = self
+            .member_addr(survivor)
+            .with_context(|| format!("no member {survivor}"))?;
+        let data_dir = self.dir.path().join(format!("member-{survivor}"));
+        let output = std::process::Command::new(&self.binary)
+            .args(["force-new-cluster", "--data-dir"])
+            .arg(&data_dir)
+            .args(["--id", &survivor.to_string(), "--addr", &addr])
+            .args(["--clock-margin-ms", &clock_margin_ms.to_string()])
+            .args([
+                "--unsafe-lose-entries-only-the-lost-members-hold",
+                "--output",
+                "json",
+            ])
+            .output()
+            .context("running leasehold force-new-cluster")?;
+        if !output.status.success() {
+            bail!(
+                "force-new-cluster failed: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        let answer: serde_json::Value =
+            serde_json::from_slice(&output.stdout).context("force-new-cluster's JSON answer")?;
+        let restored_at_ms = answer["restored_at_ms"]
+            .as_u64()
+            .context("force-new-cluster named no restored_at_ms")?;
+        let binary = self.binary.clone();
+        self.member(survivor)?.spawn(&binary)?;
+        Ok(restored_at_ms)
+    }
+
     /// Every member id the fleet started, retired ones included.
     pub fn member_ids(&self) -> Vec<u64> {
         (1..=self.members.len() as u64).collect()

@@ -74,8 +74,8 @@ pub enum ProcessFault {
     RestartEscrows,
     /// The leader hands its leadership off (`leasehold cluster step-down`).
     StepDown,
-    /// Starts a new member told to join the founding members, not added
-    /// yet (mutual TLS only).
+    /// Starts a new member told to join the founding members (on mutual
+    /// TLS), not added yet.
     StartJoiner,
     /// Adds the started joiner: AddLearner, then a voter.
     AddJoiner,
@@ -94,6 +94,11 @@ pub enum ProcessFault {
     /// Until the load ends, a service of escrow node `n`'s region asks it
     /// for one token under a new holder each time (mutual TLS only).
     FloodHolders(usize),
+    /// A quorum lost for good: `kill -9` a follower (it falls behind), let
+    /// the others grant on into a window it never hears of, `kill -9` them
+    /// and wipe their data, then force the survivor into a new cluster
+    /// (`leasehold force-new-cluster`) and start it.
+    LoseQuorum,
 }
 
 /// A named schedule of faults against real processes.
@@ -222,6 +227,24 @@ pub fn scenarios() -> Vec<ProcessScenario> {
                 (secs(6.0), StepDown),
             ],
             tls: true,
+        },
+        // A quorum lost for good under load, the unsafe recovery and the
+        // cluster grown back (docs/operations.md, "Losing a quorum for
+        // good"): Δ = 0 across the old cluster and the new one (run with
+        // a load of 18 s: the seal costs up to two 4 s windows).
+        ProcessScenario {
+            name: "force_new_cluster",
+            escrow_regions: vec![0, 1],
+            fair: false,
+            // Long enough for the survivor to serve again inside the window
+            // the lost members were last granting in.
+            window_ms: Some(4_000),
+            faults: vec![
+                (secs(2.0), LoseQuorum),
+                (secs(12.0), StartJoiner),
+                (secs(12.5), AddJoiner),
+            ],
+            tls: false,
         },
         fair(
             "fair_escrow_kill9",
@@ -668,6 +691,32 @@ async fn inflict(
                     .with_context(|| format!("retiring member {id}"))?;
                 fleet.retire_member(id)?;
                 recorder.fault(format!("{now}: member {id} retired: voters {voters:?}"));
+            }
+            ProcessFault::LoseQuorum => {
+                let leader = resolve(fleet, 0).await.context("no leader")?;
+                let survivor = fleet
+                    .responsive_members()
+                    .into_iter()
+                    .find(|id| *id != leader)
+                    .context("no follower to survive")?;
+                fleet.kill_member(survivor)?;
+                recorder.fault(format!("{now}: kill -9 member {survivor}: it falls behind"));
+                // The others grant on into a window it never hears of;
+                // the survivor is back within that window.
+                let window_ms = recorder.window_ms().max(1);
+                sleep_until_ms((wall_now_ms() / window_ms + 1) * window_ms + 300).await;
+                let lost: Vec<u64> = fleet
+                    .responsive_members()
+                    .into_iter()
+                    .filter(|id| *id != survivor)
+                    .collect();
+                let restored_at_ms = fleet.force_new_cluster(survivor, &lost, 200)?;
+                let done = wall_now_ms();
+                recorder.forced_new_cluster(restored_at_ms.saturating_add(window_ms));
+                recorder.fault(format!(
+                    "{done}: members {lost:?} lost with their data; member {survivor} forced into a new cluster, windows sealed as of {restored_at_ms}"
+                ));
+                recorder.healed(done);
             }
             ProcessFault::ForgeRaft => {
                 let identities = fleet.identities().context("ForgeRaft needs mutual TLS")?;
