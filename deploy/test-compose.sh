@@ -16,6 +16,8 @@
 #   - Envoy's rate limit service on all four escrow nodes, asked as Envoy
 #     asks it (service certificate `envoy` of each region): Σ OK ≤ L per
 #     window over both regions, with the draft RateLimit headers;
+#   - a backup saved from the host with the copied certificates reads back
+#     (`leasehold snapshot save`, `snapshot inspect`);
 #   - every container is healthy (`leasehold health`) and serves /metrics.
 # Prints each step; exits non-zero on the first failed check (the /metrics
 # step reports and fails at the end, after the other checks have run).
@@ -293,6 +295,18 @@ if ! load_client verify --coordinator n1:7100,n2:7100,n3:7100 --key "$acked_key"
   fail "acknowledged grants were not kept"
 fi
 
+step "a backup from the host (leasehold snapshot save, then inspect)"
+"$BINARY" snapshot save --output json \
+  --endpoint "127.0.0.1:$LEASEHOLD_N1_PORT,127.0.0.1:$LEASEHOLD_N2_PORT,127.0.0.1:$LEASEHOLD_N3_PORT" \
+  --ca "$WORK/host-certs/ca.pem" --cert "$WORK/host-certs/operator-admin.pem" \
+  --cert-key "$WORK/host-certs/operator-admin.key" --out "$WORK/compose.backup" \
+  > "$WORK/backup.out" 2>&1 || { sed 's/^/    /' "$WORK/backup.out"; fail "snapshot save from the host"; }
+"$BINARY" snapshot inspect "$WORK/compose.backup" > "$WORK/inspect.out" 2>&1 \
+  || { sed 's/^/    /' "$WORK/inspect.out"; fail "snapshot inspect of the saved backup"; }
+grep -q '"linearizable":true' "$WORK/backup.out" || { sed 's/^/    /' "$WORK/backup.out"; fail "the backup was not taken on the leader"; }
+info "$(sed 's/^/saved: /' "$WORK/backup.out" | cut -c1-220)"
+info "$(cut -c1-220 "$WORK/inspect.out")"
+
 step "leases through the escrow nodes after the restart"
 load_client load --escrow eu=escrow-eu:7200,escrow-eu-2:7200 --escrow us=escrow-us:7200,escrow-us-2:7200 \
   --coordinator n1:7100,n2:7100,n3:7100 --key "$LOAD_KEY" --limit "$LIMIT" \
@@ -336,7 +350,7 @@ for target in n1:7101 n2:7101 n3:7101 escrow-eu:7201 escrow-eu-2:7201 escrow-us:
 done
 
 step "summary"
-info "image FROM scratch, compose up, init, policies, leader kill, network cut, full restart, RLS: passed"
+info "image FROM scratch, compose up, init, policies, leader kill, network cut, full restart, backup, RLS: passed"
 info "Σ admitted ≤ L in every window; all $acked_tokens acknowledged tokens of key $acked_key kept"
 info "total $(( $(date +%s) - STARTED )) s"
 if [ "$metrics_failures" -gt 0 ]; then
