@@ -25,6 +25,10 @@
 //!    `certificate_expired`, `bad_certificate`, …) or closes the connection:
 //!    it refused the certificate.
 //!
+//! A call that has not finished within [`EARLY_PROBE_AFTER`] is probed
+//! meanwhile ([`early`]): a certificate or TLS mismatch is named as soon as
+//! the probe finds it, instead of after the call's retries (seconds).
+//!
 //! Wrong service: a gRPC health check of `leasehold.v1.Coordinator` at the
 //! endpoint. A member always knows that service (`SERVING` or
 //! `NOT_SERVING`); anything else answers `NOT_FOUND` (an escrow node, whose
@@ -60,6 +64,9 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
 /// How long a server has to send its alert (or close) after the handshake
 /// before the probe speaks HTTP/2 to it.
 const REFUSAL_WAIT: Duration = Duration::from_millis(500);
+/// How long a client command's call runs before its endpoints are probed
+/// meanwhile ([`early`]): most calls have answered by then.
+pub const EARLY_PROBE_AFTER: Duration = Duration::from_millis(300);
 /// The service every coordinator member's health knows.
 const COORDINATOR_SERVICE: &str = "leasehold.v1.Coordinator";
 /// The service an escrow node's health knows.
@@ -329,6 +336,20 @@ pub async fn explain(error: CoordinatorError, client: &ClientArgs) -> CliError {
         Some(diagnosis) => CliError::Diagnosed(diagnosis),
         None => error.into(),
     }
+}
+
+/// What the connection probe finds at `client`'s endpoints while its call
+/// is still retrying ([`probe_connection`] on each, the first cause in
+/// endpoint order): a setup that cannot work is named without waiting for
+/// the call's retries to give up. `None` when every endpoint connects as
+/// it should (or cannot be reached at all: the call's retries decide).
+pub async fn early(client: &ClientArgs) -> Option<Diagnosis> {
+    let endpoints = normalize_endpoints(&client.endpoints).ok()?;
+    let transport = &client.transport;
+    first_found(&endpoints, |addr| async move {
+        probe_connection(&addr, transport).await
+    })
+    .await
 }
 
 /// The first diagnosis, in endpoint order, of probes run concurrently.

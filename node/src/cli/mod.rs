@@ -325,14 +325,30 @@ impl Command {
 
 /// Runs one parsed command to completion. When a client command's call
 /// fails at the connection or reaches another service, its endpoints are
-/// probed and the cause found replaces the error ([`diagnose`]).
+/// probed and the cause found replaces the error ([`diagnose`]); a call
+/// still running after [`diagnose::EARLY_PROBE_AFTER`] is probed meanwhile,
+/// and a setup that cannot work (certificates, TLS on one side only) ends
+/// it with the cause at once.
 pub async fn run(cli: Cli) -> Result<(), CliError> {
-    let client = cli.command.client_args().cloned();
-    match (dispatch(cli).await, client) {
-        (Err(CliError::Coordinator(error)), Some(client)) => {
-            Err(diagnose::explain(error, &client).await)
+    let Some(client) = cli.command.client_args().cloned() else {
+        return dispatch(cli).await;
+    };
+    let call = dispatch(cli);
+    tokio::pin!(call);
+    let result = tokio::select! {
+        result = &mut call => result,
+        () = tokio::time::sleep(diagnose::EARLY_PROBE_AFTER) => {
+            let early = diagnose::early(&client);
+            tokio::pin!(early);
+            tokio::select! {
+                result = &mut call => result,
+                Some(diagnosis) = &mut early => Err(CliError::Diagnosed(diagnosis)),
+            }
         }
-        (result, _) => result,
+    };
+    match result {
+        Err(CliError::Coordinator(error)) => Err(diagnose::explain(error, &client).await),
+        result => result,
     }
 }
 
