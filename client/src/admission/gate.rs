@@ -354,6 +354,7 @@ impl AdmissionGate {
             let d = lock(&concurrency.limit).try_acquire(concurrency.retry_after_ms);
             taken.decisions.set(Axis::Concurrency, d);
             if !d.allowed {
+                self.ask_later_axes(request, &mut taken, Axis::Concurrency);
                 return Ok(Stage::Done(self.deny(request, &taken)));
             }
             taken.slot = true;
@@ -362,6 +363,7 @@ impl AdmissionGate {
             let d = rate.try_acquire(request.key, now_ms, 1);
             taken.decisions.set(Axis::Rate, d);
             if !d.allowed {
+                self.ask_later_axes(request, &mut taken, Axis::Rate);
                 return Ok(Stage::Done(self.deny(request, &taken)));
             }
             taken.rate = true;
@@ -376,6 +378,25 @@ impl AdmissionGate {
             return Ok(Stage::Done(self.allow(taken)));
         }
         Ok(Stage::NeedsCost(taken))
+    }
+
+    /// After `denied` denied: records what each later in-process axis
+    /// would decide now, taking nothing, so the denial's wait is the
+    /// longest of every axis it must pass (a caller that waits it is not
+    /// sent back by the next one). A global cost axis is not asked: asking
+    /// it spends.
+    fn ask_later_axes(&self, request: &AdmitRequest<'_>, taken: &mut Taken, denied: Axis) {
+        let inner = &self.inner;
+        if denied < Axis::Rate {
+            if let Some(rate) = &inner.rate {
+                let d = rate.peek(request.key, taken.now_ms, 1);
+                taken.decisions.set(Axis::Rate, d);
+            }
+        }
+        if let Some(CostBackend::InProcess(limit)) = &inner.cost {
+            let d = limit.peek(request.key, taken.now_ms, request.cost);
+            taken.decisions.set(Axis::Cost, d);
+        }
     }
 
     fn after_cost(

@@ -64,6 +64,12 @@ impl KeyState {
             KeyState::Bucket(b) => b.try_acquire(now_ms, cost),
         }
     }
+    fn peek(&self, now_ms: u64, cost: u64) -> Decision {
+        match self {
+            KeyState::Gcra(g) => g.peek(now_ms, cost),
+            KeyState::Bucket(b) => b.peek(now_ms, cost),
+        }
+    }
     fn refund(&mut self, now_ms: u64, cost: u64) {
         match self {
             KeyState::Gcra(g) => g.refund(now_ms, cost),
@@ -111,6 +117,15 @@ impl KeyedLimit {
                 .entry(key.to_string())
                 .or_insert_with(|| self.fresh.clone())
                 .try_acquire(now_ms, cost),
+        }
+    }
+
+    /// What [`try_acquire`](Self::try_acquire) would decide, taking
+    /// nothing and tracking no new key.
+    pub(crate) fn peek(&self, key: &str, now_ms: u64, cost: u64) -> Decision {
+        match lock(&self.keys).get(key) {
+            Some(state) => state.peek(now_ms, cost),
+            None => self.fresh.peek(now_ms, cost),
         }
     }
 

@@ -55,7 +55,7 @@ fn gate(
 }
 
 #[test]
-fn a_concurrency_denial_short_circuits_rate_and_cost() {
+fn a_concurrency_denial_takes_nothing_from_rate_and_cost() {
     let c = clock();
     let g = gate(&c, 1, 10, 1_000);
     let held = g.admit_sync(AdmitRequest::new("k", 1)).unwrap();
@@ -63,8 +63,10 @@ fn a_concurrency_denial_short_circuits_rate_and_cost() {
     let denied = g.admit_sync(AdmitRequest::new("k", 1)).unwrap();
     assert!(!denied.decision.allowed);
     assert_eq!(denied.binding_axis, Some(Axis::Concurrency));
+    // Rate and cost were asked what they would decide, and allowed.
     let last = g.last_decisions();
-    assert!(last.concurrency.is_some() && last.rate.is_none() && last.cost.is_none());
+    assert!(last.concurrency.is_some_and(|d| !d.allowed));
+    assert!(last.rate.is_some_and(|d| d.allowed) && last.cost.is_some_and(|d| d.allowed));
     assert_eq!(denied.release.release(false), ReleaseOutcome::NothingHeld);
     // The denial spent nothing: 9 rate units and 999 cost units are left.
     assert_eq!(held.release.release(false), ReleaseOutcome::Released);
@@ -72,6 +74,52 @@ fn a_concurrency_denial_short_circuits_rate_and_cost() {
     assert_eq!(g.last_decisions().rate.unwrap().remaining, 8);
     assert_eq!(g.last_decisions().cost.unwrap().remaining, 998);
     next.release.release(false);
+}
+
+/// A denial's wait covers every in-process axis the request must pass,
+/// not only the one that denied: a concurrency denial while the key's
+/// rate is spent for 60 s says 60 s, not the concurrency axis's 1 s; a
+/// rate denial while the cost bucket needs longer says the cost's wait.
+#[test]
+fn a_denials_wait_is_the_longest_of_every_in_process_axis() {
+    let c = clock();
+    // One slot; 1 request per 60 s; a cost bucket of 10 refilled 1 per s.
+    let g = gate(&c, 1, 1, 10);
+    let held = g.admit_sync(AdmitRequest::new("k", 10)).unwrap();
+    assert!(held.decision.allowed);
+    let denied = g.admit_sync(AdmitRequest::new("k", 10)).unwrap();
+    assert_eq!(denied.binding_axis, Some(Axis::Concurrency));
+    let last = g.last_decisions();
+    assert_eq!(last.concurrency.unwrap().retry_after_ms, 1_000);
+    assert_eq!(last.rate.unwrap().retry_after_ms, 60_000);
+    assert_eq!(denied.decision.retry_after_ms, 60_000);
+    assert_eq!(denied.retry_after_secs(), Some(60));
+    held.release.release(false);
+
+    // The rate is spent for 60 s; 70 s of cost refill are needed for 80.
+    let g = AdmissionGate::builder()
+        .clock(c.clone())
+        .rate(InProcessLimit::gcra(1, 60_000))
+        .cost(CostAxis::InProcess(InProcessLimit::token_bucket(100, 1)))
+        .build()
+        .unwrap();
+    assert!(
+        g.admit_sync(AdmitRequest::new("j", 90))
+            .unwrap()
+            .decision
+            .allowed
+    );
+    let denied = g.admit_sync(AdmitRequest::new("j", 80)).unwrap();
+    assert_eq!(denied.binding_axis, Some(Axis::Rate));
+    assert_eq!(denied.decision.retry_after_ms, 70_000);
+    // Nothing was taken by the denial: after 70 s the request passes.
+    c.advance(70_000);
+    assert!(
+        g.admit_sync(AdmitRequest::new("j", 80))
+            .unwrap()
+            .decision
+            .allowed
+    );
 }
 
 #[test]
@@ -329,6 +377,54 @@ fn step() -> impl Strategy<Value = Step> {
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]
+    /// Retry-After is never an understatement on in-process axes: whatever
+    /// the history, a denied request retried after its wait — its slot
+    /// free, nothing else admitted meanwhile — is admitted.
+    #[test]
+    fn a_denied_request_retried_after_its_wait_is_admitted(steps in proptest::collection::vec(step(), 1..200)) {
+        let c = clock();
+        let g = AdmissionGate::builder()
+            .clock(c.clone())
+            .concurrency(ConcurrencyParams::aimd(1, 4))
+            .rate(InProcessLimit::gcra(5, 10_000))
+            .cost(CostAxis::InProcess(InProcessLimit::token_bucket(100, 10)))
+            .build()
+            .unwrap();
+        let mut held: Vec<Release> = Vec::new();
+        for s in steps {
+            match s {
+                Step::Admit { key, cost } => {
+                    let key = format!("k{key}");
+                    let outcome = g.admit_sync(AdmitRequest::new(&key, cost)).unwrap();
+                    if outcome.decision.allowed {
+                        held.push(outcome.release);
+                        continue;
+                    }
+                    for release in held.drain(..) {
+                        release.release(false);
+                    }
+                    c.advance(outcome.decision.retry_after_ms);
+                    let again = g.admit_sync(AdmitRequest::new(&key, cost)).unwrap();
+                    prop_assert!(
+                        again.decision.allowed,
+                        "denied by {:?} after waiting {} ms for {:?}: {:?}",
+                        again.binding_axis,
+                        outcome.decision.retry_after_ms,
+                        outcome.binding_axis,
+                        g.last_decisions()
+                    );
+                    held.push(again.release);
+                }
+                Step::Release { index, dropped } => {
+                    if !held.is_empty() {
+                        held.swap_remove(index % held.len()).release(dropped);
+                    }
+                }
+                Step::Advance(ms) => c.advance(ms),
+            }
+        }
+    }
+
     /// Whatever the interleaving: in-flight never exceeds the ceiling and
     /// equals the unreleased allowed admissions; per key, admitted cost
     /// stays within the bucket's bound; denials hold nothing.

@@ -3,7 +3,9 @@
 //!
 //! Axes are evaluated concurrency → rate → cost (fastest fail first: the
 //! in-process slot, then the in-process rate, then the possibly remote
-//! budget), stopping at the first denial. By the laws of
+//! budget), taking from none after the first denial (the gate then asks
+//! the later in-process axes what they would decide, taking nothing, so
+//! the wait covers them too). By the laws of
 //! [`combine`](crate::decision::combine) the combined decision does not
 //! depend on that order; only the work done does.
 //!

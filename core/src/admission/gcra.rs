@@ -104,6 +104,13 @@ impl Gcra {
         }
     }
 
+    /// What [`try_acquire`](Self::try_acquire) would decide for `cost`
+    /// units at `now_ms`, taking nothing: the wait of an axis asked after
+    /// an earlier one denied.
+    pub fn peek(&self, now_ms: u64, cost: u64) -> Decision {
+        self.clone().try_acquire(now_ms, cost)
+    }
+
     /// Gives back `cost` units taken at or before `now_ms` (a later axis
     /// denied the request). Never makes more than a full burst available.
     pub fn refund(&mut self, now_ms: u64, cost: u64) {

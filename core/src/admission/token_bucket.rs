@@ -114,6 +114,13 @@ impl TokenBucket {
         }
     }
 
+    /// What [`try_acquire`](Self::try_acquire) would decide for `cost`
+    /// units at `now_ms`, taking nothing: the wait of an axis asked after
+    /// an earlier one denied.
+    pub fn peek(&self, now_ms: u64, cost: u64) -> Decision {
+        self.clone().try_acquire(now_ms, cost)
+    }
+
     /// Gives back `cost` tokens (a later axis denied the request); the
     /// level stays at most `capacity`.
     pub fn refund(&mut self, now_ms: u64, cost: u64) {
