@@ -116,7 +116,12 @@ impl AdminClient {
         };
         self.client
             .call(target, move |channel, timeout| {
-                let request = with_timeout(SaveSnapshotRequest {}, timeout);
+                let request = with_timeout(
+                    SaveSnapshotRequest {
+                        any_member: from_any_member,
+                    },
+                    timeout,
+                );
                 async move {
                     let mut chunks = CoordinatorClient::admin_rpc(channel)
                         .save_snapshot(request)

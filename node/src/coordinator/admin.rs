@@ -461,9 +461,10 @@ impl Admin for AdminApi {
 
     async fn save_snapshot(
         &self,
-        _request: Request<pb::SaveSnapshotRequest>,
+        request: Request<pb::SaveSnapshotRequest>,
     ) -> Result<Response<SnapshotChunks>, Status> {
-        let linearizable = self.node.require_leader().is_ok();
+        let any_member = request.into_inner().any_member;
+        let linearizable = !any_member || self.node.require_leader().is_ok();
         if linearizable {
             self.node.linearizable_read().await?;
         }

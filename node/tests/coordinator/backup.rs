@@ -294,8 +294,11 @@ async fn the_snapshot_commands_save_inspect_and_restore() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let file = dir.path().join("leasehold.backup");
     let file_arg = file.to_str().context("utf-8 path")?;
-    let endpoints = cluster
-        .member_list()
+    // A follower first: the backup still comes from the leader.
+    let leader = cluster.leader().await?;
+    let mut members = cluster.member_list();
+    members.sort_by_key(|(id, _)| *id == leader);
+    let endpoints = members
         .iter()
         .map(|(_, addr)| addr.clone())
         .collect::<Vec<_>>()
@@ -315,6 +318,26 @@ async fn the_snapshot_commands_save_inspect_and_restore() -> Result<()> {
     ensure!(
         saved["linearizable"] == true && saved["live_windows"] == 1,
         "{saved}"
+    );
+    ensure!(saved["taken_from"] == leader, "{saved}");
+    // Asked of a follower alone with --any-member: its applied state.
+    let follower_file = dir.path().join("follower.backup");
+    let (code, out, err) = leasehold(&[
+        "snapshot",
+        "save",
+        "--any-member",
+        "--endpoint",
+        &members[0].1,
+        "--out",
+        follower_file.to_str().context("utf-8 path")?,
+        "--output",
+        "json",
+    ])?;
+    ensure!(code == 0, "{err}");
+    let follower: serde_json::Value = serde_json::from_str(&out)?;
+    ensure!(
+        follower["linearizable"] == false && follower["taken_from"] == members[0].0,
+        "{follower}"
     );
     ensure!(saved["bytes"].as_u64() == Some(std::fs::metadata(&file)?.len()));
 
