@@ -3,9 +3,10 @@
 //!
 //! `cargo bench -p leasehold-client --bench check`
 //!
-//! Two limiters: `leasehold_leased` reads the check clock
-//! `CheckClock::CycleCounter` (what a service sets), `leasehold_runtime`
-//! the default `CheckClock::Runtime` (tokio's clock on every check).
+//! Two limiters: `leasehold_leased` has the default check clock,
+//! `CheckClock::Auto` (the cycle-counter bound in real time),
+//! `leasehold_runtime` sets `CheckClock::Runtime` (tokio's clock on every
+//! check).
 //! governor reads its default clock, `quanta`'s scaled cycle counter.
 //!
 //! Cases: one hot key and 1 000 keys, from 1 and 2 threads. The limiter's
@@ -69,11 +70,9 @@ fn leased_limiter(
     keys: &[String],
     clock: CheckClock,
 ) -> Limiter {
-    let options = LeaseOptions {
-        sizing: LeaseSizing::Fixed(1 << 40),
-        clock,
-        ..LeaseOptions::default()
-    };
+    let options = LeaseOptions::default()
+        .with_sizing(LeaseSizing::Fixed(1 << 40))
+        .with_clock(clock);
     let config = LimiterConfig::new(
         Mode::Leased(options),
         ClientId::new("bench").expect("valid client id"),
@@ -85,7 +84,7 @@ fn leased_limiter(
             assert!(decision.allowed, "warm-up check admitted");
         }
     });
-    if clock == CheckClock::CycleCounter {
+    if clock != CheckClock::Runtime {
         // The counter's rate is measured in the background (tens of ms).
         let give_up = Instant::now() + Duration::from_secs(5);
         while matches!(
@@ -170,7 +169,7 @@ fn check(c: &mut Criterion) {
             let case = format!("{key_count}key/{threads}thread");
             let handle = runtime.handle().clone();
             for (name, clock) in [
-                ("leasehold_leased", CheckClock::CycleCounter),
+                ("leasehold_leased", CheckClock::default()),
                 ("leasehold_runtime", CheckClock::Runtime),
             ] {
                 let limiter = leased_limiter(&runtime, &keys, clock);
@@ -213,7 +212,7 @@ fn paired(rounds: usize) {
     for key_count in [1_usize, 1_000] {
         let keys = Arc::new(keys(key_count));
         for threads in [1_usize, 2] {
-            let limiter = leased_limiter(&runtime, &keys, CheckClock::CycleCounter);
+            let limiter = leased_limiter(&runtime, &keys, CheckClock::default());
             let runtime_clock = leased_limiter(&runtime, &keys, CheckClock::Runtime);
             let governor = Arc::new(governor_limiter());
             let (mut ours, mut theirs, mut ratios) = (Vec::new(), Vec::new(), Vec::new());

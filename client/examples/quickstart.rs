@@ -28,10 +28,9 @@ use anyhow::{bail, Context};
 use leasehold_client::tls::{ClientTlsFiles, TlsDialer};
 use leasehold_client::transport::{Dialer, TcpDialer};
 use leasehold_client::{
-    CheckClock, EscrowSource, EscrowSourceOptions, LeaseOptions, LeaseSizing, Limiter,
-    LimiterConfig, Mode,
+    ClientId, EscrowSource, EscrowSourceOptions, LeaseOptions, LeaseSizing, Limiter, LimiterConfig,
+    Mode,
 };
-use leasehold_core::ids::ClientId;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -45,15 +44,12 @@ async fn main() -> anyhow::Result<()> {
         None => 20,
     };
     let mode = match args.get(3).map_or("leased", String::as_str) {
-        "leased" => Mode::Leased(LeaseOptions {
-            sizing: LeaseSizing::Fixed(8),
-            low_water: 2,
-            return_idle_after: Some(Duration::from_secs(5)),
-            max_refill_rounds: 16,
-            // A real-time service: checks with credits held read the cycle
-            // counter instead of the clock.
-            clock: CheckClock::CycleCounter,
-        }),
+        "leased" => Mode::Leased(
+            LeaseOptions::default()
+                .with_sizing(LeaseSizing::Fixed(8))
+                .with_low_water(2)
+                .with_return_idle_after(Duration::from_secs(5)),
+        ),
         "strict" => Mode::Strict,
         "cached-deny" => Mode::CachedDeny,
         other => bail!("unknown mode {other:?}: use leased, strict or cached-deny"),

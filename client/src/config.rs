@@ -10,6 +10,7 @@ use crate::sizing::LeaseSizing;
 
 /// How a limiter decides.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum Mode {
     /// Every check asks the backend (`Check`). Exact; one round trip per check.
     Strict,
@@ -22,8 +23,21 @@ pub enum Mode {
     Leased(LeaseOptions),
 }
 
-/// Options of [`Mode::Leased`].
+/// Options of [`Mode::Leased`]: start from [`LeaseOptions::default`] and
+/// change what you need with the `with_` methods.
+///
+/// ```
+/// use std::time::Duration;
+/// use leasehold_client::{LeaseOptions, LeaseSizing};
+///
+/// let options = LeaseOptions::default()
+///     .with_sizing(LeaseSizing::Fixed(32))
+///     .with_low_water(8)
+///     .with_return_idle_after(Duration::from_secs(5));
+/// assert_eq!(options.low_water, 8);
+/// ```
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct LeaseOptions {
     /// How many tokens one refill asks for.
     pub sizing: LeaseSizing,
@@ -45,10 +59,17 @@ pub struct LeaseOptions {
 /// The time source of a leased check with credits held, which must know
 /// that its credits' deadline is still ahead.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum CheckClock {
-    /// tokio's clock, read on every such check (~20 ns on Linux): right
-    /// everywhere, including under tokio's paused test clock. The default.
+    /// [`CheckClock::CycleCounter`] while tokio's clock reads real time,
+    /// and [`CheckClock::Runtime`] for good from the first refill that
+    /// finds it paused, advanced or resumed by a test (and from the start
+    /// if the limiter is built under a paused clock). The default: the fast
+    /// clock in a service, the right one in a paused-time test.
     #[default]
+    Auto,
+    /// tokio's clock, read on every such check (~20 ns on Linux): right
+    /// everywhere, including under tokio's paused test clock.
     Runtime,
     /// An upper bound on the monotonic clock from the CPU's cycle counter
     /// (a few ns), measured against the clock once per process in the
@@ -59,6 +80,41 @@ pub enum CheckClock {
     CycleCounter,
 }
 
+impl LeaseOptions {
+    /// How many tokens one refill asks for.
+    pub fn with_sizing(mut self, sizing: LeaseSizing) -> Self {
+        self.sizing = sizing;
+        self
+    }
+
+    /// Refill in the background when a spend leaves at most this many
+    /// credits (0: never prefetch).
+    pub fn with_low_water(mut self, low_water: u64) -> Self {
+        self.low_water = low_water;
+        self
+    }
+
+    /// Give back credits untouched for this long while their window is
+    /// current.
+    pub fn with_return_idle_after(mut self, idle: Duration) -> Self {
+        self.return_idle_after = Some(idle);
+        self
+    }
+
+    /// Most refills one check waits through before it answers with a
+    /// denial.
+    pub fn with_max_refill_rounds(mut self, rounds: u32) -> Self {
+        self.max_refill_rounds = rounds;
+        self
+    }
+
+    /// What a check with credits held reads as the time.
+    pub fn with_clock(mut self, clock: CheckClock) -> Self {
+        self.clock = clock;
+        self
+    }
+}
+
 impl Default for LeaseOptions {
     fn default() -> Self {
         LeaseOptions {
@@ -66,13 +122,30 @@ impl Default for LeaseOptions {
             low_water: 0,
             return_idle_after: None,
             max_refill_rounds: 16,
-            clock: CheckClock::Runtime,
+            clock: CheckClock::Auto,
         }
     }
 }
 
-/// Everything a limiter needs besides its credit source.
+/// Everything a limiter needs besides its credit source: start from
+/// [`LimiterConfig::leased`] (or [`new`](LimiterConfig::new) with any
+/// [`Mode`]) and change what you need with the `with_` methods.
+///
+/// ```
+/// use std::time::Duration;
+/// use leasehold_client::{ClientId, LeaseOptions, LeaseSizing, LimiterConfig, TenantId};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let config = LimiterConfig::leased(ClientId::new("checkout")?)
+///     .with_lease(LeaseOptions::default().with_sizing(LeaseSizing::Fixed(32)))
+///     .with_tenant(TenantId::new("acme")?)
+///     .with_call_timeout(Duration::from_millis(500));
+/// config.validate()?;
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct LimiterConfig {
     /// The decision mode.
     pub mode: Mode,
@@ -111,6 +184,59 @@ impl LimiterConfig {
             call_timeout: Duration::from_secs(2),
             max_keys: 100_000,
         }
+    }
+
+    /// Leased mode with [`LeaseOptions::default`]: what a service usually
+    /// wants.
+    pub fn leased(client_id: ClientId) -> Self {
+        Self::new(Mode::Leased(LeaseOptions::default()), client_id)
+    }
+
+    /// Strict mode: every check asks the backend.
+    pub fn strict(client_id: ClientId) -> Self {
+        Self::new(Mode::Strict, client_id)
+    }
+
+    /// The decision mode.
+    pub fn with_mode(mut self, mode: Mode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// Leased mode with these options.
+    pub fn with_lease(self, options: LeaseOptions) -> Self {
+        self.with_mode(Mode::Leased(options))
+    }
+
+    /// Whether the limiter appends a fresh random suffix to its client id
+    /// (default true).
+    pub fn with_fresh_incarnation(mut self, fresh: bool) -> Self {
+        self.fresh_incarnation = fresh;
+        self
+    }
+
+    /// The tenant this limiter acts for.
+    pub fn with_tenant(mut self, tenant: TenantId) -> Self {
+        self.tenant = Some(tenant);
+        self
+    }
+
+    /// The tenant's weight, ≥ 1 (only `fair` keys use it).
+    pub fn with_weight(mut self, weight: u64) -> Self {
+        self.weight = weight;
+        self
+    }
+
+    /// Deadline of one whole check, including any refill it waits for.
+    pub fn with_call_timeout(mut self, timeout: Duration) -> Self {
+        self.call_timeout = timeout;
+        self
+    }
+
+    /// Most keys tracked at once.
+    pub fn with_max_keys(mut self, max_keys: usize) -> Self {
+        self.max_keys = max_keys;
+        self
     }
 
     /// Checks every option; the error names the offending one.

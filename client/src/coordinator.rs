@@ -712,7 +712,7 @@ impl CoordinatorClient {
 }
 
 fn with_timeout<T>(message: T, timeout: Duration) -> tonic::Request<T> {
-    crate::trace_context::outgoing(message, timeout)
+    crate::transport::outgoing(message, timeout)
 }
 
 #[cfg(test)]

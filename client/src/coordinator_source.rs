@@ -163,9 +163,12 @@ impl CreditSource for CoordinatorSource {
 fn reject_tenant(tenant: &Option<leasehold_core::ids::TenantId>) -> Result<(), ClientError> {
     match tenant {
         None => Ok(()),
-        Some(t) => Err(ClientError::Unsupported(format!(
+        Some(t) => Err(ClientError::Unsupported(
+            format!(
             "tenant {t}: per-tenant credits need an escrow node; the coordinator leases per region"
-        ))),
+        )
+            .into(),
+        )),
     }
 }
 
@@ -191,21 +194,24 @@ fn client_error(key: &str, e: CoordinatorError) -> ClientError {
     match e {
         CoordinatorError::NoEndpoints
         | CoordinatorError::Address(_)
-        | CoordinatorError::InvalidArgument(_) => ClientError::InvalidInput(e.to_string()),
-        CoordinatorError::NotFound(m) => ClientError::NoPolicy(m),
-        CoordinatorError::FailedPrecondition { message: m, .. } => {
-            ClientError::Unsupported(format!(
+        | CoordinatorError::InvalidArgument(_) => ClientError::InvalidInput(e.to_string().into()),
+        CoordinatorError::NotFound(m) => ClientError::NoPolicy(m.into()),
+        CoordinatorError::FailedPrecondition { message: m, reason } => ClientError::Unsupported(
+            crate::error::Detail::new(format!(
                 "key {key:?} cannot be leased from the coordinator directly ({m}); \
-             `fair` keys are served by escrow nodes"
+                 `fair` keys are served by escrow nodes"
             ))
-        }
+            .with_reason(reason),
+        ),
         CoordinatorError::NotLeader { .. }
         | CoordinatorError::Unavailable { .. }
         | CoordinatorError::Transport { .. }
-        | CoordinatorError::LeaderUnresolvable { .. } => ClientError::Unavailable(e.to_string()),
+        | CoordinatorError::LeaderUnresolvable { .. } => {
+            ClientError::Unavailable(e.to_string().into())
+        }
         CoordinatorError::DeadlineExceeded { after, .. } => ClientError::DeadlineExceeded(after),
         CoordinatorError::AlreadyExists(_) | CoordinatorError::Rpc { .. } => {
-            ClientError::Protocol(e.to_string())
+            ClientError::Protocol(e.to_string().into())
         }
     }
 }

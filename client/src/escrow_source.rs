@@ -33,8 +33,11 @@ use crate::source::{AcquireRequest, CheckReply, CheckRequest, CreditSource, Gran
 use crate::transport::{normalize_endpoints, Dialer};
 use crate::Decision;
 
-/// Deadlines and retry budget of an [`EscrowSource`].
+/// Deadlines and retry budget of an [`EscrowSource`]: start from
+/// [`EscrowSourceOptions::default`] and change what you need with the
+/// `with_` methods.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct EscrowSourceOptions {
     /// Deadline of one attempt.
     pub rpc_timeout: Duration,
@@ -44,6 +47,27 @@ pub struct EscrowSourceOptions {
     pub backoff_base: Duration,
     /// Largest backoff.
     pub backoff_max: Duration,
+}
+
+impl EscrowSourceOptions {
+    /// Deadline of one attempt.
+    pub fn with_rpc_timeout(mut self, timeout: Duration) -> Self {
+        self.rpc_timeout = timeout;
+        self
+    }
+
+    /// Most attempts of one `Acquire` (≥ 1).
+    pub fn with_max_attempts(mut self, attempts: u32) -> Self {
+        self.max_attempts = attempts;
+        self
+    }
+
+    /// First and largest backoff between attempts.
+    pub fn with_backoff(mut self, base: Duration, max: Duration) -> Self {
+        self.backoff_base = base;
+        self.backoff_max = max;
+        self
+    }
 }
 
 impl Default for EscrowSourceOptions {
@@ -107,8 +131,8 @@ impl EscrowSource {
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
-        let normalized =
-            normalize_endpoints(endpoints).map_err(|e| ClientError::InvalidInput(e.to_string()))?;
+        let normalized = normalize_endpoints(endpoints)
+            .map_err(|e| ClientError::InvalidInput(e.to_string().into()))?;
         if normalized.is_empty() {
             return Err(ClientError::InvalidInput(
                 "at least one escrow node endpoint is needed".into(),
@@ -155,7 +179,7 @@ impl EscrowSource {
                     .dialer
                     .dial(&self.endpoints[current])
                     .await
-                    .map_err(|e| ClientError::Unavailable(e.to_string()))?;
+                    .map_err(|e| ClientError::Unavailable(e.to_string().into()))?;
                 let mut route = crate::limiter::lock(&self.route);
                 if route.current == current {
                     route.channel = Some(channel.clone());
@@ -343,7 +367,7 @@ fn tenant_name(tenant: Option<&leasehold_core::ids::TenantId>) -> String {
 }
 
 fn with_deadline<T>(message: T, timeout: Duration) -> tonic::Request<T> {
-    crate::trace_context::outgoing(message, timeout)
+    crate::transport::outgoing(message, timeout)
 }
 
 /// Converts an `Acquire` answer.

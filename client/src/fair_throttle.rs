@@ -49,13 +49,30 @@ pub trait ProtectedResource {
     }
 }
 
-/// Options of a [`FairThrottle`].
+/// Options of a [`FairThrottle`]: start from
+/// [`FairThrottleOptions::default`] and change what you need with the
+/// `with_` methods.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
+#[non_exhaustive]
 pub struct FairThrottleOptions {
     /// The structures' parameters.
     pub config: FairThrottleConfig,
     /// Let throttled requests through when the resource has idle capacity.
     pub use_idle_capacity: bool,
+}
+
+impl FairThrottleOptions {
+    /// The structures' parameters.
+    pub fn with_config(mut self, config: FairThrottleConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// Let throttled requests through when the resource has idle capacity.
+    pub fn with_idle_capacity(mut self, use_idle_capacity: bool) -> Self {
+        self.use_idle_capacity = use_idle_capacity;
+        self
+    }
 }
 
 /// The throttle's gate for one request (two-phase use).

@@ -16,10 +16,9 @@
 //! use std::sync::atomic::{AtomicU64, Ordering};
 //! use futures::future::{BoxFuture, FutureExt};
 //! use leasehold_client::{
-//!     AcquireRequest, CheckReply, CheckRequest, ClientError, CreditSource, Grant, LeaseOptions,
-//!     LeaseSizing, Limiter, LimiterConfig, Mode, ReturnRequest,
+//!     AcquireRequest, CheckReply, CheckRequest, ClientError, ClientId, CreditSource, Grant,
+//!     LeaseOptions, LeaseSizing, Limiter, LimiterConfig, ReturnRequest,
 //! };
-//! use leasehold_core::ids::ClientId;
 //!
 //! /// A one-window source with a fixed budget, for illustration.
 //! struct Budget(AtomicU64);
@@ -46,8 +45,8 @@
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let options = LeaseOptions { sizing: LeaseSizing::Fixed(4), ..LeaseOptions::default() };
-//! let config = LimiterConfig::new(Mode::Leased(options), ClientId::new("doc-example")?);
+//! let config = LimiterConfig::leased(ClientId::new("doc-example")?)
+//!     .with_lease(LeaseOptions::default().with_sizing(LeaseSizing::Fixed(4)));
 //! let limiter = Limiter::new(Budget(AtomicU64::new(10)), config)?;
 //!
 //! let mut admitted = 0;
@@ -65,17 +64,64 @@
 //! # }
 //! ```
 //!
+//! # Connecting to Leasehold
+//!
+//! A service usually leases from the escrow nodes of its region:
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use leasehold_client::transport::TcpDialer;
+//! use leasehold_client::{ClientId, EscrowSource, EscrowSourceOptions, Limiter, LimiterConfig};
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let source = EscrowSource::with_endpoints(
+//!     ["escrow-a.eu:7201", "escrow-b.eu:7201"], // the region's nodes, active-active
+//!     Arc::new(TcpDialer::default()),           // or `tls::TlsDialer` (feature `tls`)
+//!     EscrowSourceOptions::default(),
+//! )?;
+//! let limiter = Limiter::new(source, LimiterConfig::leased(ClientId::new("checkout")?))?;
+//! let decision = limiter.check("tenant:acme/api", 1).await?;
+//! if !decision.allowed {
+//!     // 429 with Retry-After: decision.retry_after_ms
+//! }
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Errors
+//!
+//! A denial is a [`Decision`], never an error. A [`ClientError`] means the
+//! question could not be answered; [`ClientError::is_transient`] says
+//! whether a retry may help, [`ClientError::reason`] gives the server's
+//! refusal reason (`NO_POLICY`, `WRONG_KEY_KIND`, …) and the gRPC status is
+//! its [`source`](std::error::Error::source). Configuration is validated
+//! when a limiter is built ([`ConfigError`]).
+//!
+//! # Features
+//!
+//! | feature | default | what it adds |
+//! |---|---|---|
+//! | `tls` | yes | [`tls::TlsDialer`]: mutual TLS (rustls, ring) |
+//! | `otel` | yes | every call carries the current span's W3C `traceparent` ([`trace_context`]) |
+//! | `admission` | yes | [`admission::AdmissionGate`] and its tower layer |
+//! | `fair` | yes | [`FairThrottle`] |
+//!
+//! `default-features = false` keeps the limiter, its sources and the
+//! coordinator client: 85 crates in the dependency tree instead of 102
+//! (`docs/client.md`, "Features", has the build times and the command).
+//!
 //! # The check clock
 //!
 //! In leased mode a check with credits held decides in-process: it finds
 //! its key's credits in a per-thread cache of recently checked keys and
 //! spends them with one compare-and-swap, provided their deadline is still
-//! ahead. [`LeaseOptions::clock`] says what it reads to know that:
-//! [`CheckClock::Runtime`] (the default) reads tokio's clock, right under
-//! tokio's paused test clock too; [`CheckClock::CycleCounter`], what a
-//! service in real time should set, reads a bound on the clock from the
-//! CPU's cycle counter that is never earlier than the clock (see
-//! [`cycle_counter_status`] and ADR 0015), a third cheaper per check.
+//! ahead. [`LeaseOptions::clock`] says what it reads to know that. The
+//! default, [`CheckClock::Auto`], reads a bound on the clock from the CPU's
+//! cycle counter that is never earlier than the clock (see
+//! [`cycle_counter_status`] and ADR 0015) while tokio's clock is real time,
+//! and tokio's clock itself once a test pauses it.
+//! [`CheckClock::Runtime`] always reads tokio's clock (a third dearer per
+//! check); [`CheckClock::CycleCounter`] always the counter (real time only).
 //!
 //! # Layout
 //! - [`admission`] — [`AdmissionGate`](admission::AdmissionGate): one
@@ -100,6 +146,7 @@
 //!   (the current span's, through OpenTelemetry's global propagator).
 #![deny(missing_docs)]
 
+#[cfg(feature = "admission")]
 pub mod admission;
 pub mod config;
 pub mod coordinator;
@@ -107,6 +154,7 @@ pub mod coordinator_source;
 pub mod decision;
 pub mod error;
 pub mod escrow_source;
+#[cfg(feature = "fair")]
 pub mod fair_throttle;
 pub mod lease_coalescer;
 pub mod limiter;
@@ -114,7 +162,9 @@ pub mod sizing;
 pub mod source;
 pub mod static_partition;
 pub mod stats;
+#[cfg(feature = "tls")]
 pub mod tls;
+#[cfg(feature = "otel")]
 pub mod trace_context;
 pub mod transport;
 pub mod wallet;
@@ -122,12 +172,23 @@ pub mod wallet;
 pub use config::{incarnation_id, CheckClock, LeaseOptions, LimiterConfig, Mode};
 pub use coordinator_source::CoordinatorSource;
 pub use decision::{combine, Admission, Decision};
-pub use error::{ClientError, ConfigError};
+pub use error::{ClientError, ConfigError, Detail, Reason};
 pub use escrow_source::{EscrowSource, EscrowSourceOptions};
+#[cfg(feature = "fair")]
 pub use fair_throttle::{
     FairAdmission, FairGate, FairThrottle, FairThrottleOptions, FairThrottleStats,
     ProtectedResource,
 };
+/// The structures' parameters of a [`FairThrottle`] and a request's outcome.
+#[cfg(feature = "fair")]
+pub use leasehold_core::fair_throttle::{FairThrottleConfig, FairThrottleError, Outcome};
+/// The names a limiter is given: its client id, the keys it checks, the
+/// tenant it acts for (validated: non-empty, bounded length).
+pub use leasehold_core::ids::{ClientId, IdError, Key, TenantId};
+/// The parameters of the adaptive lease sizers ([`LeaseSizing::eoq`],
+/// [`LeaseSizing::predictive`]).
+pub use leasehold_core::predictive_sizer::PredictiveParams;
+pub use leasehold_core::sizer::EoqParams;
 pub use limiter::counter_clock::{status as cycle_counter_status, CycleCounterStatus};
 pub use limiter::Limiter;
 pub use sizing::LeaseSizing;

@@ -72,14 +72,51 @@ pub(crate) struct Inner {
     lane_clock: LaneClock,
 }
 
-/// The time source of the lock-free spend ([`CheckClock`], resolved).
-#[derive(Debug, Clone, Copy)]
-enum LaneClock {
-    /// `tokio::time::Instant::now()`.
-    Runtime,
-    /// The cycle-counter bound, whose origin lies `origin_ns` before the
-    /// limiter's clock origin.
-    CycleCounter { origin_ns: u64 },
+/// The time source of the lock-free spend ([`CheckClock`], resolved): the
+/// cycle-counter bound, whose origin lies `origin_ns` before the limiter's
+/// clock origin, or tokio's clock ([`LaneClock::RUNTIME`]). Under
+/// [`CheckClock::Auto`] it falls back to tokio's clock for good the first
+/// time a refill finds that clock paused or moved off real time.
+#[derive(Debug)]
+struct LaneClock {
+    origin_ns: AtomicU64,
+    /// Whether refills still look for a paused runtime clock.
+    auto: bool,
+}
+
+impl LaneClock {
+    /// `origin_ns` when checks read `tokio::time::Instant::now()`.
+    const RUNTIME: u64 = u64::MAX;
+
+    fn new(counter_origin_ns: Option<u64>, auto: bool) -> Self {
+        LaneClock {
+            origin_ns: AtomicU64::new(counter_origin_ns.unwrap_or(Self::RUNTIME)),
+            auto: auto && counter_origin_ns.is_some(),
+        }
+    }
+
+    /// The counter's origin, or `None` when checks read tokio's clock.
+    #[inline(always)]
+    fn counter_origin_ns(&self) -> Option<u64> {
+        let origin = self.origin_ns.load(Ordering::Acquire);
+        (origin != Self::RUNTIME).then_some(origin)
+    }
+
+    /// Under [`CheckClock::Auto`], before a refill's credits are dated:
+    /// falls back to tokio's clock for good if it no longer reads real
+    /// time.
+    fn recheck(&self) {
+        if self.auto
+            && self.counter_origin_ns().is_some()
+            && !counter_clock::runtime_clock_is_real_time()
+        {
+            self.origin_ns.store(Self::RUNTIME, Ordering::Release);
+            tracing::info!(
+                "tokio's clock is paused or moved off real time: this limiter's checks read it \
+                 from now on instead of the cycle counter"
+            );
+        }
+    }
 }
 
 impl Limiter {
@@ -100,8 +137,17 @@ impl Limiter {
         } else {
             config.client_id.clone()
         };
-        let wants_counter =
-            matches!(&config.mode, Mode::Leased(o) if o.clock == CheckClock::CycleCounter);
+        let clock = match &config.mode {
+            Mode::Leased(options) => options.clock,
+            Mode::Strict | Mode::CachedDeny => CheckClock::Runtime,
+        };
+        // Auto reads the counter only where tokio's clock is real time
+        // (not paused, advanced or resumed by a test).
+        let wants_counter = match clock {
+            CheckClock::CycleCounter => true,
+            CheckClock::Auto => counter_clock::runtime_clock_is_real_time(),
+            CheckClock::Runtime => false,
+        };
         if wants_counter {
             // Before the limiter's origin is read: the counter's origin
             // must not be later.
@@ -114,10 +160,10 @@ impl Limiter {
                 .checked_duration_since(counter_clock::origin())?;
             u64::try_from(since.as_nanos()).ok()
         };
-        let lane_clock = match wants_counter.then(counter_origin_ns).flatten() {
-            Some(origin_ns) => LaneClock::CycleCounter { origin_ns },
-            None => LaneClock::Runtime,
-        };
+        let lane_clock = LaneClock::new(
+            wants_counter.then(counter_origin_ns).flatten(),
+            clock == CheckClock::Auto,
+        );
         Ok(Limiter {
             inner: Arc::new(Inner {
                 source,
@@ -243,20 +289,26 @@ impl Limiter {
         self.inner.fold_lane_counters();
         self.inner.stats.write_metrics(doc, mode);
         if let crate::Mode::Leased(options) = &self.inner.config.mode {
-            let (clock, state) = match options.clock {
-                CheckClock::Runtime => ("runtime", "in_use"),
-                CheckClock::CycleCounter => ("cycle_counter", counter_clock::status().label()),
+            let chosen = match options.clock {
+                CheckClock::Auto => "auto",
+                CheckClock::Runtime => "runtime",
+                CheckClock::CycleCounter => "cycle_counter",
+            };
+            let (clock, state) = match self.inner.lane_clock.counter_origin_ns() {
+                None => ("runtime", "in_use"),
+                Some(_) => ("cycle_counter", counter_clock::status().label()),
             };
             doc.family(
                 "leasehold_client_check_clock",
                 leasehold_core::metrics::MetricKind::Gauge,
-                "Always 1; the clock a check with credits held reads (runtime, cycle_counter) \
-                 and its state (in_use; for the cycle counter also measuring, unavailable or \
-                 disabled, when checks read the clock instead).",
+                "Always 1; the clock a check with credits held reads (runtime, cycle_counter), \
+                 its state (in_use; for the cycle counter also measuring, unavailable or \
+                 disabled, when checks read the clock instead) and the option chosen (auto, \
+                 runtime, cycle_counter).",
             );
             doc.sample(
                 "leasehold_client_check_clock",
-                &[("clock", clock), ("state", state)],
+                &[("clock", clock), ("state", state), ("chosen", chosen)],
                 1.0,
             );
         }

@@ -11,8 +11,6 @@
 //! spent. The `leasehold` binary registers the W3C propagator itself and
 //! extracts with [`extract_from_headers`].
 
-use std::time::Duration;
-
 use opentelemetry::propagation::{Extractor, Injector};
 use opentelemetry::Context;
 use tonic::metadata::{MetadataKey, MetadataMap, MetadataValue};
@@ -87,13 +85,10 @@ pub fn extract_from_headers(headers: &http::HeaderMap) -> Context {
     })
 }
 
-/// A request for `message` with a deadline of `timeout`, carrying the
-/// current span's trace context: how this crate builds every call.
-pub fn outgoing<T>(message: T, timeout: Duration) -> tonic::Request<T> {
-    let mut request = tonic::Request::new(message);
-    request.set_timeout(timeout);
-    inject(&tracing::Span::current().context(), request.metadata_mut());
-    request
+/// Injects the current span's context into `metadata`: what every call
+/// this crate makes carries ([`crate::transport::outgoing`]).
+pub fn inject_current(metadata: &mut MetadataMap) {
+    inject(&tracing::Span::current().context(), metadata);
 }
 
 #[cfg(test)]
@@ -105,6 +100,9 @@ mod tests {
     };
     use opentelemetry_sdk::propagation::TraceContextPropagator;
     use proptest::prelude::*;
+    use std::time::Duration;
+
+    use crate::transport::outgoing;
 
     fn remote(trace: u128, span: u64, sampled: bool) -> Context {
         let flags = if sampled {

@@ -147,6 +147,7 @@ pub fn endpoint_uri(addr: &str) -> String {
 
 /// Connection options of [`TcpDialer`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct TcpDialerOptions {
     /// Bound on establishing a TCP connection.
     pub connect_timeout: Duration,
@@ -154,6 +155,22 @@ pub struct TcpDialerOptions {
     pub keep_alive_interval: Duration,
     /// How long to wait for a PING acknowledgement before dropping the connection.
     pub keep_alive_timeout: Duration,
+}
+
+impl TcpDialerOptions {
+    /// Bound on establishing a TCP connection.
+    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// HTTP/2 keep-alive: PING interval and how long to wait for its
+    /// acknowledgement.
+    pub fn with_keep_alive(mut self, interval: Duration, timeout: Duration) -> Self {
+        self.keep_alive_interval = interval;
+        self.keep_alive_timeout = timeout;
+        self
+    }
 }
 
 impl Default for TcpDialerOptions {
@@ -277,6 +294,17 @@ impl fmt::Debug for dyn WallClock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("WallClock")
     }
+}
+
+/// A request for `message` with a deadline of `timeout`, carrying the
+/// current span's W3C trace context when the `otel` feature is on
+/// ([`crate::trace_context`]): how this crate builds every call.
+pub fn outgoing<T>(message: T, timeout: Duration) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request.set_timeout(timeout);
+    #[cfg(feature = "otel")]
+    crate::trace_context::inject_current(request.metadata_mut());
+    request
 }
 
 #[cfg(test)]

@@ -32,13 +32,9 @@ impl WallClock for CoordinatorClock {
 }
 
 fn region_gate(fake: &Arc<FakeCoordinator>, region: usize) -> AdmissionGate {
-    let options = LeaseOptions {
-        sizing: LeaseSizing::Fixed(20),
-        low_water: 0,
-        return_idle_after: None,
-        max_refill_rounds: 64,
-        ..LeaseOptions::default()
-    };
+    let options = LeaseOptions::default()
+        .with_sizing(LeaseSizing::Fixed(20))
+        .with_max_refill_rounds(64);
     let mut config = LimiterConfig::new(
         Mode::Leased(options),
         ClientId::new(format!("region-{region}")).expect("valid id"),

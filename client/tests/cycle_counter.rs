@@ -2,6 +2,8 @@
 //! threads: credits are never spent once their window is over, and keys
 //! evicted under checking threads (whose caches of recent cells still hold
 //! them) never spend past their grants, with every admitted token counted.
+//! And the default, `CheckClock::Auto`: the counter in real time, tokio's
+//! clock once a test pauses it.
 
 mod common;
 
@@ -18,11 +20,9 @@ use leasehold_core::ids::ClientId;
 use tokio::time::Instant;
 
 fn counter_limiter(fake: Arc<FakeCoordinator>, batch: u64, max_keys: usize) -> Limiter {
-    let options = LeaseOptions {
-        sizing: LeaseSizing::Fixed(batch),
-        clock: CheckClock::CycleCounter,
-        ..LeaseOptions::default()
-    };
+    let options = LeaseOptions::default()
+        .with_sizing(LeaseSizing::Fixed(batch))
+        .with_clock(CheckClock::CycleCounter);
     let mut config = LimiterConfig::new(
         Mode::Leased(options),
         ClientId::new("counter").expect("valid id"),
@@ -107,7 +107,10 @@ async fn credits_are_never_spent_after_their_window() {
     );
     let text = limiter.metrics_text();
     assert!(
-        text.contains("leasehold_client_check_clock{clock=\"cycle_counter\",state=\"in_use\"} 1"),
+        text.contains(
+            "leasehold_client_check_clock{clock=\"cycle_counter\",state=\"in_use\",\
+             chosen=\"cycle_counter\"} 1"
+        ),
         "{text}"
     );
 }
@@ -164,4 +167,72 @@ async fn evicted_keys_never_spend_past_their_grants() {
         "every admitted token is counted: {stats:?}"
     );
     assert!(stats.admitted_tokens <= stats.tokens_leased, "{stats:?}");
+}
+
+/// The clock a limiter's checks read, from its metrics.
+fn check_clock(limiter: &Limiter) -> String {
+    let text = limiter.metrics_text();
+    text.lines()
+        .find(|line| line.starts_with("leasehold_client_check_clock{"))
+        .unwrap_or_else(|| panic!("no check clock gauge in {text}"))
+        .to_string()
+}
+
+/// The default clock reads the cycle counter in real time, and tokio's
+/// clock for good from the first refill after a test pauses it: credits
+/// are then judged in the paused time, so one granted before the pause
+/// that the paused time has outlived is not spent.
+#[tokio::test]
+async fn the_default_clock_is_the_counter_in_real_time_and_the_clock_once_paused() {
+    let fake = FakeCoordinator::new(1_000_000, 200, 1_700_000_000_000);
+    let config = LimiterConfig::leased(ClientId::new("auto").expect("valid id"))
+        .with_lease(LeaseOptions::default().with_sizing(LeaseSizing::Fixed(2)));
+    assert_eq!(LeaseOptions::default().clock, CheckClock::Auto);
+    let limiter = Limiter::new(fake.clone(), config).expect("valid config");
+    counter_measured().await;
+    assert!(limiter.check("k", 1).await.expect("no error").allowed);
+    let real = check_clock(&limiter);
+    if matches!(cycle_counter_status(), CycleCounterStatus::InUse { .. }) {
+        assert!(
+            real.contains("clock=\"cycle_counter\",state=\"in_use\",chosen=\"auto\""),
+            "{real}"
+        );
+    }
+
+    tokio::time::pause();
+    // One credit is held; a check of 2 refills, and the refill looks again.
+    assert!(limiter.check("k", 2).await.expect("no error").allowed);
+    assert_eq!(limiter.local_balance("k"), 1);
+    let paused = check_clock(&limiter);
+    assert!(
+        paused.contains("clock=\"runtime\",state=\"in_use\",chosen=\"auto\""),
+        "{paused}"
+    );
+    let calls = fake.acquire_calls.load(std::sync::atomic::Ordering::SeqCst);
+    // A lifetime of at most one 200 ms window: outlived in paused time.
+    tokio::time::advance(Duration::from_millis(1_000)).await;
+    let admission = limiter.check_labelled("k", 1).await.expect("no error");
+    assert!(admission.decision.allowed);
+    assert!(
+        fake.acquire_calls.load(std::sync::atomic::Ordering::SeqCst) > calls,
+        "the check refilled instead of spending a credit the paused time outlived"
+    );
+}
+
+/// A limiter built under tokio's paused clock reads the clock from the
+/// start.
+#[tokio::test(start_paused = true)]
+async fn the_default_clock_built_under_a_paused_clock_is_the_clock() {
+    let fake = FakeCoordinator::new(1_000, 200, 1_700_000_000_000);
+    let limiter = Limiter::new(
+        fake,
+        LimiterConfig::leased(ClientId::new("paused").expect("valid id")),
+    )
+    .expect("valid config");
+    assert!(limiter.check("k", 1).await.expect("no error").allowed);
+    let clock = check_clock(&limiter);
+    assert!(
+        clock.contains("clock=\"runtime\",state=\"in_use\",chosen=\"auto\""),
+        "{clock}"
+    );
 }

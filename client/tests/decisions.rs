@@ -17,12 +17,14 @@ fn mode() -> impl Strategy<Value = Mode> {
         Just(Mode::CachedDeny),
         (1u64..30, 0u64..5, proptest::option::of(10u64..300)).prop_map(
             |(batch, low_water, idle)| {
-                Mode::Leased(LeaseOptions {
-                    sizing: LeaseSizing::Fixed(batch),
-                    low_water,
-                    return_idle_after: idle.map(Duration::from_millis),
-                    max_refill_rounds: 8,
-                    clock: CheckClock::Runtime,
+                let options = LeaseOptions::default()
+                    .with_sizing(LeaseSizing::Fixed(batch))
+                    .with_low_water(low_water)
+                    .with_max_refill_rounds(8)
+                    .with_clock(CheckClock::Runtime);
+                Mode::Leased(match idle {
+                    Some(ms) => options.with_return_idle_after(Duration::from_millis(ms)),
+                    None => options,
                 })
             }
         ),

@@ -15,13 +15,10 @@ use leasehold_core::ids::ClientId;
 use tokio::time::Instant;
 
 fn leased(batch: u64, low_water: u64) -> LeaseOptions {
-    LeaseOptions {
-        sizing: LeaseSizing::Fixed(batch),
-        low_water,
-        return_idle_after: None,
-        max_refill_rounds: 64,
-        ..LeaseOptions::default()
-    }
+    LeaseOptions::default()
+        .with_sizing(LeaseSizing::Fixed(batch))
+        .with_low_water(low_water)
+        .with_max_refill_rounds(64)
 }
 
 fn limiter(source: Arc<dyn CreditSource>, options: LeaseOptions, name: &str) -> Limiter {
@@ -182,11 +179,8 @@ async fn admissions_never_exceed_grants_under_concurrency() {
         let mut tasks = Vec::new();
         let mut limiters = Vec::new();
         for n in 0..rng.gen_range(1..5) {
-            let options = LeaseOptions {
-                low_water: rng.gen_range(0..4),
-                return_idle_after: Some(Duration::from_millis(rng.gen_range(50..400))),
-                ..leased(rng.gen_range(1..20), 0)
-            };
+            let options = leased(rng.gen_range(1..20), rng.gen_range(0..4))
+                .with_return_idle_after(Duration::from_millis(rng.gen_range(50..400)));
             let l1 = limiter(fake.clone(), options, &format!("l1-{n}"));
             limiters.push(l1.clone());
             for t in 0..rng.gen_range(1..12) {
@@ -369,10 +363,7 @@ async fn an_unreachable_backend_is_a_transient_error() {
 #[tokio::test(start_paused = true)]
 async fn idle_credits_are_returned() {
     let fake = FakeCoordinator::new(100, 60_000, 0);
-    let options = LeaseOptions {
-        return_idle_after: Some(Duration::from_millis(500)),
-        ..leased(10, 0)
-    };
+    let options = leased(10, 0).with_return_idle_after(Duration::from_millis(500));
     let l1 = limiter(fake.clone(), options, "idle");
     assert!(l1.check("k", 3).await.expect("ok").allowed);
     tokio::time::sleep(Duration::from_millis(2_000)).await;
@@ -440,14 +431,7 @@ async fn an_adaptive_sizer_learns_from_closed_windows() {
             size: 4,
         })
     }));
-    let l1 = limiter(
-        fake.clone(),
-        LeaseOptions {
-            sizing,
-            ..leased(1, 0)
-        },
-        "adaptive",
-    );
+    let l1 = limiter(fake.clone(), leased(1, 0).with_sizing(sizing), "adaptive");
     for _ in 0..7 {
         assert!(l1.check("k", 1).await.expect("ok").allowed);
     }
@@ -496,7 +480,8 @@ async fn metrics_follow_stats_round_trips_and_reachability() {
     assert_eq!(
         sample(
             &text,
-            "leasehold_client_check_clock{clock=\"runtime\",state=\"in_use\"}"
+            // The default clock under tokio's paused clock: the clock.
+            "leasehold_client_check_clock{clock=\"runtime\",state=\"in_use\",chosen=\"auto\"}"
         ),
         Some(1.0),
         "{text}"

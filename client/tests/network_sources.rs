@@ -176,12 +176,10 @@ fn spawn_escrow(fake: FakeEscrow) -> String {
 }
 
 fn escrow_source(addr: &str) -> EscrowSource {
-    let options = EscrowSourceOptions {
-        rpc_timeout: Duration::from_millis(500),
-        max_attempts: 3,
-        backoff_base: Duration::from_millis(1),
-        backoff_max: Duration::from_millis(5),
-    };
+    let options = EscrowSourceOptions::default()
+        .with_rpc_timeout(Duration::from_millis(500))
+        .with_max_attempts(3)
+        .with_backoff(Duration::from_millis(1), Duration::from_millis(5));
     EscrowSource::new(addr, Arc::new(TcpDialer::default()), options).expect("valid address")
 }
 
@@ -222,10 +220,7 @@ async fn acquire_retries_with_the_same_request_id() {
 async fn a_leased_limiter_runs_over_an_escrow_node() {
     let fake = FakeEscrow::default();
     let source = escrow_source(&spawn_escrow(fake.clone()));
-    let options = LeaseOptions {
-        sizing: LeaseSizing::Fixed(10),
-        ..LeaseOptions::default()
-    };
+    let options = LeaseOptions::default().with_sizing(LeaseSizing::Fixed(10));
     let l1 = Limiter::new(
         source,
         LimiterConfig::new(Mode::Leased(options), ClientId::new("svc").expect("valid")),
@@ -293,12 +288,10 @@ async fn a_source_over_a_regions_escrow_nodes_moves_on_when_one_is_gone() {
     drop(gone);
     let live = FakeEscrow::default();
     let live_addr = spawn_escrow(live.clone());
-    let options = EscrowSourceOptions {
-        rpc_timeout: Duration::from_millis(500),
-        max_attempts: 2,
-        backoff_base: Duration::from_millis(1),
-        backoff_max: Duration::from_millis(5),
-    };
+    let options = EscrowSourceOptions::default()
+        .with_rpc_timeout(Duration::from_millis(500))
+        .with_max_attempts(2)
+        .with_backoff(Duration::from_millis(1), Duration::from_millis(5));
     let source = EscrowSource::with_endpoints(
         [gone_addr.as_str(), live_addr.as_str(), gone_addr.as_str()],
         Arc::new(TcpDialer::default()),
@@ -368,10 +361,7 @@ fn coordinator_source() -> CoordinatorSource {
 #[tokio::test]
 async fn the_coordinator_backend_leases_and_rejects_fair_keys_clearly() {
     let source = Arc::new(coordinator_source());
-    let options = LeaseOptions {
-        sizing: LeaseSizing::Fixed(2),
-        ..LeaseOptions::default()
-    };
+    let options = LeaseOptions::default().with_sizing(LeaseSizing::Fixed(2));
     let l1 = Limiter::with_shared_source(
         source.clone(),
         LimiterConfig::new(

@@ -38,8 +38,7 @@ use leasehold_client::coordinator::{CoordinatorClient, RetryOptions};
 use leasehold_client::tls::{ClientTlsFiles, TlsDialer};
 use leasehold_client::transport::Dialer;
 use leasehold_client::{
-    CheckClock, EscrowSource, EscrowSourceOptions, LeaseOptions, LeaseSizing, Limiter,
-    LimiterConfig, Mode,
+    EscrowSource, EscrowSourceOptions, LeaseOptions, LeaseSizing, Limiter, LimiterConfig, Mode,
 };
 use leasehold_core::ids::ClientId;
 
@@ -260,11 +259,7 @@ async fn load(args: LoadArgs) -> Result<()> {
             let source =
                 EscrowSource::with_endpoints(nodes, dialer.clone(), EscrowSourceOptions::default())
                     .with_context(|| format!("escrow nodes {addr}"))?;
-            let mode = Mode::Leased(LeaseOptions {
-                sizing: LeaseSizing::Fixed(8),
-                clock: CheckClock::CycleCounter,
-                ..LeaseOptions::default()
-            });
+            let mode = Mode::Leased(LeaseOptions::default().with_sizing(LeaseSizing::Fixed(8)));
             let client_id = ClientId::new(format!("load-{region}-{index}-{start_ms}"))?;
             let mut config = LimiterConfig::new(mode, client_id);
             config.call_timeout = Duration::from_secs(2);

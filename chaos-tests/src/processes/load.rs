@@ -10,8 +10,8 @@ use anyhow::{Context, Result};
 use leasehold_client::coordinator::CoordinatorClient;
 use leasehold_client::transport::{Dialer, TcpDialer};
 use leasehold_client::{
-    CheckClock, CoordinatorSource, CreditSource, EscrowSource, EscrowSourceOptions, LeaseOptions,
-    LeaseSizing, Limiter, LimiterConfig, Mode,
+    CoordinatorSource, CreditSource, EscrowSource, EscrowSourceOptions, LeaseOptions, LeaseSizing,
+    Limiter, LimiterConfig, Mode,
 };
 use leasehold_core::ids::{ClientId, RegionId};
 use rand::{Rng, SeedableRng};
@@ -148,12 +148,11 @@ pub fn spawn(
             }),
         };
         let mut rng = rand::rngs::StdRng::seed_from_u64(client_seed);
-        let mode = Mode::Leased(LeaseOptions {
-            sizing: LeaseSizing::Fixed(rng.gen_range(4..=24)),
-            // Real processes, real time: the production check clock.
-            clock: CheckClock::CycleCounter,
-            ..LeaseOptions::default()
-        });
+        let mode = Mode::Leased(
+            // Real processes, real time: the default clock reads the cycle
+            // counter.
+            LeaseOptions::default().with_sizing(LeaseSizing::Fixed(rng.gen_range(4..=24))),
+        );
         let mut config =
             LimiterConfig::new(mode, ClientId::new(format!("c{index}-{client_seed}"))?);
         config.call_timeout = Duration::from_secs(3);

@@ -279,10 +279,7 @@ pub fn spawn_clients(
                 })
             };
             let batch = rng.gen_range(4..=24);
-            let mode = Mode::Leased(LeaseOptions {
-                sizing: LeaseSizing::Fixed(batch),
-                ..LeaseOptions::default()
-            });
+            let mode = Mode::Leased(LeaseOptions::default().with_sizing(LeaseSizing::Fixed(batch)));
             let mut config = LimiterConfig::new(
                 mode,
                 ClientId::new(format!("{}-{client_seed}", client_host(index)))?,

@@ -72,8 +72,11 @@ impl AdmissionGateBuilder {
         self
     }
 
-    /// The wait a concurrency denial suggests (default 1 000 ms): a slot
-    /// frees when a request finishes, so a typical latency is a good value.
+    /// The wait a concurrency denial suggests until a request has
+    /// completed (default 1 000 ms). From then on the wait is computed:
+    /// when enough requests in flight are expected to end, each a typical
+    /// latency (the moving average of completed ones) after it started
+    /// (`ConcurrencyLimit::wait_for_slot_ms`).
     pub fn concurrency_retry_after_ms(mut self, ms: u64) -> Self {
         self.concurrency_retry_after_ms = ms;
         self
@@ -351,7 +354,7 @@ impl AdmissionGate {
             now_ms,
         };
         if let Some(concurrency) = &inner.concurrency {
-            let d = lock(&concurrency.limit).try_acquire(concurrency.retry_after_ms);
+            let d = lock(&concurrency.limit).try_acquire(now_ms, concurrency.retry_after_ms);
             taken.decisions.set(Axis::Concurrency, d);
             if !d.allowed {
                 self.ask_later_axes(request, &mut taken, Axis::Concurrency);
@@ -482,7 +485,7 @@ impl AdmissionGate {
         }
         if taken.slot {
             if let Some(concurrency) = &self.inner.concurrency {
-                lock(&concurrency.limit).cancel();
+                lock(&concurrency.limit).cancel(taken.now_ms);
             }
         }
     }

@@ -5,7 +5,7 @@
 //!
 //! ```
 //! use leasehold_client::admission::{AdmissionGate, AdmitRequest, CostAxis, InProcessLimit};
-//! use leasehold_core::admission::concurrency::ConcurrencyParams;
+//! use leasehold_client::admission::ConcurrencyParams;
 //!
 //! let gate = AdmissionGate::builder()
 //!     .concurrency(ConcurrencyParams::aimd(4, 32))
@@ -28,20 +28,27 @@
 //! - [`gate`] — [`AdmissionGate`], its builder and the cost axis.
 //! - [`request`] — [`AdmitRequest`], [`AdmitOutcome`], [`DeniedByAxis`].
 //! - [`in_process`] — per-key in-process limits ([`InProcessLimit`]).
+//! - [`layer`] — [`AdmissionLayer`]: the gate as a tower layer for HTTP
+//!   services (axum, hyper, tonic), `429` with `Retry-After`.
 //! - [`release`] — the concurrency slot's [`Release`] handle.
 //! - [`error`] — [`AdmissionError`].
 
 pub mod error;
 pub mod gate;
 pub mod in_process;
+pub mod layer;
 pub mod release;
 pub mod request;
 
 pub use error::AdmissionError;
 pub use gate::{AdmissionGate, AdmissionGateBuilder, CostAxis};
 pub use in_process::InProcessLimit;
+pub use layer::{AdmissionLayer, AdmissionLayerStats, AdmissionService, Admit, WhenUnanswered};
 pub use leasehold_core::admission::axis::{Axis, AxisDecisions};
 pub use leasehold_core::admission::bid_price::{BidPriceFilter, Duals, RequestType, Workload};
+pub use leasehold_core::admission::concurrency::ConcurrencyParams;
+pub use leasehold_core::admission::gcra::GcraParams;
+pub use leasehold_core::admission::token_bucket::TokenBucketParams;
 pub use release::{Release, ReleaseOutcome};
 pub use request::{AdmitOutcome, AdmitRequest, DeniedByAxis};
 

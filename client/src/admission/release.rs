@@ -80,6 +80,7 @@ impl Release {
         };
         let latency_ms = slot.gate.clock.now_ms().saturating_sub(slot.started_ms);
         lock(&concurrency.limit).release(Completion {
+            started_ms: slot.started_ms,
             latency_ms,
             dropped,
         });
@@ -92,7 +93,7 @@ impl Drop for Release {
         if let Some(slot) = &self.slot {
             if !slot.released.swap(true, Ordering::AcqRel) {
                 if let Some(concurrency) = &slot.gate.concurrency {
-                    lock(&concurrency.limit).cancel();
+                    lock(&concurrency.limit).cancel(slot.started_ms);
                 }
             }
         }

@@ -607,3 +607,229 @@ mod bid_price {
         }
     }
 }
+
+/// The tower layer over a plain `http` service.
+mod layer {
+    use std::convert::Infallible;
+
+    use http::{Request, Response, StatusCode};
+    use tower::{service_fn, Layer, ServiceExt};
+
+    use super::*;
+
+    type Classify = fn(&Request<String>) -> Option<Admit>;
+
+    /// `x-user` pays `x-cost` (default 1); no `x-user`: not limited.
+    fn by_user(request: &Request<String>) -> Option<Admit> {
+        let header = |name: &str| request.headers().get(name)?.to_str().ok();
+        let cost = header("x-cost").and_then(|c| c.parse().ok()).unwrap_or(1);
+        Some(Admit::new(header("x-user")?, cost))
+    }
+
+    fn request(user: Option<&str>, cost: u64) -> Request<String> {
+        let mut builder = Request::get("/").header("x-cost", cost.to_string());
+        if let Some(user) = user {
+            builder = builder.header("x-user", user);
+        }
+        builder.body(String::new()).unwrap()
+    }
+
+    async fn ok(_: Request<String>) -> Result<Response<String>, Infallible> {
+        Ok(Response::new("served".to_string()))
+    }
+
+    fn header(response: &Response<String>, name: &str) -> Option<String> {
+        Some(response.headers().get(name)?.to_str().ok()?.to_string())
+    }
+
+    #[tokio::test]
+    async fn admitted_requests_reach_the_service_and_a_denial_is_429_with_its_wait() {
+        let c = clock();
+        let layer = AdmissionLayer::new(gate(&c, 4, 2, 1_000), by_user as Classify);
+        let service = layer.layer(service_fn(ok));
+        for _ in 0..2 {
+            let response = service
+                .clone()
+                .oneshot(request(Some("u"), 1))
+                .await
+                .unwrap();
+            assert_eq!(response.status(), StatusCode::OK);
+            assert_eq!(response.body(), "served");
+            assert!(header(&response, "ratelimit-limit").is_some());
+        }
+        // Two a minute: the third waits 30 s for the rate axis.
+        let denied = service
+            .clone()
+            .oneshot(request(Some("u"), 1))
+            .await
+            .unwrap();
+        assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(header(&denied, "retry-after").as_deref(), Some("30"));
+        assert_eq!(header(&denied, "ratelimit-reset").as_deref(), Some("30"));
+        assert_eq!(header(&denied, "ratelimit-remaining").as_deref(), Some("0"));
+        assert!(
+            denied.body().contains(r#""binding_axis":"rate""#),
+            "{}",
+            denied.body()
+        );
+        // Retried after its wait, it is admitted.
+        c.advance(30_000);
+        let again = service
+            .clone()
+            .oneshot(request(Some("u"), 1))
+            .await
+            .unwrap();
+        assert_eq!(again.status(), StatusCode::OK);
+        // Unlimited requests pass and are counted; invalid ones are 400.
+        let health = service.clone().oneshot(request(None, 1)).await.unwrap();
+        assert_eq!(health.status(), StatusCode::OK);
+        let zero = service
+            .clone()
+            .oneshot(request(Some("u"), 0))
+            .await
+            .unwrap();
+        assert_eq!(zero.status(), StatusCode::BAD_REQUEST);
+        let stats = layer.stats();
+        assert_eq!(
+            (
+                stats.admitted,
+                stats.denied,
+                stats.unclassified,
+                stats.invalid
+            ),
+            (3, 1, 1, 1)
+        );
+    }
+
+    #[tokio::test]
+    async fn the_slot_is_held_while_the_service_runs_and_freed_when_it_ends_or_is_dropped() {
+        let c = clock();
+        let layer = AdmissionLayer::new(gate(&c, 1, 100, 1_000), by_user as Classify);
+        let (started_tx, mut started_rx) = tokio::sync::mpsc::unbounded_channel();
+        let gate_open = Arc::new(tokio::sync::Notify::new());
+        let open = gate_open.clone();
+        let slow = service_fn(move |_: Request<String>| {
+            let (started, open) = (started_tx.clone(), open.clone());
+            async move {
+                let _ = started.send(());
+                open.notified().await;
+                Ok::<_, Infallible>(Response::new("slow".to_string()))
+            }
+        });
+        let service = layer.layer(slow);
+        let first = tokio::spawn(service.clone().oneshot(request(Some("a"), 1)));
+        started_rx.recv().await.unwrap();
+        // The only slot is held: another request waits for concurrency.
+        let busy = service
+            .clone()
+            .oneshot(request(Some("b"), 1))
+            .await
+            .unwrap();
+        assert_eq!(busy.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert!(busy.body().contains(r#""binding_axis":"concurrency""#));
+        gate_open.notify_one();
+        assert_eq!(first.await.unwrap().unwrap().status(), StatusCode::OK);
+        // (limit, in flight)
+        assert_eq!(layer.gate().concurrency(), Some((1, 0)));
+        // A request whose caller hangs up frees its slot too.
+        let hung_up = tokio::spawn(service.clone().oneshot(request(Some("c"), 1)));
+        started_rx.recv().await.unwrap();
+        assert_eq!(layer.gate().concurrency(), Some((1, 1)));
+        hung_up.abort();
+        let _ = hung_up.await;
+        assert_eq!(layer.gate().concurrency(), Some((1, 0)));
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_budget_is_503_unless_the_layer_fails_open() {
+        let c = clock();
+        let budget = Arc::new(Budget {
+            left: AtomicU64::new(100),
+            failing: true.into(),
+        });
+        let closed = AdmissionLayer::new(global_gate(&c, budget.clone()), by_user as Classify);
+        let response = closed
+            .layer(service_fn(ok))
+            .oneshot(request(Some("u"), 1))
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(header(&response, "retry-after").as_deref(), Some("1"));
+        assert_eq!(closed.stats().unanswered_denied, 1);
+        let open = AdmissionLayer::new(global_gate(&c, budget), by_user as Classify)
+            .when_unanswered(WhenUnanswered::Admit);
+        let response = open
+            .layer(service_fn(ok))
+            .oneshot(request(Some("u"), 1))
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(open.stats().unanswered_admitted, 1);
+    }
+
+    #[tokio::test]
+    async fn a_server_error_reports_an_overload_that_contracts_the_limit() {
+        let c = clock();
+        let gate = AdmissionGate::builder()
+            .clock(c.clone())
+            .concurrency(ConcurrencyParams {
+                initial_limit: 4,
+                ..ConcurrencyParams::aimd(1, 8)
+            })
+            .build()
+            .unwrap();
+        let layer = AdmissionLayer::new(gate, by_user as Classify);
+        let failing = service_fn(|_: Request<String>| async {
+            let mut response = Response::new("down".to_string());
+            *response.status_mut() = StatusCode::BAD_GATEWAY;
+            Ok::<_, Infallible>(response)
+        });
+        let before = layer.gate().concurrency().unwrap().0;
+        let response = layer
+            .layer(failing)
+            .oneshot(request(Some("u"), 1))
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::BAD_GATEWAY);
+        assert!(layer.gate().concurrency().unwrap().0 < before);
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        /// Whatever the requests, the cost that reaches the service never
+        /// exceeds the cost axis's budget, every other request is a 429
+        /// with a Retry-After of at least 1 s, and the counters add up.
+        #[test]
+        fn the_service_never_sees_more_than_the_budget(
+            requests in proptest::collection::vec((0u8..4, 1u64..40), 1..80),
+        ) {
+            let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            let c = clock();
+            // Cost capacity 200, refilled 1 a second: the clock never moves.
+            let layer = AdmissionLayer::new(gate(&c, 8, 1_000, 200), by_user as Classify);
+            let service = layer.layer(service_fn(ok));
+            let served_cost = runtime.block_on(async {
+                let mut served = 0u64;
+                for (user, cost) in &requests {
+                    let user = format!("u{user}");
+                    let response = service
+                        .clone()
+                        .oneshot(request(Some(&user), *cost))
+                        .await
+                        .unwrap();
+                    if response.status() == StatusCode::OK {
+                        served += cost;
+                    } else {
+                        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+                        let wait: u64 = header(&response, "retry-after").unwrap().parse().unwrap();
+                        assert!(wait >= 1);
+                    }
+                }
+                served
+            });
+            let stats = layer.stats();
+            prop_assert!(served_cost <= 4 * 200, "per key at most its bucket");
+            prop_assert_eq!(stats.admitted + stats.denied, requests.len() as u64);
+        }
+    }
+}

@@ -228,6 +228,19 @@ fn clock_ns() -> u64 {
     u64::try_from(origin().elapsed().as_nanos()).unwrap_or(u64::MAX)
 }
 
+/// Whether tokio's clock reads real time here: its reading lies between
+/// two reads of the monotonic clock taken around it. A paused clock reads
+/// its frozen instant plus what was advanced, and a clock resumed after a
+/// pause stays offset by the time it was paused: both fall outside the
+/// bracket once any real time has passed since the pause. What
+/// [`CheckClock::Auto`](crate::CheckClock::Auto) decides by.
+pub(crate) fn runtime_clock_is_real_time() -> bool {
+    let before = Instant::now();
+    let runtime = tokio::time::Instant::now().into_std();
+    let after = Instant::now();
+    before <= runtime && runtime <= after
+}
+
 /// Starts measuring the counter's rate in the background (once per
 /// process); checks read the clock until it is known.
 pub(crate) fn start() {

@@ -21,7 +21,7 @@ use tokio::time::Instant;
 
 use super::credit_lane::MAX_LANE_TOKENS;
 use super::keys::{KeyCell, KeyState, PendingRefill, RefillReport};
-use super::{counter_clock, lock, recent_cells, Inner, LaneClock};
+use super::{counter_clock, lock, recent_cells, Inner};
 use crate::config::{LeaseOptions, Mode};
 use crate::decision::{allowed, denied, Admission};
 use crate::error::ClientError;
@@ -110,9 +110,9 @@ impl Inner {
     /// origin (never earlier than the clock; `None` before the origin).
     #[inline(always)]
     fn lane_now_ns(&self) -> Option<u64> {
-        match self.lane_clock {
-            LaneClock::Runtime => self.nanos_since_origin(Instant::now()),
-            LaneClock::CycleCounter { origin_ns } => counter_clock::now_ns().checked_sub(origin_ns),
+        match self.lane_clock.counter_origin_ns() {
+            None => self.nanos_since_origin(Instant::now()),
+            Some(origin_ns) => counter_clock::now_ns().checked_sub(origin_ns),
         }
     }
 
@@ -359,6 +359,8 @@ impl Inner {
         if let Some(pending) = &state.pending {
             return pending.clone();
         }
+        // Before this refill's credits are dated.
+        self.lane_clock.recheck();
         let Some(ticket) = state.wallet.begin_refill(now) else {
             // The wallet and `pending` move together under the cell's lock,
             // so this cannot happen; fail the check rather than the process.
@@ -429,8 +431,11 @@ impl Inner {
             report
         });
         let pending: PendingRefill = async move {
-            task.await
-                .unwrap_or_else(|e| Err(ClientError::Protocol(format!("refill task failed: {e}"))))
+            task.await.unwrap_or_else(|e| {
+                Err(ClientError::Protocol(
+                    format!("refill task failed: {e}").into(),
+                ))
+            })
         }
         .boxed()
         .shared();
@@ -486,19 +491,25 @@ enum Round {
 /// wallet; `None` for an empty grant that names no window.
 fn checked_terms(grant: Grant, asked: u64) -> Result<Option<GrantTerms>, ClientError> {
     if grant.granted > asked {
-        return Err(ClientError::Protocol(format!(
-            "granted {} tokens, more than the {asked} asked",
-            grant.granted
-        )));
+        return Err(ClientError::Protocol(
+            format!(
+                "granted {} tokens, more than the {asked} asked",
+                grant.granted
+            )
+            .into(),
+        ));
     }
     if grant.window_end_ms <= grant.window_start_ms {
         if grant.granted == 0 {
             return Ok(None);
         }
-        return Err(ClientError::Protocol(format!(
-            "grant window [{}, {}) is empty",
-            grant.window_start_ms, grant.window_end_ms
-        )));
+        return Err(ClientError::Protocol(
+            format!(
+                "grant window [{}, {}) is empty",
+                grant.window_start_ms, grant.window_end_ms
+            )
+            .into(),
+        ));
     }
     Ok(Some(GrantTerms {
         granted: grant.granted,

@@ -15,6 +15,15 @@
 //! - **drops contract**: a release with `dropped = true` never raises the
 //!   limit, and lowers it unless it is already `min_limit`;
 //! - **conservation**: `in_flight` equals acquires allowed minus releases.
+//! - **an honest wait**: a denial's `retry_after_ms` is when enough slots
+//!   are expected to free for one more request: each request in flight is
+//!   expected to end a typical latency (a moving average of the completed
+//!   ones) after it started, an overdue one a typical latency from now.
+//!   With constant latencies a denied request retried after its wait finds
+//!   a slot free, and not a millisecond earlier (property below). Until a
+//!   request has completed the caller's fallback is returned.
+
+use std::collections::BTreeMap;
 
 use super::AdmissionConfigError;
 use crate::decision::Decision;
@@ -112,6 +121,8 @@ impl ConcurrencyParams {
 /// How a request that held a slot ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Completion {
+    /// When it took the slot (the `now_ms` of its acquire).
+    pub started_ms: u64,
     /// How long it held the slot, in milliseconds.
     pub latency_ms: u64,
     /// Whether it was dropped (timed out, overloaded, the client hung up):
@@ -126,7 +137,15 @@ pub struct ConcurrencyLimit {
     limit: f64,
     in_flight: u64,
     long_latency_ms: Option<f64>,
+    /// When each request in flight started: start ms → how many. Their
+    /// counts sum to `in_flight`.
+    started: BTreeMap<u64, u64>,
+    /// Moving average of completed requests' latencies (weight 1/8).
+    typical_latency_ms: Option<f64>,
 }
+
+/// Weight of a new latency in [`ConcurrencyLimit`]'s typical latency.
+const LATENCY_WEIGHT: f64 = 0.125;
 
 impl ConcurrencyLimit {
     /// Validates the parameters; nothing in flight.
@@ -137,6 +156,8 @@ impl ConcurrencyLimit {
             limit: params.initial_limit as f64,
             in_flight: 0,
             long_latency_ms: None,
+            started: BTreeMap::new(),
+            typical_latency_ms: None,
         })
     }
 
@@ -150,13 +171,20 @@ impl ConcurrencyLimit {
         self.in_flight
     }
 
-    /// Takes a slot if one is free. A denial asks to retry after
-    /// `retry_after_ms` (a slot frees when some request finishes; the
-    /// caller supplies its best guess, for example the typical latency).
-    pub fn try_acquire(&mut self, retry_after_ms: u64) -> Decision {
+    /// The moving average of completed requests' latencies, once one has
+    /// completed (milliseconds, at least 1).
+    pub fn typical_latency_ms(&self) -> Option<u64> {
+        self.typical_latency_ms.map(|l| (l.ceil() as u64).max(1))
+    }
+
+    /// Takes a slot at `now_ms` if one is free. A denial's
+    /// `retry_after_ms` is [`ConcurrencyLimit::wait_for_slot_ms`], or
+    /// `fallback_retry_after_ms` until a request has completed.
+    pub fn try_acquire(&mut self, now_ms: u64, fallback_retry_after_ms: u64) -> Decision {
         let limit = self.limit();
         if self.in_flight < limit {
             self.in_flight += 1;
+            *self.started.entry(now_ms).or_default() += 1;
             Decision {
                 allowed: true,
                 limit,
@@ -165,20 +193,68 @@ impl ConcurrencyLimit {
                 retry_after_ms: 0,
             }
         } else {
+            let wait = self
+                .wait_for_slot_ms(now_ms)
+                .unwrap_or(fallback_retry_after_ms);
             Decision {
                 allowed: false,
                 limit,
                 remaining: 0,
                 reset_at_ms: 0,
-                retry_after_ms: retry_after_ms.max(1),
+                retry_after_ms: wait.max(1),
             }
         }
     }
 
-    /// Frees a slot without feeding the limit (the request never ran, for
-    /// example because a later axis denied it). A no-op with nothing in
-    /// flight.
-    pub fn cancel(&mut self) {
+    /// How long from `now_ms` until enough requests in flight are expected
+    /// to end for one more to fit under the current limit (at least 1 ms;
+    /// 0 when one fits now): a request ends a typical latency after it
+    /// started, an overdue one a typical latency from now. `None` until a
+    /// request has completed.
+    pub fn wait_for_slot_ms(&self, now_ms: u64) -> Option<u64> {
+        let latency = self.typical_latency_ms()?;
+        let need = (self.in_flight + 1).saturating_sub(self.limit());
+        if need == 0 {
+            return Some(0);
+        }
+        // Starts after the cutoff are not overdue; they end in start order.
+        let cutoff = now_ms.saturating_sub(latency);
+        let mut freed = 0u64;
+        for (&start, &count) in self.started.range(cutoff.saturating_add(1)..) {
+            freed += count;
+            if freed >= need {
+                return Some((start + latency).saturating_sub(now_ms).max(1));
+            }
+        }
+        Some(latency)
+    }
+
+    /// Removes one request that started at `started_ms` from the starts in
+    /// flight (the oldest if none did: the count and the starts never
+    /// disagree).
+    fn forget_start(&mut self, started_ms: u64) {
+        let key = if self.started.contains_key(&started_ms) {
+            Some(started_ms)
+        } else {
+            self.started.keys().next().copied()
+        };
+        if let Some(key) = key {
+            if let Some(count) = self.started.get_mut(&key) {
+                *count -= 1;
+                if *count == 0 {
+                    self.started.remove(&key);
+                }
+            }
+        }
+    }
+
+    /// Frees the slot taken at `started_ms` without feeding the limit (the
+    /// request never ran, for example because a later axis denied it). A
+    /// no-op with nothing in flight.
+    pub fn cancel(&mut self, started_ms: u64) {
+        if self.in_flight > 0 {
+            self.forget_start(started_ms);
+        }
         self.in_flight = self.in_flight.saturating_sub(1);
     }
 
@@ -186,7 +262,15 @@ impl ConcurrencyLimit {
     /// on the count with nothing in flight (the limit still learns).
     pub fn release(&mut self, completion: Completion) {
         let was_in_flight = self.in_flight;
+        if was_in_flight > 0 {
+            self.forget_start(completion.started_ms);
+        }
         self.in_flight = self.in_flight.saturating_sub(1);
+        let sample = completion.latency_ms as f64;
+        self.typical_latency_ms = Some(match self.typical_latency_ms {
+            Some(typical) => typical + (sample - typical) * LATENCY_WEIGHT,
+            None => sample,
+        });
         let (min, max) = (self.params.min_limit as f64, self.params.max_limit as f64);
         let next = match self.params.rule {
             LimitRule::Aimd { backoff } => {
@@ -253,26 +337,47 @@ mod tests {
     fn aimd_grows_under_load_and_halts_at_max() {
         let mut c = ConcurrencyLimit::new(ConcurrencyParams::aimd(4, 32)).unwrap();
         for _ in 0..200 {
-            while c.try_acquire(10).allowed {}
+            while c.try_acquire(0, 10).allowed {}
             c.release(Completion {
+                started_ms: 0,
                 latency_ms: 10,
                 dropped: false,
             });
         }
         assert_eq!(c.limit(), 32);
-        assert!(!c.try_acquire(10).allowed || c.in_flight() <= 32);
+        assert!(!c.try_acquire(0, 10).allowed || c.in_flight() <= 32);
     }
 
     #[test]
-    fn a_full_ceiling_denies_with_a_wait() {
+    fn a_full_ceiling_denies_with_the_fallback_until_a_latency_is_known() {
         let mut c = ConcurrencyLimit::new(ConcurrencyParams::aimd(2, 2)).unwrap();
-        assert!(c.try_acquire(5).allowed);
-        assert!(c.try_acquire(5).allowed);
-        let d = c.try_acquire(5);
+        assert!(c.try_acquire(0, 5).allowed);
+        assert!(c.try_acquire(0, 5).allowed);
+        let d = c.try_acquire(0, 5);
         assert!(!d.allowed);
         assert_eq!(d.retry_after_ms, 5);
-        c.cancel();
-        assert!(c.try_acquire(5).allowed);
+        c.cancel(0);
+        assert!(c.try_acquire(0, 5).allowed);
+    }
+
+    #[test]
+    fn the_wait_is_until_the_oldest_request_is_expected_to_end() {
+        let mut c = ConcurrencyLimit::new(ConcurrencyParams::aimd(2, 2)).unwrap();
+        assert!(c.try_acquire(0, 5).allowed);
+        c.release(Completion {
+            started_ms: 0,
+            latency_ms: 100,
+            dropped: false,
+        });
+        assert_eq!(c.typical_latency_ms(), Some(100));
+        assert!(c.try_acquire(1_000, 5).allowed);
+        assert!(c.try_acquire(1_030, 5).allowed);
+        // The request of 1 000 is expected to end at 1 100.
+        assert_eq!(c.try_acquire(1_040, 5).retry_after_ms, 60);
+        // Both overdue: a typical latency from now.
+        assert_eq!(c.try_acquire(1_500, 5).retry_after_ms, 100);
+        // The one of 1 030 is still expected at 1 130.
+        assert_eq!(c.try_acquire(1_101, 5).retry_after_ms, 29);
     }
 
     fn params() -> impl Strategy<Value = ConcurrencyParams> {
@@ -324,13 +429,13 @@ mod tests {
                 match s {
                     Step::Acquire => {
                         let limit = c.limit();
-                        let d = c.try_acquire(1);
+                        let d = c.try_acquire(0, 1);
                         prop_assert_eq!(d.allowed, expected_in_flight < limit);
                         if d.allowed { expected_in_flight += 1; }
                     }
                     Step::Release(latency_ms, dropped) => {
                         let before = c.limit();
-                        c.release(Completion { latency_ms, dropped });
+                        c.release(Completion { started_ms: 0, latency_ms, dropped });
                         expected_in_flight = expected_in_flight.saturating_sub(1);
                         if dropped {
                             prop_assert!(c.limit() <= before);
@@ -340,12 +445,72 @@ mod tests {
                         }
                     }
                     Step::Cancel => {
-                        c.cancel();
+                        c.cancel(0);
                         expected_in_flight = expected_in_flight.saturating_sub(1);
                     }
                 }
                 prop_assert!((p.min_limit..=p.max_limit).contains(&c.limit()));
                 prop_assert_eq!(c.in_flight(), expected_in_flight);
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+        /// Every request takes exactly `latency` ms and the limit is
+        /// fixed: once one has completed, a denial's wait is exactly when
+        /// a slot frees, so the request retried then fits, and a
+        /// millisecond earlier it would not.
+        #[test]
+        fn with_constant_latency_a_denial_waits_exactly_until_a_slot_frees(
+            limit in 1u64..6,
+            latency in 1u64..200,
+            gaps in proptest::collection::vec(0u64..80, 1..120),
+        ) {
+            let mut c = ConcurrencyLimit::new(ConcurrencyParams::aimd(limit, limit)).unwrap();
+            let mut ends: Vec<(u64, u64)> = Vec::new(); // (end, start) in flight
+            let mut now = 0u64;
+            let mut completed = false;
+            for gap in gaps {
+                now += gap;
+                ends.sort_unstable();
+                while let Some(&(end, start)) = ends.first() {
+                    if end > now { break; }
+                    ends.remove(0);
+                    c.release(Completion { started_ms: start, latency_ms: latency, dropped: false });
+                    completed = true;
+                }
+                let d = c.try_acquire(now, 7);
+                if d.allowed {
+                    ends.push((now + latency, now));
+                    continue;
+                }
+                if !completed {
+                    prop_assert_eq!(d.retry_after_ms, 7);
+                    continue;
+                }
+                let ended_by = |t: u64| ends.iter().filter(|(end, _)| *end <= t).count() as u64;
+                let need = ends.len() as u64 + 1 - limit;
+                prop_assert!(ended_by(now + d.retry_after_ms) >= need, "a slot frees by the wait");
+                prop_assert!(ended_by(now + d.retry_after_ms - 1) < need, "not before it");
+            }
+        }
+
+        /// Whatever the order of acquires, releases and cancels, and
+        /// whatever start times they name, the starts kept in flight
+        /// always number `in_flight`.
+        #[test]
+        fn the_starts_in_flight_always_match_the_count(
+            steps in proptest::collection::vec((0u8..3, 0u64..50), 0..200),
+        ) {
+            let mut c = ConcurrencyLimit::new(ConcurrencyParams::aimd(1, 8)).unwrap();
+            for (kind, t) in steps {
+                match kind {
+                    0 => { c.try_acquire(t, 1); }
+                    1 => c.release(Completion { started_ms: t, latency_ms: t, dropped: false }),
+                    _ => c.cancel(t),
+                }
+                prop_assert_eq!(c.started.values().sum::<u64>(), c.in_flight());
             }
         }
     }

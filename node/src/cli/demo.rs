@@ -15,8 +15,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::Args;
 use leasehold_client::{
-    CheckClock, EscrowSource, EscrowSourceOptions, LeaseOptions, LeaseSizing, Limiter,
-    LimiterConfig, Mode,
+    EscrowSource, EscrowSourceOptions, LeaseOptions, LeaseSizing, Limiter, LimiterConfig, Mode,
 };
 use leasehold_core::ids::{ClientId, RegionId, TenantId};
 use leasehold_core::policy::Policy;
@@ -98,11 +97,7 @@ fn spawn_client(
         EscrowSourceOptions::default(),
     )
     .map_err(|e| failed(&e))?;
-    let mode = Mode::Leased(LeaseOptions {
-        sizing: LeaseSizing::Fixed(4),
-        clock: CheckClock::CycleCounter,
-        ..LeaseOptions::default()
-    });
+    let mode = Mode::Leased(LeaseOptions::default().with_sizing(LeaseSizing::Fixed(4)));
     let mut config = LimiterConfig::new(
         mode,
         ClientId::new(format!("demo-{label}-{}", wall_ms())).map_err(|e| failed(&e))?,

@@ -23,10 +23,7 @@ fn region_gate(escrow_addr: &str, region: &str) -> Result<AdmissionGate> {
         Arc::new(TcpDialer::default()),
         EscrowSourceOptions::default(),
     )?;
-    let mode = Mode::Leased(LeaseOptions {
-        sizing: LeaseSizing::Fixed(8),
-        ..LeaseOptions::default()
-    });
+    let mode = Mode::Leased(LeaseOptions::default().with_sizing(LeaseSizing::Fixed(8)));
     let limiter = Limiter::new(
         source,
         LimiterConfig::new(mode, ClientId::new(format!("gate-{region}"))?),

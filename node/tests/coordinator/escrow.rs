@@ -135,10 +135,7 @@ async fn two_regions_admit_at_most_the_limit(
                 Arc::new(TcpDialer::default()),
                 EscrowSourceOptions::default(),
             )?;
-            let mode = Mode::Leased(LeaseOptions {
-                sizing: LeaseSizing::Fixed(4),
-                ..LeaseOptions::default()
-            });
+            let mode = Mode::Leased(LeaseOptions::default().with_sizing(LeaseSizing::Fixed(4)));
             let limiter = Limiter::new(
                 source,
                 LimiterConfig::new(mode, ClientId::new(format!("l1-{i}"))?),
