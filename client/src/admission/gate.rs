@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use leasehold_core::admission::axis::{Axis, AxisDecisions};
-use leasehold_core::admission::bid_price::BidPriceFilter;
+use leasehold_core::admission::bid_price::{BidPriceFilter, BidVerdict};
 use leasehold_core::admission::concurrency::{ConcurrencyLimit, ConcurrencyParams};
 use leasehold_core::decision::Decision;
 use tracing::Instrument;
@@ -373,8 +373,10 @@ impl AdmissionGate {
         }
         if let Some(filter) = &inner.bid_price {
             let value = request.value.unwrap_or(1.0);
-            if !lock(filter).admits(value, request.cost as f64, request.hold_ms) {
-                return Ok(Stage::Done(self.deny_by_policy(request, &taken)));
+            let verdict = lock(filter).decide(value, request.cost as f64, request.hold_ms);
+            if verdict != BidVerdict::Admit {
+                let priced_out = verdict == BidVerdict::PricedOut;
+                return Ok(Stage::Done(self.deny_by_policy(request, &taken, priced_out)));
             }
         }
         if inner.cost.is_none() {
@@ -429,6 +431,7 @@ impl AdmissionGate {
             release,
             binding_axis: None,
             policy_denied: false,
+            priced_out: false,
         }
     }
 
@@ -459,11 +462,18 @@ impl AdmissionGate {
             release: Release::nothing_held(),
             binding_axis,
             policy_denied: false,
+            priced_out: false,
         }
     }
 
-    /// Every axis reached had room but the bid price was not cleared.
-    fn deny_by_policy(&self, request: &AdmitRequest<'_>, taken: &Taken) -> AdmitOutcome {
+    /// Every axis reached had room but the bid-price filter refused: the
+    /// request is below its price (`priced_out`), or on it and rationed.
+    fn deny_by_policy(
+        &self,
+        request: &AdmitRequest<'_>,
+        taken: &Taken,
+        priced_out: bool,
+    ) -> AdmitOutcome {
         let policy = Decision {
             allowed: false,
             limit: u64::MAX,
@@ -474,6 +484,7 @@ impl AdmissionGate {
         let mut outcome = self.deny(request, taken);
         outcome.decision = outcome.decision.combine(policy);
         outcome.policy_denied = true;
+        outcome.priced_out = priced_out;
         outcome
     }
 

@@ -29,6 +29,7 @@
 //! |---|---|
 //! | admits | the service's, with `RateLimit-Limit` / `RateLimit-Remaining`; the concurrency slot is held until the service's future ends (a 5xx or an error reports an overload) |
 //! | denies | `429`, `Retry-After` (whole seconds, the dominant wait of every axis), `RateLimit-Limit`, `RateLimit-Remaining: 0`, `RateLimit-Reset`, and a JSON body naming the binding axis (`concurrency`, `rate`, `cost`, or `policy` for the bid-price filter) |
+//! | prices the request out (its value is below its bid price) | `429` with `{"error":"priced_out","binding_axis":"policy"}` and no `Retry-After`: waiting does not help |
 //! | cannot answer (the global budget's source is unreachable) | `503` with `Retry-After: 1` ([`WhenUnanswered::Deny`], the default), or the service's answer ([`WhenUnanswered::Admit`]); counted either way |
 //! | the request is invalid for it (empty key, zero cost, a cost above an axis's capacity) | `400` with the reason |
 //!
@@ -335,8 +336,21 @@ fn unanswered<B: From<String>>(reason: &str) -> http::Response<B> {
     response
 }
 
-/// The `429` of a denial: its wait, its limit and the binding axis.
+/// The `429` of a denial: its wait, its limit and the binding axis. A
+/// request priced out by the bid-price policy gets no `Retry-After`:
+/// waiting does not help.
 fn too_many_requests<B: From<String>>(outcome: &AdmitOutcome) -> http::Response<B> {
+    if outcome.priced_out {
+        let mut response = http::Response::new(B::from(
+            r#"{"error":"priced_out","binding_axis":"policy"}"#.to_string(),
+        ));
+        *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        return response;
+    }
     let retry_after = outcome.retry_after_secs().unwrap_or(1);
     let binding = match outcome.binding_axis {
         Some(axis) => axis.as_str(),

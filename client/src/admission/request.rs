@@ -51,6 +51,7 @@ impl<'a> AdmitRequest<'a> {
 
 /// The answer to one admission.
 #[derive(Debug)]
+#[non_exhaustive]
 pub struct AdmitOutcome {
     /// The combined decision of every axis reached.
     pub decision: Decision,
@@ -63,6 +64,12 @@ pub struct AdmitOutcome {
     /// Whether the bid-price policy denied a request every axis reached
     /// had room for.
     pub policy_denied: bool,
+    /// Whether that denial is because the request's value is below its
+    /// bid price: no request like it is admitted at these prices, so
+    /// waiting does not help (its `retry_after_ms` is still the policy's
+    /// setting). `false` for a request on its price that was rationed (a
+    /// later one like it may be admitted).
+    pub priced_out: bool,
 }
 
 impl AdmitOutcome {

@@ -523,7 +523,7 @@ mod bid_price {
             .admit_sync(AdmitRequest::new("k", 10_000).with_value(50.0))
             .unwrap();
         assert!(!large.decision.allowed);
-        assert!(large.policy_denied);
+        assert!(large.policy_denied && large.priced_out);
         assert_eq!(large.binding_axis, None);
         assert_eq!(large.retry_after_secs(), Some(1));
         assert_eq!(g.concurrency(), Some((2, 0)));
@@ -535,6 +535,76 @@ mod bid_price {
         assert_eq!(g.last_decisions().cost.unwrap().remaining, 49_900);
         assert_eq!(g.denied_by_axis().policy, 1);
         small.release.release(false);
+    }
+
+    #[test]
+    fn a_request_on_its_price_is_rationed_at_the_lp_fraction_not_priced_out() {
+        let c = clock();
+        // Small (cost 10, value 1) and large (cost 100, value 5), 1 000 of
+        // each, budget 15 000: the large type is admitted at 5%.
+        let workload = Workload {
+            types: vec![
+                RequestType {
+                    cost: 10.0,
+                    value: 1.0,
+                    weight: 1_000.0,
+                    hold: 0.0,
+                },
+                RequestType {
+                    cost: 100.0,
+                    value: 5.0,
+                    weight: 1_000.0,
+                    hold: 0.0,
+                },
+            ],
+            rate_budget: None,
+            cost_budget: 15_000.0,
+            concurrency_budget: None,
+        };
+        let g = policy_gate(&c, BidPriceFilter::from_workload(&workload).unwrap());
+        let mut admitted = 0;
+        for _ in 0..40 {
+            let large = g
+                .admit_sync(AdmitRequest::new("k", 100).with_value(5.0))
+                .unwrap();
+            if large.decision.allowed {
+                admitted += 1;
+                large.release.release(false);
+            } else {
+                assert!(large.policy_denied && !large.priced_out, "{large:?}");
+                assert_eq!(large.retry_after_secs(), Some(1));
+            }
+        }
+        assert_eq!(admitted, 2, "5% of 40");
+        let under = g
+            .admit_sync(AdmitRequest::new("k", 100).with_value(4.0))
+            .unwrap();
+        assert!(under.policy_denied && under.priced_out);
+    }
+
+    #[tokio::test]
+    async fn the_layer_answers_a_priced_out_request_without_a_retry_after() {
+        use tower::{service_fn, Layer, ServiceExt};
+        let c = clock();
+        let g = policy_gate(
+            &c,
+            BidPriceFilter::from_workload(&gateway_workload()).unwrap(),
+        );
+        let layer = AdmissionLayer::new(g, |request: &http::Request<String>| {
+            let value = request.headers().get("x-value")?.to_str().ok()?.parse().ok()?;
+            Some(Admit::new("k", 10_000).with_value(value))
+        });
+        let service = layer.layer(service_fn(|_: http::Request<String>| async {
+            Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+        }));
+        let request = http::Request::get("/")
+            .header("x-value", "50")
+            .body(String::new())
+            .unwrap();
+        let response = service.oneshot(request).await.unwrap();
+        assert_eq!(response.status(), http::StatusCode::TOO_MANY_REQUESTS);
+        assert!(response.headers().get(http::header::RETRY_AFTER).is_none());
+        assert!(response.body().contains("priced_out"), "{}", response.body());
     }
 
     #[test]

@@ -18,8 +18,18 @@
 //! a whole segment of prices is optimal (the common case: a type sits
 //! exactly on its price), the solver returns the centroid of the optimal
 //! vertices, a price strictly inside the optimal set, so no type is
-//! admitted or rejected by a floating-point tie. Ties that remain (a
-//! unique optimum on which a type sits exactly) admit: `value ≥ price`.
+//! admitted or rejected by a floating-point tie.
+//!
+//! **Types on their price.** When the optimum is unique and a type sits
+//! exactly on its price, the LP admits that type *in part* (the budget it
+//! leaves after the types above their price). Admitting all of it would be
+//! marginal admission again; the filter instead admits requests on their
+//! price at the LP's fraction ([`FluidLpSolution::tied_fraction`]),
+//! deterministically: the `k`-th such request is admitted when
+//! `⌊fraction·k⌋` exceeds those admitted so far, so after any `k` of them
+//! `⌊fraction·k⌋` were admitted. A request below its price is *priced out*
+//! ([`BidVerdict::PricedOut`]); one on its price and not admitted is
+//! *rationed* ([`BidVerdict::Rationed`]).
 //!
 //! Laws (property-tested below):
 //! - **strictly more selective than marginal-AND**: the filter only ever
@@ -160,9 +170,48 @@ impl Duals {
     /// Whether a request clears its bid price (ties admit; a relative
     /// tolerance of 1e-9 absorbs rounding).
     pub fn admits(&self, value: f64, cost: f64, hold: Option<f64>) -> bool {
-        let price = self.price(cost, hold);
-        value >= price - 1e-9 * price.abs().max(1.0)
+        self.standing(value, cost, hold) != Standing::Below
     }
+
+    /// Where a request's value stands against its bid price (within a
+    /// relative tolerance of 1e-9).
+    pub fn standing(&self, value: f64, cost: f64, hold: Option<f64>) -> Standing {
+        standing(value, self.price(cost, hold))
+    }
+}
+
+/// Where a value stands against a price.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Standing {
+    /// Above its price: the LP admits all of its type.
+    Above,
+    /// On its price: the LP may admit its type in part.
+    OnPrice,
+    /// Below its price: the LP admits none of its type.
+    Below,
+}
+
+fn standing(value: f64, price: f64) -> Standing {
+    let tolerance = 1e-9 * price.abs().max(1.0);
+    if value > price + tolerance {
+        Standing::Above
+    } else if value >= price - tolerance {
+        Standing::OnPrice
+    } else {
+        Standing::Below
+    }
+}
+
+/// What the filter says of one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BidVerdict {
+    /// Admit it.
+    Admit,
+    /// On its price, and its type's fraction is admitted for now: a later
+    /// request like it may be admitted.
+    Rationed,
+    /// Below its price: no request like it is admitted at these prices.
+    PricedOut,
 }
 
 /// The fluid LP's optimal duals and value.
@@ -174,6 +223,48 @@ pub struct FluidLpSolution {
     /// The LP's optimal value (by strong duality, `D(p*)`): the fluid
     /// benchmark regret is measured against.
     pub objective: f64,
+    /// The fraction of the requests on their price the LP admits: what
+    /// every budget leaves after the types above their price, over what
+    /// the types on their price would take (1 when none is on its price).
+    pub tied_fraction: f64,
+}
+
+/// The share of the types on their price (at `duals`) that fits in what
+/// the types above their price leave of every budget, in `[0, 1]`.
+pub fn tied_fraction(workload: &Workload, duals: Duals) -> f64 {
+    let budgets = workload.budgets();
+    let (mut above, mut tied) = ([0.0f64; 3], [0.0f64; 3]);
+    let mut any_tied = false;
+    for t in &workload.types {
+        let uses = [t.weight, t.weight * t.cost, t.weight * t.hold];
+        let into = match duals.standing(t.value, t.cost, Some(t.hold)) {
+            Standing::Above => &mut above,
+            Standing::OnPrice => {
+                any_tied = true;
+                &mut tied
+            }
+            Standing::Below => continue,
+        };
+        for (sum, used) in into.iter_mut().zip(uses) {
+            *sum += used;
+        }
+    }
+    if !any_tied {
+        return 1.0;
+    }
+    let mut fraction: f64 = 1.0;
+    for j in 0..3 {
+        if let Some(budget) = budgets[j] {
+            if tied[j] > 0.0 {
+                fraction = fraction.min((budget - above[j]).max(0.0) / tied[j]);
+            }
+        }
+    }
+    if fraction.is_finite() {
+        fraction.clamp(0.0, 1.0)
+    } else {
+        1.0
+    }
 }
 
 /// The LP dual objective `D(p)` at prices `p` (rate, cost, concurrency).
@@ -259,6 +350,7 @@ pub fn solve_fluid_lp(workload: &Workload) -> Result<FluidLpSolution, AdmissionC
     Ok(FluidLpSolution {
         duals: centroid,
         objective: best,
+        tied_fraction: tied_fraction(workload, centroid),
     })
 }
 
@@ -361,21 +453,51 @@ struct SampleThenPrice {
 pub struct BidPriceFilter {
     duals: Duals,
     adaptive: Option<SampleThenPrice>,
+    /// The fraction of requests on their price admitted.
+    tied_fraction: f64,
+    /// Requests on their price seen, and admitted, under these duals.
+    tied_seen: u64,
+    tied_admitted: u64,
 }
 
 impl BidPriceFilter {
-    /// A filter with precomputed duals (validated finite and ≥ 0).
+    /// A filter with precomputed duals (validated finite and ≥ 0); every
+    /// request on its price is admitted.
     pub fn with_duals(duals: Duals) -> Result<Self, AdmissionConfigError> {
         duals.validate()?;
         Ok(BidPriceFilter {
             duals,
             adaptive: None,
+            tied_fraction: 1.0,
+            tied_seen: 0,
+            tied_admitted: 0,
         })
     }
 
-    /// A filter with the duals of `workload`'s fluid LP.
+    /// The same filter admitting `fraction` (in `[0, 1]`) of the requests
+    /// on their price.
+    pub fn with_tied_fraction(mut self, fraction: f64) -> Result<Self, AdmissionConfigError> {
+        if !(0.0..=1.0).contains(&fraction) {
+            return Err(AdmissionConfigError::OutOfRange {
+                name: "tied fraction",
+                range: "[0, 1]",
+                value: fraction,
+            });
+        }
+        self.tied_fraction = fraction;
+        Ok(self)
+    }
+
+    /// A filter with the duals of `workload`'s fluid LP, admitting the
+    /// LP's fraction of the requests on their price.
     pub fn from_workload(workload: &Workload) -> Result<Self, AdmissionConfigError> {
-        Self::with_duals(solve_fluid_lp(workload)?.duals)
+        let solution = solve_fluid_lp(workload)?;
+        Self::with_duals(solution.duals)?.with_tied_fraction(solution.tied_fraction)
+    }
+
+    /// The fraction of the requests on their price it admits.
+    pub fn tied_fraction(&self) -> f64 {
+        self.tied_fraction
     }
 
     /// Sample-then-price, starting from the prior `workload` (its budgets
@@ -407,30 +529,55 @@ impl BidPriceFilter {
         self.adaptive.as_ref().map(|a| a.outcome)
     }
 
-    /// Whether to admit a request (and, while sampling, record it). The
-    /// caller checks `value` is finite and ≥ 0.
+    /// Whether to admit a request: [`BidPriceFilter::decide`] said
+    /// [`BidVerdict::Admit`].
     pub fn admits(&mut self, value: f64, cost: f64, hold: Option<f64>) -> bool {
-        let admit = self.duals.admits(value, cost, hold);
+        self.decide(value, cost, hold) == BidVerdict::Admit
+    }
+
+    /// What to do with a request (and, while sampling, record it). The
+    /// caller checks `value` is finite and ≥ 0.
+    pub fn decide(&mut self, value: f64, cost: f64, hold: Option<f64>) -> BidVerdict {
+        let verdict = match self.duals.standing(value, cost, hold) {
+            Standing::Above => BidVerdict::Admit,
+            Standing::Below => BidVerdict::PricedOut,
+            Standing::OnPrice => {
+                self.tied_seen += 1;
+                let due = (self.tied_fraction * self.tied_seen as f64 + 1e-9).floor() as u64;
+                if due > self.tied_admitted {
+                    self.tied_admitted += 1;
+                    BidVerdict::Admit
+                } else {
+                    BidVerdict::Rationed
+                }
+            }
+        };
         if let Some(a) = &mut self.adaptive {
             if a.outcome == Repricing::Sampling {
                 let hold = hold.filter(|h| h.is_finite() && *h >= 0.0).unwrap_or(0.0);
                 a.observed.push(Observed { cost, value, hold });
                 if a.observed.len() >= a.window {
-                    a.outcome = reprice(&a.prior, self.duals, &a.observed);
+                    let (outcome, learned_fraction) =
+                        reprice(&a.prior, self.duals, &a.observed);
+                    a.outcome = outcome;
                     a.observed = Vec::new();
                     if let Repricing::Adopted(learned) = a.outcome {
                         self.duals = learned;
+                        self.tied_fraction = learned_fraction;
+                        self.tied_seen = 0;
+                        self.tied_admitted = 0;
                     }
                 }
             }
         }
-        admit
+        verdict
     }
 }
 
 /// Re-solves on the sample and compares learned against prior duals by
-/// replaying the sample with the budgets scaled to its length.
-fn reprice(prior: &Workload, prior_duals: Duals, sample: &[Observed]) -> Repricing {
+/// replaying the sample with the budgets scaled to its length; with the
+/// learned fraction of requests on their price.
+fn reprice(prior: &Workload, prior_duals: Duals, sample: &[Observed]) -> (Repricing, f64) {
     let n = sample.len() as f64;
     let horizon = prior.total_weight();
     let mut types: Vec<RequestType> = Vec::new();
@@ -453,7 +600,7 @@ fn reprice(prior: &Workload, prior_duals: Duals, sample: &[Observed]) -> Reprici
         ..prior.clone()
     };
     let Ok(learned) = solve_fluid_lp(&empirical) else {
-        return Repricing::KeptPrior;
+        return (Repricing::KeptPrior, 1.0);
     };
     let scale = n / horizon;
     let budgets = Budgets {
@@ -466,11 +613,12 @@ fn reprice(prior: &Workload, prior_duals: Duals, sample: &[Observed]) -> Reprici
             duals.admits(o.value, o.cost, Some(o.hold))
         })
     };
-    if earned(learned.duals) > earned(prior_duals) + 1e-9 {
+    let outcome = if earned(learned.duals) > earned(prior_duals) + 1e-9 {
         Repricing::Adopted(learned.duals)
     } else {
         Repricing::KeptPrior
-    }
+    };
+    (outcome, learned.tied_fraction)
 }
 
 /// Budgets of one replay.

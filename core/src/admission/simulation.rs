@@ -9,7 +9,7 @@
 //! and the **hindsight** optimum of the realised stream (an exact
 //! knapsack over the type counts).
 
-use super::bid_price::{replay_value, Budgets, Duals, Observed, RequestType};
+use super::bid_price::{replay_value, BidPriceFilter, Budgets, Observed, RequestType};
 
 /// A SplitMix64 random stream (deterministic, seedable, no dependency).
 #[derive(Debug, Clone)]
@@ -125,12 +125,12 @@ impl RegretRow {
 }
 
 /// Runs `seeds` two-type Markov streams of `n` arrivals at `rho` through
-/// marginal-AND and the bid-price filter with `duals`.
+/// marginal-AND and (a fresh copy per stream of) the bid-price `filter`.
 pub fn regret_row(
     types: &[RequestType; 2],
     budgets: Budgets,
     fluid_value: f64,
-    duals: Duals,
+    filter: &BidPriceFilter,
     n: usize,
     rho: f64,
     seeds: std::ops::Range<u64>,
@@ -143,8 +143,9 @@ pub fn regret_row(
         let stream = markov_stream(&mut rng, n, rho);
         let requests = realise(&stream, types);
         let marginal = replay_value(&requests, budgets, |_| true);
+        let mut filter = filter.clone();
         let bid = replay_value(&requests, budgets, |o| {
-            duals.admits(o.value, o.cost, Some(o.hold))
+            filter.admits(o.value, o.cost, Some(o.hold))
         });
         let hindsight = hindsight_two_types(&stream, types, budgets);
         let regret = |earned: f64, benchmark: f64| {

@@ -103,3 +103,78 @@ async fn regions_share_the_global_cost_budget_while_rate_and_concurrency_bind_lo
     us.stop().await;
     Ok(())
 }
+
+/// `AdmissionLayer` in front of an HTTP service in each of two regions,
+/// the cost axis the global budget through each region's escrow node: the
+/// service of every region together never sees more cost than L, every
+/// other request is a `429` with a Retry-After, and the coordinator's
+/// window agrees.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_services_behind_the_admission_layer_share_one_global_budget() -> Result<()> {
+    use std::convert::Infallible;
+
+    use leasehold_client::admission::{Admit, AdmissionLayer};
+    use tower::{service_fn, Layer, ServiceExt};
+
+    const LIMIT: u64 = 60;
+    let cluster = Cluster::start_initialised(3, |_| {}).await?;
+    let admin = cluster.client()?.admin();
+    admin
+        .set_policy(counter_policy("http/", LIMIT, LONG_WINDOW_MS))
+        .await?;
+    let eu = EscrowNode::start(&cluster, "eu", |c| c.batch = 8).await?;
+    let us = EscrowNode::start(&cluster, "us", |c| c.batch = 8).await?;
+
+    let mut regions = Vec::new();
+    for (region, addr) in [("eu", eu.addr.clone()), ("us", us.addr.clone())] {
+        regions.push(tokio::spawn(async move {
+            let classify = |request: &http::Request<String>| {
+                let cost = request.headers().get("x-cost")?.to_str().ok()?.parse().ok()?;
+                Some(Admit::new("http/tenant", cost))
+            };
+            let layer = AdmissionLayer::new(region_gate(&addr, region)?, classify);
+            let service = layer.layer(service_fn(|request: http::Request<String>| async move {
+                Ok::<_, Infallible>(http::Response::new(request.into_body()))
+            }));
+            let mut served_cost = 0u64;
+            for i in 0..40u64 {
+                let cost = i % 3 + 1;
+                let request = http::Request::post("/work")
+                    .header("x-cost", cost.to_string())
+                    .body(format!("job {i}"))?;
+                let response = service.clone().oneshot(request).await?;
+                match response.status() {
+                    http::StatusCode::OK => {
+                        ensure!(response.body() == &format!("job {i}"));
+                        served_cost += cost;
+                    }
+                    http::StatusCode::TOO_MANY_REQUESTS => {
+                        let wait = response
+                            .headers()
+                            .get(http::header::RETRY_AFTER)
+                            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+                        ensure!(wait.is_some_and(|w| w >= 1), "{response:?}");
+                    }
+                    other => anyhow::bail!("unexpected {other}: {}", response.body()),
+                }
+            }
+            anyhow::Ok((served_cost, layer.stats()))
+        }));
+    }
+    let mut total = 0;
+    let mut denied = 0;
+    for region in regions {
+        let (served_cost, stats) = region.await??;
+        total += served_cost;
+        denied += stats.denied;
+        ensure!(stats.unanswered_denied == 0 && stats.invalid == 0, "{stats:?}");
+    }
+    ensure!(total <= LIMIT, "served cost {total} > L = {LIMIT}");
+    ensure!(total >= LIMIT / 2, "served cost only {total} of {LIMIT}");
+    ensure!(denied > 0, "the global budget never bound");
+    let window = cluster.client()?.get_window("http/tenant").await?;
+    ensure!(window.granted <= LIMIT);
+    eu.stop().await;
+    us.stop().await;
+    Ok(())
+}

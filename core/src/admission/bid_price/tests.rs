@@ -270,7 +270,7 @@ fn gate_mean_advantage_over_marginal_and_is_at_least_five_points() {
                 &[SMALL, LARGE],
                 gateway_budgets(),
                 solution.objective,
-                solution.duals,
+                &BidPriceFilter::from_workload(&w).unwrap(),
                 1_000,
                 rho,
                 0..200,
@@ -302,7 +302,7 @@ fn gate_one_type_forever_is_the_foil() {
         &[SMALL, LARGE],
         gateway_budgets(),
         solution.objective,
-        solution.duals,
+        &BidPriceFilter::from_workload(&gateway()).unwrap(),
         1_000,
         1.0,
         0..200,
@@ -436,5 +436,146 @@ fn gate_the_hold_time_hog_is_priced_out() {
             regret3 <= if poisson { 0.2 } else { 0.05 },
             "3-axis regret {regret3}"
         );
+    }
+}
+
+/// The knife edge: two types (cost 10, value 1) and (cost 100,
+/// value 5), 2 000 arrivals at ρ = 0, a sweep of cost budgets. Where the LP
+/// admits the large type in part it sits exactly on its price; admitting
+/// every such request (the old rule, `tied_fraction = 1`) is marginal
+/// admission again, admitting the LP's fraction of them is not.
+fn knife_edge_row(cost_budget: f64, seeds: std::ops::Range<u64>) -> (f64, f64, f64, f64, f64) {
+    const SMALL: RequestType = RequestType {
+        cost: 10.0,
+        value: 1.0,
+        weight: 1_000.0,
+        hold: 0.0,
+    };
+    const LARGE: RequestType = RequestType {
+        cost: 100.0,
+        value: 5.0,
+        weight: 1_000.0,
+        hold: 0.0,
+    };
+    let workload = Workload {
+        types: vec![SMALL, LARGE],
+        rate_budget: None,
+        cost_budget,
+        concurrency_budget: None,
+    };
+    let solution = solve_fluid_lp(&workload).unwrap();
+    let filter = BidPriceFilter::from_workload(&workload).unwrap();
+    let all_ties = filter.clone().with_tied_fraction(1.0).unwrap();
+    let budgets = Budgets {
+        rate: None,
+        cost: cost_budget,
+        concurrency: None,
+    };
+    let (mut marginal, mut old, mut new, mut n) = (0.0, 0.0, 0.0, 0.0);
+    for seed in seeds {
+        let mut rng = SplitMix64::new(seed);
+        let stream = markov_stream(&mut rng, 2_000, 0.0);
+        let requests = realise(&stream, &[SMALL, LARGE]);
+        let (mut f_old, mut f_new) = (all_ties.clone(), filter.clone());
+        marginal += replay_value(&requests, budgets, |_| true);
+        old += replay_value(&requests, budgets, |o| f_old.admits(o.value, o.cost, None));
+        new += replay_value(&requests, budgets, |o| f_new.admits(o.value, o.cost, None));
+        n += 1.0;
+    }
+    let share = |earned: f64| earned / n / solution.objective;
+    (
+        solution.objective,
+        solution.tied_fraction,
+        share(marginal),
+        share(old),
+        share(new),
+    )
+}
+
+#[test]
+fn gate_the_lp_fraction_of_requests_on_their_price_reaches_the_lp_optimum() {
+    let mut out = String::from(
+        "| cost budget | LP value | fraction on price | marginal | ties all admitted | LP fraction |\n|---|---|---|---|---|---|\n",
+    );
+    let mut worst_new: f64 = 1.0;
+    let mut best_gain: f64 = 0.0;
+    for budget in [
+        2_000.0, 5_000.0, 8_000.0, 10_000.0, 12_000.0, 15_000.0, 20_000.0, 30_000.0, 50_000.0,
+        50_100.0, 80_000.0, 110_000.0,
+    ] {
+        let (lp, fraction, marginal, old, new) = knife_edge_row(budget, 0..50);
+        out += &format!(
+            "| {budget:.0} | {lp:.0} | {fraction:.3} | {:.1}% | {:.1}% | {:.1}% |\n",
+            100.0 * marginal,
+            100.0 * old,
+            100.0 * new
+        );
+        worst_new = worst_new.min(new);
+        best_gain = best_gain.max(new - old);
+        // Never worse than admitting every tie by more than the noise of
+        // spreading a small type's admissions over a random stream.
+        assert!(new >= old - 0.01, "budget {budget}: {new} < {old}");
+        assert!(new >= marginal, "budget {budget}: {new} < marginal {marginal}");
+    }
+    println!("{out}");
+    assert!(worst_new >= 0.98, "≥ 98% of the LP value at every budget: {worst_new}");
+    assert!(best_gain >= 0.3, "the knife edge is gone: best gain {best_gain}");
+}
+
+#[test]
+fn requests_on_their_price_are_admitted_at_the_lp_fraction_and_the_rest_rationed() {
+    let workload = Workload {
+        types: vec![
+            RequestType {
+                cost: 10.0,
+                value: 1.0,
+                weight: 1_000.0,
+                hold: 0.0,
+            },
+            RequestType {
+                cost: 100.0,
+                value: 5.0,
+                weight: 1_000.0,
+                hold: 0.0,
+            },
+        ],
+        rate_budget: None,
+        cost_budget: 15_000.0,
+        concurrency_budget: None,
+    };
+    let solution = solve_fluid_lp(&workload).unwrap();
+    // The small type takes 10 000; 5 000 of the large type's 100 000.
+    assert!(close(solution.tied_fraction, 0.05), "{solution:?}");
+    let mut filter = BidPriceFilter::from_workload(&workload).unwrap();
+    let verdicts: Vec<BidVerdict> = (0..100).map(|_| filter.decide(5.0, 100.0, None)).collect();
+    let admitted = verdicts.iter().filter(|v| **v == BidVerdict::Admit).count();
+    assert_eq!(admitted, 5, "⌊0.05 × 100⌋ of the requests on their price");
+    assert_eq!(verdicts[19], BidVerdict::Admit, "the 20th is the first admitted");
+    assert!(verdicts[..19].iter().all(|v| *v == BidVerdict::Rationed));
+    assert_eq!(filter.decide(1.0, 10.0, None), BidVerdict::Admit);
+    assert_eq!(filter.decide(4.0, 100.0, None), BidVerdict::PricedOut);
+    assert!(BidPriceFilter::with_duals(solution.duals)
+        .unwrap()
+        .with_tied_fraction(1.5)
+        .is_err());
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+    /// After any `k` requests on their price, exactly `⌊fraction·k⌋` were
+    /// admitted.
+    #[test]
+    fn after_k_requests_on_their_price_the_fraction_was_admitted(
+        fraction in 0.0f64..=1.0, k in 1usize..400,
+    ) {
+        let duals = Duals { rate: 0.0, cost: 0.05, concurrency: 0.0 };
+        let mut filter = BidPriceFilter::with_duals(duals).unwrap().with_tied_fraction(fraction).unwrap();
+        let mut admitted = 0u64;
+        for seen in 1..=k as u64 {
+            if filter.admits(5.0, 100.0, None) {
+                admitted += 1;
+            }
+            prop_assert_eq!(admitted, (fraction * seen as f64 + 1e-9).floor() as u64);
+        }
     }
 }
