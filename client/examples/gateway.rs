@@ -26,7 +26,7 @@
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::http::{header, Request, StatusCode};
+use axum::http::{header, Request};
 use axum::response::Response;
 use axum::routing::post;
 use axum::Router;
@@ -131,10 +131,10 @@ async fn main() -> anyhow::Result<()> {
                 .to_string()
         };
         println!(
-            "request {i:>2}: {} retry-after {} ratelimit-remaining {}",
+            "request {i:>2}: {} retry-after {} ratelimit-reset {}",
             response.status(),
             header(header::RETRY_AFTER.as_str()),
-            header("ratelimit-remaining"),
+            header("ratelimit-reset"),
         );
     }
     Ok(())
@@ -148,6 +148,8 @@ mod tests {
     use leasehold_client::{
         AcquireRequest, CheckReply, CheckRequest, ClientError, CreditSource, Grant, ReturnRequest,
     };
+
+    use axum::http::StatusCode;
 
     use super::*;
 

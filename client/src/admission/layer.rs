@@ -27,7 +27,7 @@
 //!
 //! | the gate | the response |
 //! |---|---|
-//! | admits | the service's, with `RateLimit-Limit` / `RateLimit-Remaining`; the concurrency slot is held until the service's future ends (a 5xx or an error reports an overload) |
+//! | admits | the service's (with `RateLimit-Limit` / `RateLimit-Remaining` when [`AdmissionLayer::headers_when_admitted`] is on); the concurrency slot is held until the service's future ends (a 5xx or an error reports an overload) |
 //! | denies | `429`, `Retry-After` (whole seconds, the dominant wait of every axis), `RateLimit-Limit`, `RateLimit-Remaining: 0`, `RateLimit-Reset`, and a JSON body naming the binding axis (`concurrency`, `rate`, `cost`, or `policy` for the bid-price filter) |
 //! | prices the request out (its value is below its bid price) | `429` with `{"error":"priced_out","binding_axis":"policy"}` and no `Retry-After`: waiting does not help |
 //! | cannot answer (the global budget's source is unreachable) | `503` with `Retry-After: 1` ([`WhenUnanswered::Deny`], the default), or the service's answer ([`WhenUnanswered::Admit`]); counted either way |
@@ -174,7 +174,7 @@ impl<F> AdmissionLayer<F> {
             gate,
             classify,
             when_unanswered: WhenUnanswered::Deny,
-            allowed_headers: true,
+            allowed_headers: false,
             counters: Arc::default(),
         }
     }
@@ -186,7 +186,10 @@ impl<F> AdmissionLayer<F> {
     }
 
     /// Whether admitted responses carry `RateLimit-Limit` and
-    /// `RateLimit-Remaining` (default true; denials always do).
+    /// `RateLimit-Remaining` (default false; denials always carry theirs).
+    /// The remaining is the combined decision's: the tightest axis, and for
+    /// a leased global cost axis the credits this process holds, a lower
+    /// bound of what the window has left.
     pub fn headers_when_admitted(mut self, on: bool) -> Self {
         self.allowed_headers = on;
         self

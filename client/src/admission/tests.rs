@@ -715,7 +715,8 @@ mod layer {
     #[tokio::test]
     async fn admitted_requests_reach_the_service_and_a_denial_is_429_with_its_wait() {
         let c = clock();
-        let layer = AdmissionLayer::new(gate(&c, 4, 2, 1_000), by_user as Classify);
+        let layer = AdmissionLayer::new(gate(&c, 4, 2, 1_000), by_user as Classify)
+            .headers_when_admitted(true);
         let service = layer.layer(service_fn(ok));
         for _ in 0..2 {
             let response = service
