@@ -31,7 +31,7 @@ use axum::response::Response;
 use axum::routing::post;
 use axum::Router;
 use leasehold_client::admission::{
-    Admit, AdmissionGate, AdmissionLayer, ConcurrencyParams, CostAxis, InProcessLimit,
+    AdmissionGate, AdmissionLayer, Admit, ConcurrencyParams, CostAxis, InProcessLimit,
 };
 use leasehold_client::transport::{Dialer, SystemClock, TcpDialer, WallClock};
 use leasehold_client::{ClientId, EscrowSource, EscrowSourceOptions, Limiter, LimiterConfig};
@@ -112,7 +112,10 @@ async fn send(app: &Router, user: &str, max_tokens: u64) -> Response {
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
     let (cost, what) = match std::env::var("LEASEHOLD_ESCROW") {
-        Ok(addrs) => (global_cost(&addrs)?, format!("the global budget via {addrs}")),
+        Ok(addrs) => (
+            global_cost(&addrs)?,
+            format!("the global budget via {addrs}"),
+        ),
         Err(_) => (
             CostAxis::InProcess(InProcessLimit::token_bucket(1_000, 17)),
             "an in-process token bucket".to_string(),

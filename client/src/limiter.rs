@@ -332,6 +332,23 @@ impl Limiter {
         &self.inner.config
     }
 
+    /// A forecast of `key`'s demand (tokens) in its next window — the one
+    /// after the current, or its first if it has none yet — for a
+    /// predictive lease sizer ([`LeaseSizing::predictive`](crate::LeaseSizing::predictive)):
+    /// it leases the EOQ of the forecast as one of its two experts, and
+    /// learns from each window how much to trust them. A window without a
+    /// forecast uses the last window's demand instead.
+    /// Returns whether the key's sizer uses forecasts (false in strict and
+    /// cached-deny modes and for fixed or EOQ sizing). An invalid key is an
+    /// error.
+    pub fn predict(&self, key: &str, demand: u64) -> Result<bool, ClientError> {
+        let key = Key::new(key)?;
+        Ok(match &self.inner.config.mode {
+            Mode::Leased(options) => self.inner.predict(&key, options, demand),
+            _ => false,
+        })
+    }
+
     /// Live local credits held for `key` (leased mode; 0 otherwise).
     pub fn local_balance(&self, key: &str) -> u64 {
         self.inner.local_balance(key)

@@ -23,6 +23,15 @@ pub trait LeaseSizer: Send + std::fmt::Debug {
     fn size(&self) -> u64;
     /// Feeds the tokens served from one window that just closed.
     fn observe_window_demand(&mut self, served: u64);
+    /// A forecast of the demand of the window that starts now; whether
+    /// this sizer uses forecasts (the default: no, it is ignored).
+    fn predict(&mut self, _demand: u64) -> bool {
+        false
+    }
+    /// Whether [`predict`](LeaseSizer::predict) is used (default false).
+    fn takes_forecasts(&self) -> bool {
+        false
+    }
 }
 
 impl LeaseSizer for EoqSizer {
@@ -40,6 +49,13 @@ impl LeaseSizer for PredictiveSizer {
     }
     fn observe_window_demand(&mut self, served: u64) {
         self.observe(served);
+    }
+    fn predict(&mut self, demand: u64) -> bool {
+        PredictiveSizer::predict(self, demand);
+        true
+    }
+    fn takes_forecasts(&self) -> bool {
+        true
     }
 }
 
@@ -147,6 +163,23 @@ impl KeySizer {
         match self {
             KeySizer::Fixed(n) => *n,
             KeySizer::Adaptive(sizer) => sizer.size().max(1),
+        }
+    }
+
+    /// Whether the sizer uses forecasts.
+    pub(crate) fn takes_forecasts(&self) -> bool {
+        match self {
+            KeySizer::Fixed(_) => false,
+            KeySizer::Adaptive(sizer) => sizer.takes_forecasts(),
+        }
+    }
+
+    /// A forecast of the demand of the window that starts now; whether
+    /// the sizer uses it.
+    pub(crate) fn predict(&mut self, demand: u64) -> bool {
+        match self {
+            KeySizer::Fixed(_) => false,
+            KeySizer::Adaptive(sizer) => sizer.predict(demand),
         }
     }
 

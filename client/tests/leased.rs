@@ -520,3 +520,72 @@ async fn metrics_follow_stats_round_trips_and_reachability() {
         "a failed refill has no round trip"
     );
 }
+
+/// One run of a demand trace through a leased limiter: 1 s windows whose
+/// demand switches between 40 and 900 tokens every 6 windows, spread
+/// evenly over the first 990 ms of each window (a grant in the last
+/// millisecond is too late to use); before each window, `forecast(actual)` is
+/// handed to `predict`. Returns (refills, stranded tokens).
+async fn trace_run(sizing: LeaseSizing, forecast: impl Fn(u64) -> Option<u64>) -> (u64, u64) {
+    const WINDOWS: u64 = 48;
+    let demand = |t: u64| if (t / 6) % 2 == 0 { 40 } else { 900 };
+    let fake = FakeCoordinator::new(10_000_000, 1_000, 0);
+    let l1 = limiter(fake.clone(), leased(1, 0).with_sizing(sizing), "trace");
+    let start = tokio::time::Instant::now();
+    for t in 0..WINDOWS {
+        let d = demand(t);
+        if let Some(f) = forecast(d) {
+            l1.predict("k", f).expect("a valid key");
+        }
+        for i in 0..d {
+            tokio::time::sleep_until(
+                start + Duration::from_micros(t * 1_000_000 + i * 990_000 / d + 1),
+            )
+            .await;
+            let d = l1.check("k", 1).await.expect("ok");
+            assert!(d.allowed, "window {t}, check {i}: {d:?} {:?}", l1.stats());
+        }
+    }
+    tokio::time::sleep_until(start + Duration::from_millis(WINDOWS * 1_000 + 10)).await;
+    let stats = l1.stats();
+    (stats.refills, stats.tokens_expired)
+}
+
+/// The predictive sizer's forecasts through `Limiter::predict`: on a
+/// trace whose demand jumps, good forecasts cost less than the EOQ learner
+/// alone (20 per refill + 1 per stranded credit, the EOQ objective), and
+/// forecasts 1 000× off cost about what the learner alone does.
+#[tokio::test(start_paused = true)]
+async fn forecasts_through_the_limiter_beat_the_eoq_learner_and_bad_ones_cost_little() {
+    use leasehold_client::EoqParams;
+    let eoq = EoqParams::default();
+    let cost = |(refills, stranded): (u64, u64)| 20 * refills + stranded;
+    let learner = trace_run(LeaseSizing::eoq(eoq).expect("valid"), |_| None).await;
+    let predictive = || {
+        LeaseSizing::predictive(eoq, leasehold_client::PredictiveParams::default()).expect("valid")
+    };
+    let unforecast = trace_run(predictive(), |_| None).await;
+    let good = trace_run(predictive(), Some).await;
+    let bad = trace_run(predictive(), |d| Some(d * 1_000)).await;
+    println!(
+        "EOQ learner {} ({learner:?}), predictive without forecasts {} ({unforecast:?}), \
+         good forecasts {} ({good:?}), forecasts 1000x off {} ({bad:?})",
+        cost(learner),
+        cost(unforecast),
+        cost(good),
+        cost(bad)
+    );
+    assert!(
+        cost(good) * 100 <= cost(learner) * 90,
+        "good forecasts gain ≥ 10%"
+    );
+    assert!(
+        cost(bad) * 100 <= cost(learner) * 125,
+        "bad forecasts cost ≤ 25% more"
+    );
+    // A fixed-size limiter takes no forecasts.
+    let fake = FakeCoordinator::new(1_000, 1_000, 0);
+    let fixed = limiter(fake, leased(4, 0), "fixed");
+    assert!(!fixed.predict("k", 100).expect("a valid key"));
+    assert!(fixed.predict("", 100).is_err());
+}

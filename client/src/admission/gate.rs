@@ -376,7 +376,9 @@ impl AdmissionGate {
             let verdict = lock(filter).decide(value, request.cost as f64, request.hold_ms);
             if verdict != BidVerdict::Admit {
                 let priced_out = verdict == BidVerdict::PricedOut;
-                return Ok(Stage::Done(self.deny_by_policy(request, &taken, priced_out)));
+                return Ok(Stage::Done(
+                    self.deny_by_policy(request, &taken, priced_out),
+                ));
             }
         }
         if inner.cost.is_none() {

@@ -591,7 +591,13 @@ mod bid_price {
             BidPriceFilter::from_workload(&gateway_workload()).unwrap(),
         );
         let layer = AdmissionLayer::new(g, |request: &http::Request<String>| {
-            let value = request.headers().get("x-value")?.to_str().ok()?.parse().ok()?;
+            let value = request
+                .headers()
+                .get("x-value")?
+                .to_str()
+                .ok()?
+                .parse()
+                .ok()?;
             Some(Admit::new("k", 10_000).with_value(value))
         });
         let service = layer.layer(service_fn(|_: http::Request<String>| async {
@@ -604,7 +610,11 @@ mod bid_price {
         let response = service.oneshot(request).await.unwrap();
         assert_eq!(response.status(), http::StatusCode::TOO_MANY_REQUESTS);
         assert!(response.headers().get(http::header::RETRY_AFTER).is_none());
-        assert!(response.body().contains("priced_out"), "{}", response.body());
+        assert!(
+            response.body().contains("priced_out"),
+            "{}",
+            response.body()
+        );
     }
 
     #[test]

@@ -557,8 +557,7 @@ impl BidPriceFilter {
                 let hold = hold.filter(|h| h.is_finite() && *h >= 0.0).unwrap_or(0.0);
                 a.observed.push(Observed { cost, value, hold });
                 if a.observed.len() >= a.window {
-                    let (outcome, learned_fraction) =
-                        reprice(&a.prior, self.duals, &a.observed);
+                    let (outcome, learned_fraction) = reprice(&a.prior, self.duals, &a.observed);
                     a.outcome = outcome;
                     a.observed = Vec::new();
                     if let Repricing::Adopted(learned) = a.outcome {

@@ -113,7 +113,7 @@ async fn regions_share_the_global_cost_budget_while_rate_and_concurrency_bind_lo
 async fn http_services_behind_the_admission_layer_share_one_global_budget() -> Result<()> {
     use std::convert::Infallible;
 
-    use leasehold_client::admission::{Admit, AdmissionLayer};
+    use leasehold_client::admission::{AdmissionLayer, Admit};
     use tower::{service_fn, Layer, ServiceExt};
 
     const LIMIT: u64 = 60;
@@ -129,7 +129,13 @@ async fn http_services_behind_the_admission_layer_share_one_global_budget() -> R
     for (region, addr) in [("eu", eu.addr.clone()), ("us", us.addr.clone())] {
         regions.push(tokio::spawn(async move {
             let classify = |request: &http::Request<String>| {
-                let cost = request.headers().get("x-cost")?.to_str().ok()?.parse().ok()?;
+                let cost = request
+                    .headers()
+                    .get("x-cost")?
+                    .to_str()
+                    .ok()?
+                    .parse()
+                    .ok()?;
                 Some(Admit::new("http/tenant", cost))
             };
             let layer = AdmissionLayer::new(region_gate(&addr, region)?, classify);
@@ -167,7 +173,10 @@ async fn http_services_behind_the_admission_layer_share_one_global_budget() -> R
         let (served_cost, stats) = region.await??;
         total += served_cost;
         denied += stats.denied;
-        ensure!(stats.unanswered_denied == 0 && stats.invalid == 0, "{stats:?}");
+        ensure!(
+            stats.unanswered_denied == 0 && stats.invalid == 0,
+            "{stats:?}"
+        );
     }
     ensure!(total <= LIMIT, "served cost {total} > L = {LIMIT}");
     ensure!(total >= LIMIT / 2, "served cost only {total} of {LIMIT}");

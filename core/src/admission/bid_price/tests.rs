@@ -515,11 +515,20 @@ fn gate_the_lp_fraction_of_requests_on_their_price_reaches_the_lp_optimum() {
         // Never worse than admitting every tie by more than the noise of
         // spreading a small type's admissions over a random stream.
         assert!(new >= old - 0.01, "budget {budget}: {new} < {old}");
-        assert!(new >= marginal, "budget {budget}: {new} < marginal {marginal}");
+        assert!(
+            new >= marginal,
+            "budget {budget}: {new} < marginal {marginal}"
+        );
     }
     println!("{out}");
-    assert!(worst_new >= 0.98, "≥ 98% of the LP value at every budget: {worst_new}");
-    assert!(best_gain >= 0.3, "the knife edge is gone: best gain {best_gain}");
+    assert!(
+        worst_new >= 0.98,
+        "≥ 98% of the LP value at every budget: {worst_new}"
+    );
+    assert!(
+        best_gain >= 0.3,
+        "the knife edge is gone: best gain {best_gain}"
+    );
 }
 
 #[test]
@@ -550,7 +559,11 @@ fn requests_on_their_price_are_admitted_at_the_lp_fraction_and_the_rest_rationed
     let verdicts: Vec<BidVerdict> = (0..100).map(|_| filter.decide(5.0, 100.0, None)).collect();
     let admitted = verdicts.iter().filter(|v| **v == BidVerdict::Admit).count();
     assert_eq!(admitted, 5, "⌊0.05 × 100⌋ of the requests on their price");
-    assert_eq!(verdicts[19], BidVerdict::Admit, "the 20th is the first admitted");
+    assert_eq!(
+        verdicts[19],
+        BidVerdict::Admit,
+        "the 20th is the first admitted"
+    );
     assert!(verdicts[..19].iter().all(|v| *v == BidVerdict::Rationed));
     assert_eq!(filter.decide(1.0, 10.0, None), BidVerdict::Admit);
     assert_eq!(filter.decide(4.0, 100.0, None), BidVerdict::PricedOut);
