@@ -15,15 +15,17 @@
 //! - **drops contract**: a release with `dropped = true` never raises the
 //!   limit, and lowers it unless it is already `min_limit`;
 //! - **conservation**: `in_flight` equals acquires allowed minus releases.
-//! - **an honest wait**: a denial's `retry_after_ms` is when enough slots
-//!   are expected to free for one more request: each request in flight is
-//!   expected to end a typical latency (a moving average of the completed
-//!   ones) after it started, an overdue one a typical latency from now.
-//!   With constant latencies a denied request retried after its wait finds
-//!   a slot free, and not a millisecond earlier (property below). Until a
-//!   request has completed the caller's fallback is returned.
+//! - **an honest wait**: a denial's `retry_after_ms` is the shortest wait
+//!   after which enough slots have freed for one more request with
+//!   probability [`SLOT_FREE_CONFIDENCE`], each request in flight ending
+//!   after a latency drawn from the last [`LATENCY_SAMPLES`] completed ones
+//!   given how long it has run already (one that has run longer than every
+//!   sample is expected to end a median latency from now). With constant
+//!   latencies a denied request retried after its wait finds a slot free,
+//!   and not a millisecond earlier (property below). Until a request has
+//!   completed the caller's fallback is returned.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
 use super::AdmissionConfigError;
 use crate::decision::Decision;
@@ -140,12 +142,17 @@ pub struct ConcurrencyLimit {
     /// When each request in flight started: start ms → how many. Their
     /// counts sum to `in_flight`.
     started: BTreeMap<u64, u64>,
-    /// Moving average of completed requests' latencies (weight 1/8).
-    typical_latency_ms: Option<f64>,
+    /// The latencies of the last completed requests, oldest first, and the
+    /// same sorted.
+    latencies: VecDeque<u64>,
+    sorted_latencies: Vec<u64>,
 }
 
-/// Weight of a new latency in [`ConcurrencyLimit`]'s typical latency.
-const LATENCY_WEIGHT: f64 = 0.125;
+/// How many completed latencies the wait estimate draws on.
+pub const LATENCY_SAMPLES: usize = 256;
+
+/// The probability with which a denial's wait frees the slots needed.
+pub const SLOT_FREE_CONFIDENCE: f64 = 0.9;
 
 impl ConcurrencyLimit {
     /// Validates the parameters; nothing in flight.
@@ -157,7 +164,8 @@ impl ConcurrencyLimit {
             in_flight: 0,
             long_latency_ms: None,
             started: BTreeMap::new(),
-            typical_latency_ms: None,
+            latencies: VecDeque::with_capacity(LATENCY_SAMPLES),
+            sorted_latencies: Vec::with_capacity(LATENCY_SAMPLES),
         })
     }
 
@@ -171,10 +179,11 @@ impl ConcurrencyLimit {
         self.in_flight
     }
 
-    /// The moving average of completed requests' latencies, once one has
+    /// The median of the recent completed latencies, once one has
     /// completed (milliseconds, at least 1).
     pub fn typical_latency_ms(&self) -> Option<u64> {
-        self.typical_latency_ms.map(|l| (l.ceil() as u64).max(1))
+        let sorted = &self.sorted_latencies;
+        (!sorted.is_empty()).then(|| sorted[sorted.len() / 2].max(1))
     }
 
     /// Takes a slot at `now_ms` if one is free. A denial's
@@ -206,27 +215,79 @@ impl ConcurrencyLimit {
         }
     }
 
-    /// How long from `now_ms` until enough requests in flight are expected
-    /// to end for one more to fit under the current limit (at least 1 ms;
-    /// 0 when one fits now): a request ends a typical latency after it
-    /// started, an overdue one a typical latency from now. `None` until a
-    /// request has completed.
+    /// How long from `now_ms` until enough requests in flight have ended,
+    /// with probability [`SLOT_FREE_CONFIDENCE`], for one more to fit under
+    /// the current limit (at least 1 ms; 0 when one fits now). Each request
+    /// ends after a latency drawn from the recent completed ones, given its
+    /// age; one older than every sample ends a median latency from now.
+    /// `None` until a request has completed.
     pub fn wait_for_slot_ms(&self, now_ms: u64) -> Option<u64> {
-        let latency = self.typical_latency_ms()?;
+        let median = self.typical_latency_ms()?;
         let need = (self.in_flight + 1).saturating_sub(self.limit());
         if need == 0 {
             return Some(0);
         }
-        // Starts after the cutoff are not overdue; they end in start order.
-        let cutoff = now_ms.saturating_sub(latency);
-        let mut freed = 0u64;
-        for (&start, &count) in self.started.range(cutoff.saturating_add(1)..) {
-            freed += count;
-            if freed >= need {
-                return Some((start + latency).saturating_sub(now_ms).max(1));
+        let ages: Vec<(u64, u64)> = self
+            .started
+            .iter()
+            .map(|(&start, &count)| (now_ms.saturating_sub(start), count))
+            .collect();
+        let longest = *self.sorted_latencies.last()?;
+        // Past this every request has ended (or is an overdue one, which
+        // ends a median from now).
+        let horizon = longest.max(median).max(1);
+        if self.freed_with_confidence(&ages, need, horizon) {
+            let (mut low, mut high) = (1u64, horizon);
+            while low < high {
+                let mid = low + (high - low) / 2;
+                if self.freed_with_confidence(&ages, need, mid) {
+                    high = mid;
+                } else {
+                    low = mid + 1;
+                }
+            }
+            Some(low)
+        } else {
+            Some(horizon)
+        }
+    }
+
+    /// Whether at least `need` of the requests of `ages` (age, count) end
+    /// within `wait` with probability [`SLOT_FREE_CONFIDENCE`].
+    fn freed_with_confidence(&self, ages: &[(u64, u64)], need: u64, wait: u64) -> bool {
+        let need = need as usize;
+        // at_least[k]: the probability that k (need: ≥ need) have ended.
+        let mut ended = vec![0.0f64; need + 1];
+        ended[0] = 1.0;
+        for &(age, count) in ages {
+            let p = self.ends_within(age, wait);
+            for _ in 0..count {
+                for k in (0..=need).rev() {
+                    let stay = ended[k] * (1.0 - p);
+                    let from_below = if k > 0 { ended[k - 1] * p } else { 0.0 };
+                    ended[k] = if k == need {
+                        ended[k] + from_below
+                    } else {
+                        stay + from_below
+                    };
+                }
             }
         }
-        Some(latency)
+        ended[need] >= SLOT_FREE_CONFIDENCE - 1e-12
+    }
+
+    /// The probability that a request that has run `age` ms ends within
+    /// `wait` ms more, by the recent latencies.
+    fn ends_within(&self, age: u64, wait: u64) -> f64 {
+        let sorted = &self.sorted_latencies;
+        let longer_than = |t: u64| sorted.len() - sorted.partition_point(|&l| l <= t);
+        let alive = longer_than(age);
+        if alive == 0 {
+            // Older than every sample: a median from now.
+            let median = self.typical_latency_ms().unwrap_or(1);
+            return if wait >= median { 1.0 } else { 0.0 };
+        }
+        1.0 - longer_than(age.saturating_add(wait)) as f64 / alive as f64
     }
 
     /// Removes one request that started at `started_ms` from the starts in
@@ -248,6 +309,20 @@ impl ConcurrencyLimit {
         }
     }
 
+    /// Keeps `latency` among the recent ones, dropping the oldest.
+    fn record_latency(&mut self, latency: u64) {
+        if self.latencies.len() == LATENCY_SAMPLES {
+            if let Some(oldest) = self.latencies.pop_front() {
+                if let Ok(i) = self.sorted_latencies.binary_search(&oldest) {
+                    self.sorted_latencies.remove(i);
+                }
+            }
+        }
+        self.latencies.push_back(latency);
+        let at = self.sorted_latencies.partition_point(|&l| l < latency);
+        self.sorted_latencies.insert(at, latency);
+    }
+
     /// Frees the slot taken at `started_ms` without feeding the limit (the
     /// request never ran, for example because a later axis denied it). A
     /// no-op with nothing in flight.
@@ -266,11 +341,7 @@ impl ConcurrencyLimit {
             self.forget_start(completion.started_ms);
         }
         self.in_flight = self.in_flight.saturating_sub(1);
-        let sample = completion.latency_ms as f64;
-        self.typical_latency_ms = Some(match self.typical_latency_ms {
-            Some(typical) => typical + (sample - typical) * LATENCY_WEIGHT,
-            None => sample,
-        });
+        self.record_latency(completion.latency_ms);
         let (min, max) = (self.params.min_limit as f64, self.params.max_limit as f64);
         let next = match self.params.rule {
             LimitRule::Aimd { backoff } => {
