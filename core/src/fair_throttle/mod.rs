@@ -46,7 +46,7 @@ pub mod tuner;
 pub use config::{FairThrottleConfig, FairThrottleError, LevelCombine};
 pub use rotation::FairThrottleState;
 pub use structure::{unit_interval, CallerId, FairVerdict, Outcome, ThrottleStructure};
-pub use tuner::{all_level_collision_probability, tuned_levels};
+pub use tuner::{all_level_collision_probability, buckets_for_population, tuned_levels};
 
 #[cfg(test)]
 mod tests;

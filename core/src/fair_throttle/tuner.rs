@@ -89,7 +89,33 @@ pub fn tuned_levels(
     Ok(levels)
 }
 
+/// Buckets per level for a population of `callers` distinct callers per
+/// rotation interval: one per caller, so a cell holds about one caller
+/// (never fewer than the default 1 000, never more than the cell limit
+/// allows at the default 3 levels).
+pub fn buckets_for_population(callers: u64) -> u32 {
+    let most = (super::config::MAX_CELLS / u64::from(MIN_TUNED_LEVELS)) as u32;
+    let least = FairThrottleConfig::default().buckets;
+    u32::try_from(callers)
+        .unwrap_or(u32::MAX)
+        .clamp(least, most)
+}
+
 impl FairThrottleConfig {
+    /// The default configuration sized to `callers` distinct callers per
+    /// rotation interval ([`buckets_for_population`]): memory grows with
+    /// the population (`2 × 3 × B × 16` bytes: 9.6 MB for 100 000
+    /// callers) and in return a modest caller rarely shares a cell with a
+    /// heavy one. See docs/fair-throttle.md, "At scale".
+    pub fn for_population(callers: u64) -> Result<Self, FairThrottleError> {
+        let config = FairThrottleConfig {
+            buckets: buckets_for_population(callers),
+            ..FairThrottleConfig::default()
+        };
+        config.validate()?;
+        Ok(config)
+    }
+
     /// The default configuration with `buckets` and the tuned number of
     /// levels (see [`tuned_levels`]).
     pub fn tuned(heavy_hitters: u64, buckets: u32, target: f64) -> Result<Self, FairThrottleError> {
@@ -107,6 +133,19 @@ impl FairThrottleConfig {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn population_sizing_gives_a_bucket_per_caller_within_bounds() {
+        assert_eq!(buckets_for_population(10), 1_000);
+        assert_eq!(buckets_for_population(100_000), 100_000);
+        assert_eq!(buckets_for_population(u64::MAX), (1 << 24) / 3);
+        let config = FairThrottleConfig::for_population(u64::MAX).unwrap();
+        assert!(u64::from(config.levels) * u64::from(config.buckets) <= 1 << 24);
+        assert_eq!(
+            FairThrottleConfig::for_population(100_000).unwrap().buckets,
+            100_000
+        );
+    }
 
     #[test]
     fn reproduces_the_seeds_figures() {
