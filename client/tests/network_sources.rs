@@ -93,6 +93,13 @@ impl Escrow for FakeEscrow {
         Ok(Response::new(wire::ReturnResponse { accepted: tokens }))
     }
 
+    async fn forecast(
+        &self,
+        _: Request<wire::ForecastRequest>,
+    ) -> Result<Response<wire::ForecastResponse>, Status> {
+        Ok(Response::new(wire::ForecastResponse { used: false }))
+    }
+
     async fn status(
         &self,
         _: Request<wire::EscrowStatusRequest>,

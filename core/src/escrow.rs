@@ -136,6 +136,9 @@ pub struct RegionEscrow {
     closed: Option<ClosedWindow>,
     /// Local deadline of a window the coordinator said is exhausted.
     exhausted_until_ms: Option<u64>,
+    /// A forecast of the next window's demand, for the sizer when the
+    /// current window closes.
+    forecast: Option<u64>,
     counters: EscrowCounters,
 }
 
@@ -161,8 +164,24 @@ impl RegionEscrow {
             served_window: None,
             closed: None,
             exhausted_until_ms: None,
+            forecast: None,
             counters: EscrowCounters::default(),
         }
+    }
+
+    /// A forecast of the demand (tokens) of this key's next window — the
+    /// one after the window being served, or the first if none has been —
+    /// for a predictive sizer, which gets it when that window starts.
+    /// Returns whether the sizer takes forecasts (only the predictive one).
+    pub fn forecast(&mut self, demand: u64) -> bool {
+        if !self.sizer.takes_forecasts() {
+            return false;
+        }
+        if self.served_window.is_none() {
+            return self.sizer.predict(demand);
+        }
+        self.forecast = Some(demand);
+        true
     }
 
     /// Changes the outage policy (a policy update from the coordinator).
@@ -288,6 +307,10 @@ impl RegionEscrow {
             }
             Some((w, served)) if w < window_start_ms => {
                 self.sizer.observe(served);
+                // The window the forecast was for starts now.
+                if let Some(forecast) = self.forecast.take() {
+                    self.sizer.predict(forecast);
+                }
                 self.served_window = Some((window_start_ms, tokens));
             }
             Some(_) => {}

@@ -174,6 +174,23 @@ impl LeaseSizer {
         }
     }
 
+    /// Whether it takes forecasts ([`LeaseSizer::predict`]).
+    pub fn takes_forecasts(&self) -> bool {
+        matches!(self, LeaseSizer::Predictive(_))
+    }
+
+    /// Hands it a forecast of the demand of the window starting now;
+    /// whether it uses forecasts (only the predictive sizer does).
+    pub fn predict(&mut self, demand: u64) -> bool {
+        match self {
+            LeaseSizer::Predictive(sizer) => {
+                sizer.predict(demand);
+                true
+            }
+            LeaseSizer::Fixed(_) | LeaseSizer::Eoq(_) => false,
+        }
+    }
+
     /// Learns from one closed window in which `window_demand` tokens were
     /// served (a fixed size ignores it).
     pub fn observe(&mut self, window_demand: u64) {

@@ -582,7 +582,7 @@ mod tests {
         let scope = Scope::Escrow {
             region: region("eu"),
         };
-        for method in ["Acquire", "Check", "Return", "Status"] {
+        for method in ["Acquire", "Check", "Return", "Forecast", "Status"] {
             let path = format!("/leasehold.v1.Escrow/{method}");
             assert!(authorize_call(&path, Some(&service("eu")), &scope).is_ok());
             assert!(is_denied(authorize_call(

@@ -631,6 +631,16 @@ impl<R> KeyMachine<R> {
         self.pump(now, out);
     }
 
+    /// A forecast of the key's demand in its next window, for a predictive
+    /// lease sizer ([`RegionEscrow::forecast`]); whether it is used (not by
+    /// other sizers, nor by a `fair` key, whose leases are pool grants).
+    pub fn forecast(&mut self, demand: u64) -> bool {
+        if self.fair.is_some() {
+            return false;
+        }
+        self.counter.forecast(demand)
+    }
+
     /// The policy the key last saw.
     pub fn policy(&self) -> Option<&Policy> {
         self.policy.as_ref()

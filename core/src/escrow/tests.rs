@@ -312,3 +312,54 @@ mod window_credit_rule {
         }
     }
 }
+
+fn predictive_escrow() -> RegionEscrow {
+    let sizer = crate::predictive_sizer::PredictiveSizer::new(
+        crate::sizer::EoqParams {
+            initial_size: 16,
+            max_size: 100_000,
+            ..Default::default()
+        },
+        crate::predictive_sizer::PredictiveParams::default(),
+    )
+    .expect("valid parameters");
+    RegionEscrow::with_sizer(LeaseSizer::Predictive(sizer), 50, OutagePolicy::FailClosed)
+}
+
+#[test]
+fn a_forecast_reaches_the_predictive_sizer_when_its_window_starts() {
+    // Before any window: the first one is the next, the forecast applies now.
+    let mut e = predictive_escrow();
+    let cold = e.lease_size();
+    assert!(e.forecast(50_000));
+    assert!(e.lease_size() > cold, "{} vs {cold}", e.lease_size());
+
+    // During a window: kept until the next one starts.
+    let mut e = predictive_escrow();
+    let ticket = e.send_lease(1, 0).unwrap();
+    e.on_grant_for(ticket.id, grant(100, 0, 1_000), 1);
+    e.serve(10, 10);
+    let during = e.lease_size();
+    assert!(e.forecast(50_000));
+    assert_eq!(e.lease_size(), during, "not before its window");
+    let mut unforecast = predictive_escrow();
+    let ticket = unforecast.send_lease(1, 0).unwrap();
+    unforecast.on_grant_for(ticket.id, grant(100, 0, 1_000), 1);
+    unforecast.serve(10, 10);
+    // The next window's first serve closes the last one for both.
+    for escrow in [&mut e, &mut unforecast] {
+        let ticket = escrow.send_lease(1, 1_000).unwrap();
+        escrow.on_grant_for(ticket.id, grant(100, 1_000, 1_000), 1_001);
+        escrow.serve(1, 1_002);
+    }
+    assert!(
+        e.lease_size() > unforecast.lease_size(),
+        "{} vs {}",
+        e.lease_size(),
+        unforecast.lease_size()
+    );
+
+    // Other sizers take no forecasts.
+    assert!(!eoq_escrow().forecast(1_000));
+    assert!(!RegionEscrow::new(10, 50, OutagePolicy::FailClosed).forecast(1_000));
+}

@@ -43,6 +43,13 @@ pub struct FairEvalArgs {
     /// Greatest rate per minute of a modest caller.
     #[arg(long, default_value_t = 30.0)]
     pub modest_max_per_min: f64,
+    /// The heavy hitter takes a new identity every this many seconds.
+    #[arg(long)]
+    pub heavy_identity_secs: Option<f64>,
+    /// Size the throttle to its population (a bucket per caller per level,
+    /// `FairThrottleConfig::for_population`) instead of `--buckets`.
+    #[arg(long)]
+    pub population_sized: bool,
     /// Levels of the throttle.
     #[arg(long, default_value_t = FairThrottleConfig::default().levels)]
     pub levels: u32,
@@ -69,9 +76,14 @@ pub struct FairEvalArgs {
 
 /// Runs the evaluation and prints the table.
 pub fn run(args: FairEvalArgs) -> Result<(), CliError> {
+    let buckets = if args.population_sized {
+        leasehold_core::fair_throttle::buckets_for_population(u64::from(args.modest_callers) + 1)
+    } else {
+        args.buckets
+    };
     let config = FairThrottleConfig {
         levels: args.levels,
-        buckets: args.buckets,
+        buckets,
         decay_per_sec: args.decay_per_sec,
         rotation_interval_ms: args.rotation_secs.saturating_mul(1000),
         combine: if args.mean {
@@ -92,10 +104,15 @@ pub fn run(args: FairEvalArgs) -> Result<(), CliError> {
         && valid_rate(args.modest_min_per_min)
         && valid_rate(args.modest_max_per_min)
         && args.modest_min_per_min <= args.modest_max_per_min
-        && args.duration_secs > 0)
+        && args.duration_secs > 0
+        && args
+            .heavy_identity_secs
+            .is_none_or(|s| s.is_finite() && s > 0.0))
     {
         return Err(CliError::Usage(
-            "rates must be finite and ≥ 0 (capacity > 0), modest min ≤ max, duration > 0".into(),
+            "rates must be finite and ≥ 0 (capacity > 0), modest min ≤ max, duration > 0, \
+             --heavy-identity-secs > 0"
+                .into(),
         ));
     }
     if args.idle_reserve.is_some_and(|r| !valid_rate(r)) {
@@ -114,6 +131,7 @@ pub fn run(args: FairEvalArgs) -> Result<(), CliError> {
             modest_per_min: (args.modest_min_per_min, args.modest_max_per_min),
             duration_secs: args.duration_secs,
             seed,
+            heavy_identity_secs: args.heavy_identity_secs,
         };
         let policies = [
             AdmissionPolicy::FirstCome,
@@ -206,6 +224,7 @@ mod tests {
             &["fair-eval", "--decay-per-sec", "NaN"],
             &["fair-eval", "--capacity-per-min", "0"],
             &["fair-eval", "--idle-reserve=-1"],
+            &["fair-eval", "--heavy-identity-secs", "0"],
         ] {
             assert!(
                 matches!(run(parse(bad)), Err(CliError::Usage(_))),

@@ -85,6 +85,13 @@ pub enum KeyRequest {
         /// What was taken back.
         reply: oneshot::Sender<Result<ReturnSettled, Status>>,
     },
+    /// A forecast of the key's demand in its next window.
+    Forecast {
+        /// Tokens expected.
+        demand: u64,
+        /// Whether the key's sizer takes forecasts.
+        reply: oneshot::Sender<bool>,
+    },
 }
 
 /// The gRPC status of a holder refusal, with its reason.
@@ -324,6 +331,9 @@ impl KeyActor {
             KeyRequest::Return { from, claim, reply } => {
                 self.replies.insert(id, Reply::Return(reply));
                 self.drive(Event::Return { id, from, claim }).await;
+            }
+            KeyRequest::Forecast { demand, reply } => {
+                let _ = reply.send(self.machine.forecast(demand));
             }
         }
     }

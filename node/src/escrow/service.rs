@@ -307,6 +307,23 @@ impl pb::escrow_server::Escrow for EscrowApi {
         }))
     }
 
+    async fn forecast(
+        &self,
+        request: Request<pb::ForecastRequest>,
+    ) -> Result<Response<pb::ForecastResponse>, Status> {
+        let caller = crate::auth::caller(&request);
+        let request = request.into_inner();
+        let key = coordinator_wire::key(&request.key)?;
+        let used = self
+            .table
+            .ask((key.as_str(), &caller), |reply| KeyRequest::Forecast {
+                demand: request.demand,
+                reply,
+            })
+            .await?;
+        Ok(Response::new(pb::ForecastResponse { used }))
+    }
+
     async fn status(
         &self,
         _: Request<pb::EscrowStatusRequest>,

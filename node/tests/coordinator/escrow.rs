@@ -1676,3 +1676,64 @@ async fn a_region_of_two_holders_weighs_their_sum_and_asks_by_more() -> Result<(
     );
     Ok(())
 }
+
+/// `Escrow/Forecast`: a node leasing with the predictive sizer takes a
+/// forecast and leases more for a key forecast to be busy than for one
+/// without a forecast; a node with a fixed batch says it does not use
+/// forecasts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forecast_sizes_the_predictive_nodes_leases() -> Result<()> {
+    let cluster = Cluster::start_initialised(3, |_| {}).await?;
+    cluster
+        .client()?
+        .admin()
+        .set_policy(counter_policy("fc/", 1_000_000, LONG_WINDOW_MS))
+        .await?;
+    let predictive = EscrowNode::start(&cluster, "eu", |c| c.sizer = SizerKind::Predictive).await?;
+    let fixed = EscrowNode::start(&cluster, "us", |c| c.batch = 8).await?;
+    let mut rpc = predictive.rpc().await?;
+    let used = rpc
+        .forecast(pb::ForecastRequest {
+            key: "fc/busy".into(),
+            demand: 500_000,
+        })
+        .await?
+        .into_inner()
+        .used;
+    ensure!(used, "the predictive node takes forecasts");
+    for key in ["fc/busy", "fc/quiet"] {
+        let answer = rpc.acquire(acquire(key, 1)).await?.into_inner();
+        ensure!(answer.granted == 1, "{answer:?}");
+    }
+    let client = cluster.client()?;
+    let busy = client.get_window("fc/busy").await?.granted;
+    let quiet = client.get_window("fc/quiet").await?.granted;
+    ensure!(
+        busy > quiet,
+        "leased {busy} for the busy key, {quiet} for the quiet one"
+    );
+    let refused = rpc
+        .forecast(pb::ForecastRequest {
+            key: String::new(),
+            demand: 1,
+        })
+        .await;
+    ensure!(
+        refused.is_err_and(|s| s.code() == tonic::Code::InvalidArgument),
+        "an empty key is refused"
+    );
+    let used = fixed
+        .rpc()
+        .await?
+        .forecast(pb::ForecastRequest {
+            key: "fc/busy".into(),
+            demand: 500_000,
+        })
+        .await?
+        .into_inner()
+        .used;
+    ensure!(!used, "a fixed batch takes no forecasts");
+    predictive.stop().await;
+    fixed.stop().await;
+    Ok(())
+}
