@@ -7,6 +7,7 @@ use crate::error::ClientError;
 
 /// Why an admission gate could not be built or could not decide.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
 pub enum AdmissionError {
     /// The gate's configuration was refused.
     #[error("invalid admission configuration: {0}")]
@@ -37,6 +38,16 @@ pub enum AdmissionError {
     /// The key was empty.
     #[error("key must not be empty")]
     EmptyKey,
+    /// The key or the tenant holds a NUL character, or the tenant is
+    /// empty.
+    #[error("the {0} must not be empty or hold a NUL character")]
+    InvalidName(&'static str),
+    /// A request named a tenant, but the cost axis is one limiter's
+    /// budget (`CostAxis::Global`): use `CostAxis::GlobalPerTenant`.
+    #[error(
+        "a request naming a tenant needs CostAxis::GlobalPerTenant (or an in-process cost axis)"
+    )]
+    TenantNeedsPerTenantCost,
     /// `admit_sync` was called on a gate with a remote axis.
     #[error("admit_sync needs every axis in-process; the cost axis is remote (use admit)")]
     NotInProcess,

@@ -20,12 +20,46 @@ use crate::transport::{SystemClock, WallClock};
 /// The cost axis: an in-process limit, or the global budget through a
 /// [`Limiter`] (leased, strict or cached-deny, against an escrow node or
 /// the coordinator).
-#[derive(Debug, Clone)]
+#[derive(Clone)]
+#[non_exhaustive]
 pub enum CostAxis {
-    /// A per-key in-process limit.
+    /// A per-key (per tenant and key, for requests naming a tenant)
+    /// in-process limit.
     InProcess(InProcessLimit),
-    /// The global budget.
+    /// The global budget, charged to the limiter's tenant. Requests naming
+    /// a tenant are refused ([`AdmissionError::TenantNeedsPerTenantCost`]).
     Global(Limiter),
+    /// The global budget, charged to each request's tenant: one limiter
+    /// per tenant, built from `config` (its tenant replaced) on `source`,
+    /// at most `max_tenants` at once (the least recently built is dropped
+    /// first, its credits forfeited, which is always safe). Requests
+    /// without a tenant are charged to `config`'s tenant.
+    GlobalPerTenant {
+        /// The credit source every tenant's limiter draws on.
+        source: Arc<dyn crate::CreditSource>,
+        /// The limiters' configuration.
+        config: crate::LimiterConfig,
+        /// Most tenants' limiters held at once.
+        max_tenants: usize,
+    },
+}
+
+impl std::fmt::Debug for CostAxis {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CostAxis::InProcess(limit) => f.debug_tuple("InProcess").field(limit).finish(),
+            CostAxis::Global(limiter) => f.debug_tuple("Global").field(limiter).finish(),
+            CostAxis::GlobalPerTenant {
+                config,
+                max_tenants,
+                ..
+            } => f
+                .debug_struct("GlobalPerTenant")
+                .field("config", config)
+                .field("max_tenants", max_tenants)
+                .finish_non_exhaustive(),
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -132,6 +166,24 @@ impl AdmissionGateBuilder {
                 self.max_keys,
             )?)),
             Some(CostAxis::Global(limiter)) => Some(CostBackend::Global(limiter)),
+            Some(CostAxis::GlobalPerTenant {
+                source,
+                config,
+                max_tenants,
+            }) => {
+                config
+                    .validate()
+                    .map_err(|e| AdmissionError::Backend(e.into()))?;
+                let default = Limiter::with_shared_source(Arc::clone(&source), config.clone())
+                    .map_err(|e| AdmissionError::Backend(e.into()))?;
+                Some(CostBackend::PerTenant(PerTenant {
+                    source,
+                    config,
+                    max_tenants: max_tenants.max(1),
+                    default,
+                    limiters: Mutex::new(TenantLimiters::default()),
+                }))
+            }
             None => None,
         };
         Ok(AdmissionGate {
@@ -168,6 +220,53 @@ pub(crate) struct ConcurrencyAxis {
 enum CostBackend {
     InProcess(KeyedLimit),
     Global(Limiter),
+    PerTenant(PerTenant),
+}
+
+/// The global cost axis charged per tenant.
+struct PerTenant {
+    source: Arc<dyn crate::CreditSource>,
+    config: crate::LimiterConfig,
+    max_tenants: usize,
+    /// For requests without a tenant.
+    default: Limiter,
+    limiters: Mutex<TenantLimiters>,
+}
+
+/// The tenants' limiters, oldest first.
+#[derive(Default)]
+struct TenantLimiters {
+    by_tenant: std::collections::HashMap<String, Limiter>,
+    built: std::collections::VecDeque<String>,
+}
+
+impl PerTenant {
+    /// The limiter of `tenant` (`None`: the default one), built on first use.
+    fn limiter(&self, tenant: Option<&str>) -> Result<Limiter, AdmissionError> {
+        let Some(tenant) = tenant else {
+            return Ok(self.default.clone());
+        };
+        let mut limiters = lock(&self.limiters);
+        if let Some(limiter) = limiters.by_tenant.get(tenant) {
+            return Ok(limiter.clone());
+        }
+        let id = leasehold_core::ids::TenantId::new(tenant)
+            .map_err(|e| AdmissionError::Backend(e.into()))?;
+        let config = self.config.clone().with_tenant(id);
+        let limiter = Limiter::with_shared_source(Arc::clone(&self.source), config)
+            .map_err(|e| AdmissionError::Backend(e.into()))?;
+        while limiters.by_tenant.len() >= self.max_tenants {
+            let Some(oldest) = limiters.built.pop_front() else {
+                break;
+            };
+            limiters.by_tenant.remove(&oldest);
+        }
+        limiters
+            .by_tenant
+            .insert(tenant.to_string(), limiter.clone());
+        limiters.built.push_back(tenant.to_string());
+        Ok(limiter)
+    }
 }
 
 pub(crate) struct GateInner {
@@ -235,27 +334,40 @@ impl AdmissionGate {
     /// ([`Backend`](AdmissionError::Backend)); in every error case nothing
     /// stays held.
     pub async fn admit(&self, request: AdmitRequest<'_>) -> Result<AdmitOutcome, AdmissionError> {
+        let local_key = self.local_key(&request)?;
+        // The in-process axes see the tenant's key; the global axis the key.
+        let local = AdmitRequest {
+            key: &local_key,
+            ..request
+        };
         let span = admission_span(&request);
         async {
-            match self.before_cost(&request)? {
+            let global = match &self.inner.cost {
+                Some(CostBackend::Global(limiter)) => Some(limiter.clone()),
+                Some(CostBackend::PerTenant(per_tenant)) => {
+                    Some(per_tenant.limiter(request.tenant)?)
+                }
+                _ => None,
+            };
+            match self.before_cost(&local)? {
                 Stage::Done(outcome) => Ok(outcome),
                 Stage::NeedsCost(taken) => {
-                    let cost_decision = match &self.inner.cost {
-                        Some(CostBackend::InProcess(limit)) => {
-                            limit.try_acquire(request.key, taken.now_ms, request.cost)
+                    let cost_decision = match (&self.inner.cost, global) {
+                        (Some(CostBackend::InProcess(limit)), _) => {
+                            limit.try_acquire(local.key, taken.now_ms, request.cost)
                         }
-                        Some(CostBackend::Global(limiter)) => {
+                        (_, Some(limiter)) => {
                             match limiter.check(request.key, request.cost).await {
                                 Ok(d) => d,
                                 Err(e) => {
-                                    self.give_back(&request, &taken);
+                                    self.give_back(&local, &taken);
                                     return Err(AdmissionError::Backend(e));
                                 }
                             }
                         }
-                        None => Decision::ALLOW_FULL,
+                        _ => Decision::ALLOW_FULL,
                     };
-                    Ok(self.after_cost(&request, taken, cost_decision))
+                    Ok(self.after_cost(&local, taken, cost_decision))
                 }
             }
         }
@@ -267,23 +379,56 @@ impl AdmissionGate {
     /// in-process ([`AdmissionError::NotInProcess`] otherwise, before
     /// anything is taken).
     pub fn admit_sync(&self, request: AdmitRequest<'_>) -> Result<AdmitOutcome, AdmissionError> {
-        if matches!(self.inner.cost, Some(CostBackend::Global(_))) {
+        if matches!(
+            self.inner.cost,
+            Some(CostBackend::Global(_) | CostBackend::PerTenant(_))
+        ) {
             return Err(AdmissionError::NotInProcess);
         }
+        let local_key = self.local_key(&request)?;
+        let local = AdmitRequest {
+            key: &local_key,
+            ..request
+        };
         let span = admission_span(&request);
         let _entered = span.enter();
-        match self.before_cost(&request)? {
+        match self.before_cost(&local)? {
             Stage::Done(outcome) => Ok(outcome),
             Stage::NeedsCost(taken) => {
                 let cost_decision = match &self.inner.cost {
                     Some(CostBackend::InProcess(limit)) => {
-                        limit.try_acquire(request.key, taken.now_ms, request.cost)
+                        limit.try_acquire(local.key, taken.now_ms, request.cost)
                     }
                     _ => Decision::ALLOW_FULL,
                 };
-                Ok(self.after_cost(&request, taken, cost_decision))
+                Ok(self.after_cost(&local, taken, cost_decision))
             }
         }
+    }
+
+    /// The key the in-process axes keep a request's state under: the key,
+    /// or `tenant NUL key` for a request naming a tenant (keys and tenants
+    /// holding a NUL are refused, so the two never meet).
+    fn local_key<'a>(
+        &self,
+        request: &AdmitRequest<'a>,
+    ) -> Result<std::borrow::Cow<'a, str>, AdmissionError> {
+        if request.key.contains('\0') {
+            return Err(AdmissionError::InvalidName("key"));
+        }
+        let Some(tenant) = request.tenant else {
+            return Ok(std::borrow::Cow::Borrowed(request.key));
+        };
+        if tenant.is_empty() || tenant.contains('\0') {
+            return Err(AdmissionError::InvalidName("tenant"));
+        }
+        if matches!(self.inner.cost, Some(CostBackend::Global(_))) {
+            return Err(AdmissionError::TenantNeedsPerTenantCost);
+        }
+        Ok(std::borrow::Cow::Owned(format!(
+            "{tenant}\0{}",
+            request.key
+        )))
     }
 
     /// What each axis decided in the most recent admission (axes not
@@ -509,6 +654,7 @@ fn admission_span(request: &AdmitRequest<'_>) -> tracing::Span {
     tracing::info_span!(
         "admission",
         key = request.key,
+        tenant = request.tenant.unwrap_or_default(),
         cost = request.cost,
         binding_axis = tracing::field::Empty,
     )

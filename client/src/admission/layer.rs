@@ -54,8 +54,10 @@ use super::request::{AdmitOutcome, AdmitRequest};
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct Admit {
-    /// Whose rate and cost budgets it spends (a tenant, a user, an API key).
+    /// Whose rate and cost budgets it spends (a user, an API key, a model).
     pub key: String,
+    /// The tenant it acts for ([`AdmitRequest::tenant`]).
+    pub tenant: Option<String>,
     /// Cost units it spends, at least 1.
     pub cost: u64,
     /// What admitting it is worth, for a bid-price policy.
@@ -69,10 +71,17 @@ impl Admit {
     pub fn new(key: impl Into<String>, cost: u64) -> Self {
         Admit {
             key: key.into(),
+            tenant: None,
             cost,
             value: None,
             hold_ms: None,
         }
+    }
+
+    /// For `tenant`.
+    pub fn with_tenant(mut self, tenant: impl Into<String>) -> Self {
+        self.tenant = Some(tenant.into());
+        self
     }
 
     /// With the value of admitting it.
@@ -90,6 +99,7 @@ impl Admit {
     fn as_request(&self) -> AdmitRequest<'_> {
         AdmitRequest {
             key: &self.key,
+            tenant: self.tenant.as_deref(),
             cost: self.cost,
             value: self.value,
             hold_ms: self.hold_ms,

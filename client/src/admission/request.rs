@@ -8,9 +8,14 @@ use super::release::Release;
 
 /// One request to admit.
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
 pub struct AdmitRequest<'a> {
-    /// Whose rate and cost budgets it spends (a tenant, a user, an API key).
+    /// Whose rate and cost budgets it spends (a user, an API key, a model).
     pub key: &'a str,
+    /// The tenant it acts for: its in-process rate and cost are kept per
+    /// tenant and key, and a `CostAxis::GlobalPerTenant` charges the global
+    /// budget to it (`None`: the key alone, the default tenant).
+    pub tenant: Option<&'a str>,
     /// Cost units it spends (tokens, bytes, …), at least 1.
     pub cost: u64,
     /// What admitting it is worth, for a bid-price policy (default 1).
@@ -26,9 +31,18 @@ impl<'a> AdmitRequest<'a> {
     pub fn new(key: &'a str, cost: u64) -> Self {
         AdmitRequest {
             key,
+            tenant: None,
             cost,
             value: None,
             hold_ms: None,
+        }
+    }
+
+    /// For `tenant`.
+    pub fn with_tenant(self, tenant: &'a str) -> Self {
+        AdmitRequest {
+            tenant: Some(tenant),
+            ..self
         }
     }
 

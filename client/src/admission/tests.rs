@@ -914,3 +914,135 @@ mod layer {
         }
     }
 }
+
+/// Requests naming a tenant.
+mod tenants {
+    use std::sync::Mutex;
+
+    use super::*;
+
+    #[test]
+    fn in_process_budgets_are_kept_per_tenant_and_key() {
+        let c = clock();
+        let g = gate(&c, 8, 2, 1_000);
+        for tenant in ["acme", "globex"] {
+            for _ in 0..2 {
+                let outcome = g
+                    .admit_sync(AdmitRequest::new("k", 1).with_tenant(tenant))
+                    .unwrap();
+                assert!(outcome.decision.allowed, "{tenant}");
+                outcome.release.release(false);
+            }
+            let third = g
+                .admit_sync(AdmitRequest::new("k", 1).with_tenant(tenant))
+                .unwrap();
+            assert_eq!(third.binding_axis, Some(Axis::Rate), "{tenant}");
+        }
+        // The key without a tenant is a budget of its own.
+        let bare = g.admit_sync(AdmitRequest::new("k", 1)).unwrap();
+        assert!(bare.decision.allowed);
+        bare.release.release(false);
+    }
+
+    #[test]
+    fn names_that_could_meet_are_refused() {
+        let c = clock();
+        let g = gate(&c, 8, 2, 1_000);
+        for request in [
+            AdmitRequest::new("a\0b", 1),
+            AdmitRequest::new("k", 1).with_tenant(""),
+            AdmitRequest::new("k", 1).with_tenant("t\0"),
+        ] {
+            assert!(
+                matches!(g.admit_sync(request), Err(AdmissionError::InvalidName(_))),
+                "{request:?}"
+            );
+        }
+        assert_eq!(g.concurrency(), Some((8, 0)), "nothing held");
+    }
+
+    /// Records the tenant of every acquire; grants what is asked.
+    #[derive(Default)]
+    struct Tenants(Mutex<Vec<Option<String>>>);
+
+    impl CreditSource for Tenants {
+        fn acquire(&self, r: AcquireRequest) -> BoxFuture<'_, Result<Grant, ClientError>> {
+            lock_vec(&self.0).push(r.tenant.map(|t| t.as_str().to_string()));
+            let grant = Grant {
+                granted: r.tokens,
+                limit: 1_000,
+                window_start_ms: 0,
+                window_end_ms: u64::MAX / 4,
+                remaining_lifetime_ms: 600_000,
+                retry_after_ms: 0,
+            };
+            async move { Ok(grant) }.boxed()
+        }
+        fn check(&self, _: CheckRequest) -> BoxFuture<'_, Result<CheckReply, ClientError>> {
+            async { Err(ClientError::Unsupported("leased only".into())) }.boxed()
+        }
+        fn give_back(&self, r: ReturnRequest) -> BoxFuture<'_, Result<u64, ClientError>> {
+            async move { Ok(r.tokens) }.boxed()
+        }
+    }
+
+    fn lock_vec<T>(m: &Mutex<Vec<T>>) -> std::sync::MutexGuard<'_, Vec<T>> {
+        m.lock().unwrap()
+    }
+
+    #[tokio::test]
+    async fn the_global_budget_is_charged_to_each_requests_tenant() {
+        let c = clock();
+        let source = Arc::new(Tenants::default());
+        let config = LimiterConfig::leased(ClientId::new("per-tenant").unwrap())
+            .with_lease(crate::LeaseOptions::default().with_sizing(crate::LeaseSizing::Fixed(1)));
+        let g = AdmissionGate::builder()
+            .clock(c.clone())
+            .cost(CostAxis::GlobalPerTenant {
+                source: source.clone(),
+                config,
+                max_tenants: 2,
+            })
+            .build()
+            .unwrap();
+        for tenant in [
+            Some("acme"),
+            Some("globex"),
+            None,
+            Some("initech"),
+            Some("acme"),
+        ] {
+            let request = match tenant {
+                Some(t) => AdmitRequest::new("k", 1).with_tenant(t),
+                None => AdmitRequest::new("k", 1),
+            };
+            assert!(g.admit(request).await.unwrap().decision.allowed);
+        }
+        let asked: Vec<Option<String>> = lock_vec(&source.0).clone();
+        let named = |t: &str| Some(t.to_string());
+        assert_eq!(
+            asked,
+            vec![
+                named("acme"),
+                named("globex"),
+                None,
+                named("initech"),
+                named("acme")
+            ],
+            "each request's tenant is charged; no tenant is the config's"
+        );
+        // A plain global axis refuses a tenant rather than charging another.
+        let budget = Arc::new(Budget {
+            left: AtomicU64::new(5),
+            failing: false.into(),
+        });
+        let plain = global_gate(&c, budget);
+        assert_eq!(
+            plain
+                .admit(AdmitRequest::new("k", 1).with_tenant("acme"))
+                .await
+                .unwrap_err(),
+            AdmissionError::TenantNeedsPerTenantCost
+        );
+    }
+}
