@@ -125,7 +125,9 @@
 //!
 //! # Layout
 //! - [`admission`] — [`AdmissionGate`](admission::AdmissionGate): one
-//!   decision across concurrency, rate and cost.
+//!   decision across concurrency, rate and cost (and a tenant), and
+//!   [`AdmissionLayer`](admission::AdmissionLayer), the gate as a tower
+//!   layer in front of an HTTP service.
 //! - [`limiter`] — the [`Limiter`] and its modes (leased, strict, cached-deny,
 //!   idle returns).
 //! - [`wallet`] — the sans-IO credit bookkeeping of one key (property-tested).
@@ -145,6 +147,16 @@
 //! - [`trace_context`] — W3C `traceparent` in every call's gRPC metadata
 //!   (the current span's, through OpenTelemetry's global propagator).
 #![deny(missing_docs)]
+// The front page links every feature's items; without them some links dangle.
+#![cfg_attr(
+    not(all(
+        feature = "tls",
+        feature = "otel",
+        feature = "admission",
+        feature = "fair"
+    )),
+    allow(rustdoc::broken_intra_doc_links)
+)]
 
 #[cfg(feature = "admission")]
 pub mod admission;
