@@ -448,6 +448,15 @@ impl AdmissionGate {
         }
     }
 
+    /// Tenants whose limiters a `CostAxis::GlobalPerTenant` holds now (0
+    /// for any other cost axis): at most its `max_tenants`.
+    pub fn tenant_limiters(&self) -> usize {
+        match &self.inner.cost {
+            Some(CostBackend::PerTenant(per_tenant)) => lock(&per_tenant.limiters).by_tenant.len(),
+            _ => 0,
+        }
+    }
+
     /// Admissions allowed since the gate was built.
     pub fn admitted(&self) -> u64 {
         self.inner.counters.admitted.load(Ordering::Relaxed)
