@@ -542,25 +542,7 @@ mod bid_price {
         let c = clock();
         // Small (cost 10, value 1) and large (cost 100, value 5), 1 000 of
         // each, budget 15 000: the large type is admitted at 5%.
-        let workload = Workload {
-            types: vec![
-                RequestType {
-                    cost: 10.0,
-                    value: 1.0,
-                    weight: 1_000.0,
-                    hold: 0.0,
-                },
-                RequestType {
-                    cost: 100.0,
-                    value: 5.0,
-                    weight: 1_000.0,
-                    hold: 0.0,
-                },
-            ],
-            rate_budget: None,
-            cost_budget: 15_000.0,
-            concurrency_budget: None,
-        };
+        let workload = leasehold_core::admission::simulation::knife_edge_workload(15_000.0);
         let g = policy_gate(&c, BidPriceFilter::from_workload(&workload).unwrap());
         let mut admitted = 0;
         for _ in 0..40 {

@@ -9,7 +9,33 @@
 //! and the **hindsight** optimum of the realised stream (an exact
 //! knapsack over the type counts).
 
-use super::bid_price::{replay_value, BidPriceFilter, Budgets, Observed, RequestType};
+use super::bid_price::{replay_value, BidPriceFilter, Budgets, Observed, RequestType, Workload};
+
+/// The knife-edge workload of docs/admission.md: 1 000 small requests
+/// (cost 10, value 1) and 1 000 large ones (cost 100, value 5) against a
+/// cost budget. Between budgets of 10 000 and 110 000 the LP admits the
+/// large type in part, at exactly its price.
+pub fn knife_edge_workload(cost_budget: f64) -> Workload {
+    Workload {
+        types: vec![
+            RequestType {
+                cost: 10.0,
+                value: 1.0,
+                weight: 1_000.0,
+                hold: 0.0,
+            },
+            RequestType {
+                cost: 100.0,
+                value: 5.0,
+                weight: 1_000.0,
+                hold: 0.0,
+            },
+        ],
+        rate_budget: None,
+        cost_budget,
+        concurrency_budget: None,
+    }
+}
 
 /// A SplitMix64 random stream (deterministic, seedable, no dependency).
 #[derive(Debug, Clone)]

@@ -7,8 +7,8 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::admission::simulation::{
-    hindsight_equal_value_slots, hog_arrivals, markov_stream, realise, regret_row,
-    replay_with_slots, RegretRow, SplitMix64,
+    hindsight_equal_value_slots, hog_arrivals, knife_edge_workload, markov_stream, realise,
+    regret_row, replay_with_slots, RegretRow, SplitMix64,
 };
 
 const SMALL: RequestType = RequestType {
@@ -445,24 +445,7 @@ fn gate_the_hold_time_hog_is_priced_out() {
 /// every such request (the old rule, `tied_fraction = 1`) is marginal
 /// admission again, admitting the LP's fraction of them is not.
 fn knife_edge_row(cost_budget: f64, seeds: std::ops::Range<u64>) -> (f64, f64, f64, f64, f64) {
-    const SMALL: RequestType = RequestType {
-        cost: 10.0,
-        value: 1.0,
-        weight: 1_000.0,
-        hold: 0.0,
-    };
-    const LARGE: RequestType = RequestType {
-        cost: 100.0,
-        value: 5.0,
-        weight: 1_000.0,
-        hold: 0.0,
-    };
-    let workload = Workload {
-        types: vec![SMALL, LARGE],
-        rate_budget: None,
-        cost_budget,
-        concurrency_budget: None,
-    };
+    let workload = knife_edge_workload(cost_budget);
     let solution = solve_fluid_lp(&workload).unwrap();
     let filter = BidPriceFilter::from_workload(&workload).unwrap();
     let all_ties = filter.clone().with_tied_fraction(1.0).unwrap();
@@ -475,7 +458,7 @@ fn knife_edge_row(cost_budget: f64, seeds: std::ops::Range<u64>) -> (f64, f64, f
     for seed in seeds {
         let mut rng = SplitMix64::new(seed);
         let stream = markov_stream(&mut rng, 2_000, 0.0);
-        let requests = realise(&stream, &[SMALL, LARGE]);
+        let requests = realise(&stream, &workload.types);
         let (mut f_old, mut f_new) = (all_ties.clone(), filter.clone());
         marginal += replay_value(&requests, budgets, |_| true);
         old += replay_value(&requests, budgets, |o| f_old.admits(o.value, o.cost, None));
@@ -533,25 +516,7 @@ fn gate_the_lp_fraction_of_requests_on_their_price_reaches_the_lp_optimum() {
 
 #[test]
 fn requests_on_their_price_are_admitted_at_the_lp_fraction_and_the_rest_rationed() {
-    let workload = Workload {
-        types: vec![
-            RequestType {
-                cost: 10.0,
-                value: 1.0,
-                weight: 1_000.0,
-                hold: 0.0,
-            },
-            RequestType {
-                cost: 100.0,
-                value: 5.0,
-                weight: 1_000.0,
-                hold: 0.0,
-            },
-        ],
-        rate_budget: None,
-        cost_budget: 15_000.0,
-        concurrency_budget: None,
-    };
+    let workload = knife_edge_workload(15_000.0);
     let solution = solve_fluid_lp(&workload).unwrap();
     // The small type takes 10 000; 5 000 of the large type's 100 000.
     assert!(close(solution.tied_fraction, 0.05), "{solution:?}");
