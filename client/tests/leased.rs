@@ -528,7 +528,7 @@ async fn metrics_follow_stats_round_trips_and_reachability() {
 /// handed to `predict`. Returns (refills, stranded tokens).
 async fn trace_run(sizing: LeaseSizing, forecast: impl Fn(u64) -> Option<u64>) -> (u64, u64) {
     const WINDOWS: u64 = 48;
-    let demand = |t: u64| if (t / 6) % 2 == 0 { 40 } else { 900 };
+    let demand = |t: u64| if (t / 6).is_multiple_of(2) { 40 } else { 900 };
     let fake = FakeCoordinator::new(10_000_000, 1_000, 0);
     let l1 = limiter(fake.clone(), leased(1, 0).with_sizing(sizing), "trace");
     let start = tokio::time::Instant::now();

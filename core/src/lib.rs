@@ -8,6 +8,8 @@
 //! - [`principal`]: who is calling (the identity of an mTLS certificate).
 //! - [`policy`]: the replicated policy table (longest-prefix match).
 //! - [`shadow`]: shadow mode: decisions computed and counted as would-deny, never enforced.
+//! - [`shard`]: hash slots and the versioned placement of slots on shards
+//!   (Raft groups) and of shards on members.
 //! - [`coordinator`]: the L3 state machine: commands, responses, `apply`.
 //! - [`pool`]: the region fair pool as the leader runs it: the weighted
 //!   max-min across regions, the leader's desk around the pool commands
@@ -38,6 +40,7 @@ pub mod predictive_sizer;
 pub mod principal;
 pub mod rls;
 pub mod shadow;
+pub mod shard;
 pub mod sizer;
 pub mod static_partition;
 pub mod water_fill;
