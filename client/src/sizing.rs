@@ -23,13 +23,10 @@ pub trait LeaseSizer: Send + std::fmt::Debug {
     fn size(&self) -> u64;
     /// Feeds the tokens served from one window that just closed.
     fn observe_window_demand(&mut self, served: u64);
-    /// A forecast of the demand of the window that starts now; whether
-    /// this sizer uses forecasts (the default: no, it is ignored).
-    fn predict(&mut self, _demand: u64) -> bool {
-        false
-    }
-    /// Whether [`predict`](LeaseSizer::predict) is used (default false).
-    fn takes_forecasts(&self) -> bool {
+    /// A forecast of the key's next window: the one after the window
+    /// being served (`serving`), else the one starting now. Whether this
+    /// sizer uses forecasts (the default: no, it is ignored).
+    fn forecast(&mut self, _demand: u64, _serving: bool) -> bool {
         false
     }
 }
@@ -50,11 +47,8 @@ impl LeaseSizer for PredictiveSizer {
     fn observe_window_demand(&mut self, served: u64) {
         self.observe(served);
     }
-    fn predict(&mut self, demand: u64) -> bool {
-        PredictiveSizer::predict(self, demand);
-        true
-    }
-    fn takes_forecasts(&self) -> bool {
+    fn forecast(&mut self, demand: u64, serving: bool) -> bool {
+        PredictiveSizer::forecast(self, demand, serving);
         true
     }
 }
@@ -166,20 +160,12 @@ impl KeySizer {
         }
     }
 
-    /// Whether the sizer uses forecasts.
-    pub(crate) fn takes_forecasts(&self) -> bool {
+    /// A forecast of the key's next window ([`LeaseSizer::forecast`]);
+    /// whether the sizer uses it.
+    pub(crate) fn forecast(&mut self, demand: u64, serving: bool) -> bool {
         match self {
             KeySizer::Fixed(_) => false,
-            KeySizer::Adaptive(sizer) => sizer.takes_forecasts(),
-        }
-    }
-
-    /// A forecast of the demand of the window that starts now; whether
-    /// the sizer uses it.
-    pub(crate) fn predict(&mut self, demand: u64) -> bool {
-        match self {
-            KeySizer::Fixed(_) => false,
-            KeySizer::Adaptive(sizer) => sizer.predict(demand),
+            KeySizer::Adaptive(sizer) => sizer.forecast(demand, serving),
         }
     }
 

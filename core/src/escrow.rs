@@ -136,9 +136,6 @@ pub struct RegionEscrow {
     closed: Option<ClosedWindow>,
     /// Local deadline of a window the coordinator said is exhausted.
     exhausted_until_ms: Option<u64>,
-    /// A forecast of the next window's demand, for the sizer when the
-    /// current window closes.
-    forecast: Option<u64>,
     counters: EscrowCounters,
 }
 
@@ -164,7 +161,6 @@ impl RegionEscrow {
             served_window: None,
             closed: None,
             exhausted_until_ms: None,
-            forecast: None,
             counters: EscrowCounters::default(),
         }
     }
@@ -174,14 +170,7 @@ impl RegionEscrow {
     /// for a predictive sizer, which gets it when that window starts.
     /// Returns whether the sizer takes forecasts (only the predictive one).
     pub fn forecast(&mut self, demand: u64) -> bool {
-        if !self.sizer.takes_forecasts() {
-            return false;
-        }
-        if self.served_window.is_none() {
-            return self.sizer.predict(demand);
-        }
-        self.forecast = Some(demand);
-        true
+        self.sizer.forecast(demand, self.served_window.is_some())
     }
 
     /// Changes the outage policy (a policy update from the coordinator).
@@ -307,10 +296,6 @@ impl RegionEscrow {
             }
             Some((w, served)) if w < window_start_ms => {
                 self.sizer.observe(served);
-                // The window the forecast was for starts now.
-                if let Some(forecast) = self.forecast.take() {
-                    self.sizer.predict(forecast);
-                }
                 self.served_window = Some((window_start_ms, tokens));
             }
             Some(_) => {}

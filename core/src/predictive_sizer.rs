@@ -107,6 +107,9 @@ pub struct PredictiveSizer {
     /// Cumulative capped normalised losses, per expert.
     losses: [f64; 2],
     prediction: Option<u64>,
+    /// A forecast of the window after the one being served, made the
+    /// prediction when that one closes.
+    next_forecast: Option<u64>,
     last_demand: Option<u64>,
 }
 
@@ -122,6 +125,7 @@ impl PredictiveSizer {
             learning_rate: hedge.learning_rate,
             losses: [0.0; 2],
             prediction: None,
+            next_forecast: None,
             last_demand: None,
         })
     }
@@ -130,6 +134,19 @@ impl PredictiveSizer {
     /// last window's demand stands in again).
     pub fn predict(&mut self, demand: u64) {
         self.prediction = Some(demand);
+    }
+
+    /// A forecast of a key's demand in its next window, as a client or an
+    /// escrow node receives one: with a window being served (`serving`),
+    /// the window after it — the forecast becomes the prediction when the
+    /// served window closes ([`PredictiveSizer::observe`]); without one,
+    /// the window starting now — it is the prediction at once.
+    pub fn forecast(&mut self, demand: u64, serving: bool) {
+        if serving {
+            self.next_forecast = Some(demand);
+        } else {
+            self.predict(demand);
+        }
     }
 
     /// The EOQ of a demand, clamped into the size bounds.
@@ -192,7 +209,8 @@ impl PredictiveSizer {
         }
         self.eoq.observe(demand);
         self.last_demand = Some(demand);
-        self.prediction = None;
+        // The window a forecast was made for starts now.
+        self.prediction = self.next_forecast.take();
     }
 }
 
@@ -314,6 +332,24 @@ mod tests {
         let growth = (regrets[3] * 16_000.0 / (regrets[0] * 250.0)).ln() / 64f64.ln();
         println!("total regret grows like T^{growth:.2}");
         assert!(growth < 0.85, "exponent {growth}");
+    }
+
+    #[test]
+    fn a_forecast_for_the_next_window_waits_for_it() {
+        let fresh =
+            || PredictiveSizer::new(EoqParams::default(), PredictiveParams::default()).unwrap();
+        let (mut now, mut later, plain) = (fresh(), fresh(), fresh());
+        now.forecast(50_000, false);
+        assert!(now.size() > plain.size(), "no window served: at once");
+        later.forecast(50_000, true);
+        assert_eq!(later.size(), plain.size(), "not before its window");
+        let mut plain = plain;
+        later.observe(10);
+        plain.observe(10);
+        assert!(later.size() > plain.size(), "its window started");
+        later.observe(10);
+        plain.observe(10);
+        assert_eq!(later.prediction, None, "used once");
     }
 
     #[test]

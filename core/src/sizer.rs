@@ -174,17 +174,13 @@ impl LeaseSizer {
         }
     }
 
-    /// Whether it takes forecasts ([`LeaseSizer::predict`]).
-    pub fn takes_forecasts(&self) -> bool {
-        matches!(self, LeaseSizer::Predictive(_))
-    }
-
-    /// Hands it a forecast of the demand of the window starting now;
+    /// Hands it a forecast of a key's next window
+    /// ([`PredictiveSizer::forecast`](crate::predictive_sizer::PredictiveSizer::forecast));
     /// whether it uses forecasts (only the predictive sizer does).
-    pub fn predict(&mut self, demand: u64) -> bool {
+    pub fn forecast(&mut self, demand: u64, serving: bool) -> bool {
         match self {
             LeaseSizer::Predictive(sizer) => {
-                sizer.predict(demand);
+                sizer.forecast(demand, serving);
                 true
             }
             LeaseSizer::Fixed(_) | LeaseSizer::Eoq(_) => false,

@@ -66,9 +66,6 @@ pub(crate) struct KeyState {
     /// After an empty grant: shortages are denied locally until this
     /// instant (the grant's retry hint) instead of asking again.
     pub empty_until: Option<(Instant, RefillReport)>,
-    /// A forecast of the next window's demand, handed to the sizer when
-    /// the current window closes.
-    pub forecast: Option<u64>,
 }
 
 /// A key's cell, shared between checks and refill tasks, laid out in the
@@ -477,7 +474,6 @@ mod tests {
             sizer: crate::sizing::LeaseSizing::Fixed(1).sizer(),
             expired_reported: 0,
             empty_until: None,
-            forecast: None,
         }
     }
 

@@ -319,20 +319,12 @@ impl Inner {
         denied(limit, balance, reset_at_ms, retry_after_ms)
     }
 
-    /// A forecast of `key`'s next window: its sizer gets it when the
-    /// current window closes, or now if the key has no window yet.
+    /// A forecast of `key`'s next window, for its sizer.
     pub(super) fn predict(&self, key: &Key, options: &LeaseOptions, demand: u64) -> bool {
         let cell = self.cell(key, options);
         let mut state = lock(&cell.state);
-        if state.wallet.window().is_none() {
-            return state.sizer.predict(demand);
-        }
-        // Whether the sizer takes forecasts, without handing it this one.
-        let uses = state.sizer.takes_forecasts();
-        if uses {
-            state.forecast = Some(demand);
-        }
-        uses
+        let serving = state.wallet.window().is_some();
+        state.sizer.forecast(demand, serving)
     }
 
     /// The cell of `key`, created on first use.
@@ -344,7 +336,6 @@ impl Inner {
             sizer: options.sizing.sizer(),
             expired_reported: 0,
             empty_until: None,
-            forecast: None,
         });
         if let Some(evicted) = evicted {
             self.retire_cell(&evicted);
@@ -471,10 +462,6 @@ impl Inner {
                 bump(&self.stats.tokens_leased, tokens);
                 if let Some(served) = closed_window_served {
                     state.sizer.observe_window_demand(served);
-                    // The window the forecast was for starts now.
-                    if let Some(forecast) = state.forecast.take() {
-                        state.sizer.predict(forecast);
-                    }
                 }
                 tokens
             }

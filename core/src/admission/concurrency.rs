@@ -255,6 +255,17 @@ impl ConcurrencyLimit {
     /// Whether at least `need` of the requests of `ages` (age, count) end
     /// within `wait` with probability [`SLOT_FREE_CONFIDENCE`].
     fn freed_with_confidence(&self, ages: &[(u64, u64)], need: u64, wait: u64) -> bool {
+        if need == 1 {
+            // The usual case: one slot, the complement of none ending.
+            let none_ended: f64 = ages
+                .iter()
+                .map(|&(age, count)| {
+                    let exponent = i32::try_from(count).unwrap_or(i32::MAX);
+                    (1.0 - self.ends_within(age, wait)).powi(exponent)
+                })
+                .product();
+            return 1.0 - none_ended >= SLOT_FREE_CONFIDENCE - 1e-12;
+        }
         let need = need as usize;
         // at_least[k]: the probability that k (need: ≥ need) have ended.
         let mut ended = vec![0.0f64; need + 1];
