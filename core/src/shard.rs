@@ -8,9 +8,10 @@
 //!   [`SLOTS`] — computable by any client from the key alone (Python's
 //!   `mmh3.hash64(key, 0, signed=False)[0] % 16384`). Growing and
 //!   balancing move *slots* between shards; keys never rehash.
-//! - **One shard is the default**: [`Placement::single`] puts every slot on
-//!   shard 0, replicated by every member — the layout of a cluster that has
-//!   never been sharded.
+//! - **One shard is the default**: [`Placement::meta`] puts every slot on
+//!   shard 0 — the meta group, replicated by every member of the cluster
+//!   (its Raft membership, so the placement names no replicas for it) —
+//!   the layout of a cluster that has never been sharded.
 //! - **Every change is checked and versioned**: a change that would leave
 //!   a slot without an owning shard, a shard without replicas, or name a
 //!   shard that does not exist is refused with a [`PlacementError`] and
@@ -63,6 +64,10 @@ pub enum PlacementError {
     /// A shard needs at least one replica.
     #[error("shard {0:?} needs at least one replica")]
     NoReplicas(ShardId),
+    /// Shard 0's replicas are the cluster's members (its Raft membership):
+    /// changed by adding and removing members, never in the placement.
+    #[error("shard 0 is replicated by every member of the cluster; add or remove members instead")]
+    MetaReplicas,
     /// The slot range is empty or past the last slot.
     #[error("slot range {start}..{end} is not within 0..{SLOTS} or is empty")]
     BadSlotRange {
@@ -92,8 +97,22 @@ pub enum PlacementError {
     TooManyShards,
 }
 
+/// Slots `start..end` changing owner from shard `from` to shard `to`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SlotMove {
+    /// First slot.
+    pub start: u32,
+    /// One past the last slot.
+    pub end: u32,
+    /// The owner before.
+    pub from: ShardId,
+    /// The owner after.
+    pub to: ShardId,
+}
+
 /// Which shard owns each slot and which members replicate each shard, at
-/// a version.
+/// a version. Shard 0 always exists and names no replicas: every member
+/// of the cluster replicates it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Placement {
     version: u64,
@@ -104,17 +123,19 @@ pub struct Placement {
 }
 
 impl Placement {
-    /// One shard (0) owning every slot, replicated by `members` (version 1).
-    pub fn single(members: impl IntoIterator<Item = MemberId>) -> Result<Self, PlacementError> {
-        let members: BTreeSet<MemberId> = members.into_iter().collect();
-        if members.is_empty() {
-            return Err(PlacementError::NoReplicas(ShardId(0)));
-        }
-        Ok(Placement {
-            version: 1,
+    /// One shard (0, the meta group) owning every slot: the placement of a
+    /// cluster never sharded (version 0).
+    pub fn meta() -> Self {
+        Placement {
+            version: 0,
             runs: BTreeMap::from([(0, ShardId(0))]),
-            replicas: BTreeMap::from([(ShardId(0), members)]),
-        })
+            replicas: BTreeMap::from([(ShardId(0), BTreeSet::new())]),
+        }
+    }
+
+    /// Whether `shard` is in the placement.
+    pub fn has_shard(&self, shard: ShardId) -> bool {
+        self.replicas.contains_key(&shard)
     }
 
     /// The version: raised by one by every accepted change.
@@ -135,7 +156,7 @@ impl Placement {
         self.shard_of_slot(slot_of(key))
     }
 
-    /// The members replicating `shard`.
+    /// The members replicating `shard` (empty for shard 0: every member).
     pub fn replicas(&self, shard: ShardId) -> Option<&BTreeSet<MemberId>> {
         self.replicas.get(&shard)
     }
@@ -195,6 +216,9 @@ impl Placement {
         members: impl IntoIterator<Item = MemberId>,
     ) -> Result<(), PlacementError> {
         let members: BTreeSet<MemberId> = members.into_iter().collect();
+        if shard == ShardId(0) {
+            return Err(PlacementError::MetaReplicas);
+        }
         let Some(current) = self.replicas.get_mut(&shard) else {
             return Err(PlacementError::NoSuchShard(shard));
         };
@@ -278,8 +302,11 @@ impl Placement {
         Ok(())
     }
 
-    /// Removes `shard`, which must own no slot.
+    /// Removes `shard`, which must own no slot and not be shard 0.
     pub fn remove_shard(&mut self, shard: ShardId) -> Result<(), PlacementError> {
+        if shard == ShardId(0) {
+            return Err(PlacementError::MetaReplicas);
+        }
         if !self.replicas.contains_key(&shard) {
             return Err(PlacementError::NoSuchShard(shard));
         }
@@ -290,6 +317,38 @@ impl Placement {
         self.replicas.remove(&shard);
         self.version += 1;
         Ok(())
+    }
+
+    /// The slot ranges whose owner differs between `self` and `after`, as
+    /// `(start, end, owner here, owner there)`, in slot order, adjacent
+    /// ranges of the same pair merged.
+    pub fn moves_to(&self, after: &Placement) -> Vec<SlotMove> {
+        let mut starts: BTreeSet<u32> = self.runs.keys().map(|&s| u32::from(s)).collect();
+        starts.extend(after.runs.keys().map(|&s| u32::from(s)));
+        let mut moves: Vec<SlotMove> = Vec::new();
+        let bounds: Vec<u32> = starts.into_iter().chain([u32::from(SLOTS)]).collect();
+        for pair in bounds.windows(2) {
+            let (start, end) = (pair[0], pair[1]);
+            let (from, to) = (
+                self.shard_of_slot(start as Slot),
+                after.shard_of_slot(start as Slot),
+            );
+            if from == to {
+                continue;
+            }
+            match moves.last_mut() {
+                Some(last) if last.end == start && last.from == from && last.to == to => {
+                    last.end = end;
+                }
+                _ => moves.push(SlotMove {
+                    start,
+                    end,
+                    from,
+                    to,
+                }),
+            }
+        }
+        moves
     }
 
     /// Merges adjacent runs of the same shard.
@@ -339,18 +398,22 @@ mod tests {
 
     #[test]
     fn one_shard_is_the_default_and_owns_every_key() {
-        let p = Placement::single([1, 2, 3]).unwrap();
-        assert_eq!(p.version(), 1);
+        let mut p = Placement::meta();
+        assert_eq!(p.version(), 0);
         assert_eq!(p.shard_of("anything"), ShardId(0));
         assert_eq!(p.slot_count(ShardId(0)), u32::from(SLOTS));
-        assert!(Placement::single([]).is_err());
+        assert_eq!(
+            p.set_replicas(ShardId(0), [1]),
+            Err(PlacementError::MetaReplicas)
+        );
+        assert_eq!(p, Placement::meta());
     }
 
     #[test]
     fn a_split_halves_a_shard_and_refusals_change_nothing() {
-        let mut p = Placement::single([1, 2, 3]).unwrap();
+        let mut p = Placement::meta();
         p.split(ShardId(0), ShardId(1), [4, 5, 6]).unwrap();
-        assert_eq!(p.version(), 2);
+        assert_eq!(p.version(), 1);
         assert_eq!(p.slot_count(ShardId(0)), 8_192);
         assert_eq!(p.slot_count(ShardId(1)), 8_192);
         assert_eq!(
@@ -371,9 +434,13 @@ mod tests {
         assert!(p.remove_shard(ShardId(0)).is_err());
         assert_eq!(p, before, "refused changes leave it as it was");
         p.move_slots(0, 8_192, ShardId(1)).unwrap();
-        p.remove_shard(ShardId(0)).unwrap();
+        assert_eq!(
+            p.remove_shard(ShardId(0)),
+            Err(PlacementError::MetaReplicas),
+            "shard 0, the meta group, stays even when it owns no slot"
+        );
         assert_eq!(p.shard_of("anything"), ShardId(1));
-        assert_eq!(p.version(), 4);
+        assert_eq!(p.version(), 2);
     }
 
     #[derive(Debug, Clone)]
@@ -403,8 +470,8 @@ mod tests {
         fn every_slot_has_exactly_one_existing_owner_whatever_the_changes(
             changes in proptest::collection::vec(change(), 0..40),
         ) {
-            let mut p = Placement::single([1, 2, 3]).unwrap();
-            let mut accepted = 1u64;
+            let mut p = Placement::meta();
+            let mut accepted = 0u64;
             for c in changes {
                 let before = p.clone();
                 let owned_before = |s: u32| before.slot_count(ShardId(s));
@@ -431,7 +498,23 @@ mod tests {
                 let total: u32 = p.shards().map(|s| p.slot_count(s)).sum();
                 prop_assert_eq!(total, u32::from(SLOTS));
                 for (_, _, owner) in &runs {
-                    prop_assert!(p.replicas(*owner).is_some_and(|r| !r.is_empty()));
+                    let replicas = p.replicas(*owner);
+                    prop_assert!(replicas.is_some());
+                    prop_assert!(*owner == ShardId(0) || replicas.is_some_and(|r| !r.is_empty()));
+                }
+                prop_assert!(p.has_shard(ShardId(0)), "shard 0 always exists");
+                // The moves between two placements name exactly the slots
+                // whose owner differs, with both owners.
+                let moves = before.moves_to(&p);
+                for slot in (0..SLOTS).step_by(97).chain([SLOTS - 1]) {
+                    let moved = moves
+                        .iter()
+                        .find(|m| m.start <= u32::from(slot) && u32::from(slot) < m.end);
+                    let (from, to) = (before.shard_of_slot(slot), p.shard_of_slot(slot));
+                    match moved {
+                        Some(m) => prop_assert_eq!((m.from, m.to), (from, to)),
+                        None => prop_assert_eq!(from, to),
+                    }
                 }
                 if let (Change::Split(a, b), Ok(())) = (&c, &result) {
                     let had = owned_before(*a);

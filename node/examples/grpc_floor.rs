@@ -158,6 +158,7 @@ async fn grpc_sequential(
         client
             .append_entries(RaftPayload {
                 data: vec![7; PAYLOAD_BYTES],
+                shard: 0,
             })
             .await?;
         took.push(started.elapsed());
@@ -188,6 +189,7 @@ async fn grpc_closed_loop(
                     client
                         .append_entries(RaftPayload {
                             data: vec![7; PAYLOAD_BYTES],
+                            shard: 0,
                         })
                         .await?;
                     calls.fetch_add(1, Ordering::Relaxed);

@@ -26,6 +26,11 @@ pub const KEY: &str = "key";
 pub const LEADER_ID: &str = "leader_id";
 /// `ErrorInfo.metadata` key: the leader's `host:port` (`NOT_LEADER`).
 pub const LEADER_ADDR: &str = "leader_addr";
+/// `ErrorInfo.metadata` key: the shard that serves the key (`NOT_OWNER`).
+pub const SHARD: &str = "shard";
+/// `ErrorInfo.metadata` key: the placement version the refusing member
+/// knows (`NOT_OWNER`).
+pub const PLACEMENT_VERSION: &str = "placement_version";
 
 macro_rules! reasons {
     ($( $(#[doc = $doc:literal])* $variant:ident = $name:literal, $code:ident; )*) => {
@@ -70,6 +75,16 @@ reasons! {
     /// The call does not fit the key's policy kind (PoolGrant on a counter
     /// key, Lease on a fair key).
     WrongKeyKind = "WRONG_KEY_KIND", FailedPrecondition;
+    /// Another shard serves the key, or its slot is moving between shards:
+    /// metadata `shard` names the owner and `placement_version` the
+    /// placement this member knows, and `leader_id` / `leader_addr` that
+    /// shard's leader when this member knows it. Read the placement
+    /// (`GetPlacement`) if it is newer than yours and send the request to
+    /// the owner's leader, under a new request id.
+    NotOwner = "NOT_OWNER", FailedPrecondition;
+    /// A placement change was refused (a stale version, a shard that does
+    /// not exist, slots this build cannot move): the message says which.
+    PlacementRefused = "PLACEMENT_REFUSED", FailedPrecondition;
     /// The request id is older than its session remembers, or its session
     /// expired: it may have been executed and never will be again.
     SessionExpired = "SESSION_EXPIRED", FailedPrecondition;
@@ -113,6 +128,10 @@ reasons! {
     /// A member that has a log is still loading it: it cannot yet tell
     /// who may send it Raft messages. Retry shortly.
     Starting = "STARTING", Unavailable;
+    /// (Raft) The member hosts no replica of the shard a peer message is
+    /// for: not yet (the placement that gives it one is still reaching
+    /// it) or no longer. The sender retries.
+    ShardNotHosted = "SHARD_NOT_HOSTED", Unavailable;
     /// An escrow node could not reach the coordinator for a call that
     /// needs it and the key's outage policy does not apply.
     CoordinatorUnavailable = "COORDINATOR_UNAVAILABLE", Unavailable;

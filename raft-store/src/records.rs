@@ -5,6 +5,7 @@
 use leasehold_core::coordinator::format_v2::{CoordinatorStateV2, ProposalV2};
 use leasehold_core::coordinator::format_v3::CoordinatorStateV3;
 use leasehold_core::coordinator::format_v6::CoordinatorStateV6;
+use leasehold_core::coordinator::format_v7::CoordinatorStateV7;
 use leasehold_core::coordinator::{CoordinatorState, Proposal};
 use std::collections::BTreeSet;
 
@@ -38,12 +39,14 @@ impl Persisted for Entry {
     /// 4: the `PoolJoinNext` command (a last variant, so a format-3 entry
     /// decodes as it is; an older build refuses a format-4 entry as of an
     /// unknown version instead of misreading it).
-    const FORMAT_VERSION: u32 = 4;
+    /// 5: the sharding commands (`ChangePlacement`, `BecomeShard`,
+    /// `AcquireSlots`: last variants, so a format-4 entry decodes as it is).
+    const FORMAT_VERSION: u32 = 5;
 
     fn decode_version(version: u32, body: &[u8]) -> Result<Self, CodecError> {
         match version {
             2 => decode_body::<EntryV2>(Self::KIND, body).map(Entry::from),
-            3 => decode_body(Self::KIND, body),
+            3 | 4 => decode_body(Self::KIND, body),
             _ => decode_current(version, body),
         }
     }
@@ -149,10 +152,19 @@ impl Persisted for SnapshotEnvelope {
     /// 6: the record of retired member ids; 5 is read with none recorded.
     /// 7: the window table records when the state was restored (windows
     /// sealed by a restore); 4 to 6 are read as never restored.
-    const FORMAT_VERSION: u32 = 7;
+    /// 8: the group's part in a sharded cluster (its placement and moves,
+    /// or the slots it owns); 7 is read as the meta group of a cluster
+    /// never sharded.
+    const FORMAT_VERSION: u32 = 8;
 
     fn decode_version(version: u32, body: &[u8]) -> Result<Self, CodecError> {
         match version {
+            7 => decode_body::<SnapshotEnvelopeV7>(Self::KIND, body).map(|old| SnapshotEnvelope {
+                last_applied: old.last_applied,
+                membership: old.membership,
+                state: old.state.into(),
+                retired_members: old.retired_members,
+            }),
             6 => decode_body::<SnapshotEnvelopeV6>(Self::KIND, body).map(|old| SnapshotEnvelope {
                 last_applied: old.last_applied,
                 membership: old.membership,
@@ -208,6 +220,15 @@ struct SnapshotEnvelopeV6 {
     last_applied: Option<LogId>,
     membership: StoredMembership,
     state: CoordinatorStateV6,
+    retired_members: BTreeSet<NodeId>,
+}
+
+/// A snapshot of format 7 (before shards); upgraded on read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct SnapshotEnvelopeV7 {
+    last_applied: Option<LogId>,
+    membership: StoredMembership,
+    state: CoordinatorStateV7,
     retired_members: BTreeSet<NodeId>,
 }
 
@@ -357,7 +378,11 @@ mod decode_fuzz {
         assert_eq!(read.last_applied, Some(log_id(7)));
         assert!(read.retired_members.is_empty());
         let current = encode(&read).unwrap();
-        assert_eq!(current[0], 7, "written back in the current format");
+        assert_eq!(
+            u32::from(current[0]),
+            SnapshotEnvelope::FORMAT_VERSION,
+            "written back in the current format"
+        );
         assert_eq!(decode::<SnapshotEnvelope>(&current).unwrap(), read);
     }
 

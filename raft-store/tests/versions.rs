@@ -31,7 +31,7 @@ async fn populated_disk() -> anyhow::Result<PowerLossDisk> {
 fn stamp_future_version(engine: &dyn StorageEngine, keyspace: Keyspace) -> anyhow::Result<()> {
     for (key, mut value) in engine.range(keyspace, (Bound::Unbounded, Bound::Unbounded))? {
         anyhow::ensure!(
-            matches!(value.first(), Some(1..=4)),
+            matches!(value.first(), Some(1..=8)),
             "values start with a known format version"
         );
         value[0] = FUTURE_VERSION;

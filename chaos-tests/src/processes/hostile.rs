@@ -125,7 +125,7 @@ async fn over_grpc(dialer: &dyn Dialer, addr: &str, message: &str, data: Vec<u8>
         return PeerAnswer::NoAnswer;
     };
     let mut client = RaftClient::new(channel);
-    let request = tonic::Request::new(pb::RaftPayload { data });
+    let request = tonic::Request::new(pb::RaftPayload { data, shard: 0 });
     let answer = match message {
         "Vote" => client.vote(request).await,
         _ => client.append_entries(request).await,

@@ -4,7 +4,9 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::sharding::{AcquirePart, PlacementChange};
 use crate::ids::{Key, RegionId, RequestId};
+use crate::shard::ShardId;
 use crate::policy::Policy;
 use crate::principal::Principal;
 
@@ -136,6 +138,23 @@ pub enum Command {
         /// The authenticated caller: request ids are scoped to it.
         caller: Principal,
     },
+    /// Meta group: change the placement, if it is at `expected_version`
+    /// (see [`super::sharding`]: slots moved out of shard 0 take their
+    /// keys' window state with them). Storage format 8.
+    ChangePlacement {
+        /// The version the change was made against.
+        expected_version: u64,
+        /// The change.
+        change: PlacementChange,
+    },
+    /// A new group becomes the shard `shard` (it then serves only the
+    /// slots it acquires). Storage format 8.
+    BecomeShard {
+        /// The shard.
+        shard: ShardId,
+    },
+    /// One part of a move of slots into this shard. Storage format 8.
+    AcquireSlots(AcquirePart),
 }
 
 /// What one command did.
@@ -169,8 +188,32 @@ pub enum Outcome {
     /// Result of [`Command::PoolRelease`] (earlier encodings unchanged).
     PoolRelease(PoolReleaseOutcome),
     /// Result of [`Command::PoolGrant`] and [`Command::PoolJoinNext`]
-    /// (last: storage format 5; earlier encodings unchanged).
+    /// (storage format 5; earlier encodings unchanged).
     PoolGrant(PoolGrantOutcome),
+    /// Result of a sharding command (last: storage format 8).
+    Sharding(ShardingOutcome),
+}
+
+/// What a sharding command did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ShardingOutcome {
+    /// [`Command::ChangePlacement`]: the placement's new version.
+    PlacementChanged {
+        /// The version.
+        version: u64,
+    },
+    /// [`Command::BecomeShard`]: the group is this shard.
+    BecameShard {
+        /// The shard.
+        shard: ShardId,
+    },
+    /// [`Command::AcquireSlots`]: where the move stands.
+    Acquired {
+        /// Keys acquired so far.
+        acquired_keys: u64,
+        /// Whether the slots are this shard's.
+        complete: bool,
+    },
 }
 
 impl Outcome {
@@ -326,6 +369,15 @@ pub enum CommandError {
     /// (`RESOURCE_EXHAUSTED`).
     #[error("sessions exhausted: {0}")]
     SessionsExhausted(String),
+    /// The group does not serve the key: another shard owns its slot, or
+    /// the slot is moving (`FAILED_PRECONDITION`, reason `NOT_OWNER`).
+    /// (Storage format 8.)
+    #[error("not owner: {0}")]
+    NotOwner(String),
+    /// A sharding command was refused (`FAILED_PRECONDITION`, reason
+    /// `PLACEMENT_REFUSED`). (Storage format 8.)
+    #[error("placement refused: {0}")]
+    Placement(String),
 }
 
 impl Command {
@@ -415,6 +467,22 @@ impl Command {
                 hash.number(*want_total);
                 hash.number(*window_start_ms);
                 hash.number(u64::from(*retire));
+            }
+            Command::ChangePlacement {
+                expected_version, ..
+            } => {
+                hash.tag(9);
+                hash.number(*expected_version);
+            }
+            Command::BecomeShard { shard } => {
+                hash.tag(10);
+                hash.number(u64::from(shard.0));
+            }
+            Command::AcquireSlots(part) => {
+                hash.tag(11);
+                hash.number(part.id.version);
+                hash.number(u64::from(part.id.index));
+                hash.number(part.first_key);
             }
         }
         hash.finish()

@@ -179,6 +179,7 @@ impl From<CoordinatorStateV2> for CoordinatorState {
             windows: old.windows.into(),
             sessions: old.sessions,
             shadow_tallies: Default::default(),
+            sharding: Default::default(),
         }
     }
 }

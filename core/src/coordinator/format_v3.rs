@@ -37,6 +37,7 @@ impl From<CoordinatorStateV3> for CoordinatorState {
             windows: old.windows.into(),
             sessions: old.sessions,
             shadow_tallies: old.shadow_tallies,
+            sharding: Default::default(),
         }
     }
 }

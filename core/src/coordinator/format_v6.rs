@@ -35,6 +35,7 @@ impl From<CoordinatorStateV6> for CoordinatorState {
             windows: old.windows.into(),
             sessions: old.sessions,
             shadow_tallies: old.shadow_tallies,
+            sharding: Default::default(),
         }
     }
 }

@@ -15,6 +15,7 @@ impl CoordinatorState {
     pub(super) fn collect_garbage(&mut self) -> u64 {
         let collected_windows = self.windows.collect(self.now_ms);
         self.sessions.collect(self.now_ms);
+        self.sharding.collect(self.now_ms);
         collected_windows
     }
 }

@@ -11,15 +11,19 @@
 //! - `lease`, `reconcile`, `pool`, `policy_admin`: one file per command.
 //! - `sessions`: exactly-once client sessions, bounded.
 //! - `gc`: collection of dead windows and sessions.
+//! - [`sharding`]: which keys a group serves, the placement, moves of slots.
 //! - [`format_v2`]: the types as storage format 2 wrote them, and their upgrade.
 //! - [`format_v3`]: the state as storage format 3 wrote it, and its upgrade.
 //! - [`format_v6`]: the state as storage formats 4 to 6 wrote it (before a
 //!   restore could seal windows), and its upgrade.
+//! - [`format_v7`]: the state as storage format 7 wrote it (before
+//!   shards), and its upgrade.
 
 mod command;
 pub mod format_v2;
 pub mod format_v3;
 pub mod format_v6;
+pub mod format_v7;
 mod gc;
 mod lease;
 mod policy_admin;
@@ -27,6 +31,7 @@ mod pool;
 mod reconcile;
 mod region_uses;
 mod sessions;
+pub mod sharding;
 mod state;
 mod windows;
 
@@ -39,3 +44,4 @@ pub use sessions::{
 };
 pub use state::*;
 pub use windows::seals as restore_seals;
+pub use windows::{MovedFloors, MovedKey};

@@ -26,6 +26,7 @@ use super::command::*;
 use super::sessions::{
     SessionLookup, Sessions, MAX_SESSIONS, MAX_SESSIONS_PER_PRINCIPAL, SESSION_MIN_RETAIN_MS,
 };
+use super::sharding::Sharding;
 use super::windows::WindowTable;
 use crate::ids::{Key, RequestId};
 use crate::policy::{Policy, PolicyTable};
@@ -100,6 +101,9 @@ pub struct CoordinatorState {
     /// Would-deny counts of shadow decisions per policy prefix, since the
     /// policy was set (dropped with it); only prefixes that counted any.
     pub(super) shadow_tallies: BTreeMap<String, ShadowTally>,
+    /// Which keys this group serves, and (meta group) the placement and
+    /// the moves out of it ([`super::sharding`]). (Last: storage format 8.)
+    pub(super) sharding: Sharding,
 }
 
 impl CoordinatorState {
@@ -118,6 +122,12 @@ impl CoordinatorState {
     fn apply_command(&mut self, command: &Command, collected_windows: u64) -> Outcome {
         match command {
             Command::Tick => Outcome::Ticked { collected_windows },
+            Command::ChangePlacement {
+                expected_version,
+                change,
+            } => self.change_placement(*expected_version, change),
+            Command::BecomeShard { shard } => self.become_shard(*shard),
+            Command::AcquireSlots(part) => self.acquire_slots(part),
             Command::SetPolicy(policy) => self.set_policy(policy),
             Command::DeletePolicy { prefix } => self.delete_policy(prefix),
             Command::Lease {
@@ -127,7 +137,7 @@ impl CoordinatorState {
                 request_id,
                 caller,
             } => self.exactly_once(command, caller, request_id.as_ref(), |state| {
-                state.lease(key, region, *tokens)
+                state.if_owned(key, |state| state.lease(key, region, *tokens))
             }),
             Command::Reconcile {
                 key,
@@ -137,7 +147,9 @@ impl CoordinatorState {
                 request_id,
                 caller,
             } => self.exactly_once(command, caller, request_id.as_ref(), |state| {
-                state.reconcile(key, region, *leftover, *window_start_ms)
+                state.if_owned(key, |state| {
+                    state.reconcile(key, region, *leftover, *window_start_ms)
+                })
             }),
             Command::PoolGrant {
                 key,
@@ -147,7 +159,9 @@ impl CoordinatorState {
                 request_id,
                 caller,
             } => self.exactly_once(command, caller, request_id.as_ref(), |state| {
-                state.pool_grant(key, region, *region_weight, *want_total)
+                state.if_owned(key, |state| {
+                    state.pool_grant(key, region, *region_weight, *want_total)
+                })
             }),
             Command::PoolRelease {
                 key,
@@ -158,7 +172,9 @@ impl CoordinatorState {
                 request_id,
                 caller,
             } => self.exactly_once(command, caller, request_id.as_ref(), |state| {
-                state.pool_release(key, region, *from_total, *keep_total, *window_start_ms)
+                state.if_owned(key, |state| {
+                    state.pool_release(key, region, *from_total, *keep_total, *window_start_ms)
+                })
             }),
             Command::PoolJoinNext {
                 key,
@@ -170,14 +186,16 @@ impl CoordinatorState {
                 request_id,
                 caller,
             } => self.exactly_once(command, caller, request_id.as_ref(), |state| {
-                state.pool_join_next(
-                    key,
-                    region,
-                    *region_weight,
-                    *want_total,
-                    *window_start_ms,
-                    *retire,
-                )
+                state.if_owned(key, |state| {
+                    state.pool_join_next(
+                        key,
+                        region,
+                        *region_weight,
+                        *want_total,
+                        *window_start_ms,
+                        *retire,
+                    )
+                })
             }),
         }
     }

@@ -148,6 +148,68 @@ struct GrowthFloor {
     until_ms: u64,
 }
 
+/// One key's whole window state as it moves from one shard to another:
+/// its entry (live window, tombstone) and its next window.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MovedKey {
+    key: Key,
+    entry: KeyWindows,
+    next: Option<WindowRecord>,
+}
+
+impl MovedKey {
+    /// The key.
+    pub fn key(&self) -> &Key {
+        &self.key
+    }
+
+    /// An upper bound of its encoded size, in bytes: the key, each
+    /// record's regions at their longest encoding, and the fixed fields.
+    pub fn size_bound(&self) -> usize {
+        const FIXED: usize = 128;
+        const PER_REGION: usize = 48;
+        let record = |r: &WindowRecord| {
+            FIXED
+                + r.regions
+                    .iter()
+                    .map(|(region, _)| region.as_str().len() + PER_REGION)
+                    .sum::<usize>()
+        };
+        FIXED
+            + self.key.as_str().len()
+            + self.entry.live.as_ref().map_or(0, record)
+            + self.next.as_ref().map_or(0, record)
+    }
+
+    /// When nothing of it matters any more: its tombstone's expiry (after
+    /// its live and next windows have ended).
+    pub fn expires_ms(&self) -> u64 {
+        let next_end = self.next.as_ref().map_or(0, |r| r.bounds.end_ms);
+        self.entry.tombstone_expiry_ms().max(next_end)
+    }
+}
+
+/// What every key of a table must respect even without an entry: carried
+/// with moved keys (see [`WindowTable::put_floors`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MovedFloors {
+    forgotten_end_ms: u64,
+    growth_floors: Vec<(String, GrowthFloor)>,
+    restored_at_ms: u64,
+}
+
+impl MovedFloors {
+    /// When the floors stop mattering: the last growth floor's end. (The
+    /// forgotten end and the restore seal are kept for good.)
+    pub fn growth_floors_until_ms(&self) -> u64 {
+        self.growth_floors
+            .iter()
+            .map(|(_, f)| f.until_ms)
+            .max()
+            .unwrap_or(0)
+    }
+}
+
 /// All keys' windows.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(super) struct WindowTable {
@@ -446,6 +508,72 @@ impl WindowTable {
                 record.limit = record.limit.min(policy.limit);
                 record.kind = policy.kind;
             }
+        }
+    }
+
+    /// Removes and returns the window state of every key `moving` selects
+    /// (its live window, tombstone and next window), with what every key
+    /// of any prefix must also respect ([`MovedFloors`]): a shard handing
+    /// those keys to another ([`super::sharding`]).
+    pub fn take_keys(&mut self, moving: impl Fn(&Key) -> bool) -> (Vec<MovedKey>, MovedFloors) {
+        let keys: Vec<Key> = self.keys.keys().filter(|k| moving(k)).cloned().collect();
+        let mut moved = Vec::with_capacity(keys.len());
+        for key in keys {
+            let Some(entry) = self.keys.remove(&key) else {
+                continue;
+            };
+            self.deadlines.remove(&(entry.deadline_ms, key.clone()));
+            let next = self.next.remove(&key);
+            moved.push(MovedKey { key, entry, next });
+        }
+        (moved, self.floors())
+    }
+
+    /// What keys with no entry must respect here: the growth floors, the
+    /// end of every forgotten tombstone and the restore seal.
+    pub fn floors(&self) -> MovedFloors {
+        MovedFloors {
+            forgotten_end_ms: self.forgotten_end_ms,
+            growth_floors: self
+                .growth_floors
+                .iter()
+                .map(|(prefix, floor)| (prefix.clone(), *floor))
+                .collect(),
+            restored_at_ms: self.restored_at_ms,
+        }
+    }
+
+    /// Takes in keys another shard handed over ([`Self::take_keys`]). A
+    /// key this table already holds (it cannot, while each slot has one
+    /// owner) keeps whichever entry ends later, so no window start ever
+    /// goes back.
+    pub fn put_keys(&mut self, moved: Vec<MovedKey>) {
+        for MovedKey { key, entry, next } in moved {
+            if let Some(held) = self.keys.get(&key) {
+                if held.last_end_ms >= entry.last_end_ms {
+                    continue;
+                }
+                self.deadlines.remove(&(held.deadline_ms, key.clone()));
+            }
+            self.deadlines.insert((entry.deadline_ms, key.clone()));
+            match next {
+                Some(next) => self.next.insert(key.clone(), next),
+                None => self.next.remove(&key),
+            };
+            self.keys.insert(key, entry);
+        }
+    }
+
+    /// Merges floors handed over with moved keys: each is the larger of
+    /// the two, so a key new here starts no earlier than it would have
+    /// where it came from.
+    pub fn put_floors(&mut self, floors: MovedFloors) {
+        self.forgotten_end_ms = self.forgotten_end_ms.max(floors.forgotten_end_ms);
+        self.restored_at_ms = self.restored_at_ms.max(floors.restored_at_ms);
+        for (prefix, floor) in floors.growth_floors {
+            let held = self.growth_floors.entry(prefix).or_insert(floor);
+            held.floor_ms = held.floor_ms.max(floor.floor_ms);
+            held.until_ms = held.until_ms.max(floor.until_ms);
         }
     }
 

@@ -563,6 +563,7 @@ impl Model {
             CommandError::RequestIdReused(_)
             | CommandError::SessionExpired(_)
             | CommandError::SessionsExhausted(_) => "session refused",
+            CommandError::NotOwner(_) | CommandError::Placement(_) => "not this shard's",
         };
         prop_assert_eq!(got, expected, "{:?}", command);
         Ok(())

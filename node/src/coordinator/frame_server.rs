@@ -37,8 +37,10 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::sync::{watch, Semaphore};
 use tonic::transport::server::Connected;
 
-use super::peer_frames::{read_frame, write_frame, FrameKind, Sniff, Sniffed, PREFACE};
-use super::raft_service::{RaftMessage, RaftService};
+use super::peer_frames::{
+    parse_request, read_frame, write_frame, FrameKind, Sniff, Sniffed, PREFACE,
+};
+use super::raft_service::RaftService;
 use crate::auth::PeerInfo;
 use crate::net::AcceptError;
 
@@ -238,16 +240,6 @@ fn peer_info<IO: Connected>(io: &IO) -> Option<PeerInfo> {
     (&info as &dyn Any).downcast_ref::<PeerInfo>().cloned()
 }
 
-/// The Raft message a request frame's kind names.
-fn message_of(kind: FrameKind) -> Option<RaftMessage> {
-    match kind {
-        FrameKind::AppendEntries => Some(RaftMessage::AppendEntries),
-        FrameKind::Vote => Some(RaftMessage::Vote),
-        FrameKind::InstallSnapshot => Some(RaftMessage::InstallSnapshot),
-        FrameKind::Answer | FrameKind::Refusal => None,
-    }
-}
-
 /// Serves one framed connection until it fails or the member stops.
 async fn serve_session<IO>(io: IO, peer: Option<PeerInfo>, server: FrameServer)
 where
@@ -283,9 +275,11 @@ where
         let max_frame_bytes = server.max_frame_bytes;
         tokio::spawn(async move {
             let _permit = permit;
-            let message = FrameKind::from_byte(frame.kind).and_then(message_of);
-            let (kind, body) = match message {
-                Some(message) => match service.handle(message, &frame.body, peer.as_ref()).await {
+            let (kind, body) = match parse_request(frame.kind, &frame.body) {
+                Some((message, shard, data)) => match service
+                    .handle_for(message, shard, data, peer.as_ref())
+                    .await
+                {
                     Ok(answer) => (FrameKind::Answer, answer),
                     Err(status) => (
                         FrameKind::Refusal,

@@ -140,6 +140,8 @@ pub fn command_error_status(error: &CommandError) -> Status {
         CommandError::RequestIdReused(why) => refusal(Reason::RequestIdReused, why.clone()),
         CommandError::SessionExpired(why) => refusal(Reason::SessionExpired, why.clone()),
         CommandError::SessionsExhausted(why) => refusal(Reason::SessionsExhausted, why.clone()),
+        CommandError::NotOwner(why) => refusal(Reason::NotOwner, why.clone()),
+        CommandError::Placement(why) => refusal(Reason::PlacementRefused, why.clone()),
     }
 }
 

@@ -33,6 +33,7 @@ pub struct NodeMetrics {
     rejected_unavailable: AtomicU64,
     rejected_overloaded: AtomicU64,
     rejected_session: AtomicU64,
+    rejected_not_owner: AtomicU64,
     proposals: AtomicU64,
     proposals_failed: AtomicU64,
     proposed_commands: AtomicU64,
@@ -78,6 +79,8 @@ pub enum Rejection {
     /// The request id was reused for another request, or its session
     /// expired, or the caller may not open another session.
     Session,
+    /// Another shard serves the key (or a placement change was refused).
+    NotOwner,
 }
 
 impl NodeMetrics {
@@ -116,7 +119,9 @@ impl NodeMetrics {
                 CommandError::RequestIdReused(_)
                 | CommandError::SessionExpired(_)
                 | CommandError::SessionsExhausted(_) => Rejection::Session,
+                CommandError::NotOwner(_) | CommandError::Placement(_) => Rejection::NotOwner,
             }),
+            Outcome::Sharding(_) => {}
         }
     }
 
@@ -136,6 +141,7 @@ impl NodeMetrics {
             Rejection::Unavailable => &self.rejected_unavailable,
             Rejection::Overloaded => &self.rejected_overloaded,
             Rejection::Session => &self.rejected_session,
+            Rejection::NotOwner => &self.rejected_not_owner,
         };
         counter.fetch_add(1, Ordering::Relaxed);
     }
@@ -205,6 +211,7 @@ impl NodeMetrics {
             ("rejected_unavailable", read(&self.rejected_unavailable)),
             ("rejected_overloaded", read(&self.rejected_overloaded)),
             ("rejected_session", read(&self.rejected_session)),
+            ("rejected_not_owner", read(&self.rejected_not_owner)),
             ("proposals", read(&self.proposals)),
             ("proposals_failed", read(&self.proposals_failed)),
             ("proposed_commands", read(&self.proposed_commands)),

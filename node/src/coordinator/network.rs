@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use leasehold_client::transport::{DialError, Dialer};
+use leasehold_core::shard::ShardId;
 use leasehold_proto::v1::raft_client::RaftClient;
 use leasehold_proto::v1::RaftPayload;
 use leasehold_raft_store::{
@@ -32,7 +33,7 @@ use serde::Serialize;
 use tonic::transport::Channel;
 
 use super::frame_link::{FrameLink, LinkError};
-use super::peer_frames::FrameKind;
+use super::peer_frames::{request_frame, RaftMessage};
 use super::peer_links::{LinkChange, PeerLinks, LOST_AFTER_FAILURES};
 
 /// How long a peer that does not speak frames is called over gRPC before
@@ -85,9 +86,13 @@ type RpcResult<T, E = openraft::error::Infallible> =
     Result<T, RPCError<NodeId, Node, RaftError<NodeId, E>>>;
 
 /// Creates per-peer connections for openraft; shares one channel cache.
+/// Every group of a member uses a copy ([`PeerNetwork::for_shard`]) that
+/// shares its links: one connection per peer carries them all.
 #[derive(Clone)]
 pub struct PeerNetwork {
     my_id: NodeId,
+    /// The group whose messages this copy sends.
+    shard: ShardId,
     dialer: Arc<dyn Dialer>,
     channels: Arc<Mutex<HashMap<String, Channel>>>,
     frame_links: Arc<Mutex<HashMap<String, FrameLinkState>>>,
@@ -103,6 +108,7 @@ impl PeerNetwork {
     pub fn new(my_id: NodeId, dialer: Arc<dyn Dialer>) -> Self {
         Self {
             my_id,
+            shard: ShardId(0),
             dialer,
             channels: Arc::default(),
             frame_links: Arc::default(),
@@ -117,6 +123,15 @@ impl PeerNetwork {
     pub fn with_max_message_bytes(mut self, bytes: usize) -> Self {
         self.max_message_bytes = bytes.min(MAX_PEER_MESSAGE_BYTES);
         self
+    }
+
+    /// The same network (the same links to the same peers) sending the
+    /// messages of `shard`'s group.
+    pub fn for_shard(&self, shard: ShardId) -> Self {
+        Self {
+            shard,
+            ..self.clone()
+        }
     }
 }
 
@@ -246,13 +261,15 @@ impl PeerConnection {
         data: Vec<u8>,
         ttl: Duration,
     ) -> Result<Vec<u8>, CallError> {
+        let shard = self.network.shard;
         if let Some(link) = self.frame_link(ttl).await? {
-            let kind = match action {
-                RPCTypes::AppendEntries => FrameKind::AppendEntries,
-                RPCTypes::Vote => FrameKind::Vote,
-                RPCTypes::InstallSnapshot => FrameKind::InstallSnapshot,
+            let message = match action {
+                RPCTypes::AppendEntries => RaftMessage::AppendEntries,
+                RPCTypes::Vote => RaftMessage::Vote,
+                RPCTypes::InstallSnapshot => RaftMessage::InstallSnapshot,
             };
-            return match link.call(kind, &data).await {
+            let (kind, body) = request_frame(message, shard, &data);
+            return match link.call(kind, &body).await {
                 Ok(Ok(answer)) => Ok(answer),
                 Ok(Err(reason)) => Err(CallError::Refused(reason)),
                 Err(error) => Err(CallError::Frames(error)),
@@ -262,7 +279,10 @@ impl PeerConnection {
         let mut client = RaftClient::new(channel)
             .max_decoding_message_size(self.network.max_message_bytes)
             .max_encoding_message_size(self.network.max_message_bytes);
-        let mut grpc_request = tonic::Request::new(RaftPayload { data });
+        let mut grpc_request = tonic::Request::new(RaftPayload {
+            data,
+            shard: shard.0,
+        });
         grpc_request.set_timeout(ttl);
         let answer = match action {
             RPCTypes::AppendEntries => client.append_entries(grpc_request).await,

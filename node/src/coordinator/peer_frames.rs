@@ -16,12 +16,20 @@
 //! then, both ways, frames:
 //!   length  u32, big-endian: the bytes after this field (≥ 9)
 //!   call    u64, big-endian: chosen by the caller, echoed by the answer
-//!   kind    u8:  1 AppendEntries, 2 Vote, 3 InstallSnapshot (requests),
-//!                0x80 answer, 0x81 refusal
+//!   kind    u8:  1 AppendEntries, 2 Vote, 3 InstallSnapshot (requests
+//!                to shard 0, the meta group), 0x11, 0x12, 0x13 (the same
+//!                to the shard the body names), 0x80 answer, 0x81 refusal
 //!   body    postcard: the openraft request; an answer carries openraft's
 //!           `Result` exactly as the gRPC `Raft` service returns it; a
-//!           refusal carries a UTF-8 reason
+//!           refusal carries a UTF-8 reason. A request of kind 0x11–0x13
+//!           opens with its shard id (u32, big-endian) before the postcard
 //! ```
+//!
+//! One connection per peer carries the messages of every Raft group the
+//! two members share (ADR 0025): a request names its group by its kind
+//! and, past shard 0, by the shard id ahead of its body. Shard 0 keeps the
+//! kinds of a member that hosts one group, byte for byte, so members of
+//! either build replicate shard 0 to each other during a rolling upgrade.
 //!
 //! Calls are pipelined: a caller may send before earlier answers arrive,
 //! and answers come back in any order. A frame longer than the peer
@@ -32,6 +40,7 @@
 
 use std::io;
 
+use leasehold_core::shard::ShardId;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// The first bytes of a framed connection, sent by the caller and echoed
@@ -47,15 +56,43 @@ const INITIAL_BODY_CAPACITY: usize = 64 * 1024;
 /// Bytes the length field counts beyond the body: call (8) and kind (1).
 const LENGTH_OVERHEAD: usize = HEADER_BYTES - 4;
 
+/// Bytes of the shard id that opens the body of a request to a shard
+/// other than 0.
+pub const SHARD_ID_BYTES: usize = 4;
+
+/// One of Raft's three peer messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RaftMessage {
+    /// `AppendEntries` (heartbeats included).
+    AppendEntries,
+    /// `Vote`.
+    Vote,
+    /// `InstallSnapshot` (one chunk).
+    InstallSnapshot,
+}
+
+impl RaftMessage {
+    /// The call's name in refusals and logs.
+    pub fn call_name(self) -> &'static str {
+        match self {
+            RaftMessage::AppendEntries => "Raft/AppendEntries",
+            RaftMessage::Vote => "Raft/Vote",
+            RaftMessage::InstallSnapshot => "Raft/InstallSnapshot",
+        }
+    }
+}
+
 /// What a frame carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FrameKind {
-    /// An `AppendEntries` request.
+    /// An `AppendEntries` request to shard 0.
     AppendEntries,
-    /// A `Vote` request.
+    /// A `Vote` request to shard 0.
     Vote,
-    /// An `InstallSnapshot` request (one chunk).
+    /// An `InstallSnapshot` request (one chunk) to shard 0.
     InstallSnapshot,
+    /// A request to the shard whose id opens the body.
+    ToShard(RaftMessage),
     /// The answer to a request: openraft's `Result`.
     Answer,
     /// The request was refused before it reached Raft (unauthorised
@@ -70,6 +107,9 @@ impl FrameKind {
             FrameKind::AppendEntries => 1,
             FrameKind::Vote => 2,
             FrameKind::InstallSnapshot => 3,
+            FrameKind::ToShard(RaftMessage::AppendEntries) => 0x11,
+            FrameKind::ToShard(RaftMessage::Vote) => 0x12,
+            FrameKind::ToShard(RaftMessage::InstallSnapshot) => 0x13,
             FrameKind::Answer => 0x80,
             FrameKind::Refusal => 0x81,
         }
@@ -81,10 +121,48 @@ impl FrameKind {
             1 => FrameKind::AppendEntries,
             2 => FrameKind::Vote,
             3 => FrameKind::InstallSnapshot,
+            0x11 => FrameKind::ToShard(RaftMessage::AppendEntries),
+            0x12 => FrameKind::ToShard(RaftMessage::Vote),
+            0x13 => FrameKind::ToShard(RaftMessage::InstallSnapshot),
             0x80 => FrameKind::Answer,
             0x81 => FrameKind::Refusal,
             _ => return None,
         })
+    }
+}
+
+/// The kind and body of a request frame carrying `message` (postcard
+/// bytes `data`) to `shard`: shard 0's kinds and body are those of a
+/// member hosting one group; any other shard's body opens with its id.
+pub fn request_frame(message: RaftMessage, shard: ShardId, data: &[u8]) -> (FrameKind, Vec<u8>) {
+    if shard == ShardId(0) {
+        let kind = match message {
+            RaftMessage::AppendEntries => FrameKind::AppendEntries,
+            RaftMessage::Vote => FrameKind::Vote,
+            RaftMessage::InstallSnapshot => FrameKind::InstallSnapshot,
+        };
+        return (kind, data.to_vec());
+    }
+    let mut body = Vec::with_capacity(SHARD_ID_BYTES + data.len());
+    body.extend_from_slice(&shard.0.to_be_bytes());
+    body.extend_from_slice(data);
+    (FrameKind::ToShard(message), body)
+}
+
+/// What a request frame asks: the message, the shard it is for and its
+/// postcard bytes; `None` for a frame that is no request (an answer, a
+/// refusal, an unknown kind, or a shard-addressed body too short for its
+/// shard id).
+pub fn parse_request(kind: u8, body: &[u8]) -> Option<(RaftMessage, ShardId, &[u8])> {
+    match FrameKind::from_byte(kind)? {
+        FrameKind::AppendEntries => Some((RaftMessage::AppendEntries, ShardId(0), body)),
+        FrameKind::Vote => Some((RaftMessage::Vote, ShardId(0), body)),
+        FrameKind::InstallSnapshot => Some((RaftMessage::InstallSnapshot, ShardId(0), body)),
+        FrameKind::ToShard(message) => {
+            let (id, data) = body.split_first_chunk::<SHARD_ID_BYTES>()?;
+            Some((message, ShardId(u32::from_be_bytes(*id)), data))
+        }
+        FrameKind::Answer | FrameKind::Refusal => None,
     }
 }
 
@@ -276,7 +354,35 @@ mod tests {
         }
         assert_eq!(FrameKind::from_byte(0), None);
         assert_eq!(FrameKind::from_byte(4), None);
+        assert_eq!(FrameKind::from_byte(0x14), None);
         assert_eq!(FrameKind::from_byte(0xff), None);
+    }
+
+    /// Shard 0's requests are the bytes a member hosting one group sends
+    /// (kinds 1–3, the postcard alone), so a rolling upgrade keeps
+    /// replicating it.
+    #[test]
+    fn shard_zero_requests_keep_the_single_group_wire() {
+        for (message, byte) in [
+            (RaftMessage::AppendEntries, 1u8),
+            (RaftMessage::Vote, 2),
+            (RaftMessage::InstallSnapshot, 3),
+        ] {
+            let (kind, body) = request_frame(message, ShardId(0), b"postcard");
+            assert_eq!(kind.byte(), byte);
+            assert_eq!(body, b"postcard");
+        }
+    }
+
+    #[test]
+    fn a_shard_addressed_body_too_short_for_its_id_is_no_request() {
+        assert_eq!(parse_request(0x11, &[0, 0, 1]), None);
+        assert_eq!(
+            parse_request(0x12, &[0, 0, 0, 7]),
+            Some((RaftMessage::Vote, ShardId(7), &[][..]))
+        );
+        assert_eq!(parse_request(0x80, b"answer"), None);
+        assert_eq!(parse_request(0x42, b"what"), None);
     }
 
     #[test]
@@ -317,11 +423,35 @@ mod tests {
         assert!(out.is_empty());
     }
 
+    fn message() -> impl Strategy<Value = RaftMessage> {
+        prop_oneof![
+            Just(RaftMessage::AppendEntries),
+            Just(RaftMessage::Vote),
+            Just(RaftMessage::InstallSnapshot),
+        ]
+    }
+
     proptest! {
+        /// Every request frame reads back as the message, shard and bytes
+        /// it was made from, whatever the shard.
+        #[test]
+        fn requests_round_trip_to_any_shard(
+            message in message(),
+            shard in any::<u32>(),
+            data in proptest::collection::vec(any::<u8>(), 0..64),
+        ) {
+            let (kind, body) = request_frame(message, ShardId(shard), &data);
+            prop_assert_eq!(
+                parse_request(kind.byte(), &body),
+                Some((message, ShardId(shard), data.as_slice()))
+            );
+        }
+
         #[test]
         fn frames_round_trip_back_to_back(
             frames in proptest::collection::vec(
-                (any::<u64>(), prop_oneof![Just(1u8), Just(2), Just(3), Just(0x80), Just(0x81)],
+                (any::<u64>(), prop_oneof![Just(1u8), Just(2), Just(3), Just(0x11), Just(0x12),
+                                           Just(0x13), Just(0x80), Just(0x81)],
                  proptest::collection::vec(any::<u8>(), 0..300)),
                 1..8,
             )

@@ -15,10 +15,11 @@
 //! the end of the term's type, where openraft stops for good; ADR 0023); a
 //! refused message never touches the member's term or log.
 
-use std::collections::BTreeSet;
-use std::sync::Arc;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, RwLock};
 
 use leasehold_core::principal::Principal;
+use leasehold_core::shard::ShardId;
 use leasehold_proto::refusal::{refusal, Reason};
 use leasehold_proto::v1::raft_server::{Raft as RaftRpc, RaftServer};
 use leasehold_proto::v1::RaftPayload;
@@ -30,51 +31,96 @@ use serde::Serialize;
 use tonic::{Request, Response, Status};
 
 use super::network::MAX_PEER_MESSAGE_BYTES;
+pub use super::peer_frames::RaftMessage;
 use crate::auth::{
     authorize_call, authorize_raft_sender, AuthRefusals, PeerInfo, RaftPeers, Scope,
 };
 
-/// Serves peer Raft RPCs for one member.
+/// One Raft group this member hosts, as the handler sees it.
 #[derive(Clone)]
-pub struct RaftService {
+pub struct HostedGroup {
     raft: Raft,
-    /// The applied state: its record of retired member ids.
-    state: StateReader,
-    /// The members this member was told to join (`join_members`).
+    /// The members this member was told to join in this group: for shard
+    /// 0 `join_members`, for another shard its replicas in the placement.
     joining: Arc<BTreeSet<NodeId>>,
-    /// Whether this member's store held a log when it started: then an
+    /// Whether this group's store held a log when it started: then an
     /// empty membership means its log is not loaded yet, never "not joined".
     has_log: bool,
-    refusals: Arc<AuthRefusals>,
 }
 
-/// One of Raft's three peer messages.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RaftMessage {
-    /// `AppendEntries` (heartbeats included).
-    AppendEntries,
-    /// `Vote`.
-    Vote,
-    /// `InstallSnapshot` (one chunk).
-    InstallSnapshot,
-}
-
-impl RaftMessage {
-    /// The call's name in refusals and logs.
-    fn call_name(self) -> &'static str {
-        match self {
-            RaftMessage::AppendEntries => "Raft/AppendEntries",
-            RaftMessage::Vote => "Raft/Vote",
-            RaftMessage::InstallSnapshot => "Raft/InstallSnapshot",
+impl HostedGroup {
+    /// The group of `raft`, told to join `joining`; `has_log`: its store
+    /// held a log entry when it started.
+    pub fn new(raft: Raft, joining: BTreeSet<NodeId>, has_log: bool) -> Self {
+        Self {
+            raft,
+            joining: Arc::new(joining),
+            has_log,
         }
     }
 }
 
+/// The shards past 0 this member hosts, by id: shared by the handler
+/// (which reads it for every message) and whatever starts and stops the
+/// groups.
+#[derive(Clone, Default)]
+pub struct HostedShards(Arc<RwLock<BTreeMap<ShardId, HostedGroup>>>);
+
+impl HostedShards {
+    /// Hosts `group` as `shard` (replacing any group hosted as it).
+    pub fn insert(&self, shard: ShardId, group: HostedGroup) {
+        self.write().insert(shard, group);
+    }
+
+    /// Stops routing messages to `shard`; returns its group, if hosted.
+    pub fn remove(&self, shard: ShardId) -> Option<HostedGroup> {
+        self.write().remove(&shard)
+    }
+
+    /// The group hosted as `shard`.
+    pub fn get(&self, shard: ShardId) -> Option<HostedGroup> {
+        self.0
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .get(&shard)
+            .cloned()
+    }
+
+    /// The ids of the hosted shards, ascending.
+    pub fn ids(&self) -> Vec<ShardId> {
+        self.0
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .keys()
+            .copied()
+            .collect()
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, BTreeMap<ShardId, HostedGroup>> {
+        self.0
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// Serves peer Raft RPCs for one member: shard 0 (the meta group) and
+/// every shard in [`HostedShards`].
+#[derive(Clone)]
+pub struct RaftService {
+    meta: HostedGroup,
+    shards: HostedShards,
+    /// The meta group's applied state: its record of retired member ids,
+    /// which no group hears from.
+    state: StateReader,
+    refusals: Arc<AuthRefusals>,
+}
+
 impl RaftService {
-    /// The handler of `raft`'s peer messages, whose applied state is
-    /// `state`, told to join the cluster of `joining` (see
+    /// The handler of `raft`'s peer messages (shard 0), whose applied
+    /// state is `state`, told to join the cluster of `joining` (see
     /// [`RaftPeers`]); `has_log`: its store held a log entry when it
-    /// started. Refused senders are counted in `refusals`.
+    /// started. Refused senders are counted in `refusals`. It hosts no
+    /// other shard until one is added to [`Self::hosted_shards`].
     pub fn new(
         raft: Raft,
         state: StateReader,
@@ -83,12 +129,16 @@ impl RaftService {
         refusals: Arc<AuthRefusals>,
     ) -> Self {
         Self {
-            raft,
+            meta: HostedGroup::new(raft, joining, has_log),
+            shards: HostedShards::default(),
             state,
-            joining: Arc::new(joining),
-            has_log,
             refusals,
         }
+    }
+
+    /// The shards past 0 whose messages this handler routes (shared).
+    pub fn hosted_shards(&self) -> HostedShards {
+        self.shards.clone()
     }
 
     /// The gRPC service of this handler, with message limits large enough
@@ -99,14 +149,27 @@ impl RaftService {
             .max_encoding_message_size(MAX_PEER_MESSAGE_BYTES)
     }
 
-    /// Whose messages this member accepts now: its current membership
-    /// (voters and learners; empty while it has none), the members it was
-    /// told to join, and the ids retired from the cluster. A member that
-    /// started with a log and shows no membership yet is still loading it:
+    /// The hosted group of `shard`, refused `SHARD_NOT_HOSTED` if none.
+    fn group(&self, shard: ShardId) -> Result<HostedGroup, Status> {
+        if shard == ShardId(0) {
+            return Ok(self.meta.clone());
+        }
+        self.shards.get(shard).ok_or_else(|| {
+            refusal(
+                Reason::ShardNotHosted,
+                format!("this member hosts no replica of shard {}", shard.0),
+            )
+        })
+    }
+
+    /// Whose messages `group` accepts now: its current membership (voters
+    /// and learners; empty while it has none), the members it was told to
+    /// join, and the ids retired from the cluster. A group that started
+    /// with a log and shows no membership yet is still loading it:
     /// `STARTING` (its join list must not stand in for a membership it has).
-    fn peers(&self) -> Result<RaftPeers, Status> {
+    fn peers(&self, group: &HostedGroup) -> Result<RaftPeers, Status> {
         let members: BTreeSet<NodeId> = {
-            let metrics = self.raft.metrics();
+            let metrics = group.raft.metrics();
             let metrics = metrics.borrow();
             metrics
                 .membership_config
@@ -117,9 +180,9 @@ impl RaftService {
         };
         RaftPeers::current(
             members,
-            (*self.joining).clone(),
+            (*group.joining).clone(),
             self.state.retired_members(),
-            self.has_log,
+            group.has_log,
         )
         .ok_or_else(|| {
             refusal(
@@ -130,9 +193,10 @@ impl RaftService {
     }
 
     /// Decodes the message and admits it only from its claimed sender, and
-    /// only with a term in range of this node's ([`term_in_range`]).
+    /// only with a term in range of the group's ([`term_in_range`]).
     fn admit<T: DeserializeOwned>(
         &self,
+        group: &HostedGroup,
         data: &[u8],
         peer: Option<&PeerInfo>,
         what: &str,
@@ -141,10 +205,10 @@ impl RaftService {
         let rpc: T = decode(data)?;
         let vote = vote(&rpc);
         let claimed = vote.leader_id.node_id;
-        let peers = self.peers()?;
+        let peers = self.peers(group)?;
         authorize_raft_sender(peer.map(|p| &p.principal), claimed, &peers)
             .map_err(|refusal| self.refusals.refuse(peer, what, refusal))?;
-        let current = self.raft.metrics().borrow().current_term;
+        let current = group.raft.metrics().borrow().current_term;
         if !term_in_range(current, vote.leader_id.term) {
             return Err(refusal(
                 Reason::TermOutOfRange,
@@ -159,13 +223,13 @@ impl RaftService {
 
     /// Whether `peer` (`None` on a plaintext listener) may open a framed
     /// Raft connection: on a TLS listener only the certificate of a member
-    /// whose messages this member accepts now ([`authorize_raft_sender`]:
+    /// whose messages the meta group accepts now ([`authorize_raft_sender`]:
     /// in the membership, or one it was told to join, and not retired);
-    /// each message's sender is checked again. A refusal is counted and
-    /// logged like a refused call.
+    /// each message's sender is checked again, against its own group.
+    /// A refusal is counted and logged like a refused call.
     pub fn admit_framed_connection(&self, peer: Option<&PeerInfo>) -> Result<(), Status> {
         let principal = peer.map(|p| &p.principal);
-        let peers = self.peers()?;
+        let peers = self.peers(&self.meta)?;
         authorize_call(
             "/leasehold.v1.Raft/AppendEntries",
             principal,
@@ -178,30 +242,46 @@ impl RaftService {
         .map_err(|refusal| self.refusals.refuse(peer, "Raft (framed)", refusal))
     }
 
-    /// Decodes one postcard-encoded message from `peer` (`None` on a
-    /// plaintext listener), admits it only from its claimed sender, hands
-    /// it to Raft and returns Raft's `Result` postcard-encoded (errors
-    /// included, so the sender sees openraft's own). Both transports — the
-    /// gRPC `Raft` service and the framed one — answer through it.
+    /// Decodes one postcard-encoded message to shard 0 from `peer`; see
+    /// [`Self::handle_for`].
     pub async fn handle(
         &self,
         message: RaftMessage,
         data: &[u8],
         peer: Option<&PeerInfo>,
     ) -> Result<Vec<u8>, Status> {
+        self.handle_for(message, ShardId(0), data, peer).await
+    }
+
+    /// Decodes one postcard-encoded message for `shard` from `peer`
+    /// (`None` on a plaintext listener), admits it only from its claimed
+    /// sender as a peer of that shard's group, hands it to that group's
+    /// Raft and returns Raft's `Result` postcard-encoded (errors included,
+    /// so the sender sees openraft's own). Both transports — the gRPC
+    /// `Raft` service and the framed one — answer through it.
+    pub async fn handle_for(
+        &self,
+        message: RaftMessage,
+        shard: ShardId,
+        data: &[u8],
+        peer: Option<&PeerInfo>,
+    ) -> Result<Vec<u8>, Status> {
         let what = message.call_name();
+        let group = self.group(shard)?;
         match message {
             RaftMessage::AppendEntries => {
-                let rpc = self.admit(data, peer, what, |r: &AppendEntriesRequest| &r.vote)?;
-                encode(&self.raft.append_entries(rpc).await)
+                let rpc =
+                    self.admit(&group, data, peer, what, |r: &AppendEntriesRequest| &r.vote)?;
+                encode(&group.raft.append_entries(rpc).await)
             }
             RaftMessage::Vote => {
-                let rpc = self.admit(data, peer, what, |r: &VoteRequest| &r.vote)?;
-                encode(&self.raft.vote(rpc).await)
+                let rpc = self.admit(&group, data, peer, what, |r: &VoteRequest| &r.vote)?;
+                encode(&group.raft.vote(rpc).await)
             }
             RaftMessage::InstallSnapshot => {
-                let rpc = self.admit(data, peer, what, |r: &InstallSnapshotRequest| &r.vote)?;
-                encode(&self.raft.install_snapshot(rpc).await)
+                let rpc =
+                    self.admit(&group, data, peer, what, |r: &InstallSnapshotRequest| &r.vote)?;
+                encode(&group.raft.install_snapshot(rpc).await)
             }
         }
     }
@@ -212,9 +292,11 @@ impl RaftService {
         request: Request<RaftPayload>,
     ) -> Result<Response<RaftPayload>, Status> {
         let peer = request.extensions().get::<PeerInfo>().cloned();
-        let data = request.into_inner().data;
-        let data = self.handle(message, &data, peer.as_ref()).await?;
-        Ok(Response::new(RaftPayload { data }))
+        let payload = request.into_inner();
+        let data = self
+            .handle_for(message, ShardId(payload.shard), &payload.data, peer.as_ref())
+            .await?;
+        Ok(Response::new(RaftPayload { data, shard: 0 }))
     }
 }
 

@@ -180,6 +180,7 @@ async fn a_raft_payload_above_the_peer_limit_is_refused_with_resource_exhausted(
     for _ in 0..3 {
         let oversized = pb::RaftPayload {
             data: vec![0u8; limit + 1],
+            shard: 0,
         };
         let status = raft
             .append_entries(oversized)

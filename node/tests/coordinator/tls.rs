@@ -273,6 +273,7 @@ fn forged_append_entries(claimed_leader: u64, term: u64) -> Result<pb::RaftPaylo
     };
     Ok(pb::RaftPayload {
         data: postcard::to_allocvec(&request)?,
+        shard: 0,
     })
 }
 
@@ -339,6 +340,7 @@ fn forged_vote(candidate: u64, term: u64) -> Result<pb::RaftPayload> {
     };
     Ok(pb::RaftPayload {
         data: postcard::to_allocvec(&request)?,
+        shard: 0,
     })
 }
 

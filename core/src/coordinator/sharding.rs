@@ -1,0 +1,462 @@
+//! Shards in the replicated state (ADR 0025): which keys a group serves,
+//! the placement the meta group keeps, and how keys change hands.
+//!
+//! Every Raft group applies the same [`super::CoordinatorState`]; its
+//! [`Sharding`] part says what the group is:
+//!
+//! - **The meta group** (shard 0, the group of a cluster never sharded):
+//!   it holds the [`Placement`] (`None` until its first change: every slot
+//!   is shard 0's) and serves the keys the placement gives shard 0.
+//! - **Another shard**: after [`Command::BecomeShard`], the group serves
+//!   only the slots it has acquired, and nothing before its first
+//!   acquisition.
+//!
+//! # How keys change hands
+//! A placement change that moves slots out of shard 0
+//! ([`Command::ChangePlacement`]) takes, in the same apply, the window
+//! state of every key in those slots out of the meta group's table and
+//! keeps it, frozen, as an [`Outgoing`] move (by [`MoveId`]). From that
+//! entry on the meta group refuses those keys (`NotOwner`), and the new
+//! owner refuses them too until it has applied every part of the move
+//! ([`Command::AcquireSlots`], in order, each part a run of keys): then
+//! it owns the slots, with every window, tombstone and floor the keys had.
+//! So at every log position exactly one group admits in a key's window,
+//! and the window it admits in carries every grant made before: **Σ
+//! granted per (key, window) stays within the limit across a move**.
+//!
+//! A move's frozen keys are dropped from the meta group once they expire
+//! (a key whose tombstone has expired carries nothing a new window needs);
+//! the move's record stays, so an owner that acquires late acquires an
+//! empty move and serves from then on.
+//!
+//! Exactly-once is per group: a request id is answered by the group that
+//! first executed it, before any ownership check, so a retry sent to the
+//! group that executed it gets its first answer even after its key moved
+//! (a client keeps a request id with the shard it was sent to, and sends
+//! a refused one anew, under a new id, to the new owner).
+//!
+//! Moves out of shards other than 0 need a handoff across two logs (the
+//! meta group's and the source's); this build refuses them.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::command::{CommandError, Outcome, ShardingOutcome};
+use super::state::CoordinatorState;
+use super::windows::{MovedFloors, MovedKey};
+use crate::ids::Key;
+use crate::shard::{slot_of, MemberId, Placement, ShardId, Slot, SlotMove, SLOTS};
+
+/// Most bytes (as [`MovedKey::size_bound`] counts them) of the keys one [`Command::AcquireSlots`] carries
+/// (one key above it travels alone).
+///
+/// [`Command::AcquireSlots`]: super::Command::AcquireSlots
+pub const MAX_ACQUIRE_PART_BYTES: usize = 64 * 1024;
+
+/// A set of hash slots (a bitmap of [`SLOTS`] bits).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SlotSet {
+    words: Vec<u64>,
+}
+
+const SLOT_WORDS: usize = SLOTS as usize / 64;
+
+impl Default for SlotSet {
+    fn default() -> Self {
+        SlotSet {
+            words: vec![0; SLOT_WORDS],
+        }
+    }
+}
+
+impl SlotSet {
+    /// Whether `slot` is in the set.
+    pub fn contains(&self, slot: Slot) -> bool {
+        let slot = usize::from(slot);
+        self.words
+            .get(slot / 64)
+            .is_some_and(|word| word & (1 << (slot % 64)) != 0)
+    }
+
+    /// Adds the slots `start..end` (clamped to the slot range).
+    pub fn insert_range(&mut self, start: u32, end: u32) {
+        self.words.resize(SLOT_WORDS, 0);
+        for slot in start..end.min(u32::from(SLOTS)) {
+            let slot = slot as usize;
+            self.words[slot / 64] |= 1 << (slot % 64);
+        }
+    }
+
+    /// How many slots the set holds.
+    pub fn len(&self) -> u32 {
+        self.words.iter().map(|w| w.count_ones()).sum()
+    }
+
+    /// Whether the set holds no slot.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Names a move of slots: the placement version that made it and its rank
+/// among that change's moves.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, Default,
+)]
+pub struct MoveId {
+    /// The placement version the change raised the placement to.
+    pub version: u64,
+    /// Its rank among the change's moves (slot order).
+    pub index: u32,
+}
+
+/// A change of the placement, proposed to the meta group.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PlacementChange {
+    /// Add an empty shard replicated by these members.
+    AddShard {
+        /// The new shard's id (not 0).
+        shard: ShardId,
+        /// Its replicas (member ids).
+        replicas: Vec<MemberId>,
+    },
+    /// Replace a shard's replicas.
+    SetReplicas {
+        /// The shard (not 0).
+        shard: ShardId,
+        /// Its replicas.
+        replicas: Vec<MemberId>,
+    },
+    /// Remove a shard that owns no slot.
+    RemoveShard {
+        /// The shard (not 0).
+        shard: ShardId,
+    },
+    /// Give the slots `start..end` to `to`.
+    MoveSlots {
+        /// First slot.
+        start: u32,
+        /// One past the last slot.
+        end: u32,
+        /// The new owner.
+        to: ShardId,
+    },
+    /// Move the upper half of `shard`'s slots to the new shard `into`,
+    /// replicated by `replicas`.
+    Split {
+        /// The shard split.
+        shard: ShardId,
+        /// The new shard.
+        into: ShardId,
+        /// Its replicas.
+        replicas: Vec<MemberId>,
+    },
+}
+
+/// Slots moved out of the meta group, with the window state their keys
+/// had then, until it expires.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Outgoing {
+    /// The slots, and the shards they moved between.
+    pub slots: SlotMove,
+    keys: Vec<MovedKey>,
+    floors: MovedFloors,
+    /// When the keys and floors stop mattering (then they are dropped).
+    expires_ms: u64,
+}
+
+impl Outgoing {
+    /// How many keys the move still carries.
+    pub fn key_count(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// The part of this move that starts at key number `first_key`: the
+    /// keys from there up to [`MAX_ACQUIRE_PART_BYTES`] encoded (at least
+    /// one), the floors with the first part, and whether it is the last.
+    /// A move with no keys left is one empty, last part.
+    pub fn part(&self, id: MoveId, first_key: u64) -> AcquirePart {
+        let start = usize::try_from(first_key)
+            .unwrap_or(usize::MAX)
+            .min(self.keys.len());
+        let mut end = start;
+        let mut bytes = 0usize;
+        while end < self.keys.len() {
+            let size = self.keys[end].size_bound();
+            if end > start && bytes + size > MAX_ACQUIRE_PART_BYTES {
+                break;
+            }
+            bytes += size;
+            end += 1;
+        }
+        AcquirePart {
+            id,
+            slots: self.slots,
+            first_key: start as u64,
+            keys: self.keys[start..end].to_vec(),
+            floors: (start == 0).then(|| self.floors.clone()),
+            last: end == self.keys.len(),
+        }
+    }
+}
+
+/// One part of a move, as the new owner applies it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AcquirePart {
+    /// The move.
+    pub id: MoveId,
+    /// Its slots and shards.
+    pub slots: SlotMove,
+    /// The number of the part's first key within the move.
+    pub first_key: u64,
+    keys: Vec<MovedKey>,
+    /// The floors (first part only).
+    floors: Option<MovedFloors>,
+    /// Whether this part ends the move.
+    pub last: bool,
+}
+
+impl AcquirePart {
+    /// How many keys the part carries.
+    pub fn key_count(&self) -> usize {
+        self.keys.len()
+    }
+}
+
+/// How far a move into this shard has come.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct Arrival {
+    /// Keys acquired so far (the next part starts there).
+    pub acquired_keys: u64,
+    /// Every part applied: the slots are this shard's.
+    pub complete: bool,
+}
+
+/// A group's part in a sharded cluster (see the module doc).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Sharding {
+    /// Meta group: the placement (`None`: never changed, all slots shard 0's).
+    placement: Option<Placement>,
+    /// Meta group: slots moved out, by move.
+    outgoing: BTreeMap<MoveId, Outgoing>,
+    /// Another shard: its id (`None`: this group is the meta group).
+    shard: Option<ShardId>,
+    /// Another shard: the slots it owns.
+    owned: SlotSet,
+    /// Another shard: moves into it, by move.
+    arrivals: BTreeMap<MoveId, Arrival>,
+}
+
+impl Sharding {
+    /// Whether this group serves `key` now.
+    pub fn owns(&self, key: &Key) -> bool {
+        match (self.shard, &self.placement) {
+            (None, None) => true,
+            (None, Some(placement)) => placement.shard_of(key.as_str()) == ShardId(0),
+            (Some(_), _) => self.owned.contains(slot_of(key.as_str())),
+        }
+    }
+
+    /// The shard this group is (0: the meta group).
+    pub fn shard(&self) -> ShardId {
+        self.shard.unwrap_or(ShardId(0))
+    }
+
+    /// The placement (the meta group's; [`Placement::meta`] when never
+    /// changed, and in other shards).
+    pub fn placement(&self) -> Placement {
+        self.placement.clone().unwrap_or_else(Placement::meta)
+    }
+
+    /// The moves out of the meta group, by move.
+    pub fn outgoing(&self) -> &BTreeMap<MoveId, Outgoing> {
+        &self.outgoing
+    }
+
+    /// How far the move `id` into this shard has come.
+    pub fn arrival(&self, id: MoveId) -> Arrival {
+        self.arrivals.get(&id).copied().unwrap_or_default()
+    }
+
+    /// The slots this group owns (another shard's).
+    pub fn owned_slots(&self) -> u32 {
+        match (self.shard, &self.placement) {
+            (None, None) => u32::from(SLOTS),
+            (None, Some(placement)) => placement.slot_count(ShardId(0)),
+            (Some(_), _) => self.owned.len(),
+        }
+    }
+
+    /// Drops the frozen keys of moves that have expired at `now_ms`.
+    pub(super) fn collect(&mut self, now_ms: u64) {
+        for outgoing in self.outgoing.values_mut() {
+            if outgoing.expires_ms <= now_ms && !outgoing.keys.is_empty() {
+                outgoing.keys = Vec::new();
+                outgoing.floors = MovedFloors::default();
+            }
+        }
+    }
+}
+
+fn refused(message: String) -> Outcome {
+    Outcome::Rejected(CommandError::Placement(message))
+}
+
+impl CoordinatorState {
+    /// Whether this group serves `key` now (see [`Sharding::owns`]).
+    pub fn owns(&self, key: &Key) -> bool {
+        self.sharding.owns(key)
+    }
+
+    /// This group's part in a sharded cluster.
+    pub fn sharding(&self) -> &Sharding {
+        &self.sharding
+    }
+
+    /// Runs `execute` if this group serves `key`, else refuses `NotOwner`.
+    pub(super) fn if_owned(
+        &mut self,
+        key: &Key,
+        execute: impl FnOnce(&mut Self) -> Outcome,
+    ) -> Outcome {
+        if self.sharding.owns(key) {
+            return execute(self);
+        }
+        Outcome::Rejected(CommandError::NotOwner(format!(
+            "shard {} does not serve key {key:?} (slot {}); ask the placement for its owner",
+            self.sharding.shard().0,
+            slot_of(key.as_str())
+        )))
+    }
+
+    /// [`super::Command::ChangePlacement`] (see the module doc).
+    pub(super) fn change_placement(
+        &mut self,
+        expected_version: u64,
+        change: &PlacementChange,
+    ) -> Outcome {
+        if let Some(shard) = self.sharding.shard {
+            return refused(format!(
+                "shard {} is not the meta group: placement changes go to shard 0",
+                shard.0
+            ));
+        }
+        let before = self.sharding.placement();
+        if before.version() != expected_version {
+            return refused(format!(
+                "the placement is at version {}, not {expected_version}: read it again",
+                before.version()
+            ));
+        }
+        let mut after = before.clone();
+        let applied = match change {
+            PlacementChange::AddShard { shard, replicas } => {
+                after.add_shard(*shard, replicas.iter().copied())
+            }
+            PlacementChange::SetReplicas { shard, replicas } => {
+                after.set_replicas(*shard, replicas.iter().copied())
+            }
+            PlacementChange::RemoveShard { shard } => after.remove_shard(*shard),
+            PlacementChange::MoveSlots { start, end, to } => after.move_slots(*start, *end, *to),
+            PlacementChange::Split {
+                shard,
+                into,
+                replicas,
+            } => after.split(*shard, *into, replicas.iter().copied()),
+        };
+        if let Err(e) = applied {
+            return refused(e.to_string());
+        }
+        let moves = before.moves_to(&after);
+        if let Some(from_elsewhere) = moves.iter().find(|m| m.from != ShardId(0)) {
+            return refused(format!(
+                "slots {}..{} would move out of shard {}: this build moves slots out of shard 0 only",
+                from_elsewhere.start, from_elsewhere.end, from_elsewhere.from.0
+            ));
+        }
+        for (index, slots) in moves.into_iter().enumerate() {
+            let in_move = |key: &Key| {
+                let slot = u32::from(slot_of(key.as_str()));
+                slots.start <= slot && slot < slots.end
+            };
+            let (keys, floors) = self.windows.take_keys(in_move);
+            let expires_ms = keys
+                .iter()
+                .map(MovedKey::expires_ms)
+                .chain([floors.growth_floors_until_ms()])
+                .max()
+                .unwrap_or(0);
+            let id = MoveId {
+                version: after.version(),
+                index: u32::try_from(index).unwrap_or(u32::MAX),
+            };
+            self.sharding.outgoing.insert(
+                id,
+                Outgoing {
+                    slots,
+                    keys,
+                    floors,
+                    expires_ms,
+                },
+            );
+        }
+        let version = after.version();
+        self.sharding.placement = Some(after);
+        Outcome::Sharding(ShardingOutcome::PlacementChanged { version })
+    }
+
+    /// [`super::Command::BecomeShard`]: a new group becomes `shard`; only
+    /// a group that holds nothing yet (no placement, no key, no move).
+    pub(super) fn become_shard(&mut self, shard: ShardId) -> Outcome {
+        if self.sharding.shard == Some(shard) {
+            return Outcome::Sharding(ShardingOutcome::BecameShard { shard });
+        }
+        if shard == ShardId(0) {
+            return refused("shard 0 is the meta group; no group becomes it".into());
+        }
+        let pristine = self.sharding == Sharding::default() && self.windows.key_count() == 0;
+        if !pristine {
+            return refused(format!(
+                "this group holds state (it is shard {}): it cannot become shard {}",
+                self.sharding.shard().0,
+                shard.0
+            ));
+        }
+        self.sharding.shard = Some(shard);
+        Outcome::Sharding(ShardingOutcome::BecameShard { shard })
+    }
+
+    /// [`super::Command::AcquireSlots`]: applies one part of a move into
+    /// this shard. A part that does not start where the move stands
+    /// changes nothing and answers where it stands.
+    pub(super) fn acquire_slots(&mut self, part: &AcquirePart) -> Outcome {
+        if self.sharding.shard != Some(part.slots.to) {
+            return refused(format!(
+                "this group is shard {}, not shard {}: it acquires nothing of move {:?}",
+                self.sharding.shard().0,
+                part.slots.to.0,
+                part.id
+            ));
+        }
+        let arrival = self.sharding.arrivals.entry(part.id).or_default();
+        if !arrival.complete && arrival.acquired_keys == part.first_key {
+            self.windows.put_keys(part.keys.clone());
+            if let Some(floors) = &part.floors {
+                self.windows.put_floors(floors.clone());
+            }
+            arrival.acquired_keys += part.keys.len() as u64;
+            if part.last {
+                arrival.complete = true;
+                self.sharding
+                    .owned
+                    .insert_range(part.slots.start, part.slots.end);
+            }
+        }
+        let arrival = *arrival;
+        Outcome::Sharding(ShardingOutcome::Acquired {
+            acquired_keys: arrival.acquired_keys,
+            complete: arrival.complete,
+        })
+    }
+}
