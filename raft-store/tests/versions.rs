@@ -52,7 +52,7 @@ async fn opening_data_of_an_unknown_version_fails_cleanly() -> anyhow::Result<()
                 error,
                 StoreError::Codec(CodecError::UnknownVersion {
                     found: 99,
-                    supported: 1..=4,
+                    supported: 1..=8,
                     ..
                 })
             ),
