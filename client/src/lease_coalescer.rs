@@ -384,6 +384,13 @@ mod tests {
         ) -> Result<Response<pb::GetWindowResponse>, Status> {
             Err(Status::unimplemented("fake"))
         }
+
+        async fn get_placement(
+            &self,
+            _: Request<pb::GetPlacementRequest>,
+        ) -> Result<Response<pb::Placement>, Status> {
+            Err(Status::unimplemented("fake"))
+        }
     }
 
     async fn coalescer_over<C: Coordinator>(fake: C) -> LeaseCoalescer {

@@ -164,6 +164,13 @@ impl Coordinator for FakeCoordinatorNode {
     ) -> Result<Response<wire::GetWindowResponse>, Status> {
         Err(Status::unimplemented("fake"))
     }
+
+    async fn get_placement(
+        &self,
+        _: Request<wire::GetPlacementRequest>,
+    ) -> Result<Response<wire::Placement>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
 }
 
 fn loopback() -> (TcpIncoming, String) {
@@ -490,6 +497,13 @@ impl Coordinator for BatchingCoordinator {
         request: Request<wire::GetWindowRequest>,
     ) -> Result<Response<wire::GetWindowResponse>, Status> {
         FakeCoordinatorNode.get_window(request).await
+    }
+
+    async fn get_placement(
+        &self,
+        request: Request<wire::GetPlacementRequest>,
+    ) -> Result<Response<wire::Placement>, Status> {
+        FakeCoordinatorNode.get_placement(request).await
     }
 }
 

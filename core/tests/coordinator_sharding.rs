@@ -9,7 +9,7 @@ mod coordinator_support;
 use std::collections::BTreeMap;
 
 use coordinator_support::*;
-use leasehold_core::coordinator::sharding::{MoveId, PlacementChange};
+use leasehold_core::coordinator::sharding::{self, MoveId, PlacementChange};
 use leasehold_core::coordinator::{
     Command, CommandError, CoordinatorState, Outcome, Proposal, ShardingOutcome,
 };
@@ -255,6 +255,33 @@ fn a_move_acquired_after_its_keys_expired_is_empty_and_serves_fresh_windows() {
     let mut shard = shard_one(10_000);
     assert!(acquire_next_parts(&meta, &mut shard, 10_000));
     assert_eq!(granted(&run(&mut shard, 10_100, lease(high, "eu", 20))), 10);
+}
+
+proptest! {
+    /// Applying the sync commands to a shard leaves it with exactly the
+    /// meta group's policies, whatever either held.
+    #[test]
+    fn policy_sync_makes_a_shards_policies_the_meta_groups(
+        meta in proptest::collection::btree_map("[a-c]{0,2}", (1u64..50, 1u64..5_000), 0..5),
+        shard in proptest::collection::btree_map("[a-c]{0,2}", (1u64..50, 1u64..5_000), 0..5),
+    ) {
+        let as_policies = |m: &BTreeMap<String, (u64, u64)>| -> Vec<_> {
+            m.iter()
+                .map(|(p, (limit, window))| {
+                    policy(p, *limit, *window, leasehold_core::policy::PolicyKind::Counter)
+                })
+                .collect()
+        };
+        let (meta, held) = (as_policies(&meta), as_policies(&shard));
+        let mut group = CoordinatorState::default();
+        for p in &held {
+            run(&mut group, 0, Command::SetPolicy(p.clone()));
+        }
+        let commands = sharding::policy_sync_commands(&meta, &group.policies());
+        group.apply(&Proposal { stamp_ms: 1, commands });
+        prop_assert_eq!(group.policies(), meta.clone());
+        prop_assert!(sharding::policy_sync_commands(&meta, &group.policies()).is_empty());
+    }
 }
 
 /// One step of the interleaving.

@@ -111,7 +111,7 @@ fn split_path(path: &str) -> Option<(&str, &str)> {
 /// | Raft | `Member` (membership and sender checked per message) |
 /// | Admin `Status`, `ListPolicies` | `Operator`, `Region` |
 /// | Admin, everything else | `Operator` |
-/// | Coordinator `GetWindow` | `Operator`, `Region` |
+/// | Coordinator `GetWindow`, `GetPlacement` | `Operator`, `Region` |
 /// | Coordinator `Lease`, `LeaseBatch`, `Reconcile`, `PoolGrant`, `PoolRelease` | `Region` (its own region: [`authorize_region`]) |
 /// | Monitor (`Watch`, read only) | `Operator`, `Member` |
 /// | Escrow `Status` | `Operator`, `Service` of the node's region |
@@ -146,7 +146,7 @@ pub fn authorize_call(
         },
         (Scope::Coordinator, COORDINATOR_SERVICE) => match caller {
             Principal::Region(_) => true,
-            Principal::Operator(_) => method == "GetWindow",
+            Principal::Operator(_) => matches!(method, "GetWindow" | "GetPlacement"),
             _ => false,
         },
         (Scope::Coordinator, MONITOR_SERVICE) => {

@@ -107,6 +107,13 @@ impl Coordinator for FakeNode {
     ) -> Result<Response<GetWindowResponse>, Status> {
         Err(Status::unimplemented("fake"))
     }
+
+    async fn get_placement(
+        &self,
+        _: Request<leasehold_proto::v1::GetPlacementRequest>,
+    ) -> Result<Response<leasehold_proto::v1::Placement>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
 }
 
 async fn spawn_fake(script: Vec<Script>) -> (String, FakeNode) {

@@ -381,6 +381,28 @@ pub enum CommandError {
 }
 
 impl Command {
+    /// The caller and request id of a command that carries one.
+    pub fn request(&self) -> Option<(&Principal, &RequestId)> {
+        match self {
+            Command::Lease {
+                request_id, caller, ..
+            }
+            | Command::Reconcile {
+                request_id, caller, ..
+            }
+            | Command::PoolGrant {
+                request_id, caller, ..
+            }
+            | Command::PoolRelease {
+                request_id, caller, ..
+            }
+            | Command::PoolJoinNext {
+                request_id, caller, ..
+            } => request_id.as_ref().map(|id| (caller, id)),
+            _ => None,
+        }
+    }
+
     /// A stable 64-bit fingerprint of what the command asks for (its kind,
     /// key, region and amounts; not its request id or caller). A retry
     /// must carry the same fingerprint as the request its id first named.

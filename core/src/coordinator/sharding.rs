@@ -42,10 +42,11 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::command::{CommandError, Outcome, ShardingOutcome};
+use super::command::{Command, CommandError, Outcome, ShardingOutcome};
 use super::state::CoordinatorState;
 use super::windows::{MovedFloors, MovedKey};
 use crate::ids::Key;
+use crate::policy::Policy;
 use crate::shard::{slot_of, MemberId, Placement, ShardId, Slot, SlotMove, SLOTS};
 
 /// Most bytes (as [`MovedKey::size_bound`] counts them) of the keys one [`Command::AcquireSlots`] carries
@@ -269,6 +270,19 @@ impl Sharding {
         self.placement.clone().unwrap_or_else(Placement::meta)
     }
 
+    /// The shard the placement gives `key` (0 when never sharded: no hash
+    /// is computed then).
+    pub fn shard_of(&self, key: &str) -> ShardId {
+        self.placement
+            .as_ref()
+            .map_or(ShardId(0), |placement| placement.shard_of(key))
+    }
+
+    /// The placement's version (0: never changed).
+    pub fn placement_version(&self) -> u64 {
+        self.placement.as_ref().map_or(0, Placement::version)
+    }
+
     /// The moves out of the meta group, by move.
     pub fn outgoing(&self) -> &BTreeMap<MoveId, Outgoing> {
         &self.outgoing
@@ -299,6 +313,27 @@ impl Sharding {
     }
 }
 
+/// The commands that make a shard's policies those of the meta group:
+/// `SetPolicy` for each policy missing or different there, `DeletePolicy`
+/// for each prefix the meta group no longer has. Empty when they agree.
+/// (Policies stay visible to every shard: each shard's leader proposes
+/// these whenever its view of the meta group differs.)
+pub fn policy_sync_commands(meta: &[Policy], shard: &[Policy]) -> Vec<Command> {
+    let wanted: BTreeMap<&str, &Policy> = meta.iter().map(|p| (p.prefix.as_str(), p)).collect();
+    let held: BTreeMap<&str, &Policy> = shard.iter().map(|p| (p.prefix.as_str(), p)).collect();
+    let sets = wanted
+        .iter()
+        .filter(|(prefix, policy)| held.get(*prefix) != Some(*policy))
+        .map(|(_, policy)| Command::SetPolicy((*policy).clone()));
+    let deletes = held
+        .keys()
+        .filter(|prefix| !wanted.contains_key(*prefix))
+        .map(|prefix| Command::DeletePolicy {
+            prefix: (*prefix).to_string(),
+        });
+    sets.chain(deletes).collect()
+}
+
 fn refused(message: String) -> Outcome {
     Outcome::Rejected(CommandError::Placement(message))
 }
@@ -312,6 +347,18 @@ impl CoordinatorState {
     /// This group's part in a sharded cluster.
     pub fn sharding(&self) -> &Sharding {
         &self.sharding
+    }
+
+    /// The first answer this group gave `command`'s request id, if it
+    /// executed it (read-only: what a retry of it would be answered). A
+    /// member routing a retry of a key that moved out of this group asks
+    /// this first, so the group that executed a request answers its retry.
+    pub fn replay(&self, command: &Command) -> Option<Outcome> {
+        let (caller, id) = command.request()?;
+        match self.sessions.lookup(caller, id, command.fingerprint()) {
+            super::sessions::SessionLookup::Replay(outcome) => Some(outcome),
+            _ => None,
+        }
     }
 
     /// Runs `execute` if this group serves `key`, else refuses `NotOwner`.

@@ -16,6 +16,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use leasehold_client::transport::normalize_addr;
+use leasehold_core::coordinator::sharding::PlacementChange;
 use leasehold_core::coordinator::{Command, Outcome};
 use leasehold_core::ids::MAX_KEY_BYTES;
 use leasehold_proto::convert::required_policy;
@@ -419,6 +420,48 @@ impl Admin for AdminApi {
                 .map(|(name, value)| (name.to_string(), value))
                 .collect(),
         }))
+    }
+
+    async fn change_placement(
+        &self,
+        request: Request<pb::ChangePlacementRequest>,
+    ) -> Result<Response<pb::Placement>, Status> {
+        let (expected_version, change) =
+            leasehold_proto::convert::placement_change(request.into_inner())?;
+        let replicas = match &change {
+            PlacementChange::AddShard { replicas, .. }
+            | PlacementChange::SetReplicas { replicas, .. }
+            | PlacementChange::Split { replicas, .. } => replicas.as_slice(),
+            PlacementChange::RemoveShard { .. } | PlacementChange::MoveSlots { .. } => &[],
+        };
+        let members: BTreeSet<NodeId> = self
+            .node
+            .state
+            .membership()
+            .membership()
+            .nodes()
+            .map(|(id, _)| *id)
+            .collect();
+        if let Some(stranger) = replicas.iter().find(|id| !members.contains(id)) {
+            return Err(invalid_field(
+                "replicas",
+                format!("member {stranger} is not a member of the cluster: add it first"),
+            ));
+        }
+        let command = Command::ChangePlacement {
+            expected_version,
+            change,
+        };
+        match self.policy_write(command).await? {
+            Outcome::Sharding(_) => Ok(Response::new(super::routing::placement_message(
+                &self.node,
+                |shard| (shard.0 == 0).then(|| LeaderView::of(&self.node.raft)),
+            ))),
+            other => Err(refusal(
+                Reason::Internal,
+                format!("unexpected outcome {other:?}"),
+            )),
+        }
     }
 
     async fn set_policy(

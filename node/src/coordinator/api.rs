@@ -11,6 +11,11 @@
 //! Lease, Reconcile and PoolGrant act for the request's region: only that
 //! region's certificate may send them (`PERMISSION_DENIED` otherwise; see
 //! [`crate::auth`]).
+//!
+//! On a sharded cluster each key-addressed call is first routed to the
+//! group of the key's shard ([`super::routing`]): the API of shard 0
+//! carries the router; each hosted shard has an API of its own, over its
+//! group, with its own pool desk.
 
 use std::sync::Arc;
 
@@ -26,8 +31,9 @@ use leasehold_proto::v1::coordinator_server::Coordinator;
 use tonic::{Request, Response, Status};
 
 use super::context::NodeContext;
-use super::leader::command_error_status;
+use super::leader::{command_error_status, LeaderView};
 use super::metrics::Rejection;
+use super::routing::{Route, ShardRouting};
 use crate::auth::{authorize_region, caller, PeerInfo};
 use crate::telemetry;
 
@@ -39,14 +45,60 @@ pub struct CoordinatorApi {
     /// windows, capped asks — held while leading (see
     /// `leasehold_core::pool::desk`).
     pool_desk: Arc<std::sync::Mutex<PoolDesk>>,
+    /// Shard 0's API only: routes each key to its shard's group.
+    routing: Option<Arc<ShardRouting>>,
 }
 
 impl CoordinatorApi {
-    /// The API over a member's shared context.
+    /// The API over a group's shared context (one shard: no routing).
     pub fn new(node: Arc<NodeContext>) -> Self {
         Self {
             node,
             pool_desk: Arc::default(),
+            routing: None,
+        }
+    }
+
+    /// The same API routing each key to its shard first (shard 0's).
+    pub fn with_routing(mut self, routing: Arc<ShardRouting>) -> Self {
+        self.routing = Some(routing);
+        self
+    }
+
+    /// The Raft handle of this API's group.
+    pub fn raft(&self) -> leasehold_raft_store::Raft {
+        self.node.raft.clone()
+    }
+
+    /// The group this API answers for.
+    pub fn context(&self) -> &Arc<NodeContext> {
+        &self.node
+    }
+
+    /// The first answer shard 0 gave `command`'s request id, when `key`
+    /// has moved to another shard since (a retry of a request shard 0
+    /// executed is answered by shard 0: [`super::routing`]). `None` on
+    /// an API without routing, for keys still on shard 0, and for
+    /// requests shard 0 has not executed as this member has applied it.
+    fn replayed_by_meta(&self, key: &str, command: impl FnOnce() -> Option<Command>) -> Option<Outcome> {
+        let routing = self.routing.as_ref()?;
+        if routing.shard_of(key).0 == leasehold_core::shard::ShardId(0) {
+            return None;
+        }
+        let command = command()?;
+        command.request()?;
+        self.node.state.read(|state| state.replay(&command))
+    }
+
+    /// The API that answers calls for `key` on this member (this one for
+    /// shard 0), or `NOT_OWNER`.
+    fn for_key(&self, key: &str) -> Result<CoordinatorApi, Status> {
+        match &self.routing {
+            None => Ok(self.clone()),
+            Some(routing) => match routing.route(key)? {
+                Route::Meta => Ok(self.clone()),
+                Route::Hosted(_, api) => Ok(api),
+            },
         }
     }
 
@@ -410,16 +462,106 @@ impl CoordinatorApi {
                 ),
             )));
         }
+        let results = match &self.routing {
+            None => self.lease_items(&caller, peer.as_ref(), items).await?,
+            Some(routing) => self.routed_lease_items(routing, &caller, peer.as_ref(), items).await?,
+        };
+        Ok(Response::new(pb::LeaseBatchResponse { results }))
+    }
+
+    /// A batch's items cut by shard and answered by each shard's group
+    /// (see [`super::routing`]); all of shard 0's in one group.
+    async fn routed_lease_items(
+        &self,
+        routing: &ShardRouting,
+        caller: &Principal,
+        peer: Option<&PeerInfo>,
+        items: Vec<pb::LeaseRequest>,
+    ) -> Result<Vec<pb::LeaseItemResult>, Status> {
+        let count = items.len();
+        let mut ordered: Vec<Option<pb::LeaseItemResult>> = vec![None; count];
+        let mut parts: std::collections::BTreeMap<u32, Vec<(usize, pb::LeaseRequest)>> =
+            std::collections::BTreeMap::new();
+        for (index, item) in items.into_iter().enumerate() {
+            let replayed = self.replayed_by_meta(&item.key, || {
+                convert::lease_command(item.clone(), caller.clone()).ok()
+            });
+            let answered = match replayed {
+                Some(Outcome::Lease(grant)) => {
+                    Some(pb::lease_item_result::Result::Granted(pb::LeaseResponse::from(&grant)))
+                }
+                Some(Outcome::Rejected(error)) => Some(pb::lease_item_result::Result::Refused(
+                    item_refusal(&command_error_status(&error)),
+                )),
+                _ => None,
+            };
+            if let Some(result) = answered {
+                ordered[index] = Some(pb::LeaseItemResult {
+                    result: Some(result),
+                });
+                continue;
+            }
+            let (shard, _) = routing.shard_of(&item.key);
+            parts.entry(shard.0).or_default().push((index, item));
+        }
+        if parts.len() == 1 && parts.contains_key(&0) && ordered.iter().all(Option::is_none) {
+            let items = parts.into_values().flatten().map(|(_, item)| item).collect();
+            return self.lease_items(caller, peer, items).await;
+        }
+        let answers = parts.into_values().map(|part| async move {
+            let key = part[0].1.key.clone();
+            let (indices, items): (Vec<usize>, Vec<pb::LeaseRequest>) = part.into_iter().unzip();
+            let answered = match self.for_key(&key) {
+                Ok(api) => api.lease_items(caller, peer, items).await,
+                Err(status) => Err(status),
+            };
+            let results = match answered {
+                Ok(results) => results,
+                Err(status) => indices
+                    .iter()
+                    .map(|_| pb::LeaseItemResult {
+                        result: Some(pb::lease_item_result::Result::Refused(item_refusal(
+                            &status,
+                        ))),
+                    })
+                    .collect(),
+            };
+            indices.into_iter().zip(results).collect::<Vec<_>>()
+        });
+        for (index, result) in futures::future::join_all(answers).await.into_iter().flatten() {
+            ordered[index] = Some(result);
+        }
+        Ok(ordered
+            .into_iter()
+            .map(|result| {
+                result.unwrap_or_else(|| pb::LeaseItemResult {
+                    result: Some(pb::lease_item_result::Result::Refused(item_refusal(
+                        &refusal(Reason::Internal, "no answer for the item"),
+                    ))),
+                })
+            })
+            .collect())
+    }
+
+    /// Each item validated and authorized as a `Lease` alone would be,
+    /// the valid ones proposed together to this group, each answered with
+    /// its own outcome; a failure to propose fails them all.
+    async fn lease_items(
+        &self,
+        caller: &Principal,
+        peer: Option<&PeerInfo>,
+        items: Vec<pb::LeaseRequest>,
+    ) -> Result<Vec<pb::LeaseItemResult>, Status> {
         self.node.require_leader()?;
         let mut slots = Vec::with_capacity(items.len());
         let mut commands = Vec::with_capacity(items.len());
         for item in items {
-            if let Err(refused) = authorize_region(&caller, &item.region) {
-                let status =
-                    self.node
-                        .metrics
-                        .auth
-                        .refuse(peer.as_ref(), "Coordinator/LeaseBatch", refused);
+            if let Err(refused) = authorize_region(caller, &item.region) {
+                let status = self
+                    .node
+                    .metrics
+                    .auth
+                    .refuse(peer, "Coordinator/LeaseBatch", refused);
                 slots.push(BatchSlot::Refused(status));
                 continue;
             }
@@ -436,7 +578,7 @@ impl CoordinatorApi {
         // Submitted as one group: it rides whole in one proposal when it
         // fits (`max_batch_commands`), at the cost of one submission.
         let outcomes = self.node.propose_all(commands).await?;
-        let results = slots
+        Ok(slots
             .into_iter()
             .map(|slot| {
                 let result = match slot {
@@ -459,8 +601,20 @@ impl CoordinatorApi {
                     result: Some(result),
                 }
             })
-            .collect();
-        Ok(Response::new(pb::LeaseBatchResponse { results }))
+            .collect())
+    }
+
+    /// `GetPlacement`: this member's view of the placement, with the
+    /// leaders of the shards it hosts.
+    fn get_placement_call(&self) -> pb::Placement {
+        let leader_of = |shard: leasehold_core::shard::ShardId| -> Option<LeaderView> {
+            if shard.0 == 0 {
+                return Some(LeaderView::of(&self.node.raft));
+            }
+            let routing = self.routing.as_ref()?;
+            routing.leader_of(shard)
+        };
+        super::routing::placement_message(&self.node, leader_of)
     }
 }
 
@@ -487,7 +641,16 @@ impl Coordinator for CoordinatorApi {
         &self,
         request: Request<pb::LeaseRequest>,
     ) -> Result<Response<pb::LeaseResponse>, Status> {
-        traced(self.lease_call(request).await, |r| r.granted == 0)
+        let replayed = self.replayed_by_meta(&request.get_ref().key, || {
+            convert::lease_command(request.get_ref().clone(), caller(&request)).ok()
+        });
+        match replayed {
+            Some(Outcome::Lease(grant)) => return Ok(Response::new(pb::LeaseResponse::from(&grant))),
+            Some(Outcome::Rejected(error)) => return Err(command_error_status(&error)),
+            _ => {}
+        }
+        let api = self.for_key(&request.get_ref().key)?;
+        traced(api.lease_call(request).await, |r| r.granted == 0)
     }
 
     #[tracing::instrument(name = "coordinator.lease_batch", level = "debug", skip_all, fields(
@@ -505,7 +668,18 @@ impl Coordinator for CoordinatorApi {
         &self,
         request: Request<pb::ReconcileRequest>,
     ) -> Result<Response<pb::ReconcileResponse>, Status> {
-        traced(self.reconcile_call(request).await, |_| false)
+        let replayed = self.replayed_by_meta(&request.get_ref().key, || {
+            convert::reconcile_command(request.get_ref().clone(), caller(&request)).ok()
+        });
+        match replayed {
+            Some(Outcome::Reconcile(outcome)) => {
+                return Ok(Response::new(pb::ReconcileResponse::from(&outcome)))
+            }
+            Some(Outcome::Rejected(error)) => return Err(command_error_status(&error)),
+            _ => {}
+        }
+        let api = self.for_key(&request.get_ref().key)?;
+        traced(api.reconcile_call(request).await, |_| false)
     }
 
     #[tracing::instrument(name = "coordinator.pool_grant", level = "debug", skip_all, fields(
@@ -514,7 +688,8 @@ impl Coordinator for CoordinatorApi {
         &self,
         request: Request<pb::PoolGrantRequest>,
     ) -> Result<Response<pb::PoolGrantResponse>, Status> {
-        traced(self.pool_grant_call(request).await, |r| {
+        let api = self.for_key(&request.get_ref().key)?;
+        traced(api.pool_grant_call(request).await, |r| {
             r.granted_total == 0
         })
     }
@@ -525,7 +700,8 @@ impl Coordinator for CoordinatorApi {
         &self,
         request: Request<pb::PoolReleaseRequest>,
     ) -> Result<Response<pb::PoolReleaseResponse>, Status> {
-        traced(self.pool_release_call(request).await, |_| false)
+        let api = self.for_key(&request.get_ref().key)?;
+        traced(api.pool_release_call(request).await, |_| false)
     }
 
     #[tracing::instrument(name = "coordinator.get_window", level = "debug", skip_all, fields(
@@ -534,6 +710,14 @@ impl Coordinator for CoordinatorApi {
         &self,
         request: Request<pb::GetWindowRequest>,
     ) -> Result<Response<pb::GetWindowResponse>, Status> {
-        traced(self.get_window_call(request).await, |_| false)
+        let api = self.for_key(&request.get_ref().key)?;
+        traced(api.get_window_call(request).await, |_| false)
+    }
+
+    async fn get_placement(
+        &self,
+        _request: Request<pb::GetPlacementRequest>,
+    ) -> Result<Response<pb::Placement>, Status> {
+        Ok(Response::new(self.get_placement_call()))
     }
 }

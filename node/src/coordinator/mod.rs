@@ -12,7 +12,8 @@
 //! public services), [`batcher`] (group commit), [`leader`] (leader view and
 //! hints), [`network`], [`raft_service`], [`peer_frames`], [`frame_link`] and
 //! [`frame_server`] (the peer transport: frames, or gRPC to older members),
-//! [`metrics`] (counters), `tasks`
+//! [`routing`] and [`shards`] (the shards past 0 a member hosts, and which
+//! group answers a key), [`metrics`] (counters), `tasks`
 //! (health and clock ticks), [`status_log`] and [`peer_links`] (one log
 //! line per change of leader, membership or peer link).
 
@@ -29,6 +30,8 @@ pub mod peer_frames;
 pub mod peer_links;
 pub mod prometheus;
 pub mod raft_service;
+pub mod routing;
+pub mod shards;
 pub mod status_log;
 mod tasks;
 
@@ -55,6 +58,8 @@ use self::frame_server::{split_framed, FrameServer};
 use self::metrics::NodeMetrics;
 use self::network::PeerNetwork;
 use self::raft_service::RaftService;
+use self::routing::{HostedApis, ShardRouting};
+use self::shards::ShardHost;
 use crate::auth::{AuthLayer, Scope};
 use crate::config::NodeConfig;
 use crate::error::NodeError;
@@ -117,6 +122,7 @@ where
     };
     let log_flush_latency = log_store.flush_latency();
     let network = PeerNetwork::new(config.id, dialer).with_max_message_bytes(peer_message_limit);
+    let shard_network = network.clone();
     let raft = Raft::new(config.id, raft_config, network, log_store, state_machine)
         .await
         .map_err(|e| NodeError::Raft(e.to_string()))?;
@@ -165,6 +171,20 @@ where
         stepping_down: AtomicBool::new(false),
     });
 
+    let hosted_apis = HostedApis::default();
+    let routing = Arc::new(ShardRouting::new(
+        node.state.clone(),
+        hosted_apis.clone(),
+        node.metrics.clone(),
+    ));
+    let shard_host = ShardHost::new(
+        node.clone(),
+        shard_network,
+        shards::on_disk(node.config.data_dir.clone()),
+        raft_service.hosted_shards(),
+        hosted_apis,
+    );
+
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     let mut background = vec![
         tokio::spawn(tasks::report_health(
@@ -173,7 +193,8 @@ where
             stopped.clone(),
         )),
         tokio::spawn(tasks::tick_clock(node.clone(), stopped.clone())),
-        tokio::spawn(status_log::log_status_changes(raft.clone(), stopped)),
+        tokio::spawn(status_log::log_status_changes(raft.clone(), stopped.clone())),
+        tokio::spawn(shard_host.run(stopped)),
     ];
     background.push(batcher_task);
     if let Some(addr) = node.config.metrics_listen.clone() {
@@ -230,7 +251,7 @@ where
         .add_service(reflection.max_decoding_message_size(public_request_limit))
         .add_service(reflection_v1alpha.max_decoding_message_size(public_request_limit))
         .add_service(
-            CoordinatorServer::new(CoordinatorApi::new(node.clone()))
+            CoordinatorServer::new(CoordinatorApi::new(node.clone()).with_routing(routing))
                 .max_decoding_message_size(public_request_limit)
                 .max_encoding_message_size(MAX_RESPONSE_BYTES),
         )

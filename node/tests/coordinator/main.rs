@@ -43,6 +43,8 @@
 //!   the coordinator's Raft proposal; denial reasons on spans.
 //! - `watch`: the Monitor service's streams (grants appear, prefixes,
 //!   one update per window, stream limits, shutdown) and `leasehold watch`.
+//! - `shards`: a split shard serves its keys with their windows on its
+//!   replicas; `NOT_OWNER` elsewhere; batches across shards; leader loss.
 //! - `tls`: mutual TLS and authorization: unauthenticated and foreign-CA
 //!   clients, per-identity permissions, forged Raft messages, certificate
 //!   rotation.
@@ -68,6 +70,7 @@ mod metrics;
 mod rls;
 mod safety;
 mod shadow;
+mod shards;
 mod tls;
 mod traces;
 mod watch;

@@ -1,0 +1,203 @@
+//! Which group answers a key's call on this member (ADR 0025).
+//!
+//! The meta group's placement (this member's applied view of it) gives
+//! each key a shard. A call for a key of shard 0 is answered by the meta
+//! group, as on a cluster never sharded; one for a shard this member hosts
+//! by that shard's group (its leadership, its log, its sessions); one for
+//! a shard it does not host is refused `NOT_OWNER`, naming the shard and
+//! the placement version. A cluster never sharded routes every call to
+//! shard 0 without hashing the key.
+//!
+//! A `LeaseBatch` may mix shards: its items are cut by shard, each part
+//! answered by its group at once, and the answers put back in order; a
+//! part whose group cannot answer (not its leader here, no quorum) has
+//! its items refused, not the batch.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
+
+use leasehold_core::shard::ShardId;
+use leasehold_proto::refusal::{refusal_with, Reason, LEADER_ADDR, LEADER_ID, PLACEMENT_VERSION, SHARD};
+use leasehold_raft_store::StateReader;
+use tonic::Status;
+
+use leasehold_proto::v1 as pb;
+
+use super::api::CoordinatorApi;
+use super::context::NodeContext;
+use super::leader::LeaderView;
+use super::metrics::{NodeMetrics, Rejection};
+
+/// The coordinator APIs of the shards past 0 this member hosts (shared by
+/// the router and the shard host, which adds and removes them).
+#[derive(Clone, Default)]
+pub struct HostedApis(Arc<RwLock<BTreeMap<ShardId, CoordinatorApi>>>);
+
+impl HostedApis {
+    /// Serves `shard`'s keys with `api`.
+    pub fn insert(&self, shard: ShardId, api: CoordinatorApi) {
+        self.0
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .insert(shard, api);
+    }
+
+    /// Stops serving `shard`'s keys here.
+    pub fn remove(&self, shard: ShardId) {
+        self.0
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .remove(&shard);
+    }
+
+    /// The API of `shard`, if hosted.
+    pub fn get(&self, shard: ShardId) -> Option<CoordinatorApi> {
+        self.0
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .get(&shard)
+            .cloned()
+    }
+}
+
+/// Where one key's call goes on this member.
+pub enum Route {
+    /// The meta group (shard 0).
+    Meta,
+    /// A hosted shard's group.
+    Hosted(ShardId, CoordinatorApi),
+}
+
+/// Routes keys by the meta group's placement.
+pub struct ShardRouting {
+    meta_state: StateReader,
+    hosted: HostedApis,
+    metrics: Arc<NodeMetrics>,
+}
+
+impl ShardRouting {
+    /// A router reading the placement from `meta_state` and serving the
+    /// shards in `hosted`.
+    pub fn new(meta_state: StateReader, hosted: HostedApis, metrics: Arc<NodeMetrics>) -> Self {
+        Self {
+            meta_state,
+            hosted,
+            metrics,
+        }
+    }
+
+    /// The shard of `key` and the placement version, as this member knows them.
+    pub fn shard_of(&self, key: &str) -> (ShardId, u64) {
+        self.meta_state.read(|state| {
+            let sharding = state.sharding();
+            (sharding.shard_of(key), sharding.placement_version())
+        })
+    }
+
+    /// The leader of `shard` as this member sees it, if it hosts it.
+    pub fn leader_of(&self, shard: ShardId) -> Option<LeaderView> {
+        self.hosted.get(shard).map(|api| LeaderView::of(&api.raft()))
+    }
+
+    /// Where `key`'s call goes (see the module doc).
+    pub fn route(&self, key: &str) -> Result<Route, Status> {
+        let (shard, version) = self.shard_of(key);
+        if shard == ShardId(0) {
+            return Ok(Route::Meta);
+        }
+        match self.hosted.get(shard) {
+            Some(api) => Ok(Route::Hosted(shard, api)),
+            None => {
+                self.metrics.record_rejection(Rejection::NotOwner);
+                Err(not_owner(shard, version, None))
+            }
+        }
+    }
+}
+
+/// The `NOT_OWNER` refusal naming `shard` (and its leader when known).
+pub fn not_owner(shard: ShardId, placement_version: u64, leader: Option<LeaderView>) -> Status {
+    let mut metadata = vec![
+        (SHARD, shard.0.to_string()),
+        (PLACEMENT_VERSION, placement_version.to_string()),
+    ];
+    if let Some(LeaderView::Other { id, addr }) = leader {
+        metadata.push((LEADER_ID, id.to_string()));
+        if let Some(addr) = addr {
+            metadata.push((LEADER_ADDR, addr));
+        }
+    }
+    refusal_with(
+        Reason::NotOwner,
+        format!(
+            "this member does not serve shard {} (placement version {placement_version}): \
+             read the placement and send the call to that shard's leader",
+            shard.0
+        ),
+        metadata,
+    )
+}
+
+/// The placement as `GetPlacement` answers it: the meta group's (as
+/// `meta` has applied it), each shard's replicas with their addresses
+/// from the meta group's membership, and each leader `leader_of` knows.
+pub fn placement_message(
+    meta: &NodeContext,
+    leader_of: impl Fn(ShardId) -> Option<LeaderView>,
+) -> pb::Placement {
+    let placement = meta.state.read(|state| state.sharding().placement());
+    let membership = meta.state.membership();
+    let addresses: BTreeMap<u64, String> = membership
+        .membership()
+        .nodes()
+        .map(|(id, node)| (*id, node.addr.clone()))
+        .collect();
+    let slots = placement
+        .runs()
+        .into_iter()
+        .map(|(start, end, shard)| pb::SlotRange {
+            start: u32::from(start),
+            end,
+            shard: shard.0,
+        })
+        .collect();
+    let shards = placement
+        .shards()
+        .map(|shard| {
+            let replicas: Vec<u64> = match placement.replicas(shard) {
+                Some(replicas) if shard != ShardId(0) => replicas.iter().copied().collect(),
+                _ => addresses.keys().copied().collect(),
+            };
+            let replica_addrs = replicas
+                .iter()
+                .filter_map(|id| {
+                    addresses.get(id).map(|addr| pb::Member {
+                        id: *id,
+                        addr: addr.clone(),
+                    })
+                })
+                .collect();
+            let (leader_id, leader_addr) = match leader_of(shard) {
+                Some(LeaderView::Me) => (
+                    Some(meta.id),
+                    addresses.get(&meta.id).cloned().unwrap_or_default(),
+                ),
+                Some(LeaderView::Other { id, addr }) => (Some(id), addr.unwrap_or_default()),
+                _ => (None, String::new()),
+            };
+            pb::ShardInfo {
+                id: shard.0,
+                replicas: if shard == ShardId(0) { Vec::new() } else { replicas },
+                replica_addrs,
+                slots: placement.slot_count(shard),
+                leader_id,
+                leader_addr,
+            }
+        })
+        .collect();
+    pb::Placement {
+        version: placement.version(),
+        slots,
+        shards,
+    }
+}

@@ -1,0 +1,356 @@
+//! The shards a member hosts besides shard 0 (ADR 0025).
+//!
+//! [`ShardHost`] watches this member's applied view of the meta group's
+//! placement and, for every shard that names this member a replica:
+//!
+//! 1. **Hosts it**: opens the shard's store ([`ShardStoreOpener`]; on disk
+//!    `data_dir/shards/<id>`), starts its Raft group on the member's one
+//!    transport ([`PeerNetwork::for_shard`]), registers it with the Raft
+//!    handler and the router, and gives it a batcher and clock ticks of
+//!    its own. The replica with the smallest id initialises the group,
+//!    with the replicas' addresses from the meta group's membership.
+//! 2. **Leads it**, where this member is the shard's leader: makes the
+//!    group the shard (`BecomeShard`), keeps its policies those of the
+//!    meta group (`policy_sync_commands`), and acquires every move of
+//!    slots into it, part by part (`AcquireSlots`), once its policies
+//!    agree — so a moved key is served under the policy it had.
+//!
+//! Each step is a replicated command, idempotent, and re-derived from the
+//! applied states on every pass ([`SHARD_PASS_INTERVAL`]), so a new
+//! leader, a restarted member or a lost proposal simply carries on where
+//! the states stand.
+//!
+//! A shard whose replicas no longer name this member stops being routed
+//! and is shut down (its store stays on disk).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Duration;
+
+use leasehold_core::coordinator::sharding::{policy_sync_commands, AcquirePart};
+use leasehold_core::coordinator::Command;
+use leasehold_core::shard::ShardId;
+use leasehold_raft_store::{Node, NodeId, Raft};
+use openraft::storage::RaftLogStorage;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use super::api::CoordinatorApi;
+use super::batcher::{Batcher, BatcherOptions};
+use super::context::{NodeContext, RaftProposer};
+use super::leader::LeaderView;
+use super::network::PeerNetwork;
+use super::raft_service::{HostedGroup, HostedShards};
+use super::routing::HostedApis;
+use super::{tasks, CoordinatorStores};
+use crate::error::NodeError;
+
+/// How often the host compares the placement with what it hosts and
+/// drives the shards it leads.
+pub const SHARD_PASS_INTERVAL: Duration = Duration::from_millis(100);
+
+/// Most parts of moves one pass proposes for one shard.
+const PARTS_PER_PASS: usize = 64;
+
+/// Opens (creating if needed) the Raft store of a shard past 0.
+pub type ShardStoreOpener =
+    Arc<dyn Fn(ShardId) -> Result<CoordinatorStores, NodeError> + Send + Sync>;
+
+/// The directory of shard `shard`'s store under a member's data directory.
+pub fn shard_dir(data_dir: &std::path::Path, shard: ShardId) -> PathBuf {
+    data_dir.join("shards").join(shard.0.to_string())
+}
+
+/// Opens each shard's store on disk under `data_dir/shards/<id>`.
+pub fn on_disk(data_dir: PathBuf) -> ShardStoreOpener {
+    Arc::new(move |shard| {
+        let dir = shard_dir(&data_dir, shard);
+        std::fs::create_dir_all(&dir).map_err(|source| NodeError::DataDir {
+            path: dir.clone(),
+            source,
+        })?;
+        leasehold_raft_store::open_data_dir(&dir).map_err(|e| NodeError::Storage {
+            path: dir.clone(),
+            message: e.to_string(),
+        })
+    })
+}
+
+/// One hosted shard.
+struct Hosted {
+    context: Arc<NodeContext>,
+    stop: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+/// Hosts and drives this member's shards past 0 (see the module doc).
+pub struct ShardHost {
+    meta: Arc<NodeContext>,
+    network: PeerNetwork,
+    open_stores: ShardStoreOpener,
+    raft_groups: HostedShards,
+    apis: HostedApis,
+    hosted: BTreeMap<ShardId, Hosted>,
+}
+
+impl ShardHost {
+    /// A host for the member of `meta` (shard 0's context), starting
+    /// groups on `network`, their stores from `open_stores`, registering
+    /// them in `raft_groups` (the Raft handler) and `apis` (the router).
+    pub fn new(
+        meta: Arc<NodeContext>,
+        network: PeerNetwork,
+        open_stores: ShardStoreOpener,
+        raft_groups: HostedShards,
+        apis: HostedApis,
+    ) -> Self {
+        Self {
+            meta,
+            network,
+            open_stores,
+            raft_groups,
+            apis,
+            hosted: BTreeMap::new(),
+        }
+    }
+
+    /// Runs passes until `stopped` turns true, then shuts every hosted
+    /// group down.
+    pub async fn run(mut self, mut stopped: watch::Receiver<bool>) {
+        let mut interval = tokio::time::interval(SHARD_PASS_INTERVAL);
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = interval.tick() => {}
+                _ = stopped.wait_for(|stopped| *stopped) => break,
+            }
+            self.pass().await;
+        }
+        let shards: Vec<ShardId> = self.hosted.keys().copied().collect();
+        for shard in shards {
+            self.stop_hosting(shard).await;
+        }
+    }
+
+    /// One pass: host what the placement gives this member, stop what it
+    /// no longer does, drive the shards this member leads.
+    async fn pass(&mut self) {
+        let me = self.meta.id;
+        let wanted: BTreeMap<ShardId, BTreeSet<NodeId>> = self.meta.state.read(|state| {
+            let placement = state.sharding().placement();
+            placement
+                .shards()
+                .filter(|shard| *shard != ShardId(0))
+                .filter_map(|shard| {
+                    let replicas = placement.replicas(shard)?;
+                    replicas.contains(&me).then(|| (shard, replicas.clone()))
+                })
+                .collect()
+        });
+        let gone: Vec<ShardId> = self
+            .hosted
+            .keys()
+            .filter(|shard| !wanted.contains_key(shard))
+            .copied()
+            .collect();
+        for shard in gone {
+            tracing::info!(member = me, shard = shard.0, "no longer a replica of shard {}: stopping it", shard.0);
+            self.stop_hosting(shard).await;
+        }
+        for (shard, replicas) in &wanted {
+            if !self.hosted.contains_key(shard) {
+                if let Err(error) = self.start_hosting(*shard, replicas).await {
+                    tracing::warn!(member = me, shard = shard.0, %error, "cannot host shard {}", shard.0);
+                    continue;
+                }
+            }
+            self.initialize_if_first(*shard, replicas).await;
+            if let Some(hosted) = self.hosted.get(shard) {
+                let context = hosted.context.clone();
+                self.drive(*shard, &context).await;
+            }
+        }
+    }
+
+    async fn start_hosting(
+        &mut self,
+        shard: ShardId,
+        replicas: &BTreeSet<NodeId>,
+    ) -> Result<(), NodeError> {
+        let meta = &self.meta;
+        let (log_store, state_machine) = (self.open_stores)(shard)?;
+        let has_log = {
+            let log_state = log_store
+                .clone()
+                .get_log_state()
+                .await
+                .map_err(|e| NodeError::Raft(e.to_string()))?;
+            log_state.last_log_id.is_some() || log_state.last_purged_log_id.is_some()
+        };
+        let state = state_machine.reader();
+        let log_flush_latency = log_store.flush_latency();
+        let raft_config = meta
+            .config
+            .raft_config()
+            .map_err(|e| NodeError::Raft(e.to_string()))?;
+        let raft = Raft::new(
+            meta.id,
+            raft_config,
+            self.network.for_shard(shard),
+            log_store,
+            state_machine,
+        )
+        .await
+        .map_err(|e| NodeError::Raft(e.to_string()))?;
+        let (stop, stopped) = watch::channel(false);
+        let options = BatcherOptions {
+            max_batch: meta.config.max_batch_commands,
+            queue_capacity: meta.config.batch_queue_capacity,
+            max_inflight: meta.config.max_inflight_proposals,
+        };
+        let proposer = Arc::new(RaftProposer::new(
+            raft.clone(),
+            meta.config.proposal_timeout(),
+        ));
+        let (batcher, batcher_task) = Batcher::spawn(
+            proposer,
+            meta.clock.clone(),
+            options,
+            meta.metrics.clone(),
+            stopped.clone(),
+        );
+        let context = Arc::new(NodeContext {
+            id: meta.id,
+            raft: raft.clone(),
+            batcher,
+            state,
+            clock: meta.clock.clone(),
+            metrics: meta.metrics.clone(),
+            log_flush_latency,
+            config: meta.config.clone(),
+            stepping_down: AtomicBool::new(false),
+        });
+        let ticks = tokio::spawn(tasks::tick_clock(context.clone(), stopped));
+        self.raft_groups
+            .insert(shard, HostedGroup::new(raft, replicas.clone(), has_log));
+        self.apis.insert(shard, CoordinatorApi::new(context.clone()));
+        tracing::info!(member = meta.id, shard = shard.0, "hosting shard {}", shard.0);
+        self.hosted.insert(
+            shard,
+            Hosted {
+                context,
+                stop,
+                tasks: vec![batcher_task, ticks],
+            },
+        );
+        Ok(())
+    }
+
+    async fn stop_hosting(&mut self, shard: ShardId) {
+        self.apis.remove(shard);
+        self.raft_groups.remove(shard);
+        let Some(hosted) = self.hosted.remove(&shard) else {
+            return;
+        };
+        let _ = hosted.stop.send(true);
+        for task in hosted.tasks {
+            let _ = task.await;
+        }
+        if let Err(error) = hosted.context.raft.shutdown().await {
+            tracing::warn!(shard = shard.0, %error, "shard {} did not shut down cleanly", shard.0);
+        }
+    }
+
+    /// The replica with the smallest id forms a group that has no
+    /// membership yet, with every replica the meta group knows an address
+    /// of.
+    async fn initialize_if_first(&self, shard: ShardId, replicas: &BTreeSet<NodeId>) {
+        let Some(hosted) = self.hosted.get(&shard) else {
+            return;
+        };
+        if replicas.first() != Some(&self.meta.id) {
+            return;
+        }
+        let formed = hosted
+            .context
+            .raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .nodes()
+            .next()
+            .is_some();
+        if formed {
+            return;
+        }
+        let membership = self.meta.state.membership();
+        let members: BTreeMap<NodeId, Node> = membership
+            .membership()
+            .nodes()
+            .filter(|(id, _)| replicas.contains(id))
+            .map(|(id, node)| (*id, node.clone()))
+            .collect();
+        if members.len() != replicas.len() {
+            tracing::warn!(
+                shard = shard.0,
+                "shard {} names replicas the cluster has no address for; waiting",
+                shard.0
+            );
+            return;
+        }
+        match hosted.context.raft.initialize(members).await {
+            Ok(()) => tracing::info!(shard = shard.0, "formed shard {}", shard.0),
+            Err(error) => tracing::debug!(shard = shard.0, %error, "shard not formed"),
+        }
+    }
+
+    /// Where this member leads `shard`: make the group the shard, its
+    /// policies the meta group's, and acquire the moves into it.
+    async fn drive(&self, shard: ShardId, context: &NodeContext) {
+        if LeaderView::of(&context.raft) != LeaderView::Me {
+            return;
+        }
+        if context.state.read(|state| state.sharding().shard()) != shard {
+            if let Err(status) = context.propose(Command::BecomeShard { shard }).await {
+                tracing::debug!(shard = shard.0, %status, "BecomeShard not committed");
+            }
+            return;
+        }
+        let meta_policies = self.meta.state.read(|state| state.policies());
+        let sync = context
+            .state
+            .read(|state| policy_sync_commands(&meta_policies, &state.policies()));
+        if !sync.is_empty() {
+            if let Err(status) = context.propose_all(sync).await {
+                tracing::debug!(shard = shard.0, %status, "policy sync not committed");
+            }
+            return;
+        }
+        for _ in 0..PARTS_PER_PASS {
+            let Some(part) = self.next_part(shard, context) else {
+                return;
+            };
+            if let Err(status) = context.propose(Command::AcquireSlots(part)).await {
+                tracing::debug!(shard = shard.0, %status, "move part not committed");
+                return;
+            }
+        }
+    }
+
+    /// The next part of the first move into `shard` not yet complete.
+    fn next_part(&self, shard: ShardId, context: &NodeContext) -> Option<AcquirePart> {
+        self.meta.state.read(|meta| {
+            meta.sharding()
+                .outgoing()
+                .iter()
+                .filter(|(_, outgoing)| outgoing.slots.to == shard)
+                .find_map(|(id, outgoing)| {
+                    let arrival = context.state.read(|state| state.sharding().arrival(*id));
+                    (!arrival.complete).then(|| outgoing.part(*id, arrival.acquired_keys))
+                })
+        })
+    }
+}

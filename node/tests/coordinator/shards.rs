@@ -1,0 +1,199 @@
+//! Shards on real members (ADR 0025): shard 0 split into a shard that
+//! three of four members replicate. The moved keys keep their windows —
+//! the new owner continues them — member 1, which does not host the new
+//! shard, refuses its keys `NOT_OWNER` with the shard and the placement
+//! version, a batch mixing shards is answered item by item by each
+//! shard, a retry is answered by the group that executed it, and the
+//! shard survives the loss of its leader with its windows.
+
+use std::time::Duration;
+
+use anyhow::{bail, ensure, Context, Result};
+use leasehold_core::shard::{slot_of, SLOTS};
+use leasehold_proto::refusal::{detail, reason_of, status_of_item, Reason};
+use leasehold_proto::v1 as pb;
+use leasehold_proto::v1::admin_client::AdminClient as AdminRpc;
+use leasehold_proto::v1::coordinator_client::CoordinatorClient as CoordinatorRpc;
+use tonic::transport::Channel;
+
+use crate::harness::{counter_policy, Cluster, LONG_WINDOW_MS};
+
+async fn channel(addr: &str) -> Result<Channel> {
+    Ok(
+        tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?
+            .connect()
+            .await?,
+    )
+}
+
+fn lease(key: &str, tokens: u64, seq: Option<u64>) -> pb::LeaseRequest {
+    pb::LeaseRequest {
+        key: key.into(),
+        region: "eu".into(),
+        tokens,
+        request_id: seq.map(|seq| pb::RequestId {
+            client_id: "shards-test".into(),
+            seq,
+        }),
+    }
+}
+
+/// The first key `k<i>` a split of shard 0 moves out (or keeps).
+fn key_that_moves(moving: bool) -> String {
+    (0..)
+        .map(|i| format!("k{i}"))
+        .find(|k| (slot_of(k) >= SLOTS / 2) == moving)
+        .expect("some key")
+}
+
+/// Leases `key` on `addr` until it is neither refused `NOT_OWNER` nor
+/// `NOT_LEADER` nor unavailable (the shard forming, acquiring, electing).
+async fn lease_when_served(addr: &str, key: &str, tokens: u64) -> Result<pb::LeaseResponse> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let mut rpc = CoordinatorRpc::new(channel(addr).await?);
+    loop {
+        match rpc.lease(lease(key, tokens, None)).await {
+            Ok(response) => return Ok(response.into_inner()),
+            Err(status) if tokio::time::Instant::now() < deadline => {
+                tracing::debug!(%status, "not served yet");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(status) => bail!("{key} never served on {addr}: {status}"),
+        }
+    }
+}
+
+/// The leader of `shard` as member `via` reports it, once known.
+async fn shard_leader(cluster: &Cluster, via: u64, shard: u32) -> Result<(u64, String)> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let mut rpc = CoordinatorRpc::new(channel(&cluster.addr(via)).await?);
+    loop {
+        if let Ok(placement) = rpc.get_placement(pb::GetPlacementRequest {}).await {
+            let placement = placement.into_inner();
+            let info = placement.shards.iter().find(|s| s.id == shard);
+            if let Some(pb::ShardInfo {
+                leader_id: Some(id),
+                leader_addr,
+                ..
+            }) = info
+            {
+                return Ok((*id, leader_addr.clone()));
+            }
+        }
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "member {via} never knew shard {shard}'s leader"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_split_shard_serves_its_keys_with_their_windows_on_its_replicas() -> Result<()> {
+    let mut cluster = Cluster::start_initialised(4, |_| {}).await?;
+    let client = cluster.client()?;
+    let admin = client.admin();
+    admin
+        .set_policy(counter_policy("k", 10, LONG_WINDOW_MS))
+        .await?;
+    let (low, high) = (key_that_moves(false), key_that_moves(true));
+    let meta_leader = cluster.leader().await?;
+    let mut meta = CoordinatorRpc::new(channel(&cluster.addr(meta_leader)).await?);
+    let before_split = meta
+        .lease(lease(&high, 7, Some(1)))
+        .await?
+        .into_inner();
+    assert_eq!(before_split.granted, 7);
+    meta.lease(lease(&low, 7, None)).await?;
+
+    let mut admin_rpc = AdminRpc::new(channel(&cluster.addr(meta_leader)).await?);
+    let placement = admin_rpc
+        .change_placement(pb::ChangePlacementRequest {
+            expected_version: 0,
+            change: Some(pb::change_placement_request::Change::Split(pb::SplitShard {
+                shard: 0,
+                into: 1,
+                replicas: vec![2, 3, 4],
+            })),
+        })
+        .await?
+        .into_inner();
+    assert_eq!(placement.version, 1);
+    assert_eq!(
+        placement.slots,
+        vec![
+            pb::SlotRange { start: 0, end: 8_192, shard: 0 },
+            pb::SlotRange { start: 8_192, end: 16_384, shard: 1 },
+        ]
+    );
+    let stale = admin_rpc
+        .change_placement(pb::ChangePlacementRequest {
+            expected_version: 0,
+            change: Some(pb::change_placement_request::Change::RemoveShard(
+                pb::RemoveShard { shard: 1 },
+            )),
+        })
+        .await
+        .expect_err("a stale version is refused");
+    assert_eq!(reason_of(&stale), Some(Reason::PlacementRefused));
+
+    // The new shard forms on members 2 and 3 and continues the window.
+    let (leader, leader_addr) = shard_leader(&cluster, 2, 1).await?;
+    ensure!((2..=4).contains(&leader), "shard 1 led by member {leader}");
+    let after = lease_when_served(&leader_addr, &high, 5).await?;
+    assert_eq!(after.granted, 3, "the 7 granted before the split moved with the window");
+    assert_eq!(after.window_start_ms, before_split.window_start_ms);
+
+    // Member 1 hosts no replica of shard 1.
+    let mut member_one = CoordinatorRpc::new(channel(&cluster.addr(1)).await?);
+    let refused = member_one
+        .lease(lease(&high, 1, None))
+        .await
+        .expect_err("member 1 does not serve shard 1");
+    assert_eq!(reason_of(&refused), Some(Reason::NotOwner));
+    assert_eq!(detail(&refused, "shard").as_deref(), Some("1"));
+    assert_eq!(detail(&refused, "placement_version").as_deref(), Some("1"));
+
+    // A retry of a request executed before the split: its first answer.
+    let retried = meta.lease(lease(&high, 7, Some(1))).await?.into_inner();
+    assert_eq!(retried, before_split);
+
+    // A batch mixing shards, sent to shard 1's leader: its key is served
+    // there; shard 0's key by shard 0 on that member (its leader or not).
+    let mut at_shard_leader = CoordinatorRpc::new(channel(&leader_addr).await?);
+    let batch = at_shard_leader
+        .lease_batch(pb::LeaseBatchRequest {
+            items: vec![lease(&high, 1, None), lease(&low, 1, None)],
+        })
+        .await?
+        .into_inner();
+    let high_result = batch.results[0].result.clone().context("a result")?;
+    assert!(
+        matches!(high_result, pb::lease_item_result::Result::Granted(ref g) if g.granted == 0),
+        "{high_result:?}"
+    );
+    match batch.results[1].result.clone().context("a result")? {
+        pb::lease_item_result::Result::Granted(grant) => {
+            ensure!(meta_leader == leader, "only shard 0's leader grants");
+            assert_eq!(grant.granted, 1);
+        }
+        pb::lease_item_result::Result::Refused(item) => {
+            assert_eq!(reason_of(&status_of_item(&item)), Some(Reason::NotLeader));
+        }
+    }
+
+    // Shard 1 loses its leader: the other replica leads with the window.
+    cluster.stop(leader).await?;
+    let (_, new_leader_addr) = loop {
+        let survivor = if leader == 2 { 3 } else { 2 };
+        let (id, addr) = shard_leader(&cluster, survivor, 1).await?;
+        if id != leader {
+            break (id, addr);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let exhausted = lease_when_served(&new_leader_addr, &high, 100).await?;
+    assert_eq!(exhausted.granted, 0, "the window is spent: 7 + 3 of 10");
+    cluster.stop_all().await?;
+    Ok(())
+}
