@@ -11,6 +11,14 @@
 //! its [`RequestId`], so the coordinator
 //! applies it at most once and returns the first response.
 //!
+//! On a sharded cluster (ADR 0025) each key's calls go to the leader of its
+//! shard: the client keeps the placement (read with `GetPlacement` when a
+//! member names a newer version in a refusal) and a leader per shard,
+//! follows hints per shard, cuts a `LeaseBatch` by shard, and takes request
+//! ids from sessions of the key's shard (each group keeps its own). A
+//! cluster never sharded names no placement, and nothing of this costs a
+//! call.
+//!
 //! Request ids come from a pool of client sessions, one request in flight
 //! per session at a time (the coordinator keeps a bounded window of recent
 //! responses per session, so a slow retry must never fall behind many newer
@@ -96,16 +104,66 @@ impl Default for RetryOptions {
 /// Which node a call should go to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Target {
-    /// The leader (writes and linearizable reads): follow hints.
+    /// The leader of shard 0, the meta group (writes and linearizable
+    /// reads not about a key; every key's on a cluster never sharded):
+    /// follow hints.
     Leader,
+    /// The leader of a shard (a key's calls): follow hints.
+    Shard(u32),
     /// Any node, starting from the first configured endpoint (node-local calls).
     Any,
+}
+
+impl Target {
+    /// Whether the call goes to a leader (and follows its hints).
+    fn is_leader(self) -> bool {
+        matches!(self, Target::Leader | Target::Shard(_))
+    }
+
+    /// The shard whose leader the call goes to.
+    fn shard(self) -> Option<u32> {
+        match self {
+            Target::Leader | Target::Shard(0) => Some(0),
+            Target::Shard(shard) => Some(shard),
+            Target::Any => None,
+        }
+    }
+}
+
+/// The placement of keys on shards, as last read (`GetPlacement`).
+#[derive(Debug, Clone, Default)]
+struct KnownPlacement {
+    version: u64,
+    /// `(start, end, shard)` slot runs, in slot order.
+    runs: Vec<(u32, u32, u32)>,
+    /// Replica addresses by shard.
+    replicas: HashMap<u32, Vec<String>>,
+}
+
+impl KnownPlacement {
+    fn shard_of(&self, key: &str) -> u32 {
+        if self.runs.is_empty() {
+            return 0;
+        }
+        let slot = u32::from(leasehold_core::shard::slot_of(key));
+        self.runs
+            .iter()
+            .find(|(start, end, _)| *start <= slot && slot < *end)
+            .map_or(0, |(_, _, shard)| *shard)
+    }
 }
 
 #[derive(Debug)]
 struct Routing {
     endpoints: Vec<String>,
+    /// Shard 0's leader.
     leader: Option<String>,
+    /// The leaders of the other shards, as last seen.
+    shard_leaders: HashMap<u32, String>,
+    placement: KnownPlacement,
+    /// The newest placement version a member named (`NOT_OWNER`, or a
+    /// shard's `NOT_LEADER`): newer than `placement`'s, it is read again.
+    placement_seen: u64,
     next: usize,
     channels: HashMap<String, Channel>,
 }
@@ -186,6 +244,9 @@ impl CoordinatorClient {
                 routing: Mutex::new(Routing {
                     endpoints: normalized,
                     leader: None,
+                    shard_leaders: HashMap::new(),
+                    placement: KnownPlacement::default(),
+                    placement_seen: 0,
                     next: 0,
                     channels: HashMap::new(),
                 }),
@@ -205,8 +266,80 @@ impl CoordinatorClient {
         self.shared.sessions.opened()
     }
 
-    fn checkout_session(&self) -> SessionGuard<'_> {
-        self.shared.sessions.checkout()
+    fn checkout_session(&self, target: Target) -> SessionGuard<'_> {
+        self.shared
+            .sessions
+            .checkout_in(target.shard().unwrap_or(0))
+    }
+
+    /// The shard of `key` as this client knows the placement (0 on a
+    /// cluster never sharded, or before any member named a placement).
+    pub fn shard_of(&self, key: &str) -> u32 {
+        self.routing().placement.shard_of(key)
+    }
+
+    /// The placement version this client routes by (0: never sharded).
+    pub fn placement_version(&self) -> u64 {
+        self.routing().placement.version
+    }
+
+    /// Where `key`'s calls go: its shard's leader. The placement is read
+    /// again first when a member has named a newer one.
+    async fn target_for(&self, key: &str) -> Target {
+        let stale = {
+            let routing = self.routing();
+            routing.placement_seen > routing.placement.version
+        };
+        if stale {
+            if let Err(error) = self.refresh_placement().await {
+                tracing::debug!(%error, "placement not read; routing by the one known");
+            }
+        }
+        Target::Shard(self.shard_of(key))
+    }
+
+    /// Reads the placement from any member (`GetPlacement`) and routes by
+    /// it from now on.
+    pub async fn refresh_placement(&self) -> Result<u64, CoordinatorError> {
+        let placement = self
+            .call(Target::Any, move |channel, timeout| {
+                let request = with_timeout(leasehold_proto::v1::GetPlacementRequest {}, timeout);
+                async move { CoordinatorRpc::new(channel).get_placement(request).await }
+            })
+            .await?;
+        let known = KnownPlacement {
+            version: placement.version,
+            runs: placement
+                .slots
+                .iter()
+                .map(|run| (run.start, run.end, run.shard))
+                .collect(),
+            replicas: placement
+                .shards
+                .iter()
+                .map(|shard| {
+                    let addrs = shard
+                        .replica_addrs
+                        .iter()
+                        .filter_map(|member| normalize_addr(&member.addr).ok())
+                        .collect();
+                    (shard.id, addrs)
+                })
+                .collect(),
+        };
+        let mut routing = self.routing();
+        if known.version >= routing.placement.version {
+            for shard in &placement.shards {
+                if let (Some(_), Ok(addr)) = (shard.leader_id, normalize_addr(&shard.leader_addr)) {
+                    if shard.id != 0 {
+                        routing.shard_leaders.insert(shard.id, addr);
+                    }
+                }
+            }
+            routing.placement_seen = routing.placement_seen.max(known.version);
+            routing.placement = known;
+        }
+        Ok(routing.placement.version)
     }
 
     /// A fresh request id of this client's own session, for callers that
@@ -217,9 +350,27 @@ impl CoordinatorClient {
         self.shared.sessions.manual_request_id()
     }
 
+    /// [`next_request_id`](Self::next_request_id) for a call about `key`:
+    /// an id of this client's own session in the group of `key`'s shard,
+    /// as this client knows the placement (each group keeps its own
+    /// sessions).
+    pub fn next_request_id_for(&self, key: &str) -> RequestId {
+        let shard = self.shard_of(key);
+        self.shared.sessions.manual_request_id_in(shard)
+    }
+
     /// The leader address last seen, if any.
     pub fn leader(&self) -> Option<String> {
         self.routing().leader.clone()
+    }
+
+    /// The leader of `target`'s shard last seen.
+    fn leader_of(&self, target: Target) -> Option<String> {
+        let routing = self.routing();
+        match target.shard() {
+            Some(0) | None => routing.leader.clone(),
+            Some(shard) => routing.shard_leaders.get(&shard).cloned(),
+        }
     }
 
     /// An admin client sharing this client's routing and connections.
@@ -234,9 +385,10 @@ impl CoordinatorClient {
         region: &str,
         tokens: u64,
     ) -> Result<LeaseResponse, CoordinatorError> {
-        let mut session = self.checkout_session();
+        let target = self.target_for(key).await;
+        let mut session = self.checkout_session(target);
         let request_id = session.request_id();
-        self.lease_with_id(key, region, tokens, request_id).await
+        self.lease_to(target, key, region, tokens, request_id).await
     }
 
     /// [`lease`](Self::lease) with an explicit request id.
@@ -248,13 +400,25 @@ impl CoordinatorClient {
         tokens: u64,
         request_id: RequestId,
     ) -> Result<LeaseResponse, CoordinatorError> {
+        let target = self.target_for(key).await;
+        self.lease_to(target, key, region, tokens, request_id).await
+    }
+
+    async fn lease_to(
+        &self,
+        target: Target,
+        key: &str,
+        region: &str,
+        tokens: u64,
+        request_id: RequestId,
+    ) -> Result<LeaseResponse, CoordinatorError> {
         let request = LeaseRequest {
             key: key.to_string(),
             region: region.to_string(),
             tokens,
             request_id: Some(request_id),
         };
-        self.call(Target::Leader, move |channel, timeout| {
+        self.call(target, move |channel, timeout| {
             let request = with_timeout(request.clone(), timeout);
             async move { CoordinatorRpc::new(channel).lease(request).await }
         })
@@ -272,54 +436,92 @@ impl CoordinatorClient {
         &self,
         items: &[LeaseItem],
     ) -> Result<Vec<Result<LeaseResponse, CoordinatorError>>, CoordinatorError> {
-        let mut answers = Vec::with_capacity(items.len());
-        for chunk in items.chunks(ITEMS_PER_BATCH_CALL) {
-            let mut session = self.checkout_session();
-            let request = LeaseBatchRequest {
-                items: chunk
-                    .iter()
-                    .map(|item| LeaseRequest {
-                        key: item.key.clone(),
-                        region: item.region.clone(),
-                        tokens: item.tokens,
-                        request_id: Some(session.request_id()),
-                    })
-                    .collect(),
-            };
-            let response = self
-                .call(Target::Leader, move |channel, timeout| {
-                    let request = with_timeout(request.clone(), timeout);
-                    async move { CoordinatorRpc::new(channel).lease_batch(request).await }
-                })
-                .await?;
-            if response.results.len() != chunk.len() {
-                return Err(CoordinatorError::Rpc {
-                    code: tonic::Code::Internal,
-                    message: format!(
-                        "{} results for {} items",
-                        response.results.len(),
-                        chunk.len()
-                    ),
-                });
-            }
-            let leader = self.leader().unwrap_or_default();
-            answers.extend(
-                response
-                    .results
-                    .into_iter()
-                    .map(|result| match result.result {
-                        Some(lease_item_result::Result::Granted(grant)) => Ok(grant),
-                        Some(lease_item_result::Result::Refused(refused)) => {
-                            Err(classify(&leader, status_of_item(&refused)))
-                        }
-                        None => Err(CoordinatorError::Rpc {
-                            code: tonic::Code::Internal,
-                            message: "an item without a result".into(),
-                        }),
-                    }),
-            );
+        if let Some(first) = items.first() {
+            // Reads the placement if a member named a newer one.
+            self.target_for(&first.key).await;
         }
-        Ok(answers)
+        let mut by_shard: std::collections::BTreeMap<u32, Vec<usize>> =
+            std::collections::BTreeMap::new();
+        for (index, item) in items.iter().enumerate() {
+            by_shard
+                .entry(self.shard_of(&item.key))
+                .or_default()
+                .push(index);
+        }
+        let mut answers: Vec<Option<Result<LeaseResponse, CoordinatorError>>> =
+            items.iter().map(|_| None).collect();
+        for (shard, indices) in by_shard {
+            for chunk in indices.chunks(ITEMS_PER_BATCH_CALL) {
+                let part: Vec<LeaseItem> = chunk.iter().map(|&i| items[i].clone()).collect();
+                let results = self.lease_batch_call(Target::Shard(shard), &part).await?;
+                for (&index, result) in chunk.iter().zip(results) {
+                    answers[index] = Some(result);
+                }
+            }
+        }
+        Ok(answers
+            .into_iter()
+            .map(|answer| {
+                answer.unwrap_or_else(|| {
+                    Err(CoordinatorError::Rpc {
+                        code: tonic::Code::Internal,
+                        message: "an item without a result".into(),
+                    })
+                })
+            })
+            .collect())
+    }
+
+    /// One `LeaseBatch` call of at most [`ITEMS_PER_BATCH_CALL`] items of
+    /// one shard.
+    async fn lease_batch_call(
+        &self,
+        target: Target,
+        chunk: &[LeaseItem],
+    ) -> Result<Vec<Result<LeaseResponse, CoordinatorError>>, CoordinatorError> {
+        let mut session = self.checkout_session(target);
+        let request = LeaseBatchRequest {
+            items: chunk
+                .iter()
+                .map(|item| LeaseRequest {
+                    key: item.key.clone(),
+                    region: item.region.clone(),
+                    tokens: item.tokens,
+                    request_id: Some(session.request_id()),
+                })
+                .collect(),
+        };
+        let response = self
+            .call(target, move |channel, timeout| {
+                let request = with_timeout(request.clone(), timeout);
+                async move { CoordinatorRpc::new(channel).lease_batch(request).await }
+            })
+            .await?;
+        if response.results.len() != chunk.len() {
+            return Err(CoordinatorError::Rpc {
+                code: tonic::Code::Internal,
+                message: format!(
+                    "{} results for {} items",
+                    response.results.len(),
+                    chunk.len()
+                ),
+            });
+        }
+        let leader = self.leader_of(target).unwrap_or_default();
+        Ok(response
+            .results
+            .into_iter()
+            .map(|result| match result.result {
+                Some(lease_item_result::Result::Granted(grant)) => Ok(grant),
+                Some(lease_item_result::Result::Refused(refused)) => {
+                    Err(classify(&leader, status_of_item(&refused)))
+                }
+                None => Err(CoordinatorError::Rpc {
+                    code: tonic::Code::Internal,
+                    message: "an item without a result".into(),
+                }),
+            })
+            .collect())
     }
 
     /// Returns `leftover` unused credits of the window starting at `window_start_ms`.
@@ -331,7 +533,8 @@ impl CoordinatorClient {
         leftover: u64,
         window_start_ms: u64,
     ) -> Result<ReconcileResponse, CoordinatorError> {
-        let mut session = self.checkout_session();
+        let target = self.target_for(key).await;
+        let mut session = self.checkout_session(target);
         let request = ReconcileRequest {
             key: key.to_string(),
             region: region.to_string(),
@@ -339,7 +542,7 @@ impl CoordinatorClient {
             window_start_ms,
             request_id: Some(session.request_id()),
         };
-        self.call(Target::Leader, move |channel, timeout| {
+        self.call(target, move |channel, timeout| {
             let request = with_timeout(request.clone(), timeout);
             async move { CoordinatorRpc::new(channel).reconcile(request).await }
         })
@@ -428,7 +631,8 @@ impl CoordinatorClient {
         tenant_demands: Vec<TenantDemand>,
         join_next: Option<NextWindowJoin>,
     ) -> Result<PoolGrantResponse, CoordinatorError> {
-        let mut session = self.checkout_session();
+        let target = self.target_for(key).await;
+        let mut session = self.checkout_session(target);
         let request = PoolGrantRequest {
             key: key.to_string(),
             region: region.to_string(),
@@ -443,7 +647,7 @@ impl CoordinatorClient {
             holder: self.shared.sessions.client_id().to_string(),
             want_more,
         };
-        self.call(Target::Leader, move |channel, timeout| {
+        self.call(target, move |channel, timeout| {
             let request = with_timeout(request.clone(), timeout);
             async move { CoordinatorRpc::new(channel).pool_grant(request).await }
         })
@@ -502,7 +706,8 @@ impl CoordinatorClient {
             join_next,
             holder: self.shared.sessions.client_id().to_string(),
         };
-        self.call(Target::Leader, move |channel, timeout| {
+        let target = self.target_for(key).await;
+        self.call(target, move |channel, timeout| {
             let request = with_timeout(request.clone(), timeout);
             async move { CoordinatorRpc::new(channel).pool_release(request).await }
         })
@@ -515,7 +720,8 @@ impl CoordinatorClient {
         let request = GetWindowRequest {
             key: key.to_string(),
         };
-        self.call(Target::Leader, move |channel, timeout| {
+        let target = self.target_for(key).await;
+        self.call(target, move |channel, timeout| {
             let request = with_timeout(request.clone(), timeout);
             async move { CoordinatorRpc::new(channel).get_window(request).await }
         })
@@ -537,13 +743,27 @@ impl CoordinatorClient {
 
     fn pick(&self, target: Target, attempt: u32) -> String {
         let mut routing = self.routing();
-        if target == Target::Leader {
-            if let Some(leader) = routing.leader.clone() {
-                return leader;
+        match target.shard() {
+            Some(0) if target.is_leader() => {
+                if let Some(leader) = routing.leader.clone() {
+                    return leader;
+                }
             }
+            Some(shard) if target.is_leader() => {
+                if let Some(leader) = routing.shard_leaders.get(&shard) {
+                    return leader.clone();
+                }
+                if let Some(replicas) = routing.placement.replicas.get(&shard) {
+                    if !replicas.is_empty() {
+                        let index = (attempt as usize).saturating_sub(1) % replicas.len();
+                        return replicas[index].clone();
+                    }
+                }
+            }
+            _ => {}
         }
         let index = match target {
-            Target::Leader => routing.next,
+            Target::Leader | Target::Shard(_) => routing.next,
             Target::Any => (attempt as usize).saturating_sub(1),
         } % routing.endpoints.len();
         routing.next = index;
@@ -568,6 +788,7 @@ impl CoordinatorClient {
         if routing.leader.as_deref() == Some(addr) {
             routing.leader = None;
         }
+        routing.shard_leaders.retain(|_, leader| leader != addr);
         routing.next = (routing.next + 1) % routing.endpoints.len();
     }
 
@@ -579,14 +800,32 @@ impl CoordinatorClient {
         self.routing().endpoints.iter().any(|e| e == addr)
     }
 
-    fn follow_hint(&self, leader_addr: &str) {
+    fn follow_hint(&self, target: Target, leader_addr: &str) {
         if let Ok(addr) = normalize_addr(leader_addr) {
-            self.routing().leader = Some(addr);
+            self.remember_leader(target, &addr);
         }
     }
 
-    fn remember_leader(&self, addr: &str) {
-        self.routing().leader = Some(addr.to_string());
+    fn remember_leader(&self, target: Target, addr: &str) {
+        let mut routing = self.routing();
+        match target.shard() {
+            Some(0) | None => routing.leader = Some(addr.to_string()),
+            Some(shard) => {
+                routing.shard_leaders.insert(shard, addr.to_string());
+            }
+        }
+    }
+
+    /// Notes the placement version a refusal names (`NOT_OWNER`, a
+    /// shard's `NOT_LEADER`): a newer one is read before the next call.
+    fn note_placement(&self, status: &Status) {
+        let named =
+            leasehold_proto::refusal::detail(status, leasehold_proto::refusal::PLACEMENT_VERSION)
+                .and_then(|v| v.parse::<u64>().ok());
+        if let Some(version) = named {
+            let mut routing = self.routing();
+            routing.placement_seen = routing.placement_seen.max(version);
+        }
     }
 
     fn backoff(&self, retry: u32) -> Duration {
@@ -635,12 +874,15 @@ impl CoordinatorClient {
                 },
                 Ok(channel) => match tokio::time::timeout(per_call, rpc(channel, per_call)).await {
                     Ok(Ok(response)) => {
-                        if target == Target::Leader {
-                            self.remember_leader(&addr);
+                        if target.is_leader() {
+                            self.remember_leader(target, &addr);
                         }
                         return Ok(response.into_inner());
                     }
-                    Ok(Err(status)) => classify(&addr, status),
+                    Ok(Err(status)) => {
+                        self.note_placement(&status);
+                        classify(&addr, status)
+                    }
                     Err(_) => CoordinatorError::DeadlineExceeded {
                         addr: addr.clone(),
                         after: per_call,
@@ -656,7 +898,7 @@ impl CoordinatorClient {
                             ..
                         },
                     ..
-                } if target == Target::Leader
+                } if target.is_leader()
                     && unresolvable_hints
                         .iter()
                         .any(|hint| normalize_addr(leader).is_ok_and(|l| &l == hint)) =>
@@ -680,8 +922,8 @@ impl CoordinatorClient {
                             ..
                         },
                     ..
-                } if target == Target::Leader => {
-                    self.follow_hint(leader);
+                } if target.is_leader() => {
+                    self.follow_hint(target, leader);
                     redirects_in_a_row += 1;
                     // Follow a fresh hint at once; back off if hints go round in circles.
                     pause = redirects_in_a_row > 2;

@@ -146,7 +146,8 @@ fn placement_changes_are_checked_and_refusals_change_nothing() {
     run(&mut meta, 0, counter("k", LIMIT, WINDOW_MS));
     run(&mut meta, 10, lease(&fixture_key(true), "eu", 3));
     let before = meta.clone();
-    let refused = |outcome: &Outcome| matches!(outcome, Outcome::Rejected(CommandError::Placement(_)));
+    let refused =
+        |outcome: &Outcome| matches!(outcome, Outcome::Rejected(CommandError::Placement(_)));
     for change in [
         split_into_one(7),
         Command::ChangePlacement {
@@ -290,9 +291,17 @@ enum Step {
     /// Time passes.
     Wait(u64),
     /// A lease of a key, sent to the meta group or to shard 1.
-    Lease { key: usize, tokens: u64, to_shard: bool },
+    Lease {
+        key: usize,
+        tokens: u64,
+        to_shard: bool,
+    },
     /// A reconcile of a key's last grant, sent to either group.
-    Reconcile { key: usize, leftover: u64, to_shard: bool },
+    Reconcile {
+        key: usize,
+        leftover: u64,
+        to_shard: bool,
+    },
     /// The split of shard 0 (once; later ones are stale and refused).
     Split,
     /// Shard 1 applies the next part of the move.

@@ -179,6 +179,64 @@ impl From<Policy> for pb::Policy {
     }
 }
 
+/// A `ChangePlacementRequest` as the meta group's command: the version it
+/// was made against and the change. Refused `INVALID_FIELD` without a
+/// change, with a shard id of 0 where a new or other shard is meant, or
+/// without replicas where a shard needs them.
+pub fn placement_change(
+    raw: pb::ChangePlacementRequest,
+) -> Result<(u64, leasehold_core::coordinator::sharding::PlacementChange), InvalidField> {
+    use leasehold_core::coordinator::sharding::PlacementChange;
+    use leasehold_core::shard::ShardId;
+    use pb::change_placement_request::Change;
+
+    let not_zero = |field: &'static str, shard: u32| {
+        if shard == 0 {
+            Err(InvalidField::new(
+                field,
+                "shard 0 is the meta group: it is never added, removed or re-replicated",
+            ))
+        } else {
+            Ok(ShardId(shard))
+        }
+    };
+    let some_replicas = |field: &'static str, replicas: Vec<u64>| {
+        if replicas.is_empty() || replicas.contains(&0) {
+            Err(InvalidField::new(
+                field,
+                "a shard needs at least one replica, each a member id (>= 1)",
+            ))
+        } else {
+            Ok(replicas)
+        }
+    };
+    let change = match raw.change {
+        None => return Err(InvalidField::new("change", "a change is required")),
+        Some(Change::AddShard(add)) => PlacementChange::AddShard {
+            shard: not_zero("add_shard.shard", add.shard)?,
+            replicas: some_replicas("add_shard.replicas", add.replicas)?,
+        },
+        Some(Change::SetReplicas(set)) => PlacementChange::SetReplicas {
+            shard: not_zero("set_replicas.shard", set.shard)?,
+            replicas: some_replicas("set_replicas.replicas", set.replicas)?,
+        },
+        Some(Change::RemoveShard(remove)) => PlacementChange::RemoveShard {
+            shard: not_zero("remove_shard.shard", remove.shard)?,
+        },
+        Some(Change::MoveSlots(moved)) => PlacementChange::MoveSlots {
+            start: moved.start,
+            end: moved.end,
+            to: ShardId(moved.to),
+        },
+        Some(Change::Split(split)) => PlacementChange::Split {
+            shard: ShardId(split.shard),
+            into: not_zero("split.into", split.into)?,
+            replicas: some_replicas("split.replicas", split.replicas)?,
+        },
+    };
+    Ok((raw.expected_version, change))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -410,62 +468,4 @@ mod tests {
         };
         assert_eq!(Policy::try_from(raw), Ok(counter("p/", 5, 100)));
     }
-}
-
-/// A `ChangePlacementRequest` as the meta group's command: the version it
-/// was made against and the change. Refused `INVALID_FIELD` without a
-/// change, with a shard id of 0 where a new or other shard is meant, or
-/// without replicas where a shard needs them.
-pub fn placement_change(
-    raw: pb::ChangePlacementRequest,
-) -> Result<(u64, leasehold_core::coordinator::sharding::PlacementChange), InvalidField> {
-    use leasehold_core::coordinator::sharding::PlacementChange;
-    use leasehold_core::shard::ShardId;
-    use pb::change_placement_request::Change;
-
-    let not_zero = |field: &'static str, shard: u32| {
-        if shard == 0 {
-            Err(InvalidField::new(
-                field,
-                "shard 0 is the meta group: it is never added, removed or re-replicated",
-            ))
-        } else {
-            Ok(ShardId(shard))
-        }
-    };
-    let some_replicas = |field: &'static str, replicas: Vec<u64>| {
-        if replicas.is_empty() || replicas.contains(&0) {
-            Err(InvalidField::new(
-                field,
-                "a shard needs at least one replica, each a member id (>= 1)",
-            ))
-        } else {
-            Ok(replicas)
-        }
-    };
-    let change = match raw.change {
-        None => return Err(InvalidField::new("change", "a change is required")),
-        Some(Change::AddShard(add)) => PlacementChange::AddShard {
-            shard: not_zero("add_shard.shard", add.shard)?,
-            replicas: some_replicas("add_shard.replicas", add.replicas)?,
-        },
-        Some(Change::SetReplicas(set)) => PlacementChange::SetReplicas {
-            shard: not_zero("set_replicas.shard", set.shard)?,
-            replicas: some_replicas("set_replicas.replicas", set.replicas)?,
-        },
-        Some(Change::RemoveShard(remove)) => PlacementChange::RemoveShard {
-            shard: not_zero("remove_shard.shard", remove.shard)?,
-        },
-        Some(Change::MoveSlots(moved)) => PlacementChange::MoveSlots {
-            start: moved.start,
-            end: moved.end,
-            to: ShardId(moved.to),
-        },
-        Some(Change::Split(split)) => PlacementChange::Split {
-            shard: ShardId(split.shard),
-            into: not_zero("split.into", split.into)?,
-            replicas: some_replicas("split.replicas", split.replicas)?,
-        },
-    };
-    Ok((raw.expected_version, change))
 }

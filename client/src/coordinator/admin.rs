@@ -214,6 +214,39 @@ impl AdminClient {
             .map(|response| response.existed)
     }
 
+    /// The placement of keys on shards as the first member that answers
+    /// knows it (`GetPlacement`).
+    pub async fn placement(&self) -> Result<leasehold_proto::v1::Placement, CoordinatorError> {
+        self.client
+            .call(Target::Any, move |channel, timeout| {
+                let request = with_timeout(leasehold_proto::v1::GetPlacementRequest {}, timeout);
+                async move {
+                    leasehold_proto::v1::coordinator_client::CoordinatorClient::new(channel)
+                        .get_placement(request)
+                        .await
+                }
+            })
+            .await
+    }
+
+    /// Changes the placement (at shard 0's leader), if it is at the
+    /// request's `expected_version`; answers the placement after.
+    pub async fn change_placement(
+        &self,
+        request: leasehold_proto::v1::ChangePlacementRequest,
+    ) -> Result<leasehold_proto::v1::Placement, CoordinatorError> {
+        self.client
+            .call(Target::Leader, move |channel, timeout| {
+                let request = with_timeout(request.clone(), timeout);
+                async move {
+                    CoordinatorClient::admin_rpc(channel)
+                        .change_placement(request)
+                        .await
+                }
+            })
+            .await
+    }
+
     /// Every policy, sorted by prefix (a linearizable read at the leader).
     pub async fn list_policies(&self) -> Result<Vec<Policy>, CoordinatorError> {
         self.client

@@ -7,8 +7,10 @@
 //! [`SessionPool`] hands each logical request a session of its own for its
 //! whole life, retries included: one request in flight per session, sequence
 //! numbers in order. Sessions are reused, so their number follows the peak
-//! concurrency.
+//! concurrency. Each shard (Raft group) keeps sessions of its own, so the
+//! pool keeps its sessions by shard: a session's seqs all go to one group.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
@@ -21,12 +23,15 @@ struct Session {
     next_seq: u64,
 }
 
-/// The sessions of one client.
+/// The sessions of one client, by shard: every Raft group (shard) keeps
+/// its own sessions (a session's seqs go to one group), so a session
+/// serves one shard's requests and the manual sequence runs per shard.
 #[derive(Debug)]
 pub(crate) struct SessionPool {
     client_id: String,
     manual_seq: AtomicU64,
-    idle: Mutex<Vec<Session>>,
+    manual_seq_by_shard: Mutex<HashMap<u32, u64>>,
+    idle: Mutex<HashMap<u32, Vec<Session>>>,
     opened: AtomicU64,
 }
 
@@ -36,7 +41,8 @@ impl SessionPool {
         Self {
             client_id,
             manual_seq: AtomicU64::new(1),
-            idle: Mutex::new(Vec::new()),
+            manual_seq_by_shard: Mutex::new(HashMap::new()),
+            idle: Mutex::new(HashMap::new()),
             opened: AtomicU64::new(0),
         }
     }
@@ -59,9 +65,40 @@ impl SessionPool {
         }
     }
 
-    /// A session for one logical request; it returns to the pool when dropped.
+    /// The next id of the client's own session in `shard`'s group (shard
+    /// 0: [`manual_request_id`](Self::manual_request_id)).
+    pub(crate) fn manual_request_id_in(&self, shard: u32) -> RequestId {
+        if shard == 0 {
+            return self.manual_request_id();
+        }
+        let mut seqs = self
+            .manual_seq_by_shard
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let seq = seqs.entry(shard).or_insert(1);
+        let id = RequestId {
+            client_id: self.client_id.clone(),
+            seq: *seq,
+        };
+        *seq += 1;
+        id
+    }
+
+    /// A session of shard 0's group for one logical request.
+    #[cfg(test)]
     pub(crate) fn checkout(&self) -> SessionGuard<'_> {
-        let idle = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        self.checkout_in(0)
+    }
+
+    /// A session of `shard`'s group for one logical request; it returns
+    /// to the pool when dropped.
+    pub(crate) fn checkout_in(&self, shard: u32) -> SessionGuard<'_> {
+        let idle = self
+            .idle
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_mut(&shard)
+            .and_then(Vec::pop);
         let session = idle.unwrap_or_else(|| {
             let n = self.opened.fetch_add(1, Ordering::Relaxed);
             Session {
@@ -71,6 +108,7 @@ impl SessionPool {
         });
         SessionGuard {
             pool: self,
+            shard,
             session: Some(session),
         }
     }
@@ -79,6 +117,7 @@ impl SessionPool {
 /// A checked-out session.
 pub(crate) struct SessionGuard<'a> {
     pool: &'a SessionPool,
+    shard: u32,
     session: Option<Session>,
 }
 
@@ -94,7 +133,7 @@ impl SessionGuard<'_> {
                 session.next_seq += 1;
                 id
             }
-            None => self.pool.manual_request_id(),
+            None => self.pool.manual_request_id_in(self.shard),
         }
     }
 }
@@ -106,6 +145,8 @@ impl Drop for SessionGuard<'_> {
                 .idle
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
+                .entry(self.shard)
+                .or_default()
                 .push(session);
         }
     }

@@ -6,9 +6,9 @@ use serde::{Deserialize, Serialize};
 
 use super::sharding::{AcquirePart, PlacementChange};
 use crate::ids::{Key, RegionId, RequestId};
-use crate::shard::ShardId;
 use crate::policy::Policy;
 use crate::principal::Principal;
+use crate::shard::ShardId;
 
 /// One Raft log entry's payload: the leader's clock stamp and a batch of
 /// commands (group commit). The state-machine clock becomes

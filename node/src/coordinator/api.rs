@@ -80,7 +80,11 @@ impl CoordinatorApi {
     /// executed is answered by shard 0: [`super::routing`]). `None` on
     /// an API without routing, for keys still on shard 0, and for
     /// requests shard 0 has not executed as this member has applied it.
-    fn replayed_by_meta(&self, key: &str, command: impl FnOnce() -> Option<Command>) -> Option<Outcome> {
+    fn replayed_by_meta(
+        &self,
+        key: &str,
+        command: impl FnOnce() -> Option<Command>,
+    ) -> Option<Outcome> {
         let routing = self.routing.as_ref()?;
         if routing.shard_of(key).0 == leasehold_core::shard::ShardId(0) {
             return None;
@@ -100,6 +104,22 @@ impl CoordinatorApi {
                 Route::Hosted(_, api) => Ok(api),
             },
         }
+    }
+
+    /// `result` of a call about `key`, its `NOT_LEADER` naming the key's
+    /// shard and the placement version when that shard is not 0.
+    fn about_key<T>(&self, key: &str, result: Result<T, Status>) -> Result<T, Status> {
+        let Some(routing) = &self.routing else {
+            return result;
+        };
+        result.map_err(|status| {
+            let (shard, version) = routing.shard_of(key);
+            if shard.0 == 0 {
+                status
+            } else {
+                super::routing::with_shard(status, shard, version)
+            }
+        })
     }
 
     /// The `INVALID_ARGUMENT` refusal of `error`, counted.
@@ -464,7 +484,10 @@ impl CoordinatorApi {
         }
         let results = match &self.routing {
             None => self.lease_items(&caller, peer.as_ref(), items).await?,
-            Some(routing) => self.routed_lease_items(routing, &caller, peer.as_ref(), items).await?,
+            Some(routing) => {
+                self.routed_lease_items(routing, &caller, peer.as_ref(), items)
+                    .await?
+            }
         };
         Ok(Response::new(pb::LeaseBatchResponse { results }))
     }
@@ -487,9 +510,9 @@ impl CoordinatorApi {
                 convert::lease_command(item.clone(), caller.clone()).ok()
             });
             let answered = match replayed {
-                Some(Outcome::Lease(grant)) => {
-                    Some(pb::lease_item_result::Result::Granted(pb::LeaseResponse::from(&grant)))
-                }
+                Some(Outcome::Lease(grant)) => Some(pb::lease_item_result::Result::Granted(
+                    pb::LeaseResponse::from(&grant),
+                )),
                 Some(Outcome::Rejected(error)) => Some(pb::lease_item_result::Result::Refused(
                     item_refusal(&command_error_status(&error)),
                 )),
@@ -505,7 +528,11 @@ impl CoordinatorApi {
             parts.entry(shard.0).or_default().push((index, item));
         }
         if parts.len() == 1 && parts.contains_key(&0) && ordered.iter().all(Option::is_none) {
-            let items = parts.into_values().flatten().map(|(_, item)| item).collect();
+            let items = parts
+                .into_values()
+                .flatten()
+                .map(|(_, item)| item)
+                .collect();
             return self.lease_items(caller, peer, items).await;
         }
         let answers = parts.into_values().map(|part| async move {
@@ -515,7 +542,7 @@ impl CoordinatorApi {
                 Ok(api) => api.lease_items(caller, peer, items).await,
                 Err(status) => Err(status),
             };
-            let results = match answered {
+            let results = match self.about_key(&key, answered) {
                 Ok(results) => results,
                 Err(status) => indices
                     .iter()
@@ -528,7 +555,11 @@ impl CoordinatorApi {
             };
             indices.into_iter().zip(results).collect::<Vec<_>>()
         });
-        for (index, result) in futures::future::join_all(answers).await.into_iter().flatten() {
+        for (index, result) in futures::future::join_all(answers)
+            .await
+            .into_iter()
+            .flatten()
+        {
             ordered[index] = Some(result);
         }
         Ok(ordered
@@ -645,12 +676,17 @@ impl Coordinator for CoordinatorApi {
             convert::lease_command(request.get_ref().clone(), caller(&request)).ok()
         });
         match replayed {
-            Some(Outcome::Lease(grant)) => return Ok(Response::new(pb::LeaseResponse::from(&grant))),
+            Some(Outcome::Lease(grant)) => {
+                return Ok(Response::new(pb::LeaseResponse::from(&grant)))
+            }
             Some(Outcome::Rejected(error)) => return Err(command_error_status(&error)),
             _ => {}
         }
-        let api = self.for_key(&request.get_ref().key)?;
-        traced(api.lease_call(request).await, |r| r.granted == 0)
+        let key = request.get_ref().key.clone();
+        let api = self.for_key(&key)?;
+        traced(self.about_key(&key, api.lease_call(request).await), |r| {
+            r.granted == 0
+        })
     }
 
     #[tracing::instrument(name = "coordinator.lease_batch", level = "debug", skip_all, fields(
@@ -678,8 +714,12 @@ impl Coordinator for CoordinatorApi {
             Some(Outcome::Rejected(error)) => return Err(command_error_status(&error)),
             _ => {}
         }
-        let api = self.for_key(&request.get_ref().key)?;
-        traced(api.reconcile_call(request).await, |_| false)
+        let key = request.get_ref().key.clone();
+        let api = self.for_key(&key)?;
+        traced(
+            self.about_key(&key, api.reconcile_call(request).await),
+            |_| false,
+        )
     }
 
     #[tracing::instrument(name = "coordinator.pool_grant", level = "debug", skip_all, fields(
@@ -688,10 +728,12 @@ impl Coordinator for CoordinatorApi {
         &self,
         request: Request<pb::PoolGrantRequest>,
     ) -> Result<Response<pb::PoolGrantResponse>, Status> {
-        let api = self.for_key(&request.get_ref().key)?;
-        traced(api.pool_grant_call(request).await, |r| {
-            r.granted_total == 0
-        })
+        let key = request.get_ref().key.clone();
+        let api = self.for_key(&key)?;
+        traced(
+            self.about_key(&key, api.pool_grant_call(request).await),
+            |r| r.granted_total == 0,
+        )
     }
 
     #[tracing::instrument(name = "coordinator.pool_release", level = "debug", skip_all, fields(
@@ -700,8 +742,12 @@ impl Coordinator for CoordinatorApi {
         &self,
         request: Request<pb::PoolReleaseRequest>,
     ) -> Result<Response<pb::PoolReleaseResponse>, Status> {
-        let api = self.for_key(&request.get_ref().key)?;
-        traced(api.pool_release_call(request).await, |_| false)
+        let key = request.get_ref().key.clone();
+        let api = self.for_key(&key)?;
+        traced(
+            self.about_key(&key, api.pool_release_call(request).await),
+            |_| false,
+        )
     }
 
     #[tracing::instrument(name = "coordinator.get_window", level = "debug", skip_all, fields(
@@ -710,8 +756,12 @@ impl Coordinator for CoordinatorApi {
         &self,
         request: Request<pb::GetWindowRequest>,
     ) -> Result<Response<pb::GetWindowResponse>, Status> {
-        let api = self.for_key(&request.get_ref().key)?;
-        traced(api.get_window_call(request).await, |_| false)
+        let key = request.get_ref().key.clone();
+        let api = self.for_key(&key)?;
+        traced(
+            self.about_key(&key, api.get_window_call(request).await),
+            |_| false,
+        )
     }
 
     async fn get_placement(

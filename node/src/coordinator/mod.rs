@@ -193,7 +193,10 @@ where
             stopped.clone(),
         )),
         tokio::spawn(tasks::tick_clock(node.clone(), stopped.clone())),
-        tokio::spawn(status_log::log_status_changes(raft.clone(), stopped.clone())),
+        tokio::spawn(status_log::log_status_changes(
+            raft.clone(),
+            stopped.clone(),
+        )),
         tokio::spawn(shard_host.run(stopped)),
     ];
     background.push(batcher_task);

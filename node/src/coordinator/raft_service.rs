@@ -279,8 +279,9 @@ impl RaftService {
                 encode(&group.raft.vote(rpc).await)
             }
             RaftMessage::InstallSnapshot => {
-                let rpc =
-                    self.admit(&group, data, peer, what, |r: &InstallSnapshotRequest| &r.vote)?;
+                let rpc = self.admit(&group, data, peer, what, |r: &InstallSnapshotRequest| {
+                    &r.vote
+                })?;
                 encode(&group.raft.install_snapshot(rpc).await)
             }
         }
@@ -294,7 +295,12 @@ impl RaftService {
         let peer = request.extensions().get::<PeerInfo>().cloned();
         let payload = request.into_inner();
         let data = self
-            .handle_for(message, ShardId(payload.shard), &payload.data, peer.as_ref())
+            .handle_for(
+                message,
+                ShardId(payload.shard),
+                &payload.data,
+                peer.as_ref(),
+            )
             .await?;
         Ok(Response::new(RaftPayload { data, shard: 0 }))
     }

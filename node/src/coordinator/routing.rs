@@ -4,8 +4,10 @@
 //! each key a shard. A call for a key of shard 0 is answered by the meta
 //! group, as on a cluster never sharded; one for a shard this member hosts
 //! by that shard's group (its leadership, its log, its sessions); one for
-//! a shard it does not host is refused `NOT_OWNER`, naming the shard and
-//! the placement version. A cluster never sharded routes every call to
+//! a shard it does not host is refused `NOT_OWNER`, naming the shard, the
+//! placement version and one of the shard's replicas as a leader hint (a
+//! client that follows `NOT_LEADER` hints follows it, and the replica
+//! answers or names the shard's leader). A cluster never sharded routes every call to
 //! shard 0 without hashing the key.
 //!
 //! A `LeaseBatch` may mix shards: its items are cut by shard, each part
@@ -14,10 +16,14 @@
 //! its items refused, not the batch.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 
 use leasehold_core::shard::ShardId;
-use leasehold_proto::refusal::{refusal_with, Reason, LEADER_ADDR, LEADER_ID, PLACEMENT_VERSION, SHARD};
+use leasehold_proto::refusal::{
+    refusal_with, Reason, LEADER_ADDR, LEADER_ID, PLACEMENT_VERSION, SHARD,
+};
+use leasehold_proto::LeaderHint;
 use leasehold_raft_store::StateReader;
 use tonic::Status;
 
@@ -73,6 +79,8 @@ pub struct ShardRouting {
     meta_state: StateReader,
     hosted: HostedApis,
     metrics: Arc<NodeMetrics>,
+    /// Turns the replica a `NOT_OWNER` names, so callers spread out.
+    next_replica: AtomicUsize,
 }
 
 impl ShardRouting {
@@ -83,7 +91,33 @@ impl ShardRouting {
             meta_state,
             hosted,
             metrics,
+            next_replica: AtomicUsize::new(0),
         }
+    }
+
+    /// A replica of `shard` (id and address) for a caller to ask: one of
+    /// its replicas the meta group knows an address of, in turn.
+    fn a_replica_of(&self, shard: ShardId) -> Option<(u64, String)> {
+        let replicas: Vec<u64> = self.meta_state.read(|state| {
+            state
+                .sharding()
+                .placement()
+                .replicas(shard)
+                .map(|r| r.iter().copied().collect())
+                .unwrap_or_default()
+        });
+        let membership = self.meta_state.membership();
+        let known: Vec<(u64, String)> = membership
+            .membership()
+            .nodes()
+            .filter(|(id, _)| replicas.contains(id))
+            .map(|(id, node)| (*id, node.addr.clone()))
+            .collect();
+        if known.is_empty() {
+            return None;
+        }
+        let turn = self.next_replica.fetch_add(1, Ordering::Relaxed);
+        known.get(turn % known.len()).cloned()
     }
 
     /// The shard of `key` and the placement version, as this member knows them.
@@ -96,7 +130,9 @@ impl ShardRouting {
 
     /// The leader of `shard` as this member sees it, if it hosts it.
     pub fn leader_of(&self, shard: ShardId) -> Option<LeaderView> {
-        self.hosted.get(shard).map(|api| LeaderView::of(&api.raft()))
+        self.hosted
+            .get(shard)
+            .map(|api| LeaderView::of(&api.raft()))
     }
 
     /// Where `key`'s call goes (see the module doc).
@@ -109,25 +145,36 @@ impl ShardRouting {
             Some(api) => Ok(Route::Hosted(shard, api)),
             None => {
                 self.metrics.record_rejection(Rejection::NotOwner);
-                Err(not_owner(shard, version, None))
+                let replica = self
+                    .a_replica_of(shard)
+                    .map(|(id, addr)| LeaderView::Other {
+                        id,
+                        addr: Some(addr),
+                    });
+                Err(not_owner(shard, version, replica))
             }
         }
     }
 }
 
-/// The `NOT_OWNER` refusal naming `shard` (and its leader when known).
-pub fn not_owner(shard: ShardId, placement_version: u64, leader: Option<LeaderView>) -> Status {
+/// The `NOT_OWNER` refusal naming `shard` and a member to ask: its
+/// leader, or one of its replicas (as a leader hint, in the `ErrorInfo`
+/// and the `leasehold-leader-*` metadata, so a client that follows leader
+/// hints reaches the shard without knowing of shards).
+pub fn not_owner(shard: ShardId, placement_version: u64, ask: Option<LeaderView>) -> Status {
     let mut metadata = vec![
         (SHARD, shard.0.to_string()),
         (PLACEMENT_VERSION, placement_version.to_string()),
     ];
-    if let Some(LeaderView::Other { id, addr }) = leader {
+    let mut hint = LeaderHint::default();
+    if let Some(LeaderView::Other { id, addr }) = ask {
         metadata.push((LEADER_ID, id.to_string()));
-        if let Some(addr) = addr {
-            metadata.push((LEADER_ADDR, addr));
+        if let Some(addr) = &addr {
+            metadata.push((LEADER_ADDR, addr.clone()));
         }
+        hint = LeaderHint::new(Some(id), addr);
     }
-    refusal_with(
+    let mut status = refusal_with(
         Reason::NotOwner,
         format!(
             "this member does not serve shard {} (placement version {placement_version}): \
@@ -135,7 +182,9 @@ pub fn not_owner(shard: ShardId, placement_version: u64, leader: Option<LeaderVi
             shard.0
         ),
         metadata,
-    )
+    );
+    hint.write_metadata(status.metadata_mut());
+    status
 }
 
 /// The placement as `GetPlacement` answers it: the meta group's (as
@@ -187,7 +236,11 @@ pub fn placement_message(
             };
             pb::ShardInfo {
                 id: shard.0,
-                replicas: if shard == ShardId(0) { Vec::new() } else { replicas },
+                replicas: if shard == ShardId(0) {
+                    Vec::new()
+                } else {
+                    replicas
+                },
                 replica_addrs,
                 slots: placement.slot_count(shard),
                 leader_id,
@@ -200,4 +253,27 @@ pub fn placement_message(
         slots,
         shards,
     }
+}
+
+/// `status` from a shard's group, naming the shard and the placement
+/// version when it is a `NOT_LEADER` (so a client that routes by the
+/// placement learns it has one to read); any other status as it is.
+pub fn with_shard(status: Status, shard: ShardId, placement_version: u64) -> Status {
+    if leasehold_proto::refusal::reason_of(&status) != Some(Reason::NotLeader) {
+        return status;
+    }
+    let hint = LeaderHint::from_status(&status);
+    let mut metadata = vec![
+        (SHARD, shard.0.to_string()),
+        (PLACEMENT_VERSION, placement_version.to_string()),
+    ];
+    if let Some(id) = hint.leader_id {
+        metadata.push((LEADER_ID, id.to_string()));
+    }
+    if let Some(addr) = &hint.leader_addr {
+        metadata.push((LEADER_ADDR, addr.clone()));
+    }
+    let mut annotated = refusal_with(Reason::NotLeader, status.message().to_string(), metadata);
+    hint.write_metadata(annotated.metadata_mut());
+    annotated
 }

@@ -117,8 +117,24 @@ impl ShardHost {
     }
 
     /// Runs passes until `stopped` turns true, then shuts every hosted
-    /// group down.
+    /// group down. Until the placement first changes (a cluster never
+    /// sharded) it only waits for the meta group to apply something, and
+    /// runs no timer.
     pub async fn run(mut self, mut stopped: watch::Receiver<bool>) {
+        let mut applied = self.meta.raft.metrics();
+        loop {
+            let sharded = self
+                .meta
+                .state
+                .read(|state| state.sharding().placement_version() > 0);
+            if sharded {
+                break;
+            }
+            tokio::select! {
+                changed = applied.changed() => if changed.is_err() { return },
+                _ = stopped.wait_for(|stopped| *stopped) => return,
+            }
+        }
         let mut interval = tokio::time::interval(SHARD_PASS_INTERVAL);
         interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -156,7 +172,12 @@ impl ShardHost {
             .copied()
             .collect();
         for shard in gone {
-            tracing::info!(member = me, shard = shard.0, "no longer a replica of shard {}: stopping it", shard.0);
+            tracing::info!(
+                member = me,
+                shard = shard.0,
+                "no longer a replica of shard {}: stopping it",
+                shard.0
+            );
             self.stop_hosting(shard).await;
         }
         for (shard, replicas) in &wanted {
@@ -235,8 +256,14 @@ impl ShardHost {
         let ticks = tokio::spawn(tasks::tick_clock(context.clone(), stopped));
         self.raft_groups
             .insert(shard, HostedGroup::new(raft, replicas.clone(), has_log));
-        self.apis.insert(shard, CoordinatorApi::new(context.clone()));
-        tracing::info!(member = meta.id, shard = shard.0, "hosting shard {}", shard.0);
+        self.apis
+            .insert(shard, CoordinatorApi::new(context.clone()));
+        tracing::info!(
+            member = meta.id,
+            shard = shard.0,
+            "hosting shard {}",
+            shard.0
+        );
         self.hosted.insert(
             shard,
             Hosted {

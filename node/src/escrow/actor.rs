@@ -554,7 +554,7 @@ impl KeyActor {
         let request_id = match &self.release_request_id {
             Some((id, request_id)) if *id == release => request_id.clone(),
             _ => {
-                let request_id = self.shared.client.next_request_id();
+                let request_id = self.shared.client.next_request_id_for(&self.key);
                 self.release_request_id = Some((release, request_id.clone()));
                 request_id
             }
@@ -643,7 +643,7 @@ impl KeyActor {
         let request_id = match &self.join_request_id {
             Some((id, request_id)) if *id == join.request_id => request_id.clone(),
             _ => {
-                let request_id = self.shared.client.next_request_id();
+                let request_id = self.shared.client.next_request_id_for(&self.key);
                 self.join_request_id = Some((join.request_id, request_id.clone()));
                 request_id
             }

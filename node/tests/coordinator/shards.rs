@@ -99,10 +99,7 @@ async fn a_split_shard_serves_its_keys_with_their_windows_on_its_replicas() -> R
     let (low, high) = (key_that_moves(false), key_that_moves(true));
     let meta_leader = cluster.leader().await?;
     let mut meta = CoordinatorRpc::new(channel(&cluster.addr(meta_leader)).await?);
-    let before_split = meta
-        .lease(lease(&high, 7, Some(1)))
-        .await?
-        .into_inner();
+    let before_split = meta.lease(lease(&high, 7, Some(1))).await?.into_inner();
     assert_eq!(before_split.granted, 7);
     meta.lease(lease(&low, 7, None)).await?;
 
@@ -110,11 +107,13 @@ async fn a_split_shard_serves_its_keys_with_their_windows_on_its_replicas() -> R
     let placement = admin_rpc
         .change_placement(pb::ChangePlacementRequest {
             expected_version: 0,
-            change: Some(pb::change_placement_request::Change::Split(pb::SplitShard {
-                shard: 0,
-                into: 1,
-                replicas: vec![2, 3, 4],
-            })),
+            change: Some(pb::change_placement_request::Change::Split(
+                pb::SplitShard {
+                    shard: 0,
+                    into: 1,
+                    replicas: vec![2, 3, 4],
+                },
+            )),
         })
         .await?
         .into_inner();
@@ -122,8 +121,16 @@ async fn a_split_shard_serves_its_keys_with_their_windows_on_its_replicas() -> R
     assert_eq!(
         placement.slots,
         vec![
-            pb::SlotRange { start: 0, end: 8_192, shard: 0 },
-            pb::SlotRange { start: 8_192, end: 16_384, shard: 1 },
+            pb::SlotRange {
+                start: 0,
+                end: 8_192,
+                shard: 0
+            },
+            pb::SlotRange {
+                start: 8_192,
+                end: 16_384,
+                shard: 1
+            },
         ]
     );
     let stale = admin_rpc
@@ -141,7 +148,10 @@ async fn a_split_shard_serves_its_keys_with_their_windows_on_its_replicas() -> R
     let (leader, leader_addr) = shard_leader(&cluster, 2, 1).await?;
     ensure!((2..=4).contains(&leader), "shard 1 led by member {leader}");
     let after = lease_when_served(&leader_addr, &high, 5).await?;
-    assert_eq!(after.granted, 3, "the 7 granted before the split moved with the window");
+    assert_eq!(
+        after.granted, 3,
+        "the 7 granted before the split moved with the window"
+    );
     assert_eq!(after.window_start_ms, before_split.window_start_ms);
 
     // Member 1 hosts no replica of shard 1.
@@ -153,6 +163,41 @@ async fn a_split_shard_serves_its_keys_with_their_windows_on_its_replicas() -> R
     assert_eq!(reason_of(&refused), Some(Reason::NotOwner));
     assert_eq!(detail(&refused, "shard").as_deref(), Some("1"));
     assert_eq!(detail(&refused, "placement_version").as_deref(), Some("1"));
+
+    // The client crate, told of member 1 only, reaches shard 1 by the
+    // hints and reads the placement; a batch mixing shards is cut by shard.
+    let routed = leasehold_client::coordinator::CoordinatorClient::with_options(
+        [cluster.addr(1)],
+        std::sync::Arc::new(leasehold_client::transport::TcpDialer::default()),
+        crate::harness::patient(),
+    )?;
+    let other_high = (0..)
+        .map(|i| format!("k-other{i}"))
+        .find(|k| slot_of(k) >= SLOTS / 2)
+        .context("a key")?;
+    assert_eq!(routed.lease(&other_high, "eu", 3).await?.granted, 3);
+    assert_eq!(routed.lease(&other_high, "eu", 1).await?.granted, 1);
+    assert_eq!(
+        (routed.placement_version(), routed.shard_of(&other_high)),
+        (1, 1),
+        "the placement a refusal named was read before the next call"
+    );
+    let batch = routed
+        .lease_batch(&[
+            leasehold_client::coordinator::LeaseItem {
+                key: other_high.clone(),
+                region: "eu".into(),
+                tokens: 10,
+            },
+            leasehold_client::coordinator::LeaseItem {
+                key: low.clone(),
+                region: "eu".into(),
+                tokens: 1,
+            },
+        ])
+        .await?;
+    assert_eq!(batch[0].as_ref().map(|g| g.granted).ok(), Some(6));
+    assert_eq!(batch[1].as_ref().map(|g| g.granted).ok(), Some(1));
 
     // A retry of a request executed before the split: its first answer.
     let retried = meta.lease(lease(&high, 7, Some(1))).await?.into_inner();
