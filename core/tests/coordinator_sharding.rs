@@ -141,6 +141,34 @@ fn a_retry_is_answered_by_the_group_that_executed_it_even_after_its_key_moved() 
 }
 
 #[test]
+fn a_request_refused_while_its_slot_moves_is_executed_by_the_new_owner_on_retry() {
+    let high = &fixture_key(true);
+    let mut meta = CoordinatorState::default();
+    run(&mut meta, 0, counter("k", LIMIT, WINDOW_MS));
+    run(&mut meta, 10, split_into_one(0));
+    let mut shard = shard_one(20);
+    let with_id = Command::Lease {
+        key: key(high),
+        region: region("eu"),
+        tokens: 4,
+        request_id: Some(request("c", 1)),
+        caller: Principal::Anonymous,
+    };
+    assert!(
+        is_not_owner(&run(&mut shard, 30, with_id.clone())),
+        "still moving"
+    );
+    assert!(acquire_next_parts(&meta, &mut shard, 40));
+    let served = run(&mut shard, 50, with_id.clone());
+    assert_eq!(
+        granted(&served),
+        4,
+        "the retry is executed, not answered with the refusal"
+    );
+    assert_eq!(run(&mut shard, 60, with_id), served, "and answered once");
+}
+
+#[test]
 fn placement_changes_are_checked_and_refusals_change_nothing() {
     let mut meta = CoordinatorState::default();
     run(&mut meta, 0, counter("k", LIMIT, WINDOW_MS));

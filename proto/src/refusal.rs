@@ -132,6 +132,10 @@ reasons! {
     /// for: not yet (the placement that gives it one is still reaching
     /// it) or no longer. The sender retries.
     ShardNotHosted = "SHARD_NOT_HOSTED", Unavailable;
+    /// The key's slot is changing shards: its new owner is acquiring its
+    /// windows, or this member's placement is behind the group's. Retry
+    /// shortly (under the same request id).
+    SlotMoving = "SLOT_MOVING", Unavailable;
     /// An escrow node could not reach the coordinator for a call that
     /// needs it and the key's outage policy does not apply.
     CoordinatorUnavailable = "COORDINATOR_UNAVAILABLE", Unavailable;

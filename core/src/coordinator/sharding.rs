@@ -32,8 +32,10 @@
 //! Exactly-once is per group: a request id is answered by the group that
 //! first executed it, before any ownership check, so a retry sent to the
 //! group that executed it gets its first answer even after its key moved
-//! (a client keeps a request id with the shard it was sent to, and sends
-//! a refused one anew, under a new id, to the new owner).
+//! (a member routing a retry asks shard 0's sessions first:
+//! [`CoordinatorState::replay`]). A `NotOwner` refusal is never recorded
+//! in a session: nothing was executed, and a retry of the same id is
+//! executed by the owner once it serves the key.
 //!
 //! Moves out of shards other than 0 need a handoff across two logs (the
 //! meta group's and the source's); this build refuses them.

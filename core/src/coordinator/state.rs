@@ -231,6 +231,12 @@ impl CoordinatorState {
             ))),
             SessionLookup::New => {
                 let outcome = execute(self);
+                // Another group's key: nothing was executed, and the
+                // owner may execute this id; remembering the refusal would
+                // answer every retry with it ([`super::sharding`]).
+                if matches!(outcome, Outcome::Rejected(CommandError::NotOwner(_))) {
+                    return outcome;
+                }
                 let window_end = match &outcome {
                     Outcome::Lease(grant) => grant.window_end_ms,
                     Outcome::PoolGrant(grant) => grant.window_end_ms,

@@ -5,6 +5,7 @@
 //! - [`dev`]: a ready 3-member cluster on loopback, in one process.
 //! - [`cluster`]: `cluster init | status | add-learner | change-membership`.
 //! - [`policy`]: `policy set | list | delete`.
+//! - [`shard`]: `shard list | add | split | move | replicas | remove`.
 //! - [`calls`]: `lease`, `reconcile`, `pool-grant`, `window`.
 //! - [`watch`]: `watch --key K | --prefix P`, a live table of windows.
 //! - [`escrow`](mod@escrow): run a regional escrow node.
@@ -43,6 +44,7 @@ pub mod output;
 pub mod policy;
 pub mod runtime;
 pub mod serve;
+pub mod shard;
 pub mod snapshot;
 pub mod watch;
 
@@ -96,6 +98,8 @@ pub enum Command {
     Cluster(cluster::ClusterArgs),
     /// Manage the replicated policy table.
     Policy(policy::PolicyArgs),
+    /// Place keys on shards (Raft groups on the same members): list, add, split, move.
+    Shard(shard::ShardArgs),
     /// Lease tokens of a key's current window for a region.
     Lease(calls::LeaseArgs),
     /// Return unused tokens of a window.
@@ -309,6 +313,7 @@ impl Command {
                 policy::PolicyCommand::Delete(a) => &a.client,
                 policy::PolicyCommand::Apply(a) => &a.client,
             }),
+            Command::Shard(args) => Some(args.command.client()),
             Command::Lease(a) => Some(&a.client),
             Command::Reconcile(a) => Some(&a.client),
             Command::PoolGrant(a) => Some(&a.client),
@@ -358,6 +363,7 @@ async fn dispatch(cli: Cli) -> Result<(), CliError> {
         Command::Dev(args) => dev::run(args).await,
         Command::Cluster(args) => cluster::run(args).await,
         Command::Policy(args) => policy::run(args).await,
+        Command::Shard(args) => shard::run(args).await,
         Command::Lease(args) => calls::lease(args).await,
         Command::Reconcile(args) => calls::reconcile(args).await,
         Command::PoolGrant(args) => calls::pool_grant(args).await,

@@ -140,7 +140,10 @@ pub fn command_error_status(error: &CommandError) -> Status {
         CommandError::RequestIdReused(why) => refusal(Reason::RequestIdReused, why.clone()),
         CommandError::SessionExpired(why) => refusal(Reason::SessionExpired, why.clone()),
         CommandError::SessionsExhausted(why) => refusal(Reason::SessionsExhausted, why.clone()),
-        CommandError::NotOwner(why) => refusal(Reason::NotOwner, why.clone()),
+        // The group's own refusal: the key's slot is moving to or from it,
+        // or the member routed by a placement behind the group's (routing
+        // by the placement refuses NOT_OWNER before anything is proposed).
+        CommandError::NotOwner(why) => refusal(Reason::SlotMoving, why.clone()),
         CommandError::Placement(why) => refusal(Reason::PlacementRefused, why.clone()),
     }
 }

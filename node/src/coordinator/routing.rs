@@ -142,6 +142,17 @@ impl ShardRouting {
             return Ok(Route::Meta);
         }
         match self.hosted.get(shard) {
+            // A new group serves nothing before it is the shard (before
+            // `BecomeShard` is applied, its state would take any key).
+            Some(api) if api.context().state.read(|s| s.sharding().shard()) != shard => {
+                Err(leasehold_proto::refusal::refusal(
+                    Reason::SlotMoving,
+                    format!(
+                        "shard {} is still forming on this member; retry shortly",
+                        shard.0
+                    ),
+                ))
+            }
             Some(api) => Ok(Route::Hosted(shard, api)),
             None => {
                 self.metrics.record_rejection(Rejection::NotOwner);

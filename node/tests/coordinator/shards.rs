@@ -242,3 +242,126 @@ async fn a_split_shard_serves_its_keys_with_their_windows_on_its_replicas() -> R
     cluster.stop_all().await?;
     Ok(())
 }
+
+fn leasehold(args: &[&str]) -> Result<std::process::Output> {
+    Ok(std::process::Command::new(env!("CARGO_BIN_EXE_leasehold"))
+        .env("LEASEHOLD_INSECURE", "true")
+        .args(args)
+        .output()?)
+}
+
+fn leasehold_ok(args: &[&str]) -> Result<String> {
+    let output = leasehold(args)?;
+    ensure!(
+        output.status.success(),
+        "leasehold {args:?} failed: {}{}",
+        String::from_utf8_lossy(&output.stderr),
+        String::from_utf8_lossy(&output.stdout)
+    );
+    Ok(String::from_utf8(output.stdout)?)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_splits_a_shard_and_its_keys_are_served_through_any_member() -> Result<()> {
+    let mut cluster = Cluster::start_initialised(3, |_| {}).await?;
+    cluster.leader().await?;
+    let endpoint = format!("http://{}", cluster.addr(1));
+    let high = key_that_moves(true);
+    let out = tokio::task::spawn_blocking(move || -> Result<Vec<String>> {
+        let e = endpoint.as_str();
+        let before = leasehold_ok(&["shard", "list", "-e", e])?;
+        leasehold_ok(&[
+            "policy",
+            "set",
+            "-e",
+            e,
+            "--prefix",
+            "k",
+            "--limit",
+            "9",
+            "--window-ms",
+            "3600000",
+        ])?;
+        let split = leasehold_ok(&[
+            "shard",
+            "split",
+            "-e",
+            e,
+            "--into",
+            "1",
+            "--replicas",
+            "2,3",
+            "--output",
+            "json",
+        ])?;
+        let stale = leasehold(&[
+            "shard",
+            "remove",
+            "-e",
+            e,
+            "--shard",
+            "1",
+            "--expect-version",
+            "0",
+        ])?;
+        ensure!(!stale.status.success(), "a stale version is refused");
+        let stale = String::from_utf8_lossy(&stale.stderr).to_string();
+        let lease = leasehold_ok(&[
+            "lease", "-e", e, "--key", &high, "--region", "eu", "--tokens", "4", "--output", "json",
+        ])?;
+        let after = leasehold_ok(&["shard", "list", "-e", e])?;
+        Ok(vec![before, split, stale, lease, after])
+    })
+    .await??;
+    ensure!(
+        out[0].contains("placement version 0 (never sharded"),
+        "{}",
+        out[0]
+    );
+    let split: serde_json::Value = serde_json::from_str(&out[1])?;
+    ensure!(split["version"] == 1, "{split}");
+    ensure!(split["slots"][1]["shard"] == 1, "{split}");
+    ensure!(out[2].contains("version 1, not 0"), "{}", out[2]);
+    let lease: serde_json::Value = serde_json::from_str(&out[3])?;
+    ensure!(lease["granted"] == 4, "{lease}");
+    ensure!(
+        out[4].contains("shard    1   8192 slots  replicas 2,3"),
+        "{}",
+        out[4]
+    );
+    cluster.stop_all().await
+}
+
+/// A client that knows one member, which hosts no replica of the new
+/// shard, is served on its first call right after the split: its retries
+/// follow the hints (a replica, the shard's leader) while the shard forms
+/// and acquires, and the refusals meanwhile are not remembered as the
+/// answer to its request id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_call_after_a_split_is_served_while_the_shard_forms() -> Result<()> {
+    let mut cluster = Cluster::start_initialised(3, |_| {}).await?;
+    let admin = cluster.client()?.admin();
+    admin
+        .set_policy(counter_policy("k", 10, LONG_WINDOW_MS))
+        .await?;
+    let high = key_that_moves(true);
+    admin
+        .change_placement(pb::ChangePlacementRequest {
+            expected_version: 0,
+            change: Some(pb::change_placement_request::Change::Split(
+                pb::SplitShard {
+                    shard: 0,
+                    into: 1,
+                    replicas: vec![2, 3],
+                },
+            )),
+        })
+        .await?;
+    let routed = leasehold_client::coordinator::CoordinatorClient::new(
+        [cluster.addr(1)],
+        std::sync::Arc::new(leasehold_client::transport::TcpDialer::default()),
+    )?;
+    assert_eq!(routed.lease(&high, "eu", 6).await?.granted, 6);
+    assert_eq!(routed.lease(&high, "eu", 6).await?.granted, 4);
+    cluster.stop_all().await
+}
