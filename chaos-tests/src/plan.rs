@@ -109,6 +109,15 @@ pub enum MembershipAction {
     /// The current leader steps down (admin `StepDown`) and another voter
     /// is elected.
     StepDown,
+    /// A new shard (`shard`, replicated by `replicas`) is added and the
+    /// hash slot of the load's key moves to it from shard 0, with the
+    /// key's live window (`leasehold shard add` + `shard move`).
+    MoveKeyToNewShard {
+        /// The new shard's id.
+        shard: u32,
+        /// Its three replicas.
+        replicas: [u64; 3],
+    },
 }
 
 /// One injected fault. Member `0` means "the current leader".

@@ -249,6 +249,52 @@ pub fn all() -> Vec<Scenario> {
                 ],
             )
         },
+        // The load's key moves to a new shard inside a long window (its
+        // window, tombstone and floors move with it) while clients lease;
+        // the window is spent after the move, so a move that forgot what
+        // was granted would admit beyond L.
+        Scenario {
+            shape: FleetShape {
+                limit: 3_000,
+                window_ms: 10_000,
+                ..FleetShape::default()
+            },
+            // A window spent soon after the move admits nothing until it ends.
+            liveness_bound_ms: 10_000,
+            ..base(
+                "shard_move_mid_window",
+                vec![(
+                    secs(2),
+                    Fault::Membership(MembershipAction::MoveKeyToNewShard {
+                        shard: 1,
+                        replicas: [1, 2, 3],
+                    }),
+                )],
+            )
+        },
+        // The same, then the meta group's leader (which may lead the new
+        // shard too) loses power and every member restarts.
+        Scenario {
+            shape: FleetShape {
+                limit: 20_000,
+                window_ms: 10_000,
+                ..FleetShape::default()
+            },
+            ..base(
+                "shard_move_leader_power_loss",
+                vec![
+                    (
+                        secs(2),
+                        Fault::Membership(MembershipAction::MoveKeyToNewShard {
+                            shard: 1,
+                            replicas: [1, 2, 3],
+                        }),
+                    ),
+                    (secs(4), Fault::PowerLoss(0)),
+                    (secs(6), Fault::RestartAll),
+                ],
+            )
+        },
         // The leader hands leadership off under load (admin step-down),
         // twice.
         base(

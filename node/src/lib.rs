@@ -59,5 +59,5 @@ pub mod telemetry;
 pub mod tls;
 
 pub use config::NodeConfig;
-pub use coordinator::{run_coordinator, serve};
+pub use coordinator::{run_coordinator, run_coordinator_with_shards, serve};
 pub use error::NodeError;

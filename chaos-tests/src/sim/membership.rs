@@ -71,6 +71,9 @@ pub fn spawn_operator(
                     ok
                 }
                 MembershipAction::StepDown => step_down(&admin, &leader, stop_at_ms).await,
+                MembershipAction::MoveKeyToNewShard { shard, replicas } => {
+                    move_key(&admin, shard, &replicas, stop_at_ms).await
+                }
             };
             let now_ms = sim_now_ms();
             let voters_now: Vec<String> = current.iter().map(|id| format!("n{id}")).collect();
@@ -147,6 +150,49 @@ async fn join(
         *current = next;
     }
     ok
+}
+
+/// Adds shard `shard` on `replicas`, then moves the slot of the load's
+/// key ([`super::KEY`]) to it, each change retried (against the version
+/// read just before) until it is made or time runs out.
+async fn move_key(admin: &AdminClient, shard: u32, replicas: &[u64], stop_at_ms: u64) -> bool {
+    use leasehold_proto::v1 as pb;
+    use pb::change_placement_request::Change;
+
+    let slot = u32::from(leasehold_core::shard::slot_of(super::KEY));
+    let changes = [
+        Change::AddShard(pb::AddShard {
+            shard,
+            replicas: replicas.to_vec(),
+        }),
+        Change::MoveSlots(pb::MoveSlots {
+            start: slot,
+            end: slot + 1,
+            to: shard,
+        }),
+    ];
+    for change in changes {
+        loop {
+            if sim_now_ms() >= stop_at_ms {
+                return false;
+            }
+            let made = match admin.placement().await {
+                Ok(placement) => admin
+                    .change_placement(pb::ChangePlacementRequest {
+                        expected_version: placement.version,
+                        change: Some(change.clone()),
+                    })
+                    .await
+                    .is_ok(),
+                Err(_) => false,
+            };
+            if made {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    true
 }
 
 /// Asks the leader to step down, naming it (so a retried call cannot move

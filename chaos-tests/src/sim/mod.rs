@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use leasehold_client::coordinator::RetryOptions;
 use leasehold_client::transport::Dialer;
-use leasehold_node::{run_coordinator, NodeConfig};
+use leasehold_node::{run_coordinator_with_shards, NodeConfig};
 use leasehold_raft_store::{open_with_engine, PowerLossDisk, PowerLossOptions};
 
 pub use crate::plan::{FleetShape, MembershipAction};
@@ -107,6 +107,7 @@ pub fn run(scenario: &Scenario, seed: u64, weakening: Weakening) -> RunOutcome {
         shape.fallback_tokens_per_region * u64::try_from(shape.escrow_nodes.max(1)).unwrap_or(1),
     );
     let disks: Arc<Mutex<HashMap<u64, PowerLossDisk>>> = Arc::default();
+    let shard_disks: ShardDisks = Arc::default();
     let leader = Arc::new(AtomicU64::new(0));
     let options = PowerLossOptions {
         acknowledge_before_durable: weakening == Weakening::AcknowledgeBeforeDurable,
@@ -131,15 +132,18 @@ pub fn run(scenario: &Scenario, seed: u64, weakening: Weakening) -> RunOutcome {
             .clone();
         let offset_ms = scenario.clock_offset_ms(id);
         let drift_ppm = scenario.clock_drift_ppm(id);
+        let shard_disks = shard_disks.clone();
         sim.host(member_host(id), move || {
             let disk = disk.clone();
+            let shard_stores = shard_store_opener(id, &shard_disks, options);
             async move {
                 let stores = open_with_engine(disk.open_engine())?;
                 let listener = incoming(PORT).await?;
                 let dialer: Arc<dyn Dialer> = Arc::new(SimDialer);
-                run_coordinator(
+                run_coordinator_with_shards(
                     member_config(id),
                     stores,
+                    shard_stores,
                     listener,
                     dialer,
                     Arc::new(SkewedClock {
@@ -269,6 +273,7 @@ pub fn run(scenario: &Scenario, seed: u64, weakening: Weakening) -> RunOutcome {
         scenario,
         recorder: &recorder,
         disks: &disks,
+        shard_disks: &shard_disks,
         drains: &drains,
         leader: &leader,
         actions: &actions,
@@ -286,11 +291,42 @@ pub fn run(scenario: &Scenario, seed: u64, weakening: Weakening) -> RunOutcome {
     }
 }
 
+/// The power-loss disks of the shards past 0, by (member, shard).
+type ShardDisks = Arc<Mutex<HashMap<(u64, u32), PowerLossDisk>>>;
+
+/// Opens member `id`'s shard stores on its power-loss disks (one per
+/// shard, kept across the member's restarts like its shard 0 disk).
+fn shard_store_opener(
+    id: u64,
+    disks: &ShardDisks,
+    options: PowerLossOptions,
+) -> leasehold_node::coordinator::shards::ShardStoreOpener {
+    let disks = disks.clone();
+    Arc::new(move |shard| {
+        let disk = disks
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry((id, shard.0))
+            .or_insert_with(|| PowerLossDisk::with_options(options))
+            .clone();
+        open_with_engine(disk.open_engine()).map_err(|e| leasehold_node::NodeError::Storage {
+            path: std::path::PathBuf::from(format!("/sim/{id}/shards/{}", shard.0)),
+            message: e.to_string(),
+        })
+    })
+}
+
 /// Per escrow node, the graceful stop of its running process.
 type EscrowDrains = Arc<Mutex<HashMap<usize, tokio::sync::watch::Sender<bool>>>>;
 
-/// Crashes member `id` and drops every write its disk had not flushed.
-fn power_loss(sim: &mut turmoil::Sim<'_>, disks: &Mutex<HashMap<u64, PowerLossDisk>>, id: u64) {
+/// Crashes member `id` and drops every write its disks (shard 0's and
+/// every other shard's) had not flushed.
+fn power_loss(
+    sim: &mut turmoil::Sim<'_>,
+    disks: &Mutex<HashMap<u64, PowerLossDisk>>,
+    shard_disks: &ShardDisks,
+    id: u64,
+) {
     sim.crash(member_host(id));
     if let Some(disk) = disks
         .lock()
@@ -298,6 +334,15 @@ fn power_loss(sim: &mut turmoil::Sim<'_>, disks: &Mutex<HashMap<u64, PowerLossDi
         .get(&id)
     {
         disk.crash();
+    }
+    for ((member, _), disk) in shard_disks
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .iter()
+    {
+        if *member == id {
+            disk.crash();
+        }
     }
 }
 
@@ -318,6 +363,7 @@ fn coordinator_lag_ms(scenario: &Scenario, history: &History) -> u64 {
 /// What the driver needs to inject a scenario's faults.
 struct Faults<'a> {
     scenario: &'a Scenario,
+    shard_disks: &'a ShardDisks,
     recorder: &'a Recorder,
     disks: &'a Arc<Mutex<HashMap<u64, PowerLossDisk>>>,
     drains: &'a EscrowDrains,
@@ -490,12 +536,12 @@ fn inject(
         }
         Fault::PowerLoss(pick) => {
             let id = target(pick);
-            power_loss(sim, faults.disks, id);
+            power_loss(sim, faults.disks, faults.shard_disks, id);
             recorder.fault(format!("{now_ms}: power loss on n{id}"));
         }
         Fault::PowerLossAll => {
             for id in shape.member_ids() {
-                power_loss(sim, faults.disks, id);
+                power_loss(sim, faults.disks, faults.shard_disks, id);
             }
             recorder.fault(format!("{now_ms}: power loss on every member"));
         }

@@ -435,10 +435,20 @@ impl CoordinatorApi {
         let key = convert::window_key(request.get_ref()).map_err(|e| self.invalid(e))?;
         self.node.linearizable_read().await?;
         let wall_now = self.node.clock.now_ms();
-        let view = self
-            .node
-            .state
-            .read(|state| state.window_view(&key, state.now_ms().max(wall_now)));
+        let view = self.node.state.read(|state| {
+            if !state.owns(&key) {
+                return None;
+            }
+            Some(state.window_view(&key, state.now_ms().max(wall_now)))
+        });
+        // The group does not hold the key's window (yet, or any more):
+        // an empty view would read as nothing granted.
+        let Some(view) = view else {
+            return Err(refusal(
+                Reason::SlotMoving,
+                format!("the window of {key:?} is changing shards; retry shortly"),
+            ));
+        };
         match view {
             Ok(view) => Ok(Response::new(convert::window_response(&key, &view))),
             Err(error) => {

@@ -103,6 +103,36 @@ where
     IO: AsyncRead + AsyncWrite + Connected + Unpin + Send + 'static,
     IE: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
+    let shard_stores = shards::on_disk(config.data_dir.clone());
+    run_coordinator_with_shards(
+        config,
+        stores,
+        shard_stores,
+        incoming,
+        dialer,
+        clock,
+        shutdown,
+    )
+    .await
+}
+
+/// [`run_coordinator`] with the stores of the shards past 0 this member
+/// comes to host opened by `shard_stores` (the simulation's power-loss
+/// disks; on a real member `data_dir/shards/<id>`, [`shards::on_disk`]).
+pub async fn run_coordinator_with_shards<I, IO, IE>(
+    config: NodeConfig,
+    stores: CoordinatorStores,
+    shard_stores: shards::ShardStoreOpener,
+    incoming: I,
+    dialer: Arc<dyn Dialer>,
+    clock: Arc<dyn WallClock>,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), NodeError>
+where
+    I: Stream<Item = Result<IO, IE>>,
+    IO: AsyncRead + AsyncWrite + Connected + Unpin + Send + 'static,
+    IE: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     config.validate()?;
     let raft_config = config.raft_config()?;
     let peer_message_limit = config.peer_message_limit_bytes()?;
@@ -180,7 +210,7 @@ where
     let shard_host = ShardHost::new(
         node.clone(),
         shard_network,
-        shards::on_disk(node.config.data_dir.clone()),
+        shard_stores,
         raft_service.hosted_shards(),
         hosted_apis,
     );
