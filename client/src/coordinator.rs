@@ -392,7 +392,6 @@ impl CoordinatorClient {
     }
 
     /// [`lease`](Self::lease) with an explicit request id.
-    #[tracing::instrument(name = "leasehold.coordinator.lease", level = "debug", skip_all, fields(otel.kind = "client", key, region, tokens))]
     pub async fn lease_with_id(
         &self,
         key: &str,
@@ -404,6 +403,7 @@ impl CoordinatorClient {
         self.lease_to(target, key, region, tokens, request_id).await
     }
 
+    #[tracing::instrument(name = "leasehold.coordinator.lease", level = "debug", skip_all, fields(otel.kind = "client", key, region, tokens))]
     async fn lease_to(
         &self,
         target: Target,

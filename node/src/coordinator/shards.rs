@@ -10,10 +10,12 @@
 //!    its own. The replica with the smallest id initialises the group,
 //!    with the replicas' addresses from the meta group's membership.
 //! 2. **Leads it**, where this member is the shard's leader: makes the
-//!    group the shard (`BecomeShard`), keeps its policies those of the
-//!    meta group (`policy_sync_commands`), and acquires every move of
-//!    slots into it, part by part (`AcquireSlots`), once its policies
-//!    agree — so a moved key is served under the policy it had.
+//!    group the shard (`BecomeShard`), makes its voters the shard's
+//!    replicas in the placement (new ones join as learners first), keeps
+//!    its policies those of the meta group (`policy_sync_commands`), and
+//!    acquires every move of slots into it, part by part
+//!    (`AcquireSlots`), once its policies agree — so a moved key is
+//!    served under the policy it had.
 //!
 //! Each step is a replicated command, idempotent, and re-derived from the
 //! applied states on every pass ([`SHARD_PASS_INTERVAL`]), so a new
@@ -21,7 +23,10 @@
 //! the states stand.
 //!
 //! A shard whose replicas no longer name this member stops being routed
-//! and is shut down (its store stays on disk).
+//! and is shut down (its store stays on disk) once its group no longer
+//! counts this member, or has had no leader for
+//! [`DROPPED_REPLICA_LEADERLESS_FOR`] (a member removed from a group is
+//! not told) — or at once when the shard left the placement.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -50,6 +55,12 @@ use crate::error::NodeError;
 /// How often the host compares the placement with what it hosts and
 /// drives the shards it leads.
 pub const SHARD_PASS_INTERVAL: Duration = Duration::from_millis(100);
+
+/// A replica dropped from a shard's replicas stops hosting it once its
+/// group no longer counts it — which a member removed from a group may
+/// never learn (the leader stops replicating to it) — or once its group
+/// has had no leader this long.
+pub const DROPPED_REPLICA_LEADERLESS_FOR: Duration = Duration::from_secs(3);
 
 /// Most parts of moves one pass proposes for one shard.
 const PARTS_PER_PASS: usize = 64;
@@ -81,8 +92,20 @@ pub fn on_disk(data_dir: PathBuf) -> ShardStoreOpener {
 /// One hosted shard.
 struct Hosted {
     context: Arc<NodeContext>,
+    /// Since when its group has known no leader (as of the last pass).
+    leaderless_since: Option<tokio::time::Instant>,
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
+}
+
+/// Whether `raft`'s group counts `member` (voter or learner).
+fn in_group(raft: &Raft, member: NodeId) -> bool {
+    raft.metrics()
+        .borrow()
+        .membership_config
+        .membership()
+        .nodes()
+        .any(|(id, _)| *id == member)
 }
 
 /// Hosts and drives this member's shards past 0 (see the module doc).
@@ -165,11 +188,39 @@ impl ShardHost {
                 })
                 .collect()
         });
+        let placed: BTreeSet<ShardId> = self
+            .meta
+            .state
+            .read(|state| state.sharding().placement().shards().collect());
+        // A replica dropped from a shard's replicas keeps hosting it while
+        // the group still counts it (until the leader's membership change
+        // commits), so the group keeps its quorum through the change.
+        let now = tokio::time::Instant::now();
+        for hosted in self.hosted.values_mut() {
+            let led = hosted
+                .context
+                .raft
+                .metrics()
+                .borrow()
+                .current_leader
+                .is_some();
+            hosted.leaderless_since = if led {
+                None
+            } else {
+                Some(hosted.leaderless_since.unwrap_or(now))
+            };
+        }
         let gone: Vec<ShardId> = self
             .hosted
-            .keys()
-            .filter(|shard| !wanted.contains_key(shard))
-            .copied()
+            .iter()
+            .filter(|(shard, hosted)| {
+                let cut_off = hosted.leaderless_since.is_some_and(|since| {
+                    now.duration_since(since) >= DROPPED_REPLICA_LEADERLESS_FOR
+                });
+                !wanted.contains_key(shard)
+                    && (!placed.contains(shard) || !in_group(&hosted.context.raft, me) || cut_off)
+            })
+            .map(|(shard, _)| *shard)
             .collect();
         for shard in gone {
             tracing::info!(
@@ -268,6 +319,7 @@ impl ShardHost {
             shard,
             Hosted {
                 context,
+                leaderless_since: None,
                 stop,
                 tasks: vec![batcher_task, ticks],
             },
@@ -346,6 +398,9 @@ impl ShardHost {
             }
             return;
         }
+        if !self.follow_replicas(shard, context).await {
+            return;
+        }
         let meta_policies = self.meta.state.read(|state| state.policies());
         let sync = context
             .state
@@ -365,6 +420,68 @@ impl ShardHost {
                 return;
             }
         }
+    }
+
+    /// Makes the group's voters the shard's replicas in the placement:
+    /// adds the new ones as learners, then changes the voters. `true` when
+    /// they already agree (the pass goes on).
+    async fn follow_replicas(&self, shard: ShardId, context: &NodeContext) -> bool {
+        let Some(replicas) = self
+            .meta
+            .state
+            .read(|state| state.sharding().placement().replicas(shard).cloned())
+        else {
+            return false;
+        };
+        let (voters, nodes): (BTreeSet<NodeId>, BTreeSet<NodeId>) = {
+            let metrics = context.raft.metrics();
+            let metrics = metrics.borrow();
+            let membership = metrics.membership_config.membership();
+            (
+                membership.voter_ids().collect(),
+                membership.nodes().map(|(id, _)| *id).collect(),
+            )
+        };
+        if voters == replicas {
+            return true;
+        }
+        let addresses: BTreeMap<NodeId, Node> = self
+            .meta
+            .state
+            .membership()
+            .membership()
+            .nodes()
+            .map(|(id, node)| (*id, node.clone()))
+            .collect();
+        let timeout = self.meta.config.admin_timeout();
+        for id in replicas.difference(&nodes) {
+            let Some(node) = addresses.get(id) else {
+                tracing::warn!(shard = shard.0, member = id, "no address for member {id}");
+                return false;
+            };
+            let added =
+                tokio::time::timeout(timeout, context.raft.add_learner(*id, node.clone(), true))
+                    .await;
+            if !matches!(added, Ok(Ok(_))) {
+                tracing::debug!(shard = shard.0, member = id, "learner not added yet");
+                return false;
+            }
+        }
+        let changed = tokio::time::timeout(
+            timeout,
+            context.raft.change_membership(replicas.clone(), false),
+        )
+        .await;
+        match changed {
+            Ok(Ok(_)) => tracing::info!(
+                shard = shard.0,
+                replicas = ?replicas,
+                "shard {} replicated by {replicas:?}",
+                shard.0
+            ),
+            _ => tracing::debug!(shard = shard.0, "replica change not committed yet"),
+        }
+        false
     }
 
     /// The next part of the first move into `shard` not yet complete.

@@ -365,3 +365,66 @@ async fn the_first_call_after_a_split_is_served_while_the_shard_forms() -> Resul
     assert_eq!(routed.lease(&high, "eu", 6).await?.granted, 4);
     cluster.stop_all().await
 }
+
+/// A shard's replicas change from members 2, 3, 4 to 1, 2, 3: member 1
+/// joins the group (a learner first), member 4 leaves it and stops
+/// serving the shard, and the shard's windows stay whole throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_shard_moves_to_other_replicas_with_its_windows() -> Result<()> {
+    let mut cluster = Cluster::start_initialised(4, |_| {}).await?;
+    let admin = cluster.client()?.admin();
+    admin
+        .set_policy(counter_policy("k", 10, LONG_WINDOW_MS))
+        .await?;
+    let high = key_that_moves(true);
+    let change = |version, change| pb::ChangePlacementRequest {
+        expected_version: version,
+        change: Some(change),
+    };
+    admin
+        .change_placement(change(
+            0,
+            pb::change_placement_request::Change::Split(pb::SplitShard {
+                shard: 0,
+                into: 1,
+                replicas: vec![2, 3, 4],
+            }),
+        ))
+        .await?;
+    let client = cluster.client()?;
+    assert_eq!(client.lease(&high, "eu", 6).await?.granted, 6);
+    admin
+        .change_placement(change(
+            1,
+            pb::change_placement_request::Change::SetReplicas(pb::SetShardReplicas {
+                shard: 1,
+                replicas: vec![1, 2, 3],
+            }),
+        ))
+        .await?;
+    // Member 1 comes to know shard 1's leader: it hosts a replica now.
+    shard_leader(&cluster, 1, 1).await?;
+    // Member 4 stops serving shard 1.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let mut member_four = CoordinatorRpc::new(channel(&cluster.addr(4)).await?);
+    loop {
+        let answer = member_four.lease(lease(&high, 1, None)).await;
+        if let Err(status) = &answer {
+            if reason_of(status) == Some(Reason::NotOwner) {
+                break;
+            }
+        }
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "member 4 still serves shard 1: {answer:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    cluster.stop(4).await?;
+    let granted = client.lease(&high, "eu", 10).await?.granted;
+    ensure!(
+        granted <= 4,
+        "the window kept its grants across the replica change: {granted} more granted"
+    );
+    cluster.stop_all().await
+}
