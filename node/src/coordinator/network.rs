@@ -57,7 +57,10 @@ pub const MAX_PEER_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
 /// Upper bound of one encoded state-machine command (the largest, a
 /// `Lease` with a 256-byte key, a 64-byte region, a 128-byte client id and
 /// the longest caller identity, encodes to about 600 bytes, under three
-/// quarters of it; a unit test keeps it so).
+/// quarters of it; a unit test keeps it so). One command is larger: a part
+/// of a move of slots (`AcquireSlots`, at most 64 KiB of keys, or one key
+/// alone), proposed as an entry of its own and covered by
+/// [`PEER_MESSAGE_HEADROOM_BYTES`].
 pub const MAX_ENCODED_COMMAND_BYTES: usize = 1024;
 
 /// Room above the computed payload for the envelope of a peer message

@@ -35,7 +35,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold_core::coordinator::sharding::{policy_sync_commands, AcquirePart};
-use leasehold_core::coordinator::Command;
+use leasehold_core::coordinator::{Command, Proposal};
 use leasehold_core::shard::ShardId;
 use leasehold_raft_store::{Node, NodeId, Raft};
 use openraft::storage::RaftLogStorage;
@@ -43,7 +43,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::api::CoordinatorApi;
-use super::batcher::{Batcher, BatcherOptions};
+use super::batcher::{Batcher, BatcherOptions, Proposer};
 use super::context::{NodeContext, RaftProposer};
 use super::leader::LeaderView;
 use super::network::PeerNetwork;
@@ -415,8 +415,17 @@ impl ShardHost {
             let Some(part) = self.next_part(shard, context) else {
                 return;
             };
-            if let Err(status) = context.propose(Command::AcquireSlots(part)).await {
-                tracing::debug!(shard = shard.0, %status, "move part not committed");
+            // A part is an entry of its own, beside no batch: an entry
+            // stays within what a peer message is sized for (a batch of
+            // `max_batch_commands` small commands, or one part).
+            let proposal = Proposal {
+                stamp_ms: context.clock.now_ms(),
+                commands: vec![Command::AcquireSlots(part)],
+            };
+            let proposer =
+                RaftProposer::new(context.raft.clone(), context.config.proposal_timeout());
+            if let Err(error) = proposer.propose(proposal).await {
+                tracing::debug!(shard = shard.0, %error, "move part not committed");
                 return;
             }
         }
