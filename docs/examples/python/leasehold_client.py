@@ -23,6 +23,7 @@ import sys
 import time
 
 import grpc
+import mmh3
 from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_status import rpc_status
@@ -404,6 +405,67 @@ def run(cluster):
         lambda: holder_grant("h" * 129, 1, 0, seq=23),
         grpc.StatusCode.INVALID_ARGUMENT, "INVALID_FIELD", {"field": "holder"},
     )
+
+    # Shards (ADR 0025): the slot of a key is computed here from the key
+    # alone; the placement maps slots to shards. Shard 0 splits, its upper
+    # half of slots going to a new shard on one member; a key leased before
+    # the split keeps its window there, reached through any member by the
+    # hints, and a member that does not host the shard says NOT_OWNER.
+    def slot_of(k):
+        return mmh3.hash64(k, 0, signed=False)[0] % 16384
+
+    shard_key = next(
+        k for k in (f"py/sharded-{secrets.token_hex(4)}-{i}" for i in range(1000))
+        if slot_of(k) >= 8192
+    )
+    before_split = lease(40, seq=30, key=shard_key)
+    check(before_split.granted == 40, f"Lease 40 of {shard_key} (slot {slot_of(shard_key)}) before the split")
+    placement = rpc.CoordinatorStub(cluster.channel(cluster.endpoints[0], OPERATOR)).GetPlacement(
+        pb.GetPlacementRequest(), timeout=DEADLINE_S
+    )
+    members = sorted((m.id, m.addr) for m in placement.shards[0].replica_addrs)
+    check(
+        placement.version == 0 and [(r.start, r.end, r.shard) for r in placement.slots] == [(0, 16384, 0)],
+        f"GetPlacement: version {placement.version}, every slot on shard 0 ({len(members)} members)",
+    )
+    host_id, host_addr = members[-1]
+    split = cluster.on_leader(OPERATOR, rpc.AdminStub, "ChangePlacement", pb.ChangePlacementRequest(
+        expected_version=placement.version,
+        split=pb.SplitShard(shard=0, into=1, replicas=[host_id]),
+    ))
+    check(
+        split.version == 1 and [(r.start, r.end, r.shard) for r in split.slots] == [(0, 8192, 0), (8192, 16384, 1)],
+        f"ChangePlacement split: version {split.version}, slots 8192.. on shard 1 (member {host_id})",
+    )
+    expect_refusal(
+        "ChangePlacement against a stale version",
+        lambda: cluster.on_leader(OPERATOR, rpc.AdminStub, "ChangePlacement", pb.ChangePlacementRequest(
+            expected_version=0, remove_shard=pb.RemoveShard(shard=1),
+        )),
+        grpc.StatusCode.FAILED_PRECONDITION, "PLACEMENT_REFUSED",
+    )
+    # The shard forms and acquires the key's window in moments; meanwhile
+    # the key is refused SLOT_MOVING (UNAVAILABLE): on_leader retries.
+    after_split = cluster.on_leader(
+        REGION_IDENTITY, rpc.CoordinatorStub, "Lease",
+        pb.LeaseRequest(key=shard_key, region=REGION, tokens=100,
+                        request_id=pb.RequestId(client_id=client_id, seq=31)),
+        attempts=30,
+    )
+    check(
+        after_split.granted == 60 and after_split.window_start_ms == before_split.window_start_ms,
+        f"after the split the key's window goes on in shard 1: granted {after_split.granted} (40 before)",
+    )
+    others = [addr for (i, addr) in members if i != host_id]
+    if others:
+        elsewhere = rpc.CoordinatorStub(cluster.channel(others[0], REGION_IDENTITY))
+        refusal = expect_refusal(
+            f"Lease of the moved key at a member without shard 1 ({others[0]})",
+            lambda: elsewhere.Lease(pb.LeaseRequest(key=shard_key, region=REGION, tokens=1), timeout=DEADLINE_S),
+            grpc.StatusCode.FAILED_PRECONDITION, "NOT_OWNER", {"shard": "1", "placement_version": "1"},
+        )
+        check(refusal.leader_addr is not None, f"NOT_OWNER names a member to ask: {refusal.leader_addr}")
+        refusals.append("NOT_OWNER")
 
     print(
         f"PASS: the Python client behaved as the proto says "
