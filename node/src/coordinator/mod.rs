@@ -202,6 +202,7 @@ where
     });
 
     let hosted_apis = HostedApis::default();
+    let hosted_apis_for_metrics = hosted_apis.clone();
     let routing = Arc::new(ShardRouting::new(
         node.state.clone(),
         hosted_apis.clone(),
@@ -232,9 +233,10 @@ where
     background.push(batcher_task);
     if let Some(addr) = node.config.metrics_listen.clone() {
         let render_node = Arc::clone(&node);
+        let render_shards = hosted_apis_for_metrics.clone();
         let ready_raft = raft.clone();
         let exposed = crate::metrics_http::Exposed {
-            render: Arc::new(move || prometheus::render(&render_node)),
+            render: Arc::new(move || prometheus::render(&render_node, &render_shards)),
             readiness: Arc::new(move || tasks::readiness(&ready_raft)),
         };
         background.push(

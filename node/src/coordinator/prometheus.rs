@@ -8,14 +8,17 @@ use leasehold_core::policy::PolicyKind;
 use openraft::ServerState;
 
 use super::context::NodeContext;
+use super::routing::HostedApis;
 use crate::metrics_http::{cap_prefixes, Exposition, MetricKind};
 
 /// Counters of [`super::metrics::NodeMetrics`] that are levels, not totals.
 const GAUGE_COUNTERS: &[&str] = &["largest_batch", "connections_open"];
 
-/// The metrics document of this member now.
-pub fn render(node: &NodeContext) -> String {
+/// The metrics document of this member now; `shards`: the shards past 0
+/// it hosts (their groups' series, labelled `shard`).
+pub fn render(node: &NodeContext, shards: &HostedApis) -> String {
     let mut doc = Exposition::new();
+    render_shards(&mut doc, node, shards);
     for (name, value) in node.metrics.snapshot() {
         if GAUGE_COUNTERS.contains(&name) {
             let metric = format!("leasehold_coordinator_{name}");
@@ -293,5 +296,63 @@ fn describe(name: &str) -> String {
             )
         }
         name => format!("Counter {}.", name.replace('_', " ")),
+    }
+}
+
+/// The placement and, per shard this member hosts (0 included), whether
+/// it leads it, the slots the group owns and its live windows.
+fn render_shards(doc: &mut Exposition, node: &NodeContext, shards: &HostedApis) {
+    let (version, shard_ids) = node.state.read(|state| {
+        let placement = state.sharding().placement();
+        (placement.version(), placement.shards().collect::<Vec<_>>())
+    });
+    doc.single(
+        "leasehold_placement_version",
+        MetricKind::Gauge,
+        "Version of the placement of keys on shards this member knows (0: never sharded).",
+        version as f64,
+    );
+    let mut groups = vec![(leasehold_core::shard::ShardId(0), None)];
+    for shard in shard_ids.into_iter().filter(|s| s.0 != 0) {
+        if let Some(api) = shards.get(shard) {
+            groups.push((shard, Some(api)));
+        }
+    }
+    let rows: Vec<(String, f64, f64, f64)> = groups
+        .iter()
+        .map(|(shard, api)| {
+            let context = api.as_ref().map_or(node, |api| api.context().as_ref());
+            let leads = context.raft.metrics().borrow().state == ServerState::Leader;
+            let (owned, live) = context
+                .state
+                .read(|state| (state.sharding().owned_slots(), state.live_windows()));
+            (
+                shard.0.to_string(),
+                f64::from(u8::from(leads)),
+                f64::from(owned),
+                live as f64,
+            )
+        })
+        .collect();
+    let families: [(&str, &str); 3] = [
+        (
+            "leasehold_shard_is_leader",
+            "1 while this member leads the shard's group (per shard it hosts).",
+        ),
+        (
+            "leasehold_shard_owned_slots",
+            "Hash slots the shard's group serves (out of 16 384; per shard it hosts).",
+        ),
+        (
+            "leasehold_shard_live_windows",
+            "Window records the shard's group holds (per shard it hosts).",
+        ),
+    ];
+    for (column, (name, help)) in families.iter().enumerate() {
+        doc.family(name, MetricKind::Gauge, help);
+        for (shard, leads, owned, live) in &rows {
+            let value = [*leads, *owned, *live][column];
+            doc.sample(name, &[("shard", shard)], value);
+        }
     }
 }

@@ -317,3 +317,56 @@ async fn refills_of_many_keys_at_once_are_coalesced_into_batches() -> Result<()>
     node.stop().await;
     cluster.stop_all().await
 }
+
+/// A member hosting shard 0 and a shard split from it exports the
+/// placement version and, per shard, its leadership, slots and windows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_exports_each_shard_it_hosts() -> Result<()> {
+    use leasehold_core::shard::{slot_of, SLOTS};
+
+    let metrics_addr = free_addr()?;
+    let listen = metrics_addr.clone();
+    let mut cluster =
+        Cluster::start_initialised(1, move |c| c.metrics_listen = Some(listen.clone())).await?;
+    let client = cluster.client()?;
+    client
+        .admin()
+        .set_policy(counter_policy("m/", 100, LONG_WINDOW_MS))
+        .await?;
+    let (status, before) = get(&metrics_addr, "/metrics").await?;
+    ensure!(status.contains("200"), "{status}");
+    ensure!(
+        sample(&before, "leasehold_placement_version") == Some(0.0),
+        "{before}"
+    );
+    ensure!(sample(&before, "leasehold_shard_owned_slots{shard=\"0\"}") == Some(16_384.0));
+    client
+        .admin()
+        .change_placement(pb::ChangePlacementRequest {
+            expected_version: 0,
+            change: Some(pb::change_placement_request::Change::Split(
+                pb::SplitShard {
+                    shard: 0,
+                    into: 1,
+                    replicas: vec![1],
+                },
+            )),
+        })
+        .await?;
+    let high = (0..)
+        .map(|i| format!("m/{i}"))
+        .find(|k| slot_of(k) >= SLOTS / 2)
+        .context("a key")?;
+    client.lease(&high, "eu", 3).await?;
+    let (_, after) = get(&metrics_addr, "/metrics").await?;
+    for (series, value) in [
+        ("leasehold_placement_version", 1.0),
+        ("leasehold_shard_owned_slots{shard=\"0\"}", 8_192.0),
+        ("leasehold_shard_owned_slots{shard=\"1\"}", 8_192.0),
+        ("leasehold_shard_is_leader{shard=\"1\"}", 1.0),
+        ("leasehold_shard_live_windows{shard=\"1\"}", 1.0),
+    ] {
+        ensure!(sample(&after, series) == Some(value), "{series}: {after}");
+    }
+    cluster.stop_all().await
+}
