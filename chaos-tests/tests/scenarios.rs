@@ -161,8 +161,12 @@ fn busy_region_use(scenario: &Scenario, seed: u64) -> (f64, f64) {
 fn fair_pool_idle_region_reclaim() {
     let mut scenario = scenario::by_name("fair_pool_idle_region_reclaim").expect("known scenario");
     assert_holds(&scenario);
+    // The effect is a point or two of L against a seed-to-seed spread of
+    // about two: it shows over a dozen seeds, not two (where one run's
+    // scheduling can hide it).
+    const RECLAIM_SEEDS: u64 = 12;
     let mean = |scenario: &Scenario| {
-        let runs: Vec<(f64, f64)> = (1..=SEEDS)
+        let runs: Vec<(f64, f64)> = (1..=RECLAIM_SEEDS)
             .map(|seed| busy_region_use(scenario, seed))
             .collect();
         let n = runs.len() as f64;
@@ -183,10 +187,9 @@ fn fair_pool_idle_region_reclaim() {
     // reserve the quiet region does not use once the busy region's look
     // after the late check lapses it (a look every region at its ceiling
     // makes while it has not joined the next window ahead); the rest is
-    // stranded. With reclaim the busy region takes it all but rounding:
-    // in seeds 1–2, 0.998 of what the quiet region left (windows used
-    // 0.998), against 0.986 without (0.988; 0.96 and 0.97 before every
-    // region at its ceiling looked late).
+    // stranded. With reclaim the busy region takes more of it: over seeds
+    // 1–12, 0.981 of what the quiet region left (windows used 0.985),
+    // against 0.971 without (0.976).
     assert!(
         left_with >= 0.97 && used_with >= 0.97 && left_with - left_without >= 0.005,
         "busy region's share of what the quiet one left: {left_with:.3} with reclaim, \

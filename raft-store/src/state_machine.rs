@@ -79,6 +79,7 @@ pub struct StateReader {
     applied: SharedApplied,
     retired: SharedRetired,
     snapshot: Arc<SnapshotStats>,
+    placement: Arc<tokio::sync::watch::Sender<u64>>,
 }
 
 /// The size and time of the member's stored snapshot.
@@ -123,6 +124,12 @@ impl Debug for StateReader {
 }
 
 impl StateReader {
+    /// The applied state's placement version (ADR 0025), changing when an
+    /// applied entry or an installed snapshot changes it.
+    pub fn placement_changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.placement.subscribe()
+    }
+
     /// Runs `f` on the current coordinator state. Holds a read lock for the
     /// duration of `f`, which blocks `apply`: keep `f` short and never await
     /// inside it.
@@ -256,6 +263,10 @@ pub struct StateMachineStore {
     applied: SharedApplied,
     retired: SharedRetired,
     snapshots: SnapshotStore,
+    /// The applied state's placement version, sent when it changes (an
+    /// apply or an installed snapshot): what hosts shards waits on it
+    /// instead of waking at every entry.
+    placement: Arc<tokio::sync::watch::Sender<u64>>,
 }
 
 impl Debug for StateMachineStore {
@@ -284,11 +295,23 @@ impl StateMachineStore {
             }
             None => (Applied::default(), BTreeSet::new()),
         };
+        let placement = applied.state.sharding().placement_version();
         Ok(Self {
             applied: Arc::new(RwLock::new(applied)),
             retired: Arc::new(RwLock::new(retired)),
             snapshots,
+            placement: Arc::new(tokio::sync::watch::channel(placement).0),
         })
+    }
+
+    /// Sends the applied state's placement version if it changed.
+    fn note_placement(&self, state: &CoordinatorState) {
+        let version = state.sharding().placement_version();
+        self.placement.send_if_modified(|sent| {
+            let changed = *sent != version;
+            *sent = version;
+            changed
+        });
     }
 
     /// A read handle that stays valid after this store is moved into
@@ -298,6 +321,7 @@ impl StateMachineStore {
             applied: self.applied.clone(),
             retired: self.retired.clone(),
             snapshot: self.snapshots.stats.clone(),
+            placement: self.placement.clone(),
         }
     }
 
@@ -356,6 +380,7 @@ impl StateMachineStore {
             state: envelope.state,
         };
         *self.retired_write() = envelope.retired_members;
+        self.note_placement(&applied.state);
         Ok(())
     }
 }
@@ -403,6 +428,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             };
             results.push(result);
         }
+        self.note_placement(&applied.state);
         Ok(results)
     }
 

@@ -141,22 +141,13 @@ impl ShardHost {
 
     /// Runs passes until `stopped` turns true, then shuts every hosted
     /// group down. Until the placement first changes (a cluster never
-    /// sharded) it only waits for the meta group to apply something, and
-    /// runs no timer.
+    /// sharded) it only waits for that (the state machine's placement
+    /// watch): no timer, no wake-up.
     pub async fn run(mut self, mut stopped: watch::Receiver<bool>) {
-        let mut applied = self.meta.raft.metrics();
-        loop {
-            let sharded = self
-                .meta
-                .state
-                .read(|state| state.sharding().placement_version() > 0);
-            if sharded {
-                break;
-            }
-            tokio::select! {
-                changed = applied.changed() => if changed.is_err() { return },
-                _ = stopped.wait_for(|stopped| *stopped) => return,
-            }
+        let mut placement = self.meta.state.placement_changes();
+        tokio::select! {
+            sharded = placement.wait_for(|version| *version > 0) => if sharded.is_err() { return },
+            _ = stopped.wait_for(|stopped| *stopped) => return,
         }
         let mut interval = tokio::time::interval(SHARD_PASS_INTERVAL);
         interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
