@@ -253,48 +253,13 @@ pub fn all() -> Vec<Scenario> {
         // window, tombstone and floors move with it) while clients lease;
         // the window is spent after the move, so a move that forgot what
         // was granted would admit beyond L.
-        Scenario {
-            shape: FleetShape {
-                limit: 3_000,
-                window_ms: 10_000,
-                ..FleetShape::default()
-            },
-            // A window spent soon after the move admits nothing until it ends.
-            liveness_bound_ms: 10_000,
-            ..base(
-                "shard_move_mid_window",
-                vec![(
-                    secs(2),
-                    Fault::Membership(MembershipAction::MoveKeyToNewShard {
-                        shard: 1,
-                        replicas: [1, 2, 3],
-                    }),
-                )],
-            )
-        },
+        shard_move("shard_move_mid_window", vec![]),
         // The same, then the meta group's leader (which may lead the new
         // shard too) loses power and every member restarts.
-        Scenario {
-            shape: FleetShape {
-                limit: 20_000,
-                window_ms: 10_000,
-                ..FleetShape::default()
-            },
-            ..base(
-                "shard_move_leader_power_loss",
-                vec![
-                    (
-                        secs(2),
-                        Fault::Membership(MembershipAction::MoveKeyToNewShard {
-                            shard: 1,
-                            replicas: [1, 2, 3],
-                        }),
-                    ),
-                    (secs(4), Fault::PowerLoss(0)),
-                    (secs(6), Fault::RestartAll),
-                ],
-            )
-        },
+        shard_move(
+            "shard_move_leader_power_loss",
+            vec![(secs(4), Fault::PowerLoss(0)), (secs(6), Fault::RestartAll)],
+        ),
         // The leader hands leadership off under load (admin step-down),
         // twice.
         base(
@@ -404,6 +369,31 @@ fn escrow_restarts(name: &'static str, fair: bool, shared_region: bool) -> Scena
         member_clock_offsets_ms: Vec::new(),
         member_clock_drift_ppm: Vec::new(),
         // A window spent before the faults admits nothing until it ends.
+        liveness_bound_ms: 10_000,
+    }
+}
+
+/// 3 000 per 10 s window; 2 s into the load the load's key moves to a
+/// new shard 1 on members 1, 2 and 3; then `faults`.
+fn shard_move(name: &'static str, faults: Vec<(Duration, Fault)>) -> Scenario {
+    let move_key = (
+        secs(2),
+        Fault::Membership(MembershipAction::MoveKeyToNewShard {
+            shard: 1,
+            replicas: [1, 2, 3],
+        }),
+    );
+    Scenario {
+        name,
+        shape: FleetShape {
+            limit: 3_000,
+            window_ms: 10_000,
+            ..FleetShape::default()
+        },
+        faults: std::iter::once(move_key).chain(faults).collect(),
+        member_clock_offsets_ms: Vec::new(),
+        member_clock_drift_ppm: Vec::new(),
+        // A window spent soon after the move admits nothing until it ends.
         liveness_bound_ms: 10_000,
     }
 }

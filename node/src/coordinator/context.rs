@@ -11,14 +11,18 @@ use leasehold_client::transport::WallClock;
 use leasehold_core::coordinator::{Command, Outcome, Proposal, ProposalResult};
 use leasehold_proto::refusal::{refusal, Reason};
 use leasehold_proto::LeaderHint;
-use leasehold_raft_store::{Node, NodeId, Raft, StateReader};
+use leasehold_raft_store::{LogStore, Node, NodeId, Raft, StateReader};
 use openraft::error::{CheckIsLeaderError, ClientWriteError, ForwardToLeader, RaftError};
 use tonic::Status;
 
-use super::batcher::{Batcher, ProposeError, Proposer};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use super::batcher::{Batcher, BatcherOptions, ProposeError, Proposer};
 use super::leader::{not_leader_status, propose_error_status, require_leader};
 use super::metrics::{NodeMetrics, Rejection};
 use crate::config::NodeConfig;
+use crate::error::NodeError;
 
 /// The shared state of one coordinator member's services.
 pub struct NodeContext {
@@ -44,7 +48,67 @@ pub struct NodeContext {
     pub stepping_down: AtomicBool,
 }
 
+/// The parts of one group's context that differ between groups.
+pub struct GroupParts {
+    /// The member's id.
+    pub id: NodeId,
+    /// The group's Raft handle.
+    pub raft: Raft,
+    /// The group's applied state.
+    pub state: StateReader,
+    /// Flush latencies of the group's log.
+    pub log_flush_latency: Arc<leasehold_core::metrics::Histogram>,
+}
+
+/// Whether `log_store` holds a log (an entry, or a purged prefix): then,
+/// until Raft has loaded it, an empty membership is no invitation to hear
+/// a join list.
+pub async fn store_has_log(log_store: &LogStore) -> Result<bool, NodeError> {
+    use openraft::storage::RaftLogStorage;
+    let log_state = log_store
+        .clone()
+        .get_log_state()
+        .await
+        .map_err(|e| NodeError::Raft(e.to_string()))?;
+    Ok(log_state.last_log_id.is_some() || log_state.last_purged_log_id.is_some())
+}
+
 impl NodeContext {
+    /// The context of one Raft group of a member (shard 0's or another
+    /// shard's), with its group-commit batcher spawned: the batcher's task
+    /// ends when `stopped` turns true.
+    pub fn start(
+        group: GroupParts,
+        config: NodeConfig,
+        clock: Arc<dyn WallClock>,
+        metrics: Arc<NodeMetrics>,
+        stopped: watch::Receiver<bool>,
+    ) -> (Arc<NodeContext>, JoinHandle<()>) {
+        let options = BatcherOptions {
+            max_batch: config.max_batch_commands,
+            queue_capacity: config.batch_queue_capacity,
+            max_inflight: config.max_inflight_proposals,
+        };
+        let proposer = Arc::new(RaftProposer::new(
+            group.raft.clone(),
+            config.proposal_timeout(),
+        ));
+        let (batcher, batcher_task) =
+            Batcher::spawn(proposer, clock.clone(), options, metrics.clone(), stopped);
+        let context = Arc::new(NodeContext {
+            id: group.id,
+            raft: group.raft,
+            batcher,
+            state: group.state,
+            clock,
+            metrics,
+            log_flush_latency: group.log_flush_latency,
+            config,
+            stepping_down: AtomicBool::new(false),
+        });
+        (context, batcher_task)
+    }
+
     /// Fails fast unless this member is the leader (see [`require_leader`])
     /// and is not handing its leadership off.
     pub fn require_leader(&self) -> Result<(), Status> {

@@ -36,7 +36,6 @@ pub mod status_log;
 mod tasks;
 
 use std::future::Future;
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -52,8 +51,7 @@ use tonic::transport::server::Connected;
 
 use self::admin::AdminApi;
 use self::api::CoordinatorApi;
-use self::batcher::{Batcher, BatcherOptions};
-use self::context::{NodeContext, RaftProposer};
+use self::context::{store_has_log, GroupParts, NodeContext};
 use self::frame_server::{split_framed, FrameServer};
 use self::metrics::NodeMetrics;
 use self::network::PeerNetwork;
@@ -139,17 +137,7 @@ where
     let limits = config.server_limits();
     let (log_store, state_machine) = stores;
     let state = state_machine.reader();
-    // Whether this member has a log: then, until Raft has loaded it, an
-    // empty membership is no invitation to hear its join list.
-    let has_log = {
-        use openraft::storage::RaftLogStorage;
-        let log_state = log_store
-            .clone()
-            .get_log_state()
-            .await
-            .map_err(|e| NodeError::Raft(e.to_string()))?;
-        log_state.last_log_id.is_some() || log_state.last_purged_log_id.is_some()
-    };
+    let has_log = store_has_log(&log_store).await?;
     let log_flush_latency = log_store.flush_latency();
     let network = PeerNetwork::new(config.id, dialer).with_max_message_bytes(peer_message_limit);
     let shard_network = network.clone();
@@ -176,30 +164,18 @@ where
             stopped: stopped.clone(),
         },
     );
-    let options = BatcherOptions {
-        max_batch: config.max_batch_commands,
-        queue_capacity: config.batch_queue_capacity,
-        max_inflight: config.max_inflight_proposals,
-    };
-    let proposer = Arc::new(RaftProposer::new(raft.clone(), config.proposal_timeout()));
-    let (batcher, batcher_task) = Batcher::spawn(
-        proposer,
-        clock.clone(),
-        options,
-        metrics.clone(),
-        stopped.clone(),
-    );
-    let node = Arc::new(NodeContext {
-        id: config.id,
-        raft: raft.clone(),
-        batcher,
-        state,
+    let (node, batcher_task) = NodeContext::start(
+        GroupParts {
+            id: config.id,
+            raft: raft.clone(),
+            state,
+            log_flush_latency,
+        },
+        config,
         clock,
         metrics,
-        log_flush_latency,
-        config,
-        stepping_down: AtomicBool::new(false),
-    });
+        stopped.clone(),
+    );
 
     let hosted_apis = HostedApis::default();
     let hosted_apis_for_metrics = hosted_apis.clone();

@@ -30,7 +30,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -38,13 +37,12 @@ use leasehold_core::coordinator::sharding::{policy_sync_commands, AcquirePart};
 use leasehold_core::coordinator::{Command, Proposal};
 use leasehold_core::shard::ShardId;
 use leasehold_raft_store::{Node, NodeId, Raft};
-use openraft::storage::RaftLogStorage;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::api::CoordinatorApi;
-use super::batcher::{Batcher, BatcherOptions, Proposer};
-use super::context::{NodeContext, RaftProposer};
+use super::batcher::Proposer;
+use super::context::{store_has_log, GroupParts, NodeContext, RaftProposer};
 use super::leader::LeaderView;
 use super::network::PeerNetwork;
 use super::raft_service::{HostedGroup, HostedShards};
@@ -244,14 +242,7 @@ impl ShardHost {
     ) -> Result<(), NodeError> {
         let meta = &self.meta;
         let (log_store, state_machine) = (self.open_stores)(shard)?;
-        let has_log = {
-            let log_state = log_store
-                .clone()
-                .get_log_state()
-                .await
-                .map_err(|e| NodeError::Raft(e.to_string()))?;
-            log_state.last_log_id.is_some() || log_state.last_purged_log_id.is_some()
-        };
+        let has_log = store_has_log(&log_store).await?;
         let state = state_machine.reader();
         let log_flush_latency = log_store.flush_latency();
         let raft_config = meta
@@ -268,33 +259,18 @@ impl ShardHost {
         .await
         .map_err(|e| NodeError::Raft(e.to_string()))?;
         let (stop, stopped) = watch::channel(false);
-        let options = BatcherOptions {
-            max_batch: meta.config.max_batch_commands,
-            queue_capacity: meta.config.batch_queue_capacity,
-            max_inflight: meta.config.max_inflight_proposals,
-        };
-        let proposer = Arc::new(RaftProposer::new(
-            raft.clone(),
-            meta.config.proposal_timeout(),
-        ));
-        let (batcher, batcher_task) = Batcher::spawn(
-            proposer,
+        let (context, batcher_task) = NodeContext::start(
+            GroupParts {
+                id: meta.id,
+                raft: raft.clone(),
+                state,
+                log_flush_latency,
+            },
+            meta.config.clone(),
             meta.clock.clone(),
-            options,
             meta.metrics.clone(),
             stopped.clone(),
         );
-        let context = Arc::new(NodeContext {
-            id: meta.id,
-            raft: raft.clone(),
-            batcher,
-            state,
-            clock: meta.clock.clone(),
-            metrics: meta.metrics.clone(),
-            log_flush_latency,
-            config: meta.config.clone(),
-            stepping_down: AtomicBool::new(false),
-        });
         let ticks = tokio::spawn(tasks::tick_clock(context.clone(), stopped));
         self.raft_groups
             .insert(shard, HostedGroup::new(raft, replicas.clone(), has_log));

@@ -38,6 +38,33 @@ fn lease(key: &str, tokens: u64, seq: Option<u64>) -> pb::LeaseRequest {
     }
 }
 
+/// The split of shard 0 into shard 1 on `replicas`, made against version 0.
+fn split_zero_into_one(replicas: &[u64]) -> pb::ChangePlacementRequest {
+    pb::ChangePlacementRequest {
+        expected_version: 0,
+        change: Some(pb::change_placement_request::Change::Split(
+            pb::SplitShard {
+                shard: 0,
+                into: 1,
+                replicas: replicas.to_vec(),
+            },
+        )),
+    }
+}
+
+/// A cluster of `members`, its `k` prefix at 10 per window, and a client.
+async fn cluster_with_policy(
+    members: u64,
+) -> Result<(Cluster, leasehold_client::coordinator::CoordinatorClient)> {
+    let cluster = Cluster::start_initialised(members, |_| {}).await?;
+    let client = cluster.client()?;
+    client
+        .admin()
+        .set_policy(counter_policy("k", 10, LONG_WINDOW_MS))
+        .await?;
+    Ok((cluster, client))
+}
+
 /// The first key `k<i>` a split of shard 0 moves out (or keeps).
 fn key_that_moves(moving: bool) -> String {
     (0..)
@@ -90,12 +117,7 @@ async fn shard_leader(cluster: &Cluster, via: u64, shard: u32) -> Result<(u64, S
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_split_shard_serves_its_keys_with_their_windows_on_its_replicas() -> Result<()> {
-    let mut cluster = Cluster::start_initialised(4, |_| {}).await?;
-    let client = cluster.client()?;
-    let admin = client.admin();
-    admin
-        .set_policy(counter_policy("k", 10, LONG_WINDOW_MS))
-        .await?;
+    let (mut cluster, _client) = cluster_with_policy(4).await?;
     let (low, high) = (key_that_moves(false), key_that_moves(true));
     let meta_leader = cluster.leader().await?;
     let mut meta = CoordinatorRpc::new(channel(&cluster.addr(meta_leader)).await?);
@@ -105,16 +127,7 @@ async fn a_split_shard_serves_its_keys_with_their_windows_on_its_replicas() -> R
 
     let mut admin_rpc = AdminRpc::new(channel(&cluster.addr(meta_leader)).await?);
     let placement = admin_rpc
-        .change_placement(pb::ChangePlacementRequest {
-            expected_version: 0,
-            change: Some(pb::change_placement_request::Change::Split(
-                pb::SplitShard {
-                    shard: 0,
-                    into: 1,
-                    replicas: vec![2, 3, 4],
-                },
-            )),
-        })
+        .change_placement(split_zero_into_one(&[2, 3, 4]))
         .await?
         .into_inner();
     assert_eq!(placement.version, 1);
@@ -339,23 +352,11 @@ async fn the_binary_splits_a_shard_and_its_keys_are_served_through_any_member() 
 /// answer to its request id.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_first_call_after_a_split_is_served_while_the_shard_forms() -> Result<()> {
-    let mut cluster = Cluster::start_initialised(3, |_| {}).await?;
-    let admin = cluster.client()?.admin();
-    admin
-        .set_policy(counter_policy("k", 10, LONG_WINDOW_MS))
-        .await?;
+    let (mut cluster, client) = cluster_with_policy(3).await?;
     let high = key_that_moves(true);
-    admin
-        .change_placement(pb::ChangePlacementRequest {
-            expected_version: 0,
-            change: Some(pb::change_placement_request::Change::Split(
-                pb::SplitShard {
-                    shard: 0,
-                    into: 1,
-                    replicas: vec![2, 3],
-                },
-            )),
-        })
+    client
+        .admin()
+        .change_placement(split_zero_into_one(&[2, 3]))
         .await?;
     let routed = leasehold_client::coordinator::CoordinatorClient::new(
         [cluster.addr(1)],
@@ -371,36 +372,23 @@ async fn the_first_call_after_a_split_is_served_while_the_shard_forms() -> Resul
 /// serving the shard, and the shard's windows stay whole throughout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_shard_moves_to_other_replicas_with_its_windows() -> Result<()> {
-    let mut cluster = Cluster::start_initialised(4, |_| {}).await?;
-    let admin = cluster.client()?.admin();
-    admin
-        .set_policy(counter_policy("k", 10, LONG_WINDOW_MS))
-        .await?;
+    let (mut cluster, client) = cluster_with_policy(4).await?;
+    let admin = client.admin();
     let high = key_that_moves(true);
-    let change = |version, change| pb::ChangePlacementRequest {
-        expected_version: version,
-        change: Some(change),
-    };
     admin
-        .change_placement(change(
-            0,
-            pb::change_placement_request::Change::Split(pb::SplitShard {
-                shard: 0,
-                into: 1,
-                replicas: vec![2, 3, 4],
-            }),
-        ))
+        .change_placement(split_zero_into_one(&[2, 3, 4]))
         .await?;
-    let client = cluster.client()?;
     assert_eq!(client.lease(&high, "eu", 6).await?.granted, 6);
     admin
-        .change_placement(change(
-            1,
-            pb::change_placement_request::Change::SetReplicas(pb::SetShardReplicas {
-                shard: 1,
-                replicas: vec![1, 2, 3],
-            }),
-        ))
+        .change_placement(pb::ChangePlacementRequest {
+            expected_version: 1,
+            change: Some(pb::change_placement_request::Change::SetReplicas(
+                pb::SetShardReplicas {
+                    shard: 1,
+                    replicas: vec![1, 2, 3],
+                },
+            )),
+        })
         .await?;
     // Member 1 comes to know shard 1's leader: it hosts a replica now.
     shard_leader(&cluster, 1, 1).await?;
