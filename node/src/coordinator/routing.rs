@@ -77,6 +77,9 @@ pub enum Route {
 /// Routes keys by the meta group's placement.
 pub struct ShardRouting {
     meta_state: StateReader,
+    /// The meta group's placement version, as applied: 0 (never sharded)
+    /// answers every key without the state's lock, which `apply` contends.
+    placement_version: tokio::sync::watch::Receiver<u64>,
     hosted: HostedApis,
     metrics: Arc<NodeMetrics>,
     /// Turns the replica a `NOT_OWNER` names, so callers spread out.
@@ -88,6 +91,7 @@ impl ShardRouting {
     /// shards in `hosted`.
     pub fn new(meta_state: StateReader, hosted: HostedApis, metrics: Arc<NodeMetrics>) -> Self {
         Self {
+            placement_version: meta_state.placement_changes(),
             meta_state,
             hosted,
             metrics,
@@ -120,8 +124,13 @@ impl ShardRouting {
         known.get(turn % known.len()).cloned()
     }
 
-    /// The shard of `key` and the placement version, as this member knows them.
+    /// The shard of `key` and the placement version, as this member knows
+    /// them. On a cluster never sharded (the usual case, on every call's
+    /// path) neither the key is hashed nor the state's lock taken.
     pub fn shard_of(&self, key: &str) -> (ShardId, u64) {
+        if *self.placement_version.borrow() == 0 {
+            return (ShardId(0), 0);
+        }
         self.meta_state.read(|state| {
             let sharding = state.sharding();
             (sharding.shard_of(key), sharding.placement_version())
