@@ -36,6 +36,10 @@ struct Args {
     /// First seed.
     #[arg(long, default_value_t = 1)]
     from_seed: u64,
+    /// Spread the keys over this many shards (Raft groups) at setup, the
+    /// load's key on the last one, in every scenario (1: never sharded).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    shards: u32,
     /// List the scenarios and exit.
     #[arg(long)]
     list: bool,
@@ -173,6 +177,10 @@ fn main() -> ExitCode {
         Ok(scenarios) => scenarios,
         Err(code) => return code,
     };
+    let scenarios: Vec<_> = scenarios
+        .into_iter()
+        .map(|s| scenario::with_shards(s, args.shards))
+        .collect();
     if args.list {
         for s in &scenarios {
             out!("{}", s.name);
@@ -202,11 +210,11 @@ fn main() -> ExitCode {
                 "VIOLATION {} seed {seed}: {}: {}",
                 s.name, v.invariant, v.detail
             );
-            eprintln!("  replay: {}", replay_command(s.name, *seed));
+            eprintln!("  replay: {}", replay_command(s, *seed));
         }
         for (seed, e) in &report.errors {
             eprintln!("SIMULATION ERROR {} seed {seed}: {e}", s.name);
-            eprintln!("  replay: {}", replay_command(s.name, *seed));
+            eprintln!("  replay: {}", replay_command(s, *seed));
         }
         reports.push(report);
     }

@@ -67,6 +67,11 @@ pub struct FleetShape {
     /// per window (0: `fail_closed`). The Δ oracle then allows the window
     /// `escrow_nodes ×` this beyond L, as the policy documents.
     pub fallback_tokens_per_region: u64,
+    /// Raft groups the keys are spread over (1: never sharded). With more,
+    /// the control host spreads the slots evenly at setup, the load's key
+    /// on the last shard ([`crate::sim::shards`]), and a leader fault hits
+    /// that shard's leader.
+    pub shards: u32,
 }
 
 impl Default for FleetShape {
@@ -88,6 +93,7 @@ impl Default for FleetShape {
             second_node_in_region_0: false,
             rls: false,
             fallback_tokens_per_region: 0,
+            shards: 1,
         }
     }
 }
@@ -96,6 +102,12 @@ impl FleetShape {
     /// Every member host id, the initial voters first, then the spares.
     pub fn member_ids(&self) -> std::ops::RangeInclusive<u64> {
         1..=self.members + self.spare_members
+    }
+
+    /// Time before the load starts: the cluster forms and takes its
+    /// policies (3 s), and a sharded fleet spreads its slots (3 s more).
+    pub fn setup_time(&self) -> Duration {
+        Duration::from_secs(if self.shards > 1 { 6 } else { 3 })
     }
 }
 

@@ -398,6 +398,13 @@ fn shard_move(name: &'static str, faults: Vec<(Duration, Fault)>) -> Scenario {
     }
 }
 
+/// `scenario` on a fleet whose keys are spread over `shards` shards at
+/// setup (see [`crate::sim::shards`]); the same scenario when `shards` is 1.
+pub fn with_shards(mut scenario: Scenario, shards: u32) -> Scenario {
+    scenario.shape.shards = shards.max(1);
+    scenario
+}
+
 /// Looks a scenario up by name.
 pub fn by_name(name: &str) -> Option<Scenario> {
     all().into_iter().find(|s| s.name == name)
@@ -435,8 +442,15 @@ pub struct ScenarioReport {
 }
 
 /// The command that replays one seed of one scenario.
-pub fn replay_command(scenario: &str, seed: u64) -> String {
-    format!("cargo run -p leasehold-chaos -- --scenario {scenario} --seeds 1 --from-seed {seed}")
+pub fn replay_command(scenario: &Scenario, seed: u64) -> String {
+    let shards = match scenario.shape.shards {
+        0 | 1 => String::new(),
+        n => format!(" --shards {n}"),
+    };
+    format!(
+        "cargo run -p leasehold-chaos -- --scenario {}{shards} --seeds 1 --from-seed {seed}",
+        scenario.name
+    )
 }
 
 /// Checks one recorded run.
@@ -483,6 +497,28 @@ impl ScenarioReport {
             .extend(violations.into_iter().map(|violation| (seed, violation)));
     }
 
+    /// Adds a finished report of the same scenario (other seeds, or another
+    /// fleet shape): sums, the largest ratio, and the mean utilisation
+    /// over both reports' runs.
+    pub fn absorb(&mut self, other: ScenarioReport) {
+        let seeds = self.seeds + other.seeds;
+        if seeds > 0 {
+            self.utilisation = (self.utilisation * self.seeds as f64
+                + other.utilisation * other.seeds as f64)
+                / seeds as f64;
+        }
+        self.seeds = seeds;
+        self.windows_checked += other.windows_checked;
+        self.admissions += other.admissions;
+        self.duplicates_checked += other.duplicates_checked;
+        self.hostile_probes_checked += other.hostile_probes_checked;
+        self.sessions_flooded += other.sessions_flooded;
+        self.over_returns += other.over_returns;
+        self.max_ratio = self.max_ratio.max(other.max_ratio);
+        self.violations.extend(other.violations);
+        self.errors.extend(other.errors);
+    }
+
     /// Turns the summed utilisation into the mean over the runs.
     pub fn finish(&mut self) {
         self.utilisation = if self.seeds == 0 {
@@ -505,7 +541,8 @@ pub fn run_seeds(
         let outcome = sim::run(scenario, seed, weakening);
         let history = &outcome.history;
         // Healthy stretch: from 1 s into the load (setup done) to the first fault.
-        let load_start = SIM_EPOCH_MS + 3_000;
+        let load_start =
+            SIM_EPOCH_MS + u64::try_from(scenario.shape.setup_time().as_millis()).unwrap_or(0);
         let first_fault = scenario
             .faults
             .first()

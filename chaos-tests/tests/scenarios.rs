@@ -6,33 +6,44 @@ use leasehold_chaos::scenario::{self, replay_command, run_seeds, Scenario, Scena
 use leasehold_chaos::sim::{self, Weakening, SIM_EPOCH_MS};
 
 const SEEDS: u64 = 2;
+/// The shards of the fleet [`assert_holds`] runs its second seed on.
+const SHARDS: u32 = 4;
 
 fn assert_scenario_holds(name: &str) -> ScenarioReport {
     let scenario = scenario::by_name(name).expect("known scenario");
     assert_holds(&scenario)
 }
 
+/// Runs seed 1 on the fleet as `scenario` shapes it and seed 2 with its
+/// keys spread over [`SHARDS`] shards (the load's key on the last, whose
+/// leader the leader faults hit), and checks every promise on both.
 fn assert_holds(scenario: &Scenario) -> ScenarioReport {
     let name = scenario.name;
-    let report = run_seeds(scenario, SEEDS, 1, Weakening::None);
-    let problems: Vec<String> = report
-        .violations
-        .iter()
-        .map(|(seed, v)| {
-            format!(
-                "{}: {} (replay: {})",
-                v.invariant,
-                v.detail,
-                replay_command(name, *seed)
-            )
-        })
-        .chain(report.errors.iter().map(|(seed, e)| {
-            format!(
-                "simulation error {e} (replay: {})",
-                replay_command(name, *seed)
-            )
-        }))
-        .collect();
+    let sharded = scenario::with_shards(scenario.clone(), SHARDS);
+    let mut report = ScenarioReport::new(name, 0);
+    let mut problems = Vec::new();
+    for (run, seed) in [(scenario, 1), (&sharded, 2)] {
+        let one = run_seeds(run, 1, seed, Weakening::None);
+        problems.extend(
+            one.violations
+                .iter()
+                .map(|(seed, v)| {
+                    format!(
+                        "{}: {} (replay: {})",
+                        v.invariant,
+                        v.detail,
+                        replay_command(run, *seed)
+                    )
+                })
+                .chain(one.errors.iter().map(|(seed, e)| {
+                    format!(
+                        "simulation error {e} (replay: {})",
+                        replay_command(run, *seed)
+                    )
+                })),
+        );
+        report.absorb(one);
+    }
     assert!(problems.is_empty(), "{name}:\n{}", problems.join("\n"));
     assert!(report.admissions > 0, "{name}: no admission at all");
     if scenario.shape.escrow_nodes == 0 {
@@ -228,7 +239,8 @@ fn fair_pool_region_cut_fallback() {
     let scenario = scenario::by_name("fair_pool_region_cut_fallback").expect("known scenario");
     assert_holds(&scenario);
     let history = sim::run(&scenario, 1, Weakening::None).history;
-    let load_start = SIM_EPOCH_MS + 3_000;
+    let load_start =
+        SIM_EPOCH_MS + u64::try_from(scenario.shape.setup_time().as_millis()).unwrap_or(0);
     let cut = load_start + scenario.faults[0].0.as_millis() as u64;
     let heal = load_start + scenario.faults[1].0.as_millis() as u64;
     let window_ms = scenario.shape.window_ms;

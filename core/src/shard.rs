@@ -110,6 +110,15 @@ pub struct SlotMove {
     pub to: ShardId,
 }
 
+/// The replica that forms `shard`'s group (its first leader, as a rule):
+/// the `shard % n`-th of its `n` replicas in id order, so shards on the
+/// same members start with their leaders spread over them. `None` when
+/// there is no replica.
+pub fn forming_replica(shard: ShardId, replicas: &BTreeSet<MemberId>) -> Option<MemberId> {
+    let n = u32::try_from(replicas.len()).ok().filter(|n| *n > 0)?;
+    replicas.iter().nth((shard.0 % n) as usize).copied()
+}
+
 /// Which shard owns each slot and which members replicate each shard, at
 /// a version. Shard 0 always exists and names no replicas: every member
 /// of the cluster replicates it.
@@ -381,6 +390,19 @@ mod tests {
         assert_eq!(slot_of("demo/api"), 6_360);
         assert_eq!(slot_of("tenant:acme/llm"), 2_264);
         assert_eq!(slot_of("k"), 13_746);
+    }
+
+    #[test]
+    fn shards_on_the_same_members_are_formed_by_each_in_turn() {
+        let replicas: BTreeSet<MemberId> = [4, 7, 9].into();
+        let formers: Vec<_> = (1..=6)
+            .map(|s| forming_replica(ShardId(s), &replicas))
+            .collect();
+        assert_eq!(
+            formers,
+            [Some(7), Some(9), Some(4), Some(7), Some(9), Some(4)]
+        );
+        assert_eq!(forming_replica(ShardId(5), &BTreeSet::new()), None);
     }
 
     #[test]

@@ -1,8 +1,9 @@
-//! Keys changing hands between shards (ADR 0025): the meta group moves
-//! slots out with their keys' window state, the new owner acquires them
-//! in parts, and at no point do two groups admit in one key's window — an
-//! oracle sums every grant, minus every credit, per (key, window) across
-//! both groups and holds it to the limit, whatever the interleaving.
+//! Keys changing hands between shards (ADR 0025): a source (the meta
+//! group, or a shard that releases them) moves slots out with their keys'
+//! window state, the new owner acquires them in parts, and at no point do
+//! two groups admit in one key's window — an oracle sums every grant,
+//! minus every credit, per (key, window) across every group and holds it
+//! to the limit, whatever the interleaving.
 
 mod coordinator_support;
 
@@ -42,13 +43,15 @@ fn shard_one(at: u64) -> CoordinatorState {
     shard
 }
 
-/// Applies the next part of every move out of `meta` to `shard`; returns
-/// whether every move is complete.
-fn acquire_next_parts(meta: &CoordinatorState, shard: &mut CoordinatorState, at: u64) -> bool {
-    let moves: Vec<(MoveId, _)> = meta
+/// Applies the next part of every move `source` released into `shard`;
+/// returns whether every such move is complete.
+fn acquire_next_parts(source: &CoordinatorState, shard: &mut CoordinatorState, at: u64) -> bool {
+    let (from, to) = (source.sharding().shard(), shard.sharding().shard());
+    let moves: Vec<(MoveId, _)> = source
         .sharding()
         .outgoing()
         .iter()
+        .filter(|(_, m)| m.slots.from == from && m.slots.to == to)
         .map(|(id, m)| (*id, m.clone()))
         .collect();
     let mut complete = true;
@@ -202,26 +205,36 @@ fn placement_changes_are_checked_and_refusals_change_nothing() {
         run(&mut expected, 10, Command::Tick);
         assert_eq!(probe, expected, "{change:?} changed the state");
     }
-    // Slots go out of shard 0 only: a move between two other shards waits
-    // for the handoff across logs.
+    // Out of a shard other than 0, slots go to a shard on its replicas,
+    // and never back into shard 0.
     run(&mut meta, 20, split_into_one(0));
-    let add_two = Command::ChangePlacement {
-        expected_version: 1,
+    let add = |version, shard, replicas: Vec<u64>| Command::ChangePlacement {
+        expected_version: version,
         change: PlacementChange::AddShard {
-            shard: ShardId(2),
-            replicas: vec![1],
+            shard: ShardId(shard),
+            replicas,
         },
     };
-    assert!(!refused(&run(&mut meta, 30, add_two)));
-    let from_one = Command::ChangePlacement {
-        expected_version: 2,
+    let move_from_one = |version, to| Command::ChangePlacement {
+        expected_version: version,
         change: PlacementChange::MoveSlots {
             start: u32::from(SLOTS) - 10,
             end: u32::from(SLOTS),
-            to: ShardId(2),
+            to: ShardId(to),
         },
     };
-    assert!(refused(&run(&mut meta, 40, from_one)));
+    assert!(!refused(&run(&mut meta, 30, add(1, 2, vec![3, 4]))));
+    assert!(!refused(&run(&mut meta, 30, add(2, 3, vec![1, 3]))));
+    for (to, why) in [(2, "a replica off shard 1"), (0, "back into shard 0")] {
+        let before = meta.clone();
+        let outcome = run(&mut meta, 40, move_from_one(3, to));
+        assert!(refused(&outcome), "{why}: {outcome:?}");
+        assert_eq!(meta.sharding(), before.sharding(), "{why}");
+    }
+    assert_eq!(
+        run(&mut meta, 40, move_from_one(3, 3)),
+        Outcome::Sharding(ShardingOutcome::PlacementChanged { version: 4 })
+    );
     // A shard group takes no placement change.
     let mut shard = shard_one(50);
     assert!(refused(&run(&mut shard, 60, split_into_one(0))));
@@ -286,6 +299,28 @@ fn a_move_acquired_after_its_keys_expired_is_empty_and_serves_fresh_windows() {
     assert_eq!(granted(&run(&mut shard, 10_100, lease(high, "eu", 20))), 10);
 }
 
+#[test]
+fn a_move_whose_keys_expire_between_two_parts_still_completes() {
+    let mut meta = CoordinatorState::default();
+    run(&mut meta, 0, counter("k", LIMIT, WINDOW_MS));
+    let keys: Vec<String> = (0..3_000).map(|i| format!("k{i:0>200}")).collect();
+    let commands: Vec<Command> = keys.iter().map(|k| lease(k, "eu", 2)).collect();
+    meta.apply(&Proposal {
+        stamp_ms: 100,
+        commands,
+    });
+    run(&mut meta, 200, split_into_one(0));
+    let mut shard = shard_one(300);
+    assert!(!acquire_next_parts(&meta, &mut shard, 300), "several parts");
+    let id = *meta.sharding().outgoing().keys().next().expect("a move");
+    assert!(shard.sharding().arrival(id).acquired_keys > 0);
+    // The frozen keys expire and are dropped before the next part.
+    run(&mut meta, 60_000, Command::Tick);
+    assert_eq!(meta.sharding().outgoing()[&id].key_count(), 0);
+    assert!(acquire_next_parts(&meta, &mut shard, 60_000));
+    assert_eq!(shard.sharding().owned_slots(), u32::from(SLOTS) / 2);
+}
+
 proptest! {
     /// Applying the sync commands to a shard leaves it with exactly the
     /// meta group's policies, whatever either held.
@@ -313,71 +348,210 @@ proptest! {
     }
 }
 
+/// A new group that became `shard`, with the policy.
+fn new_shard(shard: u32, at: u64) -> CoordinatorState {
+    let mut group = CoordinatorState::default();
+    run(
+        &mut group,
+        at,
+        Command::BecomeShard {
+            shard: ShardId(shard),
+        },
+    );
+    run(&mut group, at, counter("k", LIMIT, WINDOW_MS));
+    group
+}
+
+/// Shard 1 releases every move out of it the meta group recorded;
+/// returns the outcomes of the releases it proposed.
+fn release_moves(meta: &CoordinatorState, shard: &mut CoordinatorState, at: u64) -> Vec<Outcome> {
+    let from = shard.sharding().shard();
+    let moves: Vec<(MoveId, _)> = meta
+        .sharding()
+        .outgoing()
+        .iter()
+        .filter(|(id, m)| m.slots.from == from && !shard.sharding().outgoing().contains_key(*id))
+        .map(|(id, m)| (*id, m.slots))
+        .collect();
+    moves
+        .into_iter()
+        .map(|(id, slots)| run(shard, at, Command::ReleaseSlots { id, slots }))
+        .collect()
+}
+
+#[test]
+fn a_shard_split_again_releases_its_slots_and_the_third_group_continues_their_windows() {
+    let high = &fixture_key(true);
+    let mut meta = CoordinatorState::default();
+    run(&mut meta, 0, counter("k", LIMIT, 60_000));
+    run(&mut meta, 10, lease(high, "eu", 4));
+    run(&mut meta, 20, split_into_one(0));
+    let mut one = new_shard(1, 20);
+    // Split shard 1 before it has acquired: it cannot release slots it
+    // does not own yet, and keeps serving nothing of them meanwhile.
+    let split_one = Command::ChangePlacement {
+        expected_version: 1,
+        change: PlacementChange::Split {
+            shard: ShardId(1),
+            into: ShardId(2),
+            replicas: vec![1, 2],
+        },
+    };
+    assert_eq!(
+        run(&mut meta, 30, split_one),
+        Outcome::Sharding(ShardingOutcome::PlacementChanged { version: 2 })
+    );
+    let early = release_moves(&meta, &mut one, 30);
+    assert_eq!(early.len(), 1);
+    assert!(
+        matches!(early[0], Outcome::Rejected(CommandError::Placement(_))),
+        "{early:?}"
+    );
+    assert!(acquire_next_parts(&meta, &mut one, 40));
+    // Shard 1 serves the key until it releases it.
+    assert_eq!(granted(&run(&mut one, 50, lease(high, "eu", 2))), 2);
+    let moved_to_two = slot_of(high) >= SLOTS / 4 * 3;
+    let released = release_moves(&meta, &mut one, 60);
+    assert!(
+        matches!(
+            released[..],
+            [Outcome::Sharding(ShardingOutcome::Released { .. })]
+        ),
+        "{released:?}"
+    );
+    assert_eq!(one.owns(&key(high)), !moved_to_two);
+    // Released again: the same answer, nothing changes.
+    let id = *one.sharding().outgoing().keys().next().expect("a release");
+    let slots = one.sharding().outgoing()[&id].slots;
+    let before = one.clone();
+    let again = run(&mut one, 60, Command::ReleaseSlots { id, slots });
+    assert!(matches!(
+        again,
+        Outcome::Sharding(ShardingOutcome::Released { .. })
+    ));
+    assert_eq!(one.sharding(), before.sharding());
+
+    let mut two = new_shard(2, 70);
+    assert!(acquire_next_parts(&one, &mut two, 80));
+    assert_eq!(two.sharding().owned_slots(), u32::from(SLOTS) / 4);
+    assert_eq!(
+        one.sharding().owned_slots() + two.sharding().owned_slots(),
+        u32::from(SLOTS) / 2
+    );
+    let (owner, other) = if moved_to_two {
+        (&mut two, &mut one)
+    } else {
+        (&mut one, &mut two)
+    };
+    assert!(is_not_owner(&run(other, 90, lease(high, "eu", 1))));
+    // 4 + 2 of the window's 10 were granted before: 4 remain.
+    assert_eq!(granted(&run(owner, 90, lease(high, "eu", 100))), 4);
+}
+
+/// Eight keys, two in each quarter of the slots: the meta group keeps the
+/// first half, shard 1 the third quarter, shard 2 the last.
+fn two_keys_per_quarter() -> Vec<String> {
+    (0..4u16)
+        .flat_map(|quarter| {
+            (0..)
+                .map(|i| format!("k{i}"))
+                .filter(move |k| slot_of(k) / (SLOTS / 4) == quarter)
+                .take(2)
+        })
+        .collect()
+}
+
 /// One step of the interleaving.
 #[derive(Debug, Clone)]
 enum Step {
     /// Time passes.
     Wait(u64),
-    /// A lease of a key, sent to the meta group or to shard 1.
+    /// A lease of a key, sent to group 0 (the meta group), 1 or 2.
     Lease {
         key: usize,
         tokens: u64,
-        to_shard: bool,
+        group: usize,
     },
-    /// A reconcile of a key's last grant, sent to either group.
+    /// A reconcile of a key's last grant, sent to any group.
     Reconcile {
         key: usize,
         leftover: u64,
-        to_shard: bool,
+        group: usize,
     },
-    /// The split of shard 0 (once; later ones are stale and refused).
-    Split,
-    /// Shard 1 applies the next part of the move.
-    Acquire,
+    /// The split of shard 0 into shard 1 (once; later ones are stale).
+    SplitMeta,
+    /// The split of shard 1 into shard 2 (once shard 1 exists).
+    SplitOne,
+    /// Shard 1 releases what the placement moved out of it.
+    Release,
+    /// Shard 1 (`false`) or shard 2 (`true`) applies the next parts.
+    Acquire(bool),
 }
 
 fn step() -> impl Strategy<Value = Step> {
     prop_oneof![
         3 => (0u64..400).prop_map(Step::Wait),
-        6 => (0usize..6, 1u64..8, any::<bool>())
-            .prop_map(|(key, tokens, to_shard)| Step::Lease { key, tokens, to_shard }),
-        2 => (0usize..6, 0u64..8, any::<bool>())
-            .prop_map(|(key, leftover, to_shard)| Step::Reconcile { key, leftover, to_shard }),
-        1 => Just(Step::Split),
-        2 => Just(Step::Acquire),
+        6 => (0usize..8, 1u64..8, 0usize..3)
+            .prop_map(|(key, tokens, group)| Step::Lease { key, tokens, group }),
+        2 => (0usize..8, 0u64..8, 0usize..3)
+            .prop_map(|(key, leftover, group)| Step::Reconcile { key, leftover, group }),
+        1 => Just(Step::SplitMeta),
+        1 => Just(Step::SplitOne),
+        1 => Just(Step::Release),
+        2 => any::<bool>().prop_map(Step::Acquire),
     ]
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(256))]
+    #![proptest_config(ProptestConfig::with_cases(384))]
 
-    /// Whatever the interleaving of leases, reconciles, the split and the
-    /// parts of the move, and whichever group each request reaches, Σ
-    /// granted − Σ credited per (key, window) over both groups stays
-    /// within the limit; and each key is served by one group at a time.
+    /// Whatever the interleaving of leases, reconciles, the two splits
+    /// (shard 0 into 1, then 1 into 2), shard 1's release and the parts
+    /// of both moves, and whichever group each request reaches, Σ granted
+    /// − Σ credited per (key, window) over the three groups stays within
+    /// the limit; and each key is served by one group at a time.
     #[test]
-    fn two_groups_never_admit_in_one_window_together(steps in proptest::collection::vec(step(), 1..80)) {
-        let keys: Vec<String> = (0..6).map(|i| format!("k{i}")).collect();
+    fn groups_never_admit_in_one_window_together(steps in proptest::collection::vec(step(), 1..100)) {
+        let keys = two_keys_per_quarter();
         let mut meta = CoordinatorState::default();
         run(&mut meta, 0, counter("k", LIMIT, WINDOW_MS));
-        let mut shard = shard_one(0);
+        let mut groups = [meta, new_shard(1, 0), new_shard(2, 0)];
         let mut now = 1u64;
         let mut outstanding: BTreeMap<(String, u64), i128> = BTreeMap::new();
         let mut last_window: BTreeMap<String, u64> = BTreeMap::new();
         for step in steps {
             match step {
                 Step::Wait(ms) => now += ms,
-                Step::Split => {
-                    let version = meta.sharding().placement().version();
-                    run(&mut meta, now, split_into_one(version));
+                Step::SplitMeta => {
+                    let version = groups[0].sharding().placement().version();
+                    run(&mut groups[0], now, split_into_one(version));
                 }
-                Step::Acquire => {
-                    acquire_next_parts(&meta, &mut shard, now);
+                Step::SplitOne => {
+                    let version = groups[0].sharding().placement().version();
+                    run(&mut groups[0], now, Command::ChangePlacement {
+                        expected_version: version,
+                        change: PlacementChange::Split {
+                            shard: ShardId(1),
+                            into: ShardId(2),
+                            replicas: vec![2, 3],
+                        },
+                    });
                 }
-                Step::Lease { key, tokens, to_shard } => {
+                Step::Release => {
+                    let [meta, one, _] = &mut groups;
+                    release_moves(meta, one, now);
+                }
+                Step::Acquire(false) => {
+                    let [meta, one, _] = &mut groups;
+                    acquire_next_parts(meta, one, now);
+                }
+                Step::Acquire(true) => {
+                    let [_, one, two] = &mut groups;
+                    acquire_next_parts(one, two, now);
+                }
+                Step::Lease { key, tokens, group } => {
                     let k = &keys[key];
-                    let group = if to_shard { &mut shard } else { &mut meta };
-                    let outcome = run(group, now, lease(k, "eu", tokens));
+                    let outcome = run(&mut groups[group], now, lease(k, "eu", tokens));
                     if let Outcome::Lease(grant) = &outcome {
                         *outstanding.entry((k.clone(), grant.window_start_ms)).or_default() +=
                             i128::from(grant.granted);
@@ -390,11 +564,12 @@ proptest! {
                         prop_assert!(is_not_owner(&outcome), "{outcome:?}");
                     }
                 }
-                Step::Reconcile { key, leftover, to_shard } => {
+                Step::Reconcile { key, leftover, group } => {
                     let k = &keys[key];
                     let Some(&window) = last_window.get(k) else { continue };
-                    let group = if to_shard { &mut shard } else { &mut meta };
-                    if let Outcome::Reconcile(r) = run(group, now, reconcile(k, "eu", leftover, window)) {
+                    if let Outcome::Reconcile(r) =
+                        run(&mut groups[group], now, reconcile(k, "eu", leftover, window))
+                    {
                         *outstanding.entry((k.clone(), window)).or_default() -= i128::from(r.credited);
                     }
                 }
@@ -402,7 +577,8 @@ proptest! {
             // One group at a time serves each key.
             for k in &keys {
                 let k = key(k);
-                prop_assert!(!(meta.owns(&k) && shard.owns(&k)), "{k} served twice");
+                let serving = groups.iter().filter(|g| g.owns(&k)).count();
+                prop_assert!(serving <= 1, "{k} served by {serving} groups");
             }
         }
     }

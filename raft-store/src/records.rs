@@ -41,12 +41,14 @@ impl Persisted for Entry {
     /// unknown version instead of misreading it).
     /// 5: the sharding commands (`ChangePlacement`, `BecomeShard`,
     /// `AcquireSlots`: last variants, so a format-4 entry decodes as it is).
-    const FORMAT_VERSION: u32 = 5;
+    /// 6: `ReleaseSlots` (a shard other than 0 gives up slots; a last
+    /// variant, so format-3 to -5 entries decode as they are).
+    const FORMAT_VERSION: u32 = 6;
 
     fn decode_version(version: u32, body: &[u8]) -> Result<Self, CodecError> {
         match version {
             2 => decode_body::<EntryV2>(Self::KIND, body).map(Entry::from),
-            3 | 4 => decode_body(Self::KIND, body),
+            3..=5 => decode_body(Self::KIND, body),
             _ => decode_current(version, body),
         }
     }

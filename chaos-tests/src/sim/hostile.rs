@@ -25,6 +25,12 @@
 //!   1 000 000 or `u64::MAX` tokens of the current window, then keep
 //!   acquiring.
 //!
+//! On a sharded fleet a request id belongs to the shard whose key it was
+//! first sent with (sessions are per shard: ADR 0025), so an id reused
+//! with a key of another shard is a new request there, expected to be
+//! executed once like any new one; reused within a shard it is checked as
+//! above.
+//!
 //! Every request and its answer is recorded ([`HostileProbe`],
 //! [`OverReturn`]) for [`check_hostile`](crate::invariants::check_hostile).
 
@@ -37,6 +43,7 @@ use futures::StreamExt;
 use leasehold_client::transport::Dialer;
 use leasehold_core::escrow::ReturnClaim;
 use leasehold_core::ids::{ClientId, Key, RegionId, RequestId};
+use leasehold_core::shard::{Placement, ShardId};
 use leasehold_proto::convert::coordinator as coordinator_wire;
 use leasehold_proto::convert::escrow as escrow_wire;
 use leasehold_proto::refusal::Reason;
@@ -223,6 +230,9 @@ fn render_effect(response: &pb::LeaseResponse) -> String {
     format!("{}@{}", response.granted, response.window_start_ms)
 }
 
+/// A request id within the shard it was sent to: (shard, client id, seq).
+type ScopedId = (ShardId, String, u64);
+
 /// One lease a hostile client sends: id and payload.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct LeaseCall {
@@ -234,8 +244,13 @@ struct LeaseCall {
 }
 
 impl LeaseCall {
-    fn id(&self) -> (String, u64) {
-        (self.client_id.clone(), self.seq)
+    /// The id, scoped to the shard of the call's key.
+    fn id(&self, placement: &Placement) -> ScopedId {
+        (
+            placement.shard_of(self.key),
+            self.client_id.clone(),
+            self.seq,
+        )
     }
 
     fn payload(&self) -> String {
@@ -259,8 +274,11 @@ struct Hostile {
     /// Its client id; kept across its "restarts".
     client_id: String,
     next_seq: u64,
-    /// The first answer to each id, with the payload it was for.
-    answered: Mutex<HashMap<(String, u64), (String, String)>>,
+    /// The first answer to each id within its shard, with the payload it
+    /// was for.
+    answered: Mutex<HashMap<ScopedId, (String, String)>>,
+    /// The fleet's placement (its keys' shards).
+    placement: Placement,
     /// Fresh ids handed out (flood sessions, escrow holders).
     fresh: u64,
     rng: StdRng,
@@ -310,7 +328,7 @@ impl Hostile {
             .answered
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .get(&call.id())
+            .get(&call.id(&self.placement))
         {
             None => Expected::Fresh,
             Some((payload, answer)) if *payload == call.payload() => {
@@ -333,7 +351,7 @@ impl Hostile {
                 self.answered
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
-                    .entry(call.id())
+                    .entry(call.id(&self.placement))
                     .or_insert_with(|| (call.payload(), effect.clone()));
                 (ProbeAnswer::Answered(effect.clone()), Some(effect))
             }
@@ -538,6 +556,7 @@ pub fn spawn_hostile_clients(
             shape.escrow_nodes,
         );
         let hostile_seed = seed.wrapping_mul(131).wrapping_add(7 + index as u64);
+        let placement = super::shards::spread_placement(shape);
         let load_start_ms = load_end_ms.saturating_sub(duration_ms(shape.load));
         sim.client(hostile_host(index), async move {
             let mut rng = StdRng::seed_from_u64(hostile_seed);
@@ -571,6 +590,7 @@ pub fn spawn_hostile_clients(
                 client_id: format!("{}-{hostile_seed:x}", hostile_host(index)),
                 next_seq: 1,
                 answered: Mutex::default(),
+                placement,
                 fresh: 0,
                 rng,
             };

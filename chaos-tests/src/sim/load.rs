@@ -199,12 +199,19 @@ pub fn spawn_clients(
             while admin.set_policy(policy.clone()).await.is_err() {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
+            let sharded = shape.shards > 1;
+            if sharded {
+                super::shards::spread(&admin, &client, &shape, load_end_ms).await?;
+            }
             ready.store(true, Ordering::SeqCst);
             while sim_now_ms() < load_end_ms + 1_000 {
-                if let Ok(status) = admin.status().await {
-                    if let Some(id) = status.current_leader {
-                        leader.store(id, Ordering::SeqCst);
-                    }
+                let current = if sharded {
+                    super::shards::key_shard_leader(&admin).await
+                } else {
+                    admin.status().await.ok().and_then(|s| s.current_leader)
+                };
+                if let Some(id) = current {
+                    leader.store(id, Ordering::SeqCst);
                 }
                 observe_window(&client, &recorder, sim_now_ms).await;
                 tokio::time::sleep(Duration::from_millis(150)).await;

@@ -11,7 +11,7 @@ use std::time::Duration;
 use leasehold_client::coordinator::{AdminClient, CoordinatorClient};
 use leasehold_client::transport::Dialer;
 
-use super::{member_addr, sim_now_ms, sim_retry_options, SimDialer};
+use super::{member_addr, shards, sim_now_ms, sim_retry_options, FleetShape, SimDialer};
 use crate::history::Recorder;
 use crate::plan::MembershipAction;
 
@@ -26,8 +26,7 @@ pub const OPERATOR_HOST: &str = "operator";
 #[allow(clippy::too_many_arguments)]
 pub fn spawn_operator(
     sim: &mut turmoil::Sim<'_>,
-    voters: u64,
-    spares: u64,
+    shape: &FleetShape,
     seed: u64,
     queue: &ActionQueue,
     recorder: &Recorder,
@@ -35,6 +34,10 @@ pub fn spawn_operator(
     stop_at_ms: u64,
 ) {
     let (queue, recorder, leader) = (queue.clone(), recorder.clone(), leader.clone());
+    let (voters, spares) = (shape.members, shape.spare_members);
+    // A sharded fleet's shards 1.. exist from setup on: a new shard of an
+    // action is numbered after them.
+    let shards_before = shape.shards.max(1) - 1;
     sim.client(OPERATOR_HOST, async move {
         let endpoints: Vec<String> = (1..=voters + spares).map(member_addr).collect();
         let dialer: Arc<dyn Dialer> = Arc::new(SimDialer);
@@ -72,7 +75,7 @@ pub fn spawn_operator(
                 }
                 MembershipAction::StepDown => step_down(&admin, &leader, stop_at_ms).await,
                 MembershipAction::MoveKeyToNewShard { shard, replicas } => {
-                    move_key(&admin, shard, &replicas, stop_at_ms).await
+                    move_key(&admin, shard + shards_before, &replicas, stop_at_ms).await
                 }
             };
             let now_ms = sim_now_ms();
@@ -153,8 +156,9 @@ async fn join(
 }
 
 /// Adds shard `shard` on `replicas`, then moves the slot of the load's
-/// key ([`super::KEY`]) to it, each change retried (against the version
-/// read just before) until it is made or time runs out.
+/// key ([`super::KEY`]) to it (from whichever shard holds it), each change
+/// retried (against the version read just before) until it is made or
+/// time runs out.
 async fn move_key(admin: &AdminClient, shard: u32, replicas: &[u64], stop_at_ms: u64) -> bool {
     use leasehold_proto::v1 as pb;
     use pb::change_placement_request::Change;
@@ -172,24 +176,8 @@ async fn move_key(admin: &AdminClient, shard: u32, replicas: &[u64], stop_at_ms:
         }),
     ];
     for change in changes {
-        loop {
-            if sim_now_ms() >= stop_at_ms {
-                return false;
-            }
-            let made = match admin.placement().await {
-                Ok(placement) => admin
-                    .change_placement(pb::ChangePlacementRequest {
-                        expected_version: placement.version,
-                        change: Some(change.clone()),
-                    })
-                    .await
-                    .is_ok(),
-                Err(_) => false,
-            };
-            if made {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+        if !shards::make_change(admin, &change, stop_at_ms).await {
+            return false;
         }
     }
     true

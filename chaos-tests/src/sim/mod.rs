@@ -16,6 +16,7 @@ pub(crate) mod load;
 mod membership;
 mod net;
 pub mod rls;
+pub mod shards;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -113,7 +114,7 @@ pub fn run(scenario: &Scenario, seed: u64, weakening: Weakening) -> RunOutcome {
         acknowledge_before_durable: weakening == Weakening::AcknowledgeBeforeDurable,
     };
 
-    let setup_time = Duration::from_secs(3);
+    let setup_time = shape.setup_time();
     let total = setup_time + shape.load + Duration::from_secs(3);
     let mut sim = turmoil::Builder::new()
         .rng_seed(seed)
@@ -258,14 +259,7 @@ pub fn run(scenario: &Scenario, seed: u64, weakening: Weakening) -> RunOutcome {
         let stop_at_ms =
             SIM_EPOCH_MS + u64::try_from((setup_time + shape.load).as_millis()).unwrap_or(0);
         membership::spawn_operator(
-            &mut sim,
-            shape.members,
-            shape.spare_members,
-            seed,
-            &actions,
-            &recorder,
-            &leader,
-            stop_at_ms,
+            &mut sim, &shape, seed, &actions, &recorder, &leader, stop_at_ms,
         );
     }
 

@@ -4,11 +4,11 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::sharding::{AcquirePart, PlacementChange};
+use super::sharding::{AcquirePart, MoveId, PlacementChange};
 use crate::ids::{Key, RegionId, RequestId};
 use crate::policy::Policy;
 use crate::principal::Principal;
-use crate::shard::ShardId;
+use crate::shard::{ShardId, SlotMove};
 
 /// One Raft log entry's payload: the leader's clock stamp and a batch of
 /// commands (group commit). The state-machine clock becomes
@@ -155,6 +155,15 @@ pub enum Command {
     },
     /// One part of a move of slots into this shard. Storage format 8.
     AcquireSlots(AcquirePart),
+    /// A shard other than 0 gives up the slots of the move `id` (which the
+    /// meta group's placement made): their keys' window state leaves its
+    /// table, frozen for the new owner to acquire. Entries format 6.
+    ReleaseSlots {
+        /// The move, as the meta group numbered it.
+        id: MoveId,
+        /// Its slots and shards.
+        slots: SlotMove,
+    },
 }
 
 /// What one command did.
@@ -213,6 +222,12 @@ pub enum ShardingOutcome {
         acquired_keys: u64,
         /// Whether the slots are this shard's.
         complete: bool,
+    },
+    /// [`Command::ReleaseSlots`]: the slots left this shard with this many
+    /// keys (a last variant: entries format 6).
+    Released {
+        /// Keys frozen for the new owner.
+        keys: u64,
     },
 }
 
@@ -505,6 +520,13 @@ impl Command {
                 hash.number(part.id.version);
                 hash.number(u64::from(part.id.index));
                 hash.number(part.first_key);
+            }
+            Command::ReleaseSlots { id, slots } => {
+                hash.tag(12);
+                hash.number(id.version);
+                hash.number(u64::from(id.index));
+                hash.number(u64::from(slots.start));
+                hash.number(u64::from(slots.end));
             }
         }
         hash.finish()

@@ -12,20 +12,38 @@
 //!   acquisition.
 //!
 //! # How keys change hands
-//! A placement change that moves slots out of shard 0
-//! ([`Command::ChangePlacement`]) takes, in the same apply, the window
-//! state of every key in those slots out of the meta group's table and
-//! keeps it, frozen, as an [`Outgoing`] move (by [`MoveId`]). From that
-//! entry on the meta group refuses those keys (`NotOwner`), and the new
-//! owner refuses them too until it has applied every part of the move
-//! ([`Command::AcquireSlots`], in order, each part a run of keys): then
-//! it owns the slots, with every window, tombstone and floor the keys had.
-//! So at every log position exactly one group admits in a key's window,
-//! and the window it admits in carries every grant made before: **Σ
-//! granted per (key, window) stays within the limit across a move**.
+//! A placement change that moves slots ([`Command::ChangePlacement`])
+//! numbers each move ([`MoveId`]) and records it in the meta group's
+//! [`Sharding::outgoing`]. The source then **releases** the slots: it
+//! takes the window state of every key in them out of its table and
+//! keeps it, frozen, as an [`Outgoing`] move, and from then on refuses
+//! those keys (`NotOwner`).
 //!
-//! A move's frozen keys are dropped from the meta group once they expire
-//! (a key whose tombstone has expired carries nothing a new window needs);
+//! - Out of shard 0 the release is the placement change itself (the meta
+//!   group holds both), in the same apply.
+//! - Out of another shard it is an entry of the source's own log
+//!   ([`Command::ReleaseSlots`], proposed by its leader once it sees the
+//!   move in the placement); until then the source serves the slots as
+//!   before. A source releases only slots it wholly owns: a shard still
+//!   acquiring them releases after its acquisition ends.
+//!
+//! The new owner refuses the keys until it has applied every part of the
+//! released move ([`Command::AcquireSlots`], in order, each part a run of
+//! keys, read from a replica of the source): then it owns the slots, with
+//! every window, tombstone and floor the keys had. So at every log
+//! position at most one group admits in a key's window, and the window it
+//! admits in carries every grant made before: **Σ granted per (key,
+//! window) stays within the limit across a move**.
+//!
+//! The new owner's leader reads the parts from a replica of the source it
+//! hosts, so a move out of a shard other than 0 goes to a shard whose
+//! replicas are all the source's (a split on the same members, as
+//! CockroachDB splits a range; the new shard's replicas may move
+//! afterwards with `SetReplicas`). Shard 0 is on every member, so a move
+//! out of it goes anywhere. Slots do not move back into shard 0.
+//!
+//! A move's frozen keys are dropped from the source once they expire (a
+//! key whose tombstone has expired carries nothing a new window needs);
 //! the move's record stays, so an owner that acquires late acquires an
 //! empty move and serves from then on.
 //!
@@ -36,9 +54,6 @@
 //! [`CoordinatorState::replay`]). A `NotOwner` refusal is never recorded
 //! in a session: nothing was executed, and a retry of the same id is
 //! executed by the owner once it serves the key.
-//!
-//! Moves out of shards other than 0 need a handoff across two logs (the
-//! meta group's and the source's); this build refuses them.
 
 use std::collections::BTreeMap;
 
@@ -89,6 +104,20 @@ impl SlotSet {
             let slot = slot as usize;
             self.words[slot / 64] |= 1 << (slot % 64);
         }
+    }
+
+    /// Removes the slots `start..end`.
+    pub fn remove_range(&mut self, start: u32, end: u32) {
+        self.words.resize(SLOT_WORDS, 0);
+        for slot in start..end.min(u32::from(SLOTS)) {
+            let slot = slot as usize;
+            self.words[slot / 64] &= !(1 << (slot % 64));
+        }
+    }
+
+    /// Whether every slot of `start..end` is in the set.
+    pub fn contains_range(&self, start: u32, end: u32) -> bool {
+        (start..end).all(|slot| u16::try_from(slot).is_ok_and(|slot| self.contains(slot)))
     }
 
     /// How many slots the set holds.
@@ -157,8 +186,10 @@ pub enum PlacementChange {
     },
 }
 
-/// Slots moved out of the meta group, with the window state their keys
-/// had then, until it expires.
+/// A move of slots: in the meta group the record of every move the
+/// placement made; in the source (the meta group for moves out of shard
+/// 0) the window state the keys had when it released them, until it
+/// expires.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Outgoing {
     /// The slots, and the shards they moved between.
@@ -170,6 +201,39 @@ pub struct Outgoing {
 }
 
 impl Outgoing {
+    /// The move `slots` with the window state of its keys taken out of
+    /// `state`'s table.
+    fn take(state: &mut CoordinatorState, slots: SlotMove) -> Outgoing {
+        let in_move = |key: &Key| {
+            let slot = u32::from(slot_of(key.as_str()));
+            slots.start <= slot && slot < slots.end
+        };
+        let (keys, floors) = state.windows.take_keys(in_move);
+        let expires_ms = keys
+            .iter()
+            .map(MovedKey::expires_ms)
+            .chain([floors.growth_floors_until_ms()])
+            .max()
+            .unwrap_or(0);
+        Outgoing {
+            slots,
+            keys,
+            floors,
+            expires_ms,
+        }
+    }
+
+    /// The meta group's record of a move out of another shard (whose keys
+    /// that shard releases).
+    fn record(slots: SlotMove) -> Outgoing {
+        Outgoing {
+            slots,
+            keys: Vec::new(),
+            floors: MovedFloors::default(),
+            expires_ms: 0,
+        }
+    }
+
     /// How many keys the move still carries.
     pub fn key_count(&self) -> usize {
         self.keys.len()
@@ -178,7 +242,9 @@ impl Outgoing {
     /// The part of this move that starts at key number `first_key`: the
     /// keys from there up to [`MAX_ACQUIRE_PART_BYTES`] encoded (at least
     /// one), the floors with the first part, and whether it is the last.
-    /// A move with no keys left is one empty, last part.
+    /// From past its keys (none left, or dropped once expired between two
+    /// parts) it is an empty, last part that starts at `first_key`, so the
+    /// owner completes the move wherever it stood.
     pub fn part(&self, id: MoveId, first_key: u64) -> AcquirePart {
         let start = usize::try_from(first_key)
             .unwrap_or(usize::MAX)
@@ -196,7 +262,7 @@ impl Outgoing {
         AcquirePart {
             id,
             slots: self.slots,
-            first_key: start as u64,
+            first_key,
             keys: self.keys[start..end].to_vec(),
             floors: (start == 0).then(|| self.floors.clone()),
             last: end == self.keys.len(),
@@ -241,7 +307,8 @@ pub struct Arrival {
 pub struct Sharding {
     /// Meta group: the placement (`None`: never changed, all slots shard 0's).
     placement: Option<Placement>,
-    /// Meta group: slots moved out, by move.
+    /// Meta group: every move the placement made (with the keys of those
+    /// out of shard 0); another shard: the moves it released.
     outgoing: BTreeMap<MoveId, Outgoing>,
     /// Another shard: its id (`None`: this group is the meta group).
     shard: Option<ShardId>,
@@ -285,7 +352,8 @@ impl Sharding {
         self.placement.as_ref().map_or(0, Placement::version)
     }
 
-    /// The moves out of the meta group, by move.
+    /// The meta group: every move the placement made; another shard: the
+    /// moves it released. By move.
     pub fn outgoing(&self) -> &BTreeMap<MoveId, Outgoing> {
         &self.outgoing
     }
@@ -334,6 +402,31 @@ pub fn policy_sync_commands(meta: &[Policy], shard: &[Policy]) -> Vec<Command> {
             prefix: (*prefix).to_string(),
         });
     sets.chain(deletes).collect()
+}
+
+/// Why the move `slots`, out of a shard other than 0, cannot be made in
+/// `after` (the placement it would make): slots go back into shard 0
+/// never, and into another shard only when every replica of it is a
+/// replica of the source (its leader reads the move from its replica of
+/// the source).
+fn unmovable(after: &Placement, slots: &SlotMove) -> Option<String> {
+    if slots.to == ShardId(0) {
+        return Some(format!(
+            "slots {}..{} would move from shard {} back into shard 0: slots leave shard 0, \
+             they do not return to it",
+            slots.start, slots.end, slots.from.0
+        ));
+    }
+    let source = after.replicas(slots.from)?;
+    let target = after.replicas(slots.to)?;
+    (!target.is_subset(source)).then(|| {
+        format!(
+            "slots {}..{} would move from shard {} (replicas {source:?}) to shard {} (replicas \
+             {target:?}): a move out of a shard other than 0 goes to a shard on its replicas \
+             (split on the same members, then move the new shard's replicas)",
+            slots.start, slots.end, slots.from.0, slots.to.0
+        )
+    })
 }
 
 fn refused(message: String) -> Outcome {
@@ -418,37 +511,22 @@ impl CoordinatorState {
             return refused(e.to_string());
         }
         let moves = before.moves_to(&after);
-        if let Some(from_elsewhere) = moves.iter().find(|m| m.from != ShardId(0)) {
-            return refused(format!(
-                "slots {}..{} would move out of shard {}: this build moves slots out of shard 0 only",
-                from_elsewhere.start, from_elsewhere.end, from_elsewhere.from.0
-            ));
+        for slots in moves.iter().filter(|m| m.from != ShardId(0)) {
+            if let Some(message) = unmovable(&after, slots) {
+                return refused(message);
+            }
         }
         for (index, slots) in moves.into_iter().enumerate() {
-            let in_move = |key: &Key| {
-                let slot = u32::from(slot_of(key.as_str()));
-                slots.start <= slot && slot < slots.end
-            };
-            let (keys, floors) = self.windows.take_keys(in_move);
-            let expires_ms = keys
-                .iter()
-                .map(MovedKey::expires_ms)
-                .chain([floors.growth_floors_until_ms()])
-                .max()
-                .unwrap_or(0);
             let id = MoveId {
                 version: after.version(),
                 index: u32::try_from(index).unwrap_or(u32::MAX),
             };
-            self.sharding.outgoing.insert(
-                id,
-                Outgoing {
-                    slots,
-                    keys,
-                    floors,
-                    expires_ms,
-                },
-            );
+            let outgoing = if slots.from == ShardId(0) {
+                Outgoing::take(self, slots)
+            } else {
+                Outgoing::record(slots)
+            };
+            self.sharding.outgoing.insert(id, outgoing);
         }
         let version = after.version();
         self.sharding.placement = Some(after);
@@ -474,6 +552,36 @@ impl CoordinatorState {
         }
         self.sharding.shard = Some(shard);
         Outcome::Sharding(ShardingOutcome::BecameShard { shard })
+    }
+
+    /// [`super::Command::ReleaseSlots`]: a shard other than 0 gives up the
+    /// slots of the move `id`, taking their keys' window state out of its
+    /// table (see the module doc). Only the move's source, and only once
+    /// it owns every slot of it; a release already made answers again.
+    pub(super) fn release_slots(&mut self, id: MoveId, slots: SlotMove) -> Outcome {
+        if let Some(released) = self.sharding.outgoing.get(&id) {
+            return Outcome::Sharding(ShardingOutcome::Released {
+                keys: released.keys.len() as u64,
+            });
+        }
+        if slots.from == ShardId(0) || self.sharding.shard != Some(slots.from) {
+            return refused(format!(
+                "this group is shard {}, not shard {}: it releases nothing of move {id:?}",
+                self.sharding.shard().0,
+                slots.from.0
+            ));
+        }
+        if !self.sharding.owned.contains_range(slots.start, slots.end) {
+            return refused(format!(
+                "shard {} does not own every slot of {}..{} yet: it releases them once it does",
+                slots.from.0, slots.start, slots.end
+            ));
+        }
+        let outgoing = Outgoing::take(self, slots);
+        let keys = outgoing.keys.len() as u64;
+        self.sharding.owned.remove_range(slots.start, slots.end);
+        self.sharding.outgoing.insert(id, outgoing);
+        Outcome::Sharding(ShardingOutcome::Released { keys })
     }
 
     /// [`super::Command::AcquireSlots`]: applies one part of a move into

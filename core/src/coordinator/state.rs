@@ -128,6 +128,7 @@ impl CoordinatorState {
             } => self.change_placement(*expected_version, change),
             Command::BecomeShard { shard } => self.become_shard(*shard),
             Command::AcquireSlots(part) => self.acquire_slots(part),
+            Command::ReleaseSlots { id, slots } => self.release_slots(*id, *slots),
             Command::SetPolicy(policy) => self.set_policy(policy),
             Command::DeletePolicy { prefix } => self.delete_policy(prefix),
             Command::Lease {

@@ -77,7 +77,8 @@ pub struct AddArgs {
 /// Options of `shard split`.
 #[derive(Debug, Clone, Args)]
 pub struct SplitArgs {
-    /// The shard split (this build: 0).
+    /// The shard split (0 by default; a shard other than 0 splits into a
+    /// shard on its replicas).
     #[arg(long, default_value_t = 0)]
     pub shard: u32,
     /// The new shard's id.

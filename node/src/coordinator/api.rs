@@ -75,23 +75,35 @@ impl CoordinatorApi {
         &self.node
     }
 
-    /// The first answer shard 0 gave `command`'s request id, when `key`
-    /// has moved to another shard since (a retry of a request shard 0
-    /// executed is answered by shard 0: [`super::routing`]). `None` on
-    /// an API without routing, for keys still on shard 0, and for
-    /// requests shard 0 has not executed as this member has applied it.
-    fn replayed_by_meta(
+    /// The first answer another group this member hosts gave `command`'s
+    /// request id, when `key` has moved to another shard since: a retry of
+    /// a request an earlier owner of the key executed is answered by that
+    /// owner (shard 0, or a shard this key left, which the new owner's
+    /// replicas host: a move out of a shard other than 0 goes to a shard
+    /// on its replicas). `None` on an API without routing, for keys still
+    /// on shard 0 (keys never return to it), and for requests no other
+    /// group executed as this member has applied them.
+    fn replayed_elsewhere(
         &self,
         key: &str,
         command: impl FnOnce() -> Option<Command>,
     ) -> Option<Outcome> {
         let routing = self.routing.as_ref()?;
-        if routing.shard_of(key).0 == leasehold_core::shard::ShardId(0) {
+        let (shard, _) = routing.shard_of(key);
+        if shard == leasehold_core::shard::ShardId(0) {
             return None;
         }
         let command = command()?;
         command.request()?;
-        self.node.state.read(|state| state.replay(&command))
+        self.node
+            .state
+            .read(|state| state.replay(&command))
+            .or_else(|| {
+                routing
+                    .hosted_except(shard)
+                    .iter()
+                    .find_map(|api| api.context().state.read(|state| state.replay(&command)))
+            })
     }
 
     /// The API that answers calls for `key` on this member (this one for
@@ -516,7 +528,7 @@ impl CoordinatorApi {
         let mut parts: std::collections::BTreeMap<u32, Vec<(usize, pb::LeaseRequest)>> =
             std::collections::BTreeMap::new();
         for (index, item) in items.into_iter().enumerate() {
-            let replayed = self.replayed_by_meta(&item.key, || {
+            let replayed = self.replayed_elsewhere(&item.key, || {
                 convert::lease_command(item.clone(), caller.clone()).ok()
             });
             let answered = match replayed {
@@ -682,7 +694,7 @@ impl Coordinator for CoordinatorApi {
         &self,
         request: Request<pb::LeaseRequest>,
     ) -> Result<Response<pb::LeaseResponse>, Status> {
-        let replayed = self.replayed_by_meta(&request.get_ref().key, || {
+        let replayed = self.replayed_elsewhere(&request.get_ref().key, || {
             convert::lease_command(request.get_ref().clone(), caller(&request)).ok()
         });
         match replayed {
@@ -714,7 +726,7 @@ impl Coordinator for CoordinatorApi {
         &self,
         request: Request<pb::ReconcileRequest>,
     ) -> Result<Response<pb::ReconcileResponse>, Status> {
-        let replayed = self.replayed_by_meta(&request.get_ref().key, || {
+        let replayed = self.replayed_elsewhere(&request.get_ref().key, || {
             convert::reconcile_command(request.get_ref().clone(), caller(&request)).ok()
         });
         match replayed {

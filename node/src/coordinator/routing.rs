@@ -56,6 +56,17 @@ impl HostedApis {
             .remove(&shard);
     }
 
+    /// The APIs of every hosted shard but `shard`.
+    pub fn others(&self, shard: ShardId) -> Vec<CoordinatorApi> {
+        self.0
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .iter()
+            .filter(|(id, _)| **id != shard)
+            .map(|(_, api)| api.clone())
+            .collect()
+    }
+
     /// The API of `shard`, if hosted.
     pub fn get(&self, shard: ShardId) -> Option<CoordinatorApi> {
         self.0
@@ -135,6 +146,12 @@ impl ShardRouting {
             let sharding = state.sharding();
             (sharding.shard_of(key), sharding.placement_version())
         })
+    }
+
+    /// The groups past 0 this member hosts, but `shard`'s (where a retry
+    /// of a request a key's earlier owner executed is answered).
+    pub fn hosted_except(&self, shard: ShardId) -> Vec<CoordinatorApi> {
+        self.hosted.others(shard)
     }
 
     /// The leader of `shard` as this member sees it, if it hosts it.

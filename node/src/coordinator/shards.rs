@@ -7,8 +7,10 @@
 //!    `data_dir/shards/<id>`), starts its Raft group on the member's one
 //!    transport ([`PeerNetwork::for_shard`]), registers it with the Raft
 //!    handler and the router, and gives it a batcher and clock ticks of
-//!    its own. The replica with the smallest id initialises the group,
-//!    with the replicas' addresses from the meta group's membership.
+//!    its own. One replica ([`forming_replica`]: shard `s`'s `s % n`-th,
+//!    so the first leaders of shards on the same members are spread over
+//!    them) initialises the group, with the replicas' addresses from the
+//!    meta group's membership.
 //! 2. **Leads it**, where this member is the shard's leader: makes the
 //!    group the shard (`BecomeShard`), makes its voters the shard's
 //!    replicas in the placement (new ones join as learners first), keeps
@@ -33,9 +35,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use leasehold_core::coordinator::sharding::{policy_sync_commands, AcquirePart};
-use leasehold_core::coordinator::{Command, Proposal};
-use leasehold_core::shard::ShardId;
+use leasehold_core::coordinator::sharding::{policy_sync_commands, AcquirePart, MoveId};
+use leasehold_core::coordinator::{Command, Outcome, Proposal, ShardingOutcome};
+use leasehold_core::shard::{forming_replica, ShardId, SlotMove};
 use leasehold_raft_store::{Node, NodeId, Raft};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -309,14 +311,14 @@ impl ShardHost {
         }
     }
 
-    /// The replica with the smallest id forms a group that has no
+    /// The [`forming_replica`] forms a group that has no
     /// membership yet, with every replica the meta group knows an address
     /// of.
     async fn initialize_if_first(&self, shard: ShardId, replicas: &BTreeSet<NodeId>) {
         let Some(hosted) = self.hosted.get(&shard) else {
             return;
         };
-        if replicas.first() != Some(&self.meta.id) {
+        if forming_replica(shard, replicas) != Some(self.meta.id) {
             return;
         }
         let formed = hosted
@@ -378,6 +380,13 @@ impl ShardHost {
             }
             return;
         }
+        self.acquire(shard, context).await;
+        self.release(shard, context).await;
+    }
+
+    /// Proposes the next parts of the moves into `shard` (up to
+    /// [`PARTS_PER_PASS`]).
+    async fn acquire(&self, shard: ShardId, context: &NodeContext) {
         for _ in 0..PARTS_PER_PASS {
             let Some(part) = self.next_part(shard, context) else {
                 return;
@@ -394,6 +403,42 @@ impl ShardHost {
             if let Err(error) = proposer.propose(proposal).await {
                 tracing::debug!(shard = shard.0, %error, "move part not committed");
                 return;
+            }
+        }
+    }
+
+    /// Releases the moves the placement made out of `shard` that it has
+    /// not released yet (each once the shard owns every slot of it).
+    async fn release(&self, shard: ShardId, context: &NodeContext) {
+        let released: BTreeSet<MoveId> = context
+            .state
+            .read(|state| state.sharding().outgoing().keys().copied().collect());
+        let pending: Vec<Command> = self.meta.state.read(|meta| {
+            meta.sharding()
+                .outgoing()
+                .iter()
+                .filter(|(id, outgoing)| outgoing.slots.from == shard && !released.contains(id))
+                .map(|(id, outgoing)| Command::ReleaseSlots {
+                    id: *id,
+                    slots: outgoing.slots,
+                })
+                .collect()
+        });
+        for command in pending {
+            match context.propose(command).await {
+                Ok(Outcome::Sharding(ShardingOutcome::Released { keys })) => tracing::info!(
+                    shard = shard.0,
+                    keys,
+                    "shard {} released slots with {keys} keys",
+                    shard.0
+                ),
+                Ok(outcome) => {
+                    tracing::debug!(shard = shard.0, ?outcome, "slots not released yet");
+                }
+                Err(status) => {
+                    tracing::debug!(shard = shard.0, %status, "release not committed");
+                    return;
+                }
             }
         }
     }
@@ -460,17 +505,46 @@ impl ShardHost {
         false
     }
 
-    /// The next part of the first move into `shard` not yet complete.
+    /// The next part of the first move into `shard` not yet complete whose
+    /// source has released it: read from the meta group for a move out of
+    /// shard 0, else from this member's replica of the source (a move
+    /// out of a shard other than 0 goes to a shard on its replicas).
     fn next_part(&self, shard: ShardId, context: &NodeContext) -> Option<AcquirePart> {
-        self.meta.state.read(|meta| {
+        let moves: Vec<(MoveId, SlotMove)> = self.meta.state.read(|meta| {
             meta.sharding()
                 .outgoing()
                 .iter()
                 .filter(|(_, outgoing)| outgoing.slots.to == shard)
-                .find_map(|(id, outgoing)| {
-                    let arrival = context.state.read(|state| state.sharding().arrival(*id));
-                    (!arrival.complete).then(|| outgoing.part(*id, arrival.acquired_keys))
-                })
+                .map(|(id, outgoing)| (*id, outgoing.slots))
+                .collect()
+        });
+        moves.into_iter().find_map(|(id, slots)| {
+            let arrival = context.state.read(|state| state.sharding().arrival(id));
+            if arrival.complete {
+                return None;
+            }
+            let source = if slots.from == ShardId(0) {
+                &self.meta.state
+            } else if let Some(hosted) = self.hosted.get(&slots.from) {
+                &hosted.context.state
+            } else {
+                tracing::warn!(
+                    shard = shard.0,
+                    from = slots.from.0,
+                    "shard {} cannot acquire move {id:?}: this member (its leader) hosts no \
+                     replica of shard {} to read it from",
+                    shard.0,
+                    slots.from.0
+                );
+                return None;
+            };
+            source.read(|state| {
+                state
+                    .sharding()
+                    .outgoing()
+                    .get(&id)
+                    .map(|released| released.part(id, arrival.acquired_keys))
+            })
         })
     }
 }

@@ -90,6 +90,26 @@ async fn lease_when_served(addr: &str, key: &str, tokens: u64) -> Result<pb::Lea
     }
 }
 
+/// Reads `key`'s window at `shard`'s leader (as member 2 names it) until
+/// the leader serves it (the window is refused while the slot moves),
+/// spending nothing; returns the leader's address.
+async fn served_by_leader(cluster: &Cluster, shard: u32, key: &str) -> Result<String> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let (_, leader) = shard_leader(cluster, 2, shard).await?;
+        let mut rpc = CoordinatorRpc::new(channel(&leader).await?);
+        let request = pb::GetWindowRequest { key: key.into() };
+        match rpc.get_window(request).await {
+            Ok(_) => return Ok(leader),
+            Err(status) if tokio::time::Instant::now() < deadline => {
+                tracing::debug!(%status, "not served yet");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(status) => bail!("{key} never served by shard {shard}: {status}"),
+        }
+    }
+}
+
 /// The leader of `shard` as member `via` reports it, once known.
 async fn shard_leader(cluster: &Cluster, via: u64, shard: u32) -> Result<(u64, String)> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
@@ -414,5 +434,69 @@ async fn a_shard_moves_to_other_replicas_with_its_windows() -> Result<()> {
         granted <= 4,
         "the window kept its grants across the replica change: {granted} more granted"
     );
+    cluster.stop_all().await
+}
+
+/// Shard 1 (on members 2, 3 and 4) is split again into shard 2 on two of
+/// its replicas: shard 1 releases the upper half of its slots in its own
+/// log and shard 2's leader acquires them from its replica of shard 1.
+/// The moved key's window continues, a retry of a request shard 1
+/// executed is answered by shard 1, and a split onto a member that is no
+/// replica of shard 1 is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_shard_split_again_continues_its_windows_and_answers_retries_of_the_first_owner(
+) -> Result<()> {
+    let (mut cluster, client) = cluster_with_policy(4).await?;
+    let admin = client.admin();
+    let top = (0..)
+        .map(|i| format!("k{i}"))
+        .find(|k| slot_of(k) >= SLOTS / 4 * 3)
+        .expect("some key");
+    admin
+        .change_placement(split_zero_into_one(&[2, 3, 4]))
+        .await?;
+    let one_leader = served_by_leader(&cluster, 1, &top).await?;
+    let mut rpc = CoordinatorRpc::new(channel(&one_leader).await?);
+    let first = rpc.lease(lease(&top, 3, Some(1))).await?.into_inner();
+    assert_eq!(first.granted, 3);
+
+    let split_one = |replicas: Vec<u64>| pb::ChangePlacementRequest {
+        expected_version: 1,
+        change: Some(pb::change_placement_request::Change::Split(
+            pb::SplitShard {
+                shard: 1,
+                into: 2,
+                replicas,
+            },
+        )),
+    };
+    let refused = admin
+        .change_placement(split_one(vec![1, 2]))
+        .await
+        .expect_err("member 1 is no replica of shard 1");
+    assert_eq!(refused.code(), tonic::Code::FailedPrecondition, "{refused}");
+    assert!(refused.to_string().contains("replicas"), "{refused}");
+    let placement = admin.change_placement(split_one(vec![2, 3])).await?;
+    assert_eq!(placement.version, 2);
+
+    // Shard 2 serves the key once it has acquired it, continuing its
+    // window: 3 of 10 were granted by shard 1.
+    let two_leader = served_by_leader(&cluster, 2, &top).await?;
+    let mut rpc = CoordinatorRpc::new(channel(&two_leader).await?);
+    let rest = rpc.lease(lease(&top, 10, Some(2))).await?.into_inner();
+    assert_eq!(rest.granted, 7, "the window kept shard 1's grants");
+    // The retry of shard 1's request gets shard 1's answer, not a second
+    // execution (which would grant 0 of the spent window).
+    let retried = rpc.lease(lease(&top, 3, Some(1))).await?.into_inner();
+    assert_eq!(retried, first);
+    let placement = admin.placement().await?;
+    let owned = |shard: u32| {
+        placement
+            .shards
+            .iter()
+            .find(|s| s.id == shard)
+            .map_or(0, |s| s.slots)
+    };
+    assert_eq!((owned(1), owned(2)), (4_096, 4_096));
     cluster.stop_all().await
 }

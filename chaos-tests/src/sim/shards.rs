@@ -1,0 +1,202 @@
+//! A sharded fleet ([`FleetShape::shards`] > 1): at setup the control host
+//! spreads the hash slots evenly over the shards through the real admin
+//! API, with the load's key ([`KEY`]) on the last shard, and waits until
+//! that shard serves it. From then on the driver's "leader" is the key's
+//! shard's leader, so a leader fault hits the group that serves the load
+//! while the meta group and the other shards carry on (or, where one
+//! member leads several groups, hits several leaders at once).
+
+use std::time::Duration;
+
+use leasehold_client::coordinator::{AdminClient, CoordinatorClient};
+use leasehold_core::shard::{slot_of, Placement, ShardId, SLOTS};
+use leasehold_proto::v1 as pb;
+use pb::change_placement_request::Change;
+
+use super::{sim_now_ms, FleetShape, KEY};
+
+/// The placement changes that spread the slots over `shape.shards` shards:
+/// the slots fall into `shards` equal blocks; the block holding `key_slot`
+/// goes to the last shard, the first other block stays shard 0's, the
+/// rest go, in order, to shards 1, 2, …. Shard `s` is replicated by three
+/// members (all of them when fewer), starting at member `s % members + 1`.
+pub fn spread_changes(shape: &FleetShape, key_slot: u32) -> Vec<Change> {
+    let shards = shape.shards.clamp(1, u32::from(SLOTS));
+    let block = u32::from(SLOTS) / shards;
+    let block_of = |slot: u32| (slot / block).min(shards - 1);
+    let range = |b: u32| {
+        let end = if b == shards - 1 {
+            u32::from(SLOTS)
+        } else {
+            (b + 1) * block
+        };
+        (b * block, end)
+    };
+    let key_block = block_of(key_slot);
+    let mut others = (0..shards).filter(|b| *b != key_block);
+    others.next(); // stays shard 0's
+    let owners = others
+        .zip(1..)
+        .chain(std::iter::once((key_block, shards - 1)));
+    let mut changes = Vec::new();
+    for (b, shard) in owners.filter(|(_, shard)| *shard != 0) {
+        let (start, end) = range(b);
+        changes.push(Change::AddShard(pb::AddShard {
+            shard,
+            replicas: replicas_of(shard, shape.members),
+        }));
+        changes.push(Change::MoveSlots(pb::MoveSlots {
+            start,
+            end,
+            to: shard,
+        }));
+    }
+    changes
+}
+
+/// The placement [`spread_changes`] makes (the fleet's from setup on,
+/// until a scenario moves a slot).
+pub fn spread_placement(shape: &FleetShape) -> Placement {
+    let mut placement = Placement::meta();
+    for change in spread_changes(shape, u32::from(slot_of(KEY))) {
+        let applied = match change {
+            Change::AddShard(add) => {
+                placement.add_shard(ShardId(add.shard), add.replicas.iter().copied())
+            }
+            Change::MoveSlots(m) => placement.move_slots(m.start, m.end, ShardId(m.to)),
+            _ => Ok(()),
+        };
+        debug_assert!(applied.is_ok(), "spread changes apply: {applied:?}");
+    }
+    placement
+}
+
+/// Three members (all when fewer) from member `shard % members + 1` on.
+pub fn replicas_of(shard: u32, members: u64) -> Vec<u64> {
+    let members = members.max(1);
+    let mut replicas: Vec<u64> = (0..members.min(3))
+        .map(|i| (u64::from(shard) + i) % members + 1)
+        .collect();
+    replicas.sort_unstable();
+    replicas
+}
+
+/// Makes `change` against the placement read just before, retrying until
+/// it is made or `stop_at_ms` passes; whether it was made.
+pub(crate) async fn make_change(admin: &AdminClient, change: &Change, stop_at_ms: u64) -> bool {
+    while sim_now_ms() < stop_at_ms {
+        let made = match admin.placement().await {
+            Ok(placement) => admin
+                .change_placement(pb::ChangePlacementRequest {
+                    expected_version: placement.version,
+                    change: Some(change.clone()),
+                })
+                .await
+                .is_ok(),
+            Err(_) => false,
+        };
+        if made {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
+}
+
+/// Spreads the slots ([`spread_changes`]) and waits until the key's shard
+/// serves the key (its window can be read).
+pub(crate) async fn spread(
+    admin: &AdminClient,
+    client: &CoordinatorClient,
+    shape: &FleetShape,
+    stop_at_ms: u64,
+) -> Result<(), String> {
+    for change in spread_changes(shape, u32::from(slot_of(KEY))) {
+        if !make_change(admin, &change, stop_at_ms).await {
+            return Err(format!("placement change {change:?} not made in time"));
+        }
+    }
+    while client.get_window(KEY).await.is_err() {
+        if sim_now_ms() >= stop_at_ms {
+            return Err(format!("the shard of {KEY:?} never served it"));
+        }
+        let _ = client.refresh_placement().await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(())
+}
+
+/// The leader of the key's shard, as the placement a member answers
+/// names it.
+pub(crate) async fn key_shard_leader(admin: &AdminClient) -> Option<u64> {
+    let placement = admin.placement().await.ok()?;
+    let slot = u32::from(slot_of(KEY));
+    let shard = placement
+        .slots
+        .iter()
+        .find(|range| range.start <= slot && slot < range.end)?
+        .shard;
+    placement
+        .shards
+        .iter()
+        .find(|info| info.id == shard)?
+        .leader_id
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn apply(changes: &[Change]) -> Placement {
+        let mut placement = Placement::meta();
+        for change in changes {
+            let applied = match change {
+                Change::AddShard(add) => {
+                    placement.add_shard(ShardId(add.shard), add.replicas.iter().copied())
+                }
+                Change::MoveSlots(m) => placement.move_slots(m.start, m.end, ShardId(m.to)),
+                other => panic!("unexpected change {other:?}"),
+            };
+            applied.expect("every spread change applies");
+        }
+        placement
+    }
+
+    /// Every shard gets an equal block (the last one the rounding), the
+    /// key lands on the last shard wherever its slot is (every block
+    /// boundary tried), and each shard has min(3, members) distinct
+    /// replicas among the members.
+    #[test]
+    fn spreads_evenly_with_the_key_on_the_last_shard() {
+        for shards in 1u32..=8 {
+            let block = u32::from(SLOTS) / shards;
+            let key_slots = (0..shards)
+                .flat_map(|b| [b * block, (b * block + block / 2), (b + 1) * block - 1])
+                .chain([u32::from(SLOTS) - 1]);
+            for key_slot in key_slots {
+                for members in 1u64..=7 {
+                    let shape = FleetShape {
+                        shards,
+                        members,
+                        ..FleetShape::default()
+                    };
+                    let changes = spread_changes(&shape, key_slot);
+                    assert_eq!(changes.len(), 2 * (shards as usize - 1));
+                    let placement = apply(&changes);
+                    let slot = u16::try_from(key_slot).expect("a slot");
+                    assert_eq!(placement.shard_of_slot(slot), ShardId(shards - 1));
+                    for shard in 0..shards {
+                        let count = placement.slot_count(ShardId(shard));
+                        assert!(count >= block && count < block + shards, "{shard}: {count}");
+                    }
+                    for shard in 1..shards {
+                        let replicas = replicas_of(shard, members);
+                        assert_eq!(replicas.len() as u64, members.min(3));
+                        assert!(replicas.iter().all(|m| (1..=members).contains(m)));
+                        assert!(replicas.windows(2).all(|w| w[0] < w[1]));
+                    }
+                }
+            }
+        }
+    }
+}
