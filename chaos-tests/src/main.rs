@@ -37,7 +37,8 @@ struct Args {
     #[arg(long, default_value_t = 1)]
     from_seed: u64,
     /// Spread the keys over this many shards (Raft groups) at setup, the
-    /// load's key on the last one, in every scenario (1: never sharded).
+    /// load's key on the last one, in every scenario, simulated or with
+    /// `--processes` (1: never sharded).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
     shards: u32,
     /// List the scenarios and exit.
@@ -260,6 +261,7 @@ fn run_processes(args: &Args) -> ExitCode {
     options.load = Duration::from_secs(args.load_secs.max(1));
     options.members = args.members;
     options.link_delay_ms = args.link_delay_ms;
+    options.shards = args.shards;
     if let Some(limit) = args.limit {
         options.limit = limit;
     }

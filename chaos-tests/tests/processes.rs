@@ -46,6 +46,17 @@ async fn leader_kill9_and_restart_keep_every_invariant() {
     assert_held("leader_kill9", &outcome, 2);
 }
 
+/// The same faults with the keys spread over four shards (the load's key
+/// on shard 3): the meta group's leader is killed while the key's shard
+/// (whose first leader is another member) serves on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_kill9_with_four_shards_keeps_every_invariant() {
+    let mut options = options();
+    options.shards = 4;
+    let outcome = run("leader_kill9", &options).await;
+    assert_held("leader_kill9", &outcome, 2);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn escrow_node_and_leader_kill9_keep_every_invariant() {
     let outcome = run("escrow_kill9", &options()).await;

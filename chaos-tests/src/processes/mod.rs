@@ -343,6 +343,11 @@ pub struct ProcessOptions {
     /// members, the escrow nodes and the clients alike, so a round trip
     /// between regions or members is twice this.
     pub link_delay_ms: u64,
+    /// Raft groups the keys are spread over at setup (1: never sharded),
+    /// as in the simulation ([`crate::sim::shards::spread_changes`]): the
+    /// load's key on the last shard. A fault on "the leader" hits the meta
+    /// group's (shard 0's), which then serves none of the load's calls.
+    pub shards: u32,
 }
 
 impl ProcessOptions {
@@ -360,6 +365,7 @@ impl ProcessOptions {
             weakening: Weakening::None,
             client_pause_ms: (1, 6),
             link_delay_ms: 0,
+            shards: 1,
         }
     }
 }
@@ -423,7 +429,54 @@ async fn form_cluster(
             Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
         }
     }
+    if options.shards > 1 {
+        spread_over_shards(&client, options).await?;
+    }
     Ok(client)
+}
+
+/// Spreads the slots over `options.shards` shards (the load's key on the
+/// last), each change made against the version read just before, and
+/// waits until the key's shard serves the key.
+async fn spread_over_shards(client: &CoordinatorClient, options: &ProcessOptions) -> Result<()> {
+    use leasehold_proto::v1 as pb;
+
+    let admin = client.admin();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let key_slot = u32::from(leasehold_core::shard::slot_of(KEY));
+    for change in crate::sim::shards::spread_changes(options.shards, options.members, key_slot) {
+        loop {
+            let made = match admin.placement().await {
+                Ok(placement) => admin
+                    .change_placement(pb::ChangePlacementRequest {
+                        expected_version: placement.version,
+                        change: Some(change.clone()),
+                    })
+                    .await
+                    .map(|_| ()),
+                Err(e) => Err(e),
+            };
+            match made {
+                Ok(()) => break,
+                Err(e) if tokio::time::Instant::now() > deadline => {
+                    return Err(e).with_context(|| format!("placement change {change:?}"))
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+    }
+    loop {
+        match client.get_window(KEY).await {
+            Ok(_) => return Ok(()),
+            Err(e) if tokio::time::Instant::now() > deadline => {
+                return Err(e).context("the key's shard serving it")
+            }
+            Err(_) => {
+                let _ = client.refresh_placement().await;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
 }
 
 /// Runs `scenario` once against real processes.

@@ -15,13 +15,15 @@ use pb::change_placement_request::Change;
 
 use super::{sim_now_ms, FleetShape, KEY};
 
-/// The placement changes that spread the slots over `shape.shards` shards:
-/// the slots fall into `shards` equal blocks; the block holding `key_slot`
-/// goes to the last shard, the first other block stays shard 0's, the
-/// rest go, in order, to shards 1, 2, …. Shard `s` is replicated by three
-/// members (all of them when fewer), starting at member `s % members + 1`.
-pub fn spread_changes(shape: &FleetShape, key_slot: u32) -> Vec<Change> {
-    let shards = shape.shards.clamp(1, u32::from(SLOTS));
+/// The placement changes that spread the slots over `shards` shards on
+/// `members` members: the slots fall into `shards` equal blocks; the block
+/// holding `key_slot` goes to the last shard, the first other block stays
+/// shard 0's, the rest go, in order, to shards 1, 2, …. Shard `s` is
+/// replicated by three members (all of them when fewer), starting at
+/// member `s % members + 1`. (The simulation and the process runner both
+/// spread their fleets with it.)
+pub fn spread_changes(shards: u32, members: u64, key_slot: u32) -> Vec<Change> {
+    let shards = shards.clamp(1, u32::from(SLOTS));
     let block = u32::from(SLOTS) / shards;
     let block_of = |slot: u32| (slot / block).min(shards - 1);
     let range = |b: u32| {
@@ -43,7 +45,7 @@ pub fn spread_changes(shape: &FleetShape, key_slot: u32) -> Vec<Change> {
         let (start, end) = range(b);
         changes.push(Change::AddShard(pb::AddShard {
             shard,
-            replicas: replicas_of(shard, shape.members),
+            replicas: replicas_of(shard, members),
         }));
         changes.push(Change::MoveSlots(pb::MoveSlots {
             start,
@@ -58,7 +60,7 @@ pub fn spread_changes(shape: &FleetShape, key_slot: u32) -> Vec<Change> {
 /// until a scenario moves a slot).
 pub fn spread_placement(shape: &FleetShape) -> Placement {
     let mut placement = Placement::meta();
-    for change in spread_changes(shape, u32::from(slot_of(KEY))) {
+    for change in spread_changes(shape.shards, shape.members, u32::from(slot_of(KEY))) {
         let applied = match change {
             Change::AddShard(add) => {
                 placement.add_shard(ShardId(add.shard), add.replicas.iter().copied())
@@ -111,7 +113,7 @@ pub(crate) async fn spread(
     shape: &FleetShape,
     stop_at_ms: u64,
 ) -> Result<(), String> {
-    for change in spread_changes(shape, u32::from(slot_of(KEY))) {
+    for change in spread_changes(shape.shards, shape.members, u32::from(slot_of(KEY))) {
         if !make_change(admin, &change, stop_at_ms).await {
             return Err(format!("placement change {change:?} not made in time"));
         }
@@ -175,12 +177,7 @@ mod tests {
                 .chain([u32::from(SLOTS) - 1]);
             for key_slot in key_slots {
                 for members in 1u64..=7 {
-                    let shape = FleetShape {
-                        shards,
-                        members,
-                        ..FleetShape::default()
-                    };
-                    let changes = spread_changes(&shape, key_slot);
+                    let changes = spread_changes(shards, members, key_slot);
                     assert_eq!(changes.len(), 2 * (shards as usize - 1));
                     let placement = apply(&changes);
                     let slot = u16::try_from(key_slot).expect("a slot");
