@@ -151,6 +151,14 @@ pub fn status_json(status: &pb::StatusResponse) -> Value {
             "would_deny_tokens": t.would_deny_tokens,
             "would_deny_requests": t.would_deny_requests,
         })).collect::<Vec<_>>(),
+        "shards": status.shards.iter().map(|s| json!({
+            "id": s.id,
+            "state": s.state,
+            "current_leader": s.current_leader,
+            "last_applied_index": s.last_applied_index,
+            "live_windows": s.live_windows,
+            "owned_slots": s.owned_slots,
+        })).collect::<Vec<_>>(),
     })
 }
 
@@ -187,6 +195,19 @@ pub fn status_text(status: &pb::StatusResponse) -> String {
             )
         })
         .collect::<String>();
+    let shards = status
+        .shards
+        .iter()
+        .map(|s| {
+            let leader = s
+                .current_leader
+                .map_or_else(|| "unknown".to_string(), |id| id.to_string());
+            format!(
+                "\n  shard {} is {}  leader {}  applied {}  live windows {}  slots {}",
+                s.id, s.state, leader, s.last_applied_index, s.live_windows, s.owned_slots
+            )
+        })
+        .collect::<String>();
     let retired = if status.retired_member_ids.is_empty() {
         "-".to_string()
     } else {
@@ -206,7 +227,7 @@ pub fn status_text(status: &pb::StatusResponse) -> String {
         )
     };
     format!(
-        "node {} is {}{}\n  term {}  leader {}\n  log index {}  applied {}  snapshot {}  purged {}\n  voters   {}\n  learners {}\n  retired  {}\n  state clock {} ms  live windows {}  policies {}\n  counters {}{}",
+        "node {} is {}{}\n  term {}  leader {}\n  log index {}  applied {}  snapshot {}  purged {}\n  voters   {}\n  learners {}\n  retired  {}\n  state clock {} ms  live windows {}  policies {}\n  counters {}{}{}",
         status.node_id,
         status.state,
         if status.initialized { "" } else { " (not initialised)" },
@@ -224,6 +245,7 @@ pub fn status_text(status: &pb::StatusResponse) -> String {
         status.policies,
         counters,
         shadow,
+        shards,
     )
 }
 

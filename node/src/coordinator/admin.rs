@@ -22,6 +22,8 @@ use leasehold_core::ids::MAX_KEY_BYTES;
 use leasehold_proto::convert::required_policy;
 use leasehold_proto::refusal::{invalid_field, refusal, Reason};
 use leasehold_proto::v1 as pb;
+
+use super::routing::HostedApis;
 use leasehold_proto::v1::admin_server::Admin;
 use leasehold_raft_store::backup::{backup_bytes, StateSummary};
 use leasehold_raft_store::{Node, NodeId};
@@ -102,12 +104,51 @@ pub type SnapshotChunks =
 #[derive(Clone)]
 pub struct AdminApi {
     node: Arc<NodeContext>,
+    /// The shards past 0 this member hosts (their status).
+    hosted: HostedApis,
 }
 
 impl AdminApi {
     /// The admin API over a member's shared context.
     pub fn new(node: Arc<NodeContext>) -> Self {
-        Self { node }
+        Self {
+            node,
+            hosted: HostedApis::default(),
+        }
+    }
+
+    /// The same API reporting the status of the shards in `hosted` too.
+    pub fn with_hosted(mut self, hosted: HostedApis) -> Self {
+        self.hosted = hosted;
+        self
+    }
+
+    /// The status of every shard past 0 this member hosts, in id order.
+    fn hosted_shards(&self) -> Vec<pb::HostedShardStatus> {
+        self.hosted
+            .all()
+            .into_iter()
+            .map(|(id, api)| {
+                let context = api.context();
+                let metrics = context.raft.metrics().borrow().clone();
+                let (live_windows, owned_slots) = context.state.read(|state| {
+                    let owned = if state.sharding().shard() == id {
+                        state.sharding().owned_slots()
+                    } else {
+                        0
+                    };
+                    (state.live_windows(), owned)
+                });
+                pb::HostedShardStatus {
+                    id: id.0,
+                    state: format!("{:?}", metrics.state),
+                    current_leader: metrics.current_leader,
+                    last_applied_index: metrics.last_applied.map_or(0, |applied| applied.index),
+                    live_windows,
+                    owned_slots,
+                }
+            })
+            .collect()
     }
 
     /// Waits until every other member of the current membership holds log
@@ -412,6 +453,7 @@ impl Admin for AdminApi {
             shadow,
             retired_member_ids: self.node.state.retired_members().into_iter().collect(),
             restored_at_ms,
+            shards: self.hosted_shards(),
             counters: self
                 .node
                 .metrics

@@ -179,6 +179,7 @@ where
 
     let hosted_apis = HostedApis::default();
     let hosted_apis_for_metrics = hosted_apis.clone();
+    let hosted_apis_for_admin = hosted_apis.clone();
     let routing = Arc::new(ShardRouting::new(
         node.state.clone(),
         hosted_apis.clone(),
@@ -267,7 +268,7 @@ where
                 .max_encoding_message_size(MAX_RESPONSE_BYTES),
         )
         .add_service(
-            AdminServer::new(AdminApi::new(node.clone()))
+            AdminServer::new(AdminApi::new(node.clone()).with_hosted(hosted_apis_for_admin))
                 .max_decoding_message_size(public_request_limit)
                 .max_encoding_message_size(MAX_RESPONSE_BYTES),
         )

@@ -56,6 +56,16 @@ impl HostedApis {
             .remove(&shard);
     }
 
+    /// Every hosted shard's API, in id order.
+    pub fn all(&self) -> Vec<(ShardId, CoordinatorApi)> {
+        self.0
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .iter()
+            .map(|(id, api)| (*id, api.clone()))
+            .collect()
+    }
+
     /// The APIs of every hosted shard but `shard`.
     pub fn others(&self, shard: ShardId) -> Vec<CoordinatorApi> {
         self.0

@@ -498,5 +498,15 @@ async fn a_shard_split_again_continues_its_windows_and_answers_retries_of_the_fi
             .map_or(0, |s| s.slots)
     };
     assert_eq!((owned(1), owned(2)), (4_096, 4_096));
+    // Member 2 reports both shards it hosts in its status.
+    let mut member_two = AdminRpc::new(channel(&cluster.addr(2)).await?);
+    let status = member_two
+        .status(pb::StatusRequest {})
+        .await?
+        .into_inner();
+    let hosted: Vec<(u32, u32)> = status.shards.iter().map(|s| (s.id, s.owned_slots)).collect();
+    assert_eq!(hosted, vec![(1, 4_096), (2, 4_096)]);
+    let top_shard = &status.shards[1];
+    assert!(top_shard.live_windows >= 1 && top_shard.current_leader.is_some());
     cluster.stop_all().await
 }
