@@ -180,6 +180,7 @@ where
     let hosted_apis = HostedApis::default();
     let hosted_apis_for_metrics = hosted_apis.clone();
     let hosted_apis_for_admin = hosted_apis.clone();
+    let hosted_apis_for_watch = hosted_apis.clone();
     let routing = Arc::new(ShardRouting::new(
         node.state.clone(),
         hosted_apis.clone(),
@@ -229,7 +230,9 @@ where
     };
     let membership = raft.clone();
     let monitor = MonitorApi::new(
-        Arc::new(MemberSampler::new(node.clone())),
+        Arc::new(
+            MemberSampler::new(node.clone()).with_shards(hosted_apis_for_watch, routing.clone()),
+        ),
         node.clock.clone(),
         Arc::new(WatchSlots::default()),
         closing,

@@ -14,6 +14,8 @@ use leasehold_proto::refusal::{detail, reason_of, status_of_item, Reason};
 use leasehold_proto::v1 as pb;
 use leasehold_proto::v1::admin_client::AdminClient as AdminRpc;
 use leasehold_proto::v1::coordinator_client::CoordinatorClient as CoordinatorRpc;
+use leasehold_proto::v1::monitor_client::MonitorClient;
+use leasehold_proto::v1::watch_request::Target;
 use tonic::transport::Channel;
 
 use crate::harness::{counter_policy, Cluster, LONG_WINDOW_MS};
@@ -500,13 +502,50 @@ async fn a_shard_split_again_continues_its_windows_and_answers_retries_of_the_fi
     assert_eq!((owned(1), owned(2)), (4_096, 4_096));
     // Member 2 reports both shards it hosts in its status.
     let mut member_two = AdminRpc::new(channel(&cluster.addr(2)).await?);
-    let status = member_two
-        .status(pb::StatusRequest {})
-        .await?
-        .into_inner();
-    let hosted: Vec<(u32, u32)> = status.shards.iter().map(|s| (s.id, s.owned_slots)).collect();
+    let status = member_two.status(pb::StatusRequest {}).await?.into_inner();
+    let hosted: Vec<(u32, u32)> = status
+        .shards
+        .iter()
+        .map(|s| (s.id, s.owned_slots))
+        .collect();
     assert_eq!(hosted, vec![(1, 4_096), (2, 4_096)]);
     let top_shard = &status.shards[1];
     assert!(top_shard.live_windows >= 1 && top_shard.current_leader.is_some());
+    // A watch on member 2 reads each key from the group serving it: the
+    // moved key's window from shard 2, a prefix's from every group.
+    let low = key_that_moves(false);
+    client.lease(&low, "eu", 2).await?;
+    let mut monitor = MonitorClient::new(channel(&cluster.addr(2)).await?);
+    let granted_in = |update: &pb::WatchUpdate, key: &str| {
+        update
+            .windows
+            .iter()
+            .find(|w| w.key == key)
+            .map(|w| w.granted)
+    };
+    for target in [Target::Key(top.clone()), Target::Prefix("k".into())] {
+        let request = pb::WatchRequest {
+            target: Some(target.clone()),
+        };
+        let mut stream = monitor.watch(request).await?.into_inner();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let update = tokio::time::timeout(Duration::from_secs(8), stream.message())
+                .await??
+                .context("the stream ended")?;
+            let seen = (granted_in(&update, &top), granted_in(&update, &low));
+            let want = match target {
+                Target::Key(_) => (Some(10), seen.1),
+                Target::Prefix(_) => (Some(10), Some(2)),
+            };
+            if seen == want {
+                break;
+            }
+            ensure!(
+                tokio::time::Instant::now() < deadline,
+                "{target:?}: {update:?}"
+            );
+        }
+    }
     cluster.stop_all().await
 }
