@@ -148,6 +148,73 @@ class Cluster:
         raise RuntimeError(f"no leader answered {method} after {attempts} attempts")
 
 
+class ShardRouter:
+    """Routes each key's Lease to its shard's leader, from the placement
+    alone (docs/operations.md, "Shards"; proto: the shards section): the
+    key's slot is MurmurHash3 x64-128 (seed 0, the first 64 bits) modulo
+    16384, GetPlacement maps slot ranges to shards and names each shard's
+    leader where the member asked hosts it. A NOT_LEADER names the shard's
+    leader (follow it); a NOT_OWNER says the placement moved (read it
+    again, or follow its replica hint); SLOT_MOVING means wait a moment."""
+
+    def __init__(self, cluster, identity):
+        self.cluster = cluster
+        self.identity = identity
+        self.ranges = []   # (start, end, shard)
+        self.leaders = {}  # shard -> address last known to lead it
+        self.version = None
+        self.calls = 0
+        self.detours = 0   # calls answered by a redirection, not a grant
+
+    @staticmethod
+    def slot_of(key):
+        return mmh3.hash64(key, 0, signed=False)[0] % 16384
+
+    def refresh(self):
+        """Reads the placement from every member (each names the leaders of
+        the shards it hosts)."""
+        for endpoint in self.cluster.endpoints:
+            stub = rpc.CoordinatorStub(self.cluster.channel(endpoint, OPERATOR))
+            placement = stub.GetPlacement(pb.GetPlacementRequest(), timeout=DEADLINE_S)
+            self.version = placement.version
+            self.ranges = [(r.start, r.end, r.shard) for r in placement.slots]
+            for shard in placement.shards:
+                if shard.HasField("leader_id") and shard.leader_addr:
+                    self.leaders[shard.id] = shard.leader_addr
+
+    def shard_of(self, key):
+        slot = self.slot_of(key)
+        return next(shard for (start, end, shard) in self.ranges if start <= slot < end)
+
+    def lease(self, key, tokens, request_id):
+        """One Lease at the key's shard leader, following redirections."""
+        shard = self.shard_of(key)
+        target = self.leaders.get(shard, self.cluster.endpoints[0])
+        for attempt in range(20):
+            self.calls += 1
+            stub = rpc.CoordinatorStub(self.cluster.channel(target, self.identity))
+            try:
+                return shard, stub.Lease(
+                    pb.LeaseRequest(key=key, region=REGION, tokens=tokens, request_id=request_id),
+                    timeout=DEADLINE_S,
+                )
+            except grpc.RpcError as error:
+                refusal = Refusal(error)
+                self.detours += 1
+                if refusal.reason in ("NOT_LEADER", "NOT_OWNER") and refusal.leader_addr:
+                    if refusal.reason == "NOT_OWNER":
+                        self.refresh()
+                        shard = self.shard_of(key)
+                    target = refusal.leader_addr
+                    self.leaders[shard] = target
+                    continue
+                if refusal.code == grpc.StatusCode.UNAVAILABLE:
+                    time.sleep(min(0.05 * 2**attempt, 0.5))
+                    continue
+                raise
+        raise RuntimeError(f"{key}: no shard leader answered")
+
+
 def expect_refusal(what, call, code, reason, info=None):
     """`call` must be refused with `code` and `reason`, both in ErrorInfo
     and in the `leasehold-reason` trailer (and ErrorInfo metadata ⊇ info)."""
@@ -466,6 +533,35 @@ def run(cluster):
         )
         check(refusal.leader_addr is not None, f"NOT_OWNER names a member to ask: {refusal.leader_addr}")
         refusals.append("NOT_OWNER")
+
+    # A load generator routing by the placement on its own: 300 keys over
+    # both shards, 3 leases each (the last asks for more than is left),
+    # each sent to its shard's leader. Σ granted per key and window stays
+    # within the limit (reaching it where the three leases fell in one
+    # window), and once the router has learnt each shard's leader almost
+    # every call is answered where it was sent.
+    router = ShardRouter(cluster, REGION_IDENTITY)
+    router.refresh()
+    load_keys = [f"py/load-{secrets.token_hex(3)}-{i}" for i in range(300)]
+    per_shard, per_key = {}, {}
+    seq = 1000
+    for round_tokens in (40, 40, 100):
+        for k in load_keys:
+            seq += 1
+            shard, grant = router.lease(k, round_tokens, pb.RequestId(client_id=client_id, seq=seq))
+            per_shard[shard] = per_shard.get(shard, 0) + 1
+            window = (k, grant.window_start_ms)
+            per_key[window] = per_key.get(window, 0) + grant.granted
+    full = sum(1 for total in per_key.values() if total == 100)
+    check(
+        sorted(per_shard) == [0, 1] and max(per_key.values()) <= 100 and full >= 250,
+        f"routed load: {sum(per_shard.values())} leases over shards {per_shard}; Σ granted per key and "
+        f"window at most 100, exactly 100 for {full} of {len(load_keys)} keys",
+    )
+    check(
+        router.detours <= 10,
+        f"routed by the placement: {router.calls} calls, {router.detours} answered by a redirection",
+    )
 
     print(
         f"PASS: the Python client behaved as the proto says "
