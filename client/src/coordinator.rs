@@ -56,6 +56,11 @@ pub use admin::AdminClient;
 /// highest seqs, so every item of a call stays retryable.
 pub const ITEMS_PER_BATCH_CALL: usize = 64;
 
+/// Times a `LeaseBatch` part refused item by item `NOT_LEADER` (sent to a
+/// replica of its shard that does not lead it) is sent again to the leader
+/// the refusals name.
+const ITEM_REDIRECTS: u32 = 3;
+
 /// One lease of a [`CoordinatorClient::lease_batch`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeaseItem {
@@ -123,7 +128,7 @@ impl Target {
     /// The shard whose leader the call goes to.
     fn shard(self) -> Option<u32> {
         match self {
-            Target::Leader | Target::Shard(0) => Some(0),
+            Target::Leader => Some(0),
             Target::Shard(shard) => Some(shard),
             Target::Any => None,
         }
@@ -436,28 +441,23 @@ impl CoordinatorClient {
         &self,
         items: &[LeaseItem],
     ) -> Result<Vec<Result<LeaseResponse, CoordinatorError>>, CoordinatorError> {
-        if let Some(first) = items.first() {
-            // Reads the placement if a member named a newer one.
-            self.target_for(&first.key).await;
-        }
-        let mut by_shard: std::collections::BTreeMap<u32, Vec<usize>> =
-            std::collections::BTreeMap::new();
-        for (index, item) in items.iter().enumerate() {
-            by_shard
-                .entry(self.shard_of(&item.key))
-                .or_default()
-                .push(index);
-        }
         let mut answers: Vec<Option<Result<LeaseResponse, CoordinatorError>>> =
             items.iter().map(|_| None).collect();
-        for (shard, indices) in by_shard {
-            for chunk in indices.chunks(ITEMS_PER_BATCH_CALL) {
-                let part: Vec<LeaseItem> = chunk.iter().map(|&i| items[i].clone()).collect();
-                let results = self.lease_batch_call(Target::Shard(shard), &part).await?;
-                for (&index, result) in chunk.iter().zip(results) {
-                    answers[index] = Some(result);
-                }
-            }
+        let all: Vec<usize> = (0..items.len()).collect();
+        self.lease_batch_round(items, &all, &mut answers).await?;
+        // Items refused NOT_LEADER while the refusals name a newer
+        // placement than the one they were split by (a member routed them
+        // to a shard this client did not know of) go once more, split by
+        // the placement read now. Nothing refused NOT_LEADER was executed.
+        let refused: Vec<usize> = answers
+            .iter()
+            .enumerate()
+            .filter(|(_, a)| matches!(a, Some(Err(CoordinatorError::NotLeader { .. }))))
+            .map(|(index, _)| index)
+            .collect();
+        if !refused.is_empty() && self.placement_is_stale() {
+            self.lease_batch_round(items, &refused, &mut answers)
+                .await?;
         }
         Ok(answers
             .into_iter()
@@ -470,6 +470,45 @@ impl CoordinatorClient {
                 })
             })
             .collect())
+    }
+
+    /// Whether a member named a newer placement than the one known.
+    fn placement_is_stale(&self) -> bool {
+        let routing = self.routing();
+        routing.placement_seen > routing.placement.version
+    }
+
+    /// Leases `items[i]` for each `i` of `indices`, cut by shard (the
+    /// placement read first if a member named a newer one), into
+    /// `answers[i]`.
+    async fn lease_batch_round(
+        &self,
+        items: &[LeaseItem],
+        indices: &[usize],
+        answers: &mut [Option<Result<LeaseResponse, CoordinatorError>>],
+    ) -> Result<(), CoordinatorError> {
+        if let Some(&first) = indices.first() {
+            // Reads the placement if a member named a newer one.
+            self.target_for(&items[first].key).await;
+        }
+        let mut by_shard: std::collections::BTreeMap<u32, Vec<usize>> =
+            std::collections::BTreeMap::new();
+        for &index in indices {
+            by_shard
+                .entry(self.shard_of(&items[index].key))
+                .or_default()
+                .push(index);
+        }
+        for (shard, indices) in by_shard {
+            for chunk in indices.chunks(ITEMS_PER_BATCH_CALL) {
+                let part: Vec<LeaseItem> = chunk.iter().map(|&i| items[i].clone()).collect();
+                let results = self.lease_batch_call(Target::Shard(shard), &part).await?;
+                for (&index, result) in chunk.iter().zip(results) {
+                    answers[index] = Some(result);
+                }
+            }
+        }
+        Ok(())
     }
 
     /// One `LeaseBatch` call of at most [`ITEMS_PER_BATCH_CALL`] items of
@@ -491,37 +530,83 @@ impl CoordinatorClient {
                 })
                 .collect(),
         };
-        let response = self
-            .call(target, move |channel, timeout| {
-                let request = with_timeout(request.clone(), timeout);
-                async move { CoordinatorRpc::new(channel).lease_batch(request).await }
-            })
-            .await?;
-        if response.results.len() != chunk.len() {
-            return Err(CoordinatorError::Rpc {
-                code: tonic::Code::Internal,
-                message: format!(
-                    "{} results for {} items",
-                    response.results.len(),
-                    chunk.len()
-                ),
-            });
-        }
-        let leader = self.leader_of(target).unwrap_or_default();
-        Ok(response
-            .results
-            .into_iter()
-            .map(|result| match result.result {
-                Some(lease_item_result::Result::Granted(grant)) => Ok(grant),
-                Some(lease_item_result::Result::Refused(refused)) => {
-                    Err(classify(&leader, status_of_item(&refused)))
-                }
-                None => Err(CoordinatorError::Rpc {
+        // A member that hosts the shard but does not lead it answers the
+        // call and refuses every item NOT_LEADER (a batch is cut by shard:
+        // a part is one group's): follow the hint and send the part again,
+        // with the same request ids (exactly-once per item).
+        let mut redirect = 0;
+        loop {
+            let request = request.clone();
+            let response = self
+                .call(target, move |channel, timeout| {
+                    let request = with_timeout(request.clone(), timeout);
+                    async move { CoordinatorRpc::new(channel).lease_batch(request).await }
+                })
+                .await?;
+            if response.results.len() != chunk.len() {
+                return Err(CoordinatorError::Rpc {
                     code: tonic::Code::Internal,
-                    message: "an item without a result".into(),
-                }),
-            })
-            .collect())
+                    message: format!(
+                        "{} results for {} items",
+                        response.results.len(),
+                        chunk.len()
+                    ),
+                });
+            }
+            let leader = self.leader_of(target).unwrap_or_default();
+            // The shard a NOT_LEADER names, when it is not this part's.
+            let mut elsewhere = false;
+            let results: Vec<Result<LeaseResponse, CoordinatorError>> = response
+                .results
+                .into_iter()
+                .map(|result| match result.result {
+                    Some(lease_item_result::Result::Granted(grant)) => Ok(grant),
+                    Some(lease_item_result::Result::Refused(refused)) => {
+                        let status = status_of_item(&refused);
+                        self.note_placement(&status);
+                        let named = leasehold_proto::refusal::detail(
+                            &status,
+                            leasehold_proto::refusal::SHARD,
+                        )
+                        .and_then(|shard| shard.parse::<u32>().ok())
+                        .unwrap_or(0);
+                        let error = classify(&leader, status);
+                        if Some(named) != target.shard() {
+                            elsewhere = true;
+                            // Remembered for the shard it leads.
+                            if let CoordinatorError::NotLeader { hint, .. } = &error {
+                                if let Some(addr) = &hint.leader_addr {
+                                    self.follow_hint(Target::Shard(named), addr);
+                                }
+                            }
+                        }
+                        Err(error)
+                    }
+                    None => Err(CoordinatorError::Rpc {
+                        code: tonic::Code::Internal,
+                        message: "an item without a result".into(),
+                    }),
+                })
+                .collect();
+            let not_led = results
+                .iter()
+                .all(|r| matches!(r, Err(CoordinatorError::NotLeader { .. })));
+            if !not_led || elsewhere || redirect == ITEM_REDIRECTS {
+                return Ok(results);
+            }
+            let hint = results.iter().find_map(|r| match r {
+                Err(CoordinatorError::NotLeader { hint, .. }) => hint.leader_addr.clone(),
+                _ => None,
+            });
+            match hint {
+                Some(addr) if addr != leader => self.follow_hint(target, &addr),
+                _ => {
+                    self.forget_leader(target);
+                    tokio::time::sleep(self.backoff(redirect)).await;
+                }
+            }
+            redirect += 1;
+        }
     }
 
     /// Returns `leftover` unused credits of the window starting at `window_start_ms`.
@@ -803,6 +888,17 @@ impl CoordinatorClient {
     fn follow_hint(&self, target: Target, leader_addr: &str) {
         if let Ok(addr) = normalize_addr(leader_addr) {
             self.remember_leader(target, &addr);
+        }
+    }
+
+    /// Forgets the leader of `target`'s shard (the next call asks around).
+    fn forget_leader(&self, target: Target) {
+        let mut routing = self.routing();
+        match target.shard() {
+            Some(0) | None => routing.leader = None,
+            Some(shard) => {
+                routing.shard_leaders.remove(&shard);
+            }
         }
     }
 

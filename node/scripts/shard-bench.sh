@@ -65,7 +65,7 @@ start_cluster() {
     --limit 281474976710656 --window-ms 600000 >/dev/null
 }
 
-shard() { "$BIN" shard --insecure --endpoint "$ENDPOINTS" "$@" >/dev/null; }
+shard() { "$BIN" shard "$1" --insecure --endpoint "$ENDPOINTS" "${@:2}" >/dev/null; }
 
 # wait_until_owned SHARD SLOTS MEMBER: the placement, as MEMBER (a replica
 # of SHARD: only a replica knows its leader) answers it, shows SHARD owning
@@ -73,7 +73,7 @@ shard() { "$BIN" shard --insecure --endpoint "$ENDPOINTS" "$@" >/dev/null; }
 # the last part of the move, a moment later.
 wait_until_owned() {
   for _ in $(seq 1 200); do
-    if "$BIN" shard list --insecure --endpoint "$(addr "$3")" --output json 2>/dev/null |
+    if "$BIN" shard list --insecure --endpoint "$(addr "$3")" --output json 2>>"$WORK/shard-list.log" |
       jq -e --argjson s "$1" --argjson n "$2" \
         '.shards[] | select(.id == $s and .slots == $n and .leader_id != null)' >/dev/null; then
       return 0

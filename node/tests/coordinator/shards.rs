@@ -549,3 +549,47 @@ async fn a_shard_split_again_continues_its_windows_and_answers_retries_of_the_fi
     }
     cluster.stop_all().await
 }
+
+/// A client that has never read the placement sends a `LeaseBatch` of
+/// keys of shard 1 (formed by member 2, not the meta group's leader as a
+/// rule) to the meta group's leader: the member routes them to its replica
+/// of shard 1, whose refusals name shard 1, a newer placement and its
+/// leader; the client reads the placement and sends the items to shard
+/// 1's leader. Every item is granted, in one `lease_batch` call, each
+/// time (batches of both shards, mixed, from fresh clients).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_batch_reaches_each_shards_leader_from_a_client_that_knows_no_placement() -> Result<()> {
+    let (mut cluster, client) = cluster_with_policy(3).await?;
+    client
+        .admin()
+        .change_placement(split_zero_into_one(&[1, 2, 3]))
+        .await?;
+    let high = key_that_moves(true);
+    served_by_leader(&cluster, 1, &high).await?;
+    let keys: Vec<String> = (0..200).map(|i| format!("kb{i}")).collect();
+    for round in 0..3 {
+        let fresh = cluster.client()?;
+        let items: Vec<leasehold_client::coordinator::LeaseItem> = keys
+            .iter()
+            .map(|key| leasehold_client::coordinator::LeaseItem {
+                key: key.clone(),
+                region: "eu".into(),
+                tokens: 1,
+            })
+            .collect();
+        let answers = fresh.lease_batch(&items).await?;
+        let refused: Vec<String> = answers
+            .iter()
+            .zip(&keys)
+            .filter_map(|(answer, key)| answer.as_ref().err().map(|e| format!("{key}: {e}")))
+            .collect();
+        ensure!(refused.is_empty(), "round {round}: {refused:?}");
+        ensure!(answers
+            .iter()
+            .all(|a| a.as_ref().is_ok_and(|g| g.granted == 1)));
+    }
+    assert!(
+        keys.iter().any(|k| slot_of(k) >= SLOTS / 2) && keys.iter().any(|k| slot_of(k) < SLOTS / 2)
+    );
+    cluster.stop_all().await
+}
