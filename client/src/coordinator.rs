@@ -445,17 +445,18 @@ impl CoordinatorClient {
             items.iter().map(|_| None).collect();
         let all: Vec<usize> = (0..items.len()).collect();
         self.lease_batch_round(items, &all, &mut answers).await?;
-        // Items refused NOT_LEADER while the refusals name a newer
-        // placement than the one they were split by (a member routed them
-        // to a shard this client did not know of) go once more, split by
-        // the placement read now. Nothing refused NOT_LEADER was executed.
+        // Items refused NOT_LEADER by a shard they were not sent to (a
+        // member routed them by a placement this client did not know yet,
+        // or another caller of this client has just read) go once more,
+        // split by the placement known now (read again first if a member
+        // named a newer one). Nothing refused NOT_LEADER was executed.
         let refused: Vec<usize> = answers
             .iter()
             .enumerate()
             .filter(|(_, a)| matches!(a, Some(Err(CoordinatorError::NotLeader { .. }))))
             .map(|(index, _)| index)
             .collect();
-        if !refused.is_empty() && self.placement_is_stale() {
+        if !refused.is_empty() {
             self.lease_batch_round(items, &refused, &mut answers)
                 .await?;
         }
@@ -470,12 +471,6 @@ impl CoordinatorClient {
                 })
             })
             .collect())
-    }
-
-    /// Whether a member named a newer placement than the one known.
-    fn placement_is_stale(&self) -> bool {
-        let routing = self.routing();
-        routing.placement_seen > routing.placement.version
     }
 
     /// Leases `items[i]` for each `i` of `indices`, cut by shard (the
@@ -499,13 +494,25 @@ impl CoordinatorClient {
                 .or_default()
                 .push(index);
         }
-        for (shard, indices) in by_shard {
-            for chunk in indices.chunks(ITEMS_PER_BATCH_CALL) {
-                let part: Vec<LeaseItem> = chunk.iter().map(|&i| items[i].clone()).collect();
-                let results = self.lease_batch_call(Target::Shard(shard), &part).await?;
-                for (&index, result) in chunk.iter().zip(results) {
-                    answers[index] = Some(result);
-                }
+        // Every part at once: a batch over S shards takes one round trip,
+        // not S (each part is its own group's, on its own leader).
+        let parts: Vec<(u32, Vec<usize>)> = by_shard
+            .into_iter()
+            .flat_map(|(shard, indices)| {
+                indices
+                    .chunks(ITEMS_PER_BATCH_CALL)
+                    .map(|chunk| (shard, chunk.to_vec()))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let calls = parts.iter().map(|(shard, chunk)| {
+            let part: Vec<LeaseItem> = chunk.iter().map(|&i| items[i].clone()).collect();
+            async move { self.lease_batch_call(Target::Shard(*shard), &part).await }
+        });
+        let answered = futures::future::join_all(calls).await;
+        for ((_, chunk), results) in parts.iter().zip(answered) {
+            for (&index, result) in chunk.iter().zip(results?) {
+                answers[index] = Some(result);
             }
         }
         Ok(())
