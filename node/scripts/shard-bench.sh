@@ -167,8 +167,8 @@ memory() {
   shard move --start $(( SLOTS / 2 )) --end "$SLOTS" --to 2
   wait_until_owned 1 $(( SLOTS / 2 )) 1
   wait_until_owned 2 $(( SLOTS / 2 )) 4
-  # A new shard loaded before it has acquired its slots may never
-  # acquire them (open: docs/benchmarks.md, "Shards"): let them arrive.
+  # A new shard loaded before it serves its slots can stay unserved
+  # (open: docs/benchmarks.md, "Shards"): let the slots arrive first.
   sleep "${SETTLE_SECS:-5}"
   secs=$(fill "$n")
   rss_line "6 members, shards 1 on 1-3 and 2 on 4-6" "$n" "$secs"
