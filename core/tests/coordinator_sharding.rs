@@ -240,10 +240,11 @@ fn placement_changes_are_checked_and_refusals_change_nothing() {
     assert!(refused(&run(&mut shard, 60, split_into_one(0))));
 }
 
-#[test]
-fn a_large_move_travels_in_parts_that_apply_once_and_in_order() {
+/// A meta group whose 3 000 keys of 200 bytes (2 tokens leased each, in
+/// windows of `window_ms`) are split at 200 ms: a move of many parts.
+fn split_with_many_keys(window_ms: u64) -> (CoordinatorState, Vec<String>) {
     let mut meta = CoordinatorState::default();
-    run(&mut meta, 0, counter("k", LIMIT, 60_000));
+    run(&mut meta, 0, counter("k", LIMIT, window_ms));
     let keys: Vec<String> = (0..3_000).map(|i| format!("k{i:0>200}")).collect();
     let commands: Vec<Command> = keys.iter().map(|k| lease(k, "eu", 2)).collect();
     meta.apply(&Proposal {
@@ -251,6 +252,12 @@ fn a_large_move_travels_in_parts_that_apply_once_and_in_order() {
         commands,
     });
     run(&mut meta, 200, split_into_one(0));
+    (meta, keys)
+}
+
+#[test]
+fn a_large_move_travels_in_parts_that_apply_once_and_in_order() {
+    let (meta, keys) = split_with_many_keys(60_000);
     let (id, outgoing) = meta
         .sharding()
         .outgoing()
@@ -301,15 +308,7 @@ fn a_move_acquired_after_its_keys_expired_is_empty_and_serves_fresh_windows() {
 
 #[test]
 fn a_move_whose_keys_expire_between_two_parts_still_completes() {
-    let mut meta = CoordinatorState::default();
-    run(&mut meta, 0, counter("k", LIMIT, WINDOW_MS));
-    let keys: Vec<String> = (0..3_000).map(|i| format!("k{i:0>200}")).collect();
-    let commands: Vec<Command> = keys.iter().map(|k| lease(k, "eu", 2)).collect();
-    meta.apply(&Proposal {
-        stamp_ms: 100,
-        commands,
-    });
-    run(&mut meta, 200, split_into_one(0));
+    let (mut meta, _) = split_with_many_keys(WINDOW_MS);
     let mut shard = shard_one(300);
     assert!(!acquire_next_parts(&meta, &mut shard, 300), "several parts");
     let id = *meta.sharding().outgoing().keys().next().expect("a move");

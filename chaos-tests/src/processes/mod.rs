@@ -439,30 +439,13 @@ async fn form_cluster(
 /// last), each change made against the version read just before, and
 /// waits until the key's shard serves the key.
 async fn spread_over_shards(client: &CoordinatorClient, options: &ProcessOptions) -> Result<()> {
-    use leasehold_proto::v1 as pb;
-
     let admin = client.admin();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     let key_slot = u32::from(leasehold_core::shard::slot_of(KEY));
     for change in crate::sim::shards::spread_changes(options.shards, options.members, key_slot) {
-        loop {
-            let made = match admin.placement().await {
-                Ok(placement) => admin
-                    .change_placement(pb::ChangePlacementRequest {
-                        expected_version: placement.version,
-                        change: Some(change.clone()),
-                    })
-                    .await
-                    .map(|_| ()),
-                Err(e) => Err(e),
-            };
-            match made {
-                Ok(()) => break,
-                Err(e) if tokio::time::Instant::now() > deadline => {
-                    return Err(e).with_context(|| format!("placement change {change:?}"))
-                }
-                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-            }
+        let in_time = || tokio::time::Instant::now() < deadline;
+        if !crate::sim::shards::make_change(&admin, &change, in_time).await {
+            anyhow::bail!("placement change {change:?} not made in 30 s");
         }
     }
     loop {

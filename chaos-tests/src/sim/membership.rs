@@ -176,7 +176,7 @@ async fn move_key(admin: &AdminClient, shard: u32, replicas: &[u64], stop_at_ms:
         }),
     ];
     for change in changes {
-        if !shards::make_change(admin, &change, stop_at_ms).await {
+        if !shards::make_change(admin, &change, || sim_now_ms() < stop_at_ms).await {
             return false;
         }
     }

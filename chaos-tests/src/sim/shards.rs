@@ -83,10 +83,11 @@ pub fn replicas_of(shard: u32, members: u64) -> Vec<u64> {
     replicas
 }
 
-/// Makes `change` against the placement read just before, retrying until
-/// it is made or `stop_at_ms` passes; whether it was made.
-pub(crate) async fn make_change(admin: &AdminClient, change: &Change, stop_at_ms: u64) -> bool {
-    while sim_now_ms() < stop_at_ms {
+/// Makes `change` against the placement read just before, retrying while
+/// `in_time()` holds; whether it was made. (The simulation's control and
+/// operator hosts and the process runner all change the placement so.)
+pub async fn make_change(admin: &AdminClient, change: &Change, in_time: impl Fn() -> bool) -> bool {
+    while in_time() {
         let made = match admin.placement().await {
             Ok(placement) => admin
                 .change_placement(pb::ChangePlacementRequest {
@@ -114,7 +115,7 @@ pub(crate) async fn spread(
     stop_at_ms: u64,
 ) -> Result<(), String> {
     for change in spread_changes(shape.shards, shape.members, u32::from(slot_of(KEY))) {
-        if !make_change(admin, &change, stop_at_ms).await {
+        if !make_change(admin, &change, || sim_now_ms() < stop_at_ms).await {
             return Err(format!("placement change {change:?} not made in time"));
         }
     }
