@@ -182,6 +182,14 @@ pub enum Fault {
     /// A membership change, carried out through the admin API by an
     /// operator host while the load runs.
     Membership(MembershipAction),
+    /// The honest clients stop asking for a while (a night's lull, a
+    /// deploy): every process stays up, no session of theirs is used.
+    QuietClients {
+        /// For how long.
+        for_ms: u64,
+    },
+    /// The clients ask again (scheduled by `QuietClients`).
+    ClientsBack,
 }
 
 /// A named scenario.

@@ -190,6 +190,13 @@ pub fn all() -> Vec<Scenario> {
                 vec![(secs(4), Fault::PowerLoss(0)), (secs(6), Fault::RestartAll)],
             )
         },
+        // The clients go quiet for longer than the coordinator keeps an
+        // idle session (a minute) and come back: the coordinator has
+        // forgotten every session of theirs, and must still admit them
+        // at once — leasing directly, and behind escrow nodes of a `fair`
+        // key (whose own sessions the coordinator forgot too).
+        quiet_past_session_retention("clients_quiet_past_session_retention", 0),
+        quiet_past_session_retention("fair_clients_quiet_past_session_retention", 2),
         // Demand below L: clients hold credits across every boundary.
         Scenario {
             shape: FleetShape {
@@ -370,6 +377,27 @@ fn escrow_restarts(name: &'static str, fair: bool, shared_region: bool) -> Scena
         member_clock_drift_ppm: Vec::new(),
         // A window spent before the faults admits nothing until it ends.
         liveness_bound_ms: 10_000,
+    }
+}
+
+/// The clients busy for 30 s (every session of theirs well past its
+/// opening seqs), quiet for longer than the coordinator's session
+/// retention (`SESSION_MIN_RETAIN_MS`, a minute), then back for 8 s;
+/// `escrow_nodes` > 0: behind that many escrow nodes of a `fair` key.
+fn quiet_past_session_retention(name: &'static str, escrow_nodes: usize) -> Scenario {
+    let quiet_ms = leasehold_core::coordinator::SESSION_MIN_RETAIN_MS + 5_000;
+    Scenario {
+        name,
+        shape: FleetShape {
+            escrow_nodes,
+            fair: escrow_nodes > 0,
+            load: secs(30 + 8) + Duration::from_millis(quiet_ms),
+            ..FleetShape::default()
+        },
+        faults: vec![(secs(30), Fault::QuietClients { for_ms: quiet_ms })],
+        member_clock_offsets_ms: Vec::new(),
+        member_clock_drift_ppm: Vec::new(),
+        liveness_bound_ms: 5_000,
     }
 }
 

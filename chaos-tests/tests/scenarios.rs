@@ -118,6 +118,8 @@ scenario_tests!(
     fair_pool_leader_power_loss,
     fair_pool_region_cut,
     rls_healthy,
+    clients_quiet_past_session_retention,
+    fair_clients_quiet_past_session_retention,
 );
 
 /// Tokens admitted per window start by the clients of escrow node `region`
@@ -331,6 +333,8 @@ fn every_scenario_has_a_test() {
         "fair_two_nodes_per_region_restarts",
         "rls_healthy",
         "rls_escrow_restarts",
+        "clients_quiet_past_session_retention",
+        "fair_clients_quiet_past_session_retention",
     ];
     for s in scenario::all() {
         assert!(tested.contains(&s.name), "scenario {} has no test", s.name);

@@ -266,15 +266,57 @@ impl CoordinatorClient {
         self.shared.sessions.client_id()
     }
 
-    /// How many pooled sessions this client has opened (its peak concurrency).
+    /// How many pooled sessions this client has opened (its peak
+    /// concurrency, plus one per session renewed).
     pub fn sessions_opened(&self) -> u64 {
         self.shared.sessions.opened()
+    }
+
+    /// How many sessions a group had forgotten (`SESSION_EXPIRED`: idle
+    /// for a minute, or never opened) this client replaced: pooled
+    /// sessions retired, its own session renamed.
+    pub fn sessions_renewed(&self) -> u64 {
+        self.shared.sessions.renewed()
     }
 
     fn checkout_session(&self, target: Target) -> SessionGuard<'_> {
         self.shared
             .sessions
             .checkout_in(target.shard().unwrap_or(0))
+    }
+
+    /// Sends one logical request (`send`, under the id it is given) in a
+    /// pooled session of `target`'s group, in a new session once more if
+    /// the group has forgotten the first ([`session::send_in_session`]).
+    async fn in_session<R, F, Fut>(&self, target: Target, send: F) -> Result<R, CoordinatorError>
+    where
+        F: FnMut(RequestId) -> Fut,
+        Fut: Future<Output = Result<R, CoordinatorError>>,
+    {
+        session::send_in_session(
+            &self.shared.sessions,
+            target.shard().unwrap_or(0),
+            CoordinatorError::is_session_expired,
+            send,
+        )
+        .await
+    }
+
+    /// Renames this client's own session when `answer` says a group has
+    /// forgotten the session `request_id` (a caller-managed id) is of:
+    /// the caller's request is refused (its outcome is the caller's to
+    /// judge), the next ids of [`next_request_id`](Self::next_request_id)
+    /// open a session again.
+    fn renew_own_session_on_expiry<R>(
+        &self,
+        request_id: &RequestId,
+        answer: &Result<R, CoordinatorError>,
+    ) {
+        if matches!(answer, Err(error) if error.is_session_expired())
+            && self.shared.sessions.renew_manual(&request_id.client_id)
+        {
+            tracing::debug!(session = %request_id.client_id, "own session forgotten by a group; renamed");
+        }
     }
 
     /// The shard of `key` as this client knows the placement (0 on a
@@ -391,9 +433,10 @@ impl CoordinatorClient {
         tokens: u64,
     ) -> Result<LeaseResponse, CoordinatorError> {
         let target = self.target_for(key).await;
-        let mut session = self.checkout_session(target);
-        let request_id = session.request_id();
-        self.lease_to(target, key, region, tokens, request_id).await
+        self.in_session(target, |request_id| {
+            self.lease_to(target, key, region, tokens, request_id)
+        })
+        .await
     }
 
     /// [`lease`](Self::lease) with an explicit request id.
@@ -405,7 +448,11 @@ impl CoordinatorClient {
         request_id: RequestId,
     ) -> Result<LeaseResponse, CoordinatorError> {
         let target = self.target_for(key).await;
-        self.lease_to(target, key, region, tokens, request_id).await
+        let answer = self
+            .lease_to(target, key, region, tokens, request_id.clone())
+            .await;
+        self.renew_own_session_on_expiry(&request_id, &answer);
+        answer
     }
 
     #[tracing::instrument(name = "leasehold.coordinator.lease", level = "debug", skip_all, fields(otel.kind = "client", key, region, tokens))]
@@ -519,13 +566,46 @@ impl CoordinatorClient {
     }
 
     /// One `LeaseBatch` call of at most [`ITEMS_PER_BATCH_CALL`] items of
-    /// one shard.
+    /// one shard, in a pooled session; items refused `SESSION_EXPIRED` go
+    /// once more in a new session (as [`in_session`](Self::in_session)).
     async fn lease_batch_call(
         &self,
         target: Target,
         chunk: &[LeaseItem],
     ) -> Result<Vec<Result<LeaseResponse, CoordinatorError>>, CoordinatorError> {
         let mut session = self.checkout_session(target);
+        let mut results = self.lease_batch_in(target, chunk, &mut session).await?;
+        let forgotten: Vec<usize> = results
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| matches!(r, Err(error) if error.is_session_expired()))
+            .map(|(index, _)| index)
+            .collect();
+        if forgotten.is_empty() {
+            return Ok(results);
+        }
+        tracing::debug!(
+            items = forgotten.len(),
+            "session forgotten by its group; sending its items in a new one"
+        );
+        session.retire();
+        let mut fresh = self.shared.sessions.open_in(target.shard().unwrap_or(0));
+        let again: Vec<LeaseItem> = forgotten.iter().map(|&i| chunk[i].clone()).collect();
+        let answers = self.lease_batch_in(target, &again, &mut fresh).await?;
+        for (index, answer) in forgotten.into_iter().zip(answers) {
+            results[index] = answer;
+        }
+        Ok(results)
+    }
+
+    /// One `LeaseBatch` call of `chunk` (one shard's) under ids of
+    /// `session`.
+    async fn lease_batch_in(
+        &self,
+        target: Target,
+        chunk: &[LeaseItem],
+        session: &mut SessionGuard<'_>,
+    ) -> Result<Vec<Result<LeaseResponse, CoordinatorError>>, CoordinatorError> {
         let request = LeaseBatchRequest {
             items: chunk
                 .iter()
@@ -626,17 +706,18 @@ impl CoordinatorClient {
         window_start_ms: u64,
     ) -> Result<ReconcileResponse, CoordinatorError> {
         let target = self.target_for(key).await;
-        let mut session = self.checkout_session(target);
-        let request = ReconcileRequest {
-            key: key.to_string(),
-            region: region.to_string(),
-            leftover,
-            window_start_ms,
-            request_id: Some(session.request_id()),
-        };
-        self.call(target, move |channel, timeout| {
-            let request = with_timeout(request.clone(), timeout);
-            async move { CoordinatorRpc::new(channel).reconcile(request).await }
+        self.in_session(target, |request_id| {
+            let request = ReconcileRequest {
+                key: key.to_string(),
+                region: region.to_string(),
+                leftover,
+                window_start_ms,
+                request_id: Some(request_id),
+            };
+            self.call(target, move |channel, timeout| {
+                let request = with_timeout(request.clone(), timeout);
+                async move { CoordinatorRpc::new(channel).reconcile(request).await }
+            })
         })
         .await
     }
@@ -724,24 +805,25 @@ impl CoordinatorClient {
         join_next: Option<NextWindowJoin>,
     ) -> Result<PoolGrantResponse, CoordinatorError> {
         let target = self.target_for(key).await;
-        let mut session = self.checkout_session(target);
-        let request = PoolGrantRequest {
-            key: key.to_string(),
-            region: region.to_string(),
-            region_weight,
-            want_total,
-            request_id: Some(session.request_id()),
-            tenant_demands,
-            demand_window_start_ms,
-            join_next,
-            // This client is one holder: the leader sums a region's weight
-            // over its holders (the proto's PoolGrantRequest.holder).
-            holder: self.shared.sessions.client_id().to_string(),
-            want_more,
-        };
-        self.call(target, move |channel, timeout| {
-            let request = with_timeout(request.clone(), timeout);
-            async move { CoordinatorRpc::new(channel).pool_grant(request).await }
+        self.in_session(target, |request_id| {
+            let request = PoolGrantRequest {
+                key: key.to_string(),
+                region: region.to_string(),
+                region_weight,
+                want_total,
+                request_id: Some(request_id),
+                tenant_demands: tenant_demands.clone(),
+                demand_window_start_ms,
+                join_next: join_next.clone(),
+                // This client is one holder: the leader sums a region's weight
+                // over its holders (the proto's PoolGrantRequest.holder).
+                holder: self.shared.sessions.client_id().to_string(),
+                want_more,
+            };
+            self.call(target, move |channel, timeout| {
+                let request = with_timeout(request.clone(), timeout);
+                async move { CoordinatorRpc::new(channel).pool_grant(request).await }
+            })
         })
         .await
     }
@@ -794,16 +876,19 @@ impl CoordinatorClient {
             from_total,
             keep_total,
             window_start_ms,
-            request_id: Some(request_id),
+            request_id: Some(request_id.clone()),
             join_next,
             holder: self.shared.sessions.client_id().to_string(),
         };
         let target = self.target_for(key).await;
-        self.call(target, move |channel, timeout| {
-            let request = with_timeout(request.clone(), timeout);
-            async move { CoordinatorRpc::new(channel).pool_release(request).await }
-        })
-        .await
+        let answer = self
+            .call(target, move |channel, timeout| {
+                let request = with_timeout(request.clone(), timeout);
+                async move { CoordinatorRpc::new(channel).pool_release(request).await }
+            })
+            .await;
+        self.renew_own_session_on_expiry(&request_id, &answer);
+        answer
     }
 
     /// A linearizable view of `key`'s current window.

@@ -16,11 +16,23 @@
 //! many go out at once), and a lone check is still one plain `Lease`.
 //! Each check's answer is its own item's, exactly as if sent alone.
 //!
+//! An `Acquire` goes under the limiter's own request id, so the
+//! coordinator holds one session per limiter. It forgets that session
+//! when the limiter has been idle for a minute (no outcome of it left to
+//! keep), and then refuses every later seq of it (`SESSION_EXPIRED`: it
+//! opens a session only at one of its first seqs). The source then
+//! renames the limiter's session from that seq on
+//! (`ForgottenSessions`) and sends the request again under the new
+//! name: the refused id was never executed (a limiter sends each id in
+//! one call, retried for seconds), and a second send of any id maps to the
+//! same renamed id, so every id is still executed at most once.
+//!
 //! `fair` keys are leased per tenant through an escrow node's weighted-fair
 //! escrow; asking the coordinator for one, or naming a tenant, is
 //! [`ClientError::Unsupported`].
 
-use std::sync::{Arc, OnceLock};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use futures::future::{BoxFuture, FutureExt};
 use leasehold_core::ids::RegionId;
@@ -40,6 +52,76 @@ pub struct CoordinatorSource {
     /// The strict checks' coalescer, started by the first check (inside
     /// the runtime that runs it); shared by clones.
     strict_checks: Arc<OnceLock<LeaseCoalescer>>,
+    /// Limiter sessions the coordinator forgot, renamed; shared by clones.
+    forgotten: Arc<ForgottenSessions>,
+}
+
+/// The limiter sessions the coordinator has forgotten, each renamed from
+/// the seq it was refused at: `(name, seq)` with `seq ≥ from_seq` goes
+/// out as `(renamed, seq − from_seq + 1)`, so the renamed session opens
+/// at seq 1 and a resend of an id maps to the same id. One entry per
+/// limiter session (a source serves one limiter, or a few).
+#[derive(Debug, Default)]
+pub(crate) struct ForgottenSessions(Mutex<HashMap<String, Renamed>>);
+
+#[derive(Debug, Clone)]
+struct Renamed {
+    name: String,
+    from_seq: u64,
+    renewals: u64,
+}
+
+impl ForgottenSessions {
+    fn renames(&self) -> std::sync::MutexGuard<'_, HashMap<String, Renamed>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The id `id` goes out as.
+    pub(crate) fn outgoing(&self, id: &wire::RequestId) -> wire::RequestId {
+        match self.renames().get(&id.client_id) {
+            Some(renamed) if id.seq >= renamed.from_seq => wire::RequestId {
+                client_id: renamed.name.clone(),
+                seq: id.seq - renamed.from_seq + 1,
+            },
+            _ => id.clone(),
+        }
+    }
+
+    /// Renames `id`'s session from `id.seq` on, the coordinator having
+    /// refused `id` as of a session it does not hold; returns the id it
+    /// goes out as now. An id before the current renaming keeps its name.
+    pub(crate) fn rename_from(&self, id: &wire::RequestId) -> wire::RequestId {
+        let mut renames = self.renames();
+        let renewals = match renames.get(&id.client_id) {
+            Some(renamed) if id.seq < renamed.from_seq => return id.clone(),
+            Some(renamed) => renamed.renewals + 1,
+            None => 1,
+        };
+        let renamed = Renamed {
+            name: renamed_session(&id.client_id, renewals),
+            from_seq: id.seq,
+            renewals,
+        };
+        let out = wire::RequestId {
+            client_id: renamed.name.clone(),
+            seq: 1,
+        };
+        renames.insert(id.client_id.clone(), renamed);
+        out
+    }
+}
+
+/// `name-r<n>`, `name` shortened (on a character boundary) to fit a
+/// client id's bytes.
+fn renamed_session(name: &str, renewals: u64) -> String {
+    let suffix = format!("-r{renewals}");
+    let mut end = name
+        .len()
+        .min(leasehold_core::ids::MAX_CLIENT_ID_BYTES - suffix.len());
+    while !name.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}{suffix}", &name[..end])
 }
 
 impl CoordinatorSource {
@@ -49,6 +131,7 @@ impl CoordinatorSource {
             client,
             region,
             strict_checks: Arc::new(OnceLock::new()),
+            forgotten: Arc::default(),
         }
     }
 
@@ -78,11 +161,23 @@ impl CoordinatorSource {
         tokens: u64,
         request_id: wire::RequestId,
     ) -> Result<Grant, ClientError> {
-        let response = self
-            .client
-            .lease_with_id(key, self.region.as_str(), tokens, request_id)
-            .await
-            .map_err(|e| client_error(key, e))?;
+        let region = self.region.as_str();
+        let sent = self.forgotten.outgoing(&request_id);
+        let response = match self.client.lease_with_id(key, region, tokens, sent).await {
+            Err(error) if error.is_session_expired() => {
+                let renamed = self.forgotten.rename_from(&request_id);
+                tracing::debug!(
+                    session = %request_id.client_id,
+                    renamed = %renamed.client_id,
+                    "the coordinator forgot the limiter's session; renamed"
+                );
+                self.client
+                    .lease_with_id(key, region, tokens, renamed)
+                    .await
+            }
+            answer => answer,
+        }
+        .map_err(|e| client_error(key, e))?;
         Ok(grant_from_lease(&response))
     }
 }
@@ -196,6 +291,16 @@ fn client_error(key: &str, e: CoordinatorError) -> ClientError {
         | CoordinatorError::Address(_)
         | CoordinatorError::InvalidArgument(_) => ClientError::InvalidInput(e.to_string().into()),
         CoordinatorError::NotFound(m) => ClientError::NoPolicy(m.into()),
+        // Sent again under a renamed session, and forgotten again at once
+        // (a coordinator restored from an old backup, say): the next
+        // request goes under the new name.
+        CoordinatorError::FailedPrecondition {
+            reason: Some(leasehold_proto::refusal::Reason::SessionExpired),
+            message,
+        } => ClientError::Unavailable(
+            format!("the coordinator does not hold this client's session ({message}); retry")
+                .into(),
+        ),
         CoordinatorError::FailedPrecondition { message: m, reason } => ClientError::Unsupported(
             crate::error::Detail::new(format!(
                 "key {key:?} cannot be leased from the coordinator directly ({m}); \
@@ -213,5 +318,44 @@ fn client_error(key: &str, e: CoordinatorError) -> ClientError {
         CoordinatorError::AlreadyExists(_) | CoordinatorError::Rpc { .. } => {
             ClientError::Protocol(e.to_string().into())
         }
+    }
+}
+
+#[cfg(test)]
+mod forgotten_session_tests {
+    use super::*;
+
+    fn id(client: &str, seq: u64) -> wire::RequestId {
+        wire::RequestId {
+            client_id: client.into(),
+            seq,
+        }
+    }
+
+    #[test]
+    fn ids_before_a_renaming_keep_their_name_and_later_ones_follow_it() {
+        let forgotten = ForgottenSessions::default();
+        assert_eq!(forgotten.outgoing(&id("a", 5)), id("a", 5));
+        assert_eq!(forgotten.rename_from(&id("a", 80)), id("a-r1", 1));
+        assert_eq!(forgotten.outgoing(&id("a", 79)), id("a", 79));
+        assert_eq!(forgotten.outgoing(&id("a", 80)), id("a-r1", 1));
+        assert_eq!(forgotten.outgoing(&id("a", 95)), id("a-r1", 16));
+        assert_eq!(forgotten.outgoing(&id("b", 95)), id("b", 95));
+        assert_eq!(
+            forgotten.rename_from(&id("a", 70)),
+            id("a", 70),
+            "an id from before the renaming is not renamed again"
+        );
+        assert_eq!(forgotten.rename_from(&id("a", 200)), id("a-r2", 1));
+        assert_eq!(forgotten.outgoing(&id("a", 201)), id("a-r2", 2));
+    }
+
+    #[test]
+    fn a_renamed_session_fits_a_client_id() {
+        let long = "é".repeat(64);
+        let renamed = renamed_session(&long, 12);
+        assert!(renamed.len() <= leasehold_core::ids::MAX_CLIENT_ID_BYTES);
+        assert!(renamed.ends_with("-r12"));
+        assert!(leasehold_core::ids::ClientId::new(renamed).is_ok());
     }
 }

@@ -133,6 +133,7 @@ const SPARSE_ACTIVE_MS: u64 = 100;
 
 /// Adds the control host and the client hosts to `sim`; returns the flag
 /// the control host sets once the cluster is formed and the policy set.
+/// The honest clients ask nothing while `quiet` is set.
 #[allow(clippy::too_many_arguments)]
 pub fn spawn_clients(
     sim: &mut turmoil::Sim<'_>,
@@ -143,6 +144,7 @@ pub fn spawn_clients(
     leader: &Arc<AtomicU64>,
     setup_time: Duration,
     weakening: Weakening,
+    quiet: &Arc<AtomicBool>,
 ) -> Arc<AtomicBool> {
     let ready = Arc::new(AtomicBool::new(false));
     let load_end_ms =
@@ -222,11 +224,12 @@ pub fn spawn_clients(
     }
 
     for index in 0..shape.clients {
-        let (members, dialer, recorder, ready, window_ms, escrow_nodes, rls) = (
+        let (members, dialer, recorder, ready, quiet, window_ms, escrow_nodes, rls) = (
             members.to_vec(),
             dialer.clone(),
             recorder.clone(),
             ready.clone(),
+            quiet.clone(),
             shape.window_ms,
             shape.escrow_nodes,
             shape.rls,
@@ -296,6 +299,10 @@ pub fn spawn_clients(
             config.fresh_incarnation = false;
             let limiter = Limiter::with_shared_source(source, config)?;
             while sim_now_ms() < load_end_ms {
+                if quiet.load(Ordering::SeqCst) {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
                 let into_window = sim_now_ms() % window_ms;
                 if sparse && into_window >= SPARSE_ACTIVE_MS.min(window_ms / 2) {
                     let jitter = rng.gen_range(0..20);

@@ -19,7 +19,7 @@ pub mod rls;
 pub mod shards;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -236,8 +236,9 @@ pub fn run(scenario: &Scenario, seed: u64, weakening: Weakening) -> RunOutcome {
             }
         });
     }
+    let quiet = Arc::new(AtomicBool::new(false));
     let ready = load::spawn_clients(
-        &mut sim, &shape, &members, seed, &recorder, &leader, setup_time, weakening,
+        &mut sim, &shape, &members, seed, &recorder, &leader, setup_time, weakening, &quiet,
     );
     let load_end_ms =
         SIM_EPOCH_MS + u64::try_from((setup_time + shape.load).as_millis()).unwrap_or(0);
@@ -271,6 +272,7 @@ pub fn run(scenario: &Scenario, seed: u64, weakening: Weakening) -> RunOutcome {
         drains: &drains,
         leader: &leader,
         actions: &actions,
+        quiet: &quiet,
     };
     let sim_error = drive(&mut sim, &faults, setup_time).err();
     drop(sim);
@@ -363,6 +365,8 @@ struct Faults<'a> {
     drains: &'a EscrowDrains,
     leader: &'a AtomicU64,
     actions: &'a membership::ActionQueue,
+    /// Set while the honest clients are quiet (`QuietClients`).
+    quiet: &'a AtomicBool,
 }
 
 /// The partitions and link settings in force, so `HealAll` undoes them.
@@ -561,6 +565,16 @@ fn inject(
                 sim.release(member_host(id), other.as_str());
             }
             recorder.fault(format!("{now_ms}: resume n{id}"));
+            recorder.healed(now_ms);
+        }
+        Fault::QuietClients { for_ms } => {
+            faults.quiet.store(true, Ordering::SeqCst);
+            recorder.fault(format!("{now_ms}: clients quiet for {for_ms} ms"));
+            return Some((elapsed + Duration::from_millis(for_ms), Fault::ClientsBack));
+        }
+        Fault::ClientsBack => {
+            faults.quiet.store(false, Ordering::SeqCst);
+            recorder.fault(format!("{now_ms}: clients back"));
             recorder.healed(now_ms);
         }
         Fault::Membership(action) => {

@@ -111,6 +111,18 @@ impl CoordinatorError {
         )
     }
 
+    /// Whether the group refused the request's id as of a session it does
+    /// not hold (`SESSION_EXPIRED`): nothing was executed under it now.
+    pub fn is_session_expired(&self) -> bool {
+        matches!(
+            self,
+            CoordinatorError::FailedPrecondition {
+                reason: Some(Reason::SessionExpired),
+                ..
+            }
+        )
+    }
+
     /// Whether the error is a host name that did not resolve (DNS), as
     /// opposed to a host that resolved but did not answer.
     pub fn is_name_resolution_failure(&self) -> bool {

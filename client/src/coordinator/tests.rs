@@ -17,10 +17,15 @@ use crate::transport::TcpDialer;
 #[derive(Clone)]
 enum Script {
     Grant(u64),
-    NotLeader { id: u64, addr: String },
+    NotLeader {
+        id: u64,
+        addr: String,
+    },
     Unavailable,
     Invalid,
     Hang,
+    /// `SESSION_EXPIRED`: the node does not hold the request's session.
+    SessionExpired,
 }
 
 #[derive(Clone, Default)]
@@ -61,6 +66,10 @@ impl Coordinator for FakeNode {
             }
             Script::Unavailable => Err(Status::unavailable("no quorum")),
             Script::Invalid => Err(Status::invalid_argument("tokens must be > 0")),
+            Script::SessionExpired => Err(leasehold_proto::refusal::refusal(
+                leasehold_proto::refusal::Reason::SessionExpired,
+                "the session expired",
+            )),
             Script::Hang => {
                 tokio::time::sleep(Duration::from_secs(30)).await;
                 Err(Status::unavailable("late"))
@@ -68,16 +77,28 @@ impl Coordinator for FakeNode {
         }
     }
     /// Each item is answered by the next script step as if sent alone;
-    /// a step that is not a grant fails the whole call.
+    /// `SessionExpired` refuses its item, any other step that is not a
+    /// grant fails the whole call.
     async fn lease_batch(
         &self,
         request: Request<LeaseBatchRequest>,
     ) -> Result<Response<LeaseBatchResponse>, Status> {
         let mut results = Vec::new();
         for item in request.into_inner().items {
-            let answer = self.lease(Request::new(item)).await?.into_inner();
+            let result = match self.lease(Request::new(item)).await {
+                Ok(answer) => lease_item_result::Result::Granted(answer.into_inner()),
+                Err(status)
+                    if leasehold_proto::refusal::reason_of(&status)
+                        == Some(leasehold_proto::refusal::Reason::SessionExpired) =>
+                {
+                    lease_item_result::Result::Refused(leasehold_proto::refusal::item_refusal(
+                        &status,
+                    ))
+                }
+                Err(status) => return Err(status),
+            };
             results.push(LeaseItemResult {
-                result: Some(lease_item_result::Result::Granted(answer)),
+                result: Some(result),
             });
         }
         Ok(Response::new(LeaseBatchResponse { results }))
@@ -358,4 +379,154 @@ fn a_seed_fixes_the_client_id() {
     assert_eq!(a.client_id(), b.client_id());
     assert_ne!(a.client_id(), c.client_id());
     assert_eq!(a.next_request_id(), b.next_request_id());
+}
+
+fn ids(node: &FakeNode) -> Vec<(String, u64)> {
+    node.seen
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|id| (id.client_id.clone(), id.seq))
+        .collect()
+}
+
+/// A session the coordinator no longer holds (idle for a minute, or never
+/// opened) is retired: the refused lease goes again at seq 1 of a new
+/// session, and the next lease uses the new one, never the retired one.
+#[tokio::test]
+async fn a_forgotten_session_is_retired_and_the_lease_goes_again_in_a_new_one() {
+    let (addr, node) = spawn_fake(vec![
+        Script::Grant(1),
+        Script::SessionExpired,
+        Script::Grant(2),
+        Script::Grant(3),
+    ])
+    .await;
+    let client = client(&[&addr]);
+    let id = client.client_id().to_string();
+    let granted: Vec<u64> = [
+        client.lease("k", "eu", 1).await.unwrap().granted,
+        client.lease("k", "eu", 2).await.unwrap().granted,
+        client.lease("k", "eu", 3).await.unwrap().granted,
+    ]
+    .into();
+    assert_eq!(granted, [1, 2, 3]);
+    assert_eq!(
+        ids(&node),
+        [
+            (format!("{id}-s0"), 1),
+            (format!("{id}-s0"), 2),
+            (format!("{id}-s1"), 1),
+            (format!("{id}-s1"), 2),
+        ]
+    );
+    assert_eq!(client.sessions_renewed(), 1);
+}
+
+/// In a batch only the items refused `SESSION_EXPIRED` go again, in a new
+/// session; every item keeps its place in the answer.
+#[tokio::test]
+async fn a_batch_sends_the_items_of_a_forgotten_session_again_in_a_new_one() {
+    let (addr, node) = spawn_fake(vec![
+        Script::Grant(5),
+        Script::SessionExpired,
+        Script::Grant(7),
+        Script::Grant(6),
+    ])
+    .await;
+    let client = client(&[&addr]);
+    let id = client.client_id().to_string();
+    let items: Vec<LeaseItem> = (0..3)
+        .map(|n| LeaseItem {
+            key: format!("k{n}"),
+            region: "eu".into(),
+            tokens: 9,
+        })
+        .collect();
+    let granted: Vec<u64> = client
+        .lease_batch(&items)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|a| a.unwrap().granted)
+        .collect();
+    assert_eq!(granted, [5, 6, 7]);
+    assert_eq!(
+        ids(&node),
+        [
+            (format!("{id}-s0"), 1),
+            (format!("{id}-s0"), 2),
+            (format!("{id}-s0"), 3),
+            (format!("{id}-s1"), 1),
+        ]
+    );
+}
+
+/// A caller-managed id refused `SESSION_EXPIRED` is the caller's to judge
+/// (it may have been executed long ago), so it is not sent again; the
+/// client's own session is renamed, so the next ids open a session.
+#[tokio::test]
+async fn a_forgotten_own_session_is_renamed_for_the_next_ids() {
+    let (addr, node) = spawn_fake(vec![Script::SessionExpired, Script::Grant(4)]).await;
+    let client = client(&[&addr]);
+    let id = client.client_id().to_string();
+    let refused = client
+        .lease_with_id("k", "eu", 4, client.next_request_id())
+        .await
+        .unwrap_err();
+    assert!(refused.is_session_expired(), "{refused:?}");
+    let next = client.next_request_id();
+    assert_eq!(
+        (next.client_id.as_str(), next.seq),
+        (format!("{id}-r1").as_str(), 1)
+    );
+    assert_eq!(
+        client
+            .lease_with_id("k", "eu", 4, next)
+            .await
+            .unwrap()
+            .granted,
+        4
+    );
+    assert_eq!(ids(&node), [(id.clone(), 1), (format!("{id}-r1"), 1)]);
+}
+
+/// A limiter's session the coordinator forgot is renamed by the source
+/// from the refused seq on: the request goes again as seq 1 of the new
+/// name, later ids follow it, and a resend of an id maps to the same id
+/// (so the coordinator answers it from its session: exactly-once).
+#[tokio::test]
+async fn a_coordinator_source_renames_a_forgotten_limiter_session() {
+    use crate::source::{AcquireRequest, CreditSource};
+    use leasehold_core::ids::{ClientId, Key, RegionId};
+    let (addr, node) = spawn_fake(vec![
+        Script::SessionExpired,
+        Script::Grant(1),
+        Script::Grant(2),
+        Script::Grant(1),
+    ])
+    .await;
+    let source = crate::CoordinatorSource::new(client(&[&addr]), RegionId::new("eu").unwrap());
+    let acquire = |seq| AcquireRequest {
+        key: Key::new("k").unwrap(),
+        tenant: None,
+        weight: 1,
+        tokens: 1,
+        request_id: leasehold_core::ids::RequestId {
+            client: ClientId::new("lim").unwrap(),
+            seq,
+        },
+    };
+    assert_eq!(source.acquire(acquire(70)).await.unwrap().granted, 1);
+    assert_eq!(source.acquire(acquire(71)).await.unwrap().granted, 2);
+    assert_eq!(source.acquire(acquire(70)).await.unwrap().granted, 1);
+    assert_eq!(
+        ids(&node),
+        [
+            ("lim".into(), 70),
+            ("lim-r1".into(), 1),
+            ("lim-r1".into(), 2),
+            ("lim-r1".into(), 1),
+        ]
+    );
 }

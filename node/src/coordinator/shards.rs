@@ -116,6 +116,9 @@ pub struct ShardHost {
     raft_groups: HostedShards,
     apis: HostedApis,
     hosted: BTreeMap<ShardId, Hosted>,
+    /// Moves this member leads the target of but cannot read (it hosts no
+    /// replica of the source), each warned about once.
+    unreadable_moves: std::sync::Mutex<BTreeSet<MoveId>>,
 }
 
 impl ShardHost {
@@ -136,6 +139,7 @@ impl ShardHost {
             raft_groups,
             apis,
             hosted: BTreeMap::new(),
+            unreadable_moves: std::sync::Mutex::default(),
         }
     }
 
@@ -528,14 +532,21 @@ impl ShardHost {
             } else if let Some(hosted) = self.hosted.get(&slots.from) {
                 &hosted.context.state
             } else {
-                tracing::warn!(
-                    shard = shard.0,
-                    from = slots.from.0,
-                    "shard {} cannot acquire move {id:?}: this member (its leader) hosts no \
-                     replica of shard {} to read it from",
-                    shard.0,
-                    slots.from.0
-                );
+                let first_time = self
+                    .unreadable_moves
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .insert(id);
+                if first_time {
+                    tracing::warn!(
+                        shard = shard.0,
+                        from = slots.from.0,
+                        "shard {} cannot acquire move {id:?}: this member (its leader) hosts no \
+                         replica of shard {} to read it from (said once per move)",
+                        shard.0,
+                        slots.from.0
+                    );
+                }
                 return None;
             };
             source.read(|state| {
