@@ -41,6 +41,7 @@ pub struct NodeMetrics {
     linearizable_reads: AtomicU64,
     pool_reserves_lapsed: AtomicU64,
     pool_joins_ahead: AtomicU64,
+    shard_leader_reclaims: AtomicU64,
     /// Proposal commit latency (propose → applied on the leader), µs.
     pub commit_latency: Histogram,
     /// Commands per proposal (group-commit batch sizes).
@@ -182,6 +183,12 @@ impl NodeMetrics {
         self.pool_joins_ahead.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Counts one election this member stood for to take back a shard it
+    /// is the preferred leader of (`ShardHost`, step 3).
+    pub fn record_shard_leader_reclaim(&self) {
+        self.shard_leader_reclaims.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// The listener counters, shared with the listener and the server layer.
     pub fn connections(&self) -> Arc<ConnectionCounters> {
         self.connections.clone()
@@ -219,6 +226,7 @@ impl NodeMetrics {
             ("linearizable_reads", read(&self.linearizable_reads)),
             ("pool_reserves_lapsed", read(&self.pool_reserves_lapsed)),
             ("pool_joins_ahead", read(&self.pool_joins_ahead)),
+            ("shard_leader_reclaims", read(&self.shard_leader_reclaims)),
             ("refused_unauthenticated", self.auth.unauthenticated()),
             ("refused_permission_denied", self.auth.permission_denied()),
         ];

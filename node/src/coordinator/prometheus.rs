@@ -286,6 +286,9 @@ fn describe(name: &str) -> String {
         "pool_reserves_lapsed" => {
             "Regions retired by the leader, keeping all they hold, so that a late pool ask may take the reserves no region holds.".into()
         }
+        "shard_leader_reclaims" => {
+            "Elections this member stood for to take back a shard it is the preferred leader of, after a failure moved it.".into()
+        }
         "pool_joins_ahead" => {
             "Joins of a fair key's next window made ahead, carried by a pool call late in the live one.".into()
         }

@@ -593,3 +593,70 @@ async fn a_batch_reaches_each_shards_leader_from_a_client_that_knows_no_placemen
     );
     cluster.stop_all().await
 }
+
+/// The change that adds shard `shard` on `replicas` at `version`.
+fn add_shard(version: u64, shard: u32, replicas: &[u64]) -> pb::ChangePlacementRequest {
+    pb::ChangePlacementRequest {
+        expected_version: version,
+        change: Some(pb::change_placement_request::Change::AddShard(
+            pb::AddShard {
+                shard,
+                replicas: replicas.to_vec(),
+            },
+        )),
+    }
+}
+
+/// Waits until member `via` names `want(leader)` as `shard`'s leader.
+async fn until_shard_led(
+    cluster: &Cluster,
+    via: u64,
+    shard: u32,
+    within: Duration,
+    want: impl Fn(u64) -> bool,
+) -> Result<u64> {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let (leader, _) = shard_leader(cluster, via, shard).await?;
+        if want(leader) {
+            return Ok(leader);
+        }
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "shard {shard} still led by member {leader} after {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Shards 1 and 2 on all three members start led by their forming
+/// replicas (members 2 and 3). Member 3 stops: shard 2 is led elsewhere.
+/// Member 3 comes back leading nothing, and takes shard 2 back once the
+/// other leader has held it for `RECLAIM_AFTER`: the leaderships spread
+/// out again after a failure. Shard 1 stays with member 2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_preferred_leader_that_comes_back_takes_its_shard_back() -> Result<()> {
+    use leasehold_node::coordinator::shards::RECLAIM_AFTER;
+    let (mut cluster, client) = cluster_with_policy(3).await?;
+    let admin = client.admin();
+    admin.change_placement(add_shard(0, 1, &[1, 2, 3])).await?;
+    admin.change_placement(add_shard(1, 2, &[1, 2, 3])).await?;
+    let within = Duration::from_secs(20);
+    until_shard_led(&cluster, 1, 1, within, |leader| leader == 2).await?;
+    until_shard_led(&cluster, 1, 2, within, |leader| leader == 3).await?;
+    cluster.stop(3).await?;
+    let stand_in = until_shard_led(&cluster, 1, 2, within, |leader| leader != 3).await?;
+    cluster.restart(3).await?;
+    let back = tokio::time::Instant::now();
+    until_shard_led(&cluster, 1, 2, RECLAIM_AFTER + within, |leader| leader == 3)
+        .await
+        .with_context(|| format!("member {stand_in} kept shard 2"))?;
+    let took = back.elapsed();
+    tracing::info!(?took, "shard 2 back with its preferred leader");
+    ensure!(
+        took >= RECLAIM_AFTER.saturating_sub(Duration::from_secs(1)),
+        "shard 2 was taken back after {took:?}, before its leader settled"
+    );
+    until_shard_led(&cluster, 1, 1, within, |leader| leader == 2).await?;
+    cluster.stop_all().await
+}
