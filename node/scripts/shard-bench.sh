@@ -15,11 +15,22 @@
 #                       are split over two shards of three replicas each
 #                       (shard 0, on every member, keeps no slot): every
 #                       member's RSS once each key holds a live window.
+#   move [N]            what a split costs the callers while it runs: N
+#                       keys (default 200 000) with a live window on 3
+#                       members (one shard), then two `bench` runs over
+#                       them of DURATION s each: one as is, one during
+#                       which shard 0 splits (half its slots, N/2 keys'
+#                       windows, to a new shard 1 on the same members) a
+#                       third of the way in. For each: leases/s, latency
+#                       percentiles, the longest gap between successful
+#                       leases, failed batches; and how long the move ran
+#                       (split to shard 1 serving all its slots).
 #
 # Needs a release build, redis-server (throughput) and jq:
 #   cargo build --release -p leasehold-node --bin leasehold --example redis_lease_load
 #   node/scripts/shard-bench.sh throughput 1 2 4 8
 #   node/scripts/shard-bench.sh memory 1000000
+#   DURATION=9 node/scripts/shard-bench.sh move 200000
 # Prints one JSON line per run; docs/benchmarks.md has the tables.
 set -euo pipefail
 
@@ -174,8 +185,47 @@ memory() {
   rss_line "6 members, shards 1 on 1-3 and 2 on 4-6" "$n" "$secs"
 }
 
+# bench_line LABEL N: DURATION s of `bench` over N keys (LeaseBatch calls
+# of 64, four callers), one JSON line.
+bench_line() {
+  "$BIN" bench --insecure --endpoint "$ENDPOINTS" --region mem --key lease: --keys "$2" \
+    --no-setup --concurrency 4 --batch 64 --duration-secs "$DURATION" --output json |
+    jq -c --arg run "$1" '{run: $run, leases_per_sec: (.leases_per_sec|floor), p50_ms: .latency_ms.p50,
+      p99_ms: .latency_ms.p99, max_ms: .latency_ms.max, longest_gap_ms: (.longest_gap_ms|floor),
+      failed_batches: .errors}'
+}
+
+# serving_slots SHARD MEMBER: the slots SHARD serves on MEMBER (0 if it
+# does not host it yet).
+serving_slots() {
+  "$BIN" cluster status --insecure --endpoint "$(addr "$2")" --output json 2>/dev/null |
+    jq --argjson s "$1" '[.shards[] | select(.id == $s) | .owned_slots] | add // 0'
+}
+
+move() {
+  local n="${1:-200000}"
+  start_cluster 3
+  fill "$n" >/dev/null
+  bench_line "no move" "$n"
+  (
+    sleep "$(( DURATION / 3 ))"
+    local started ended
+    started=$(date +%s%N)
+    shard split --shard 0 --into 1 --replicas 1,2,3
+    until [ "$(serving_slots 1 1)" = $(( SLOTS / 2 )) ]; do sleep 0.05; done
+    ended=$(date +%s%N)
+    jq -cn --argjson ms $(( (ended - started) / 1000000 )) --argjson keys "$n" \
+      '{run: "the split", moved_slots: 8192, keys: $keys, split_to_serving_ms: $ms}'
+  ) >"$WORK/split.json" &
+  local splitter=$!
+  bench_line "split a third of the way in" "$n"
+  wait "$splitter"
+  cat "$WORK/split.json"
+}
+
 case "$MODE" in
   throughput) throughput "$@" ;;
   memory) memory "$@" ;;
-  *) echo "usage: $0 throughput [SHARDS...] | memory [WINDOWS]" >&2; exit 2 ;;
+  move) move "$@" ;;
+  *) echo "usage: $0 throughput [SHARDS...] | memory [WINDOWS] | move [KEYS]" >&2; exit 2 ;;
 esac
