@@ -39,6 +39,7 @@ shift || true
 BIN="${LEASEHOLD_BIN:-target/release/leasehold}"
 LOAD="${REDIS_LOAD_BIN:-target/release/examples/redis_lease_load}"
 DURATION="${DURATION:-5}"
+# SERVE_ARGS: extra flags for every member's `serve` (e.g. --config FILE).
 KEYS="${KEYS:-10000}"
 IN_FLIGHT="${IN_FLIGHT:-1024}"
 BASE_PORT="${BASE_PORT:-7701}"
@@ -63,8 +64,9 @@ start_cluster() {
   local n="$1" run="$WORK/run-$RANDOM" members=()
   MEMBER_PIDS=()
   for id in $(seq 1 "$n"); do
+    # shellcheck disable=SC2086 # SERVE_ARGS: extra flags, split on spaces.
     "$BIN" serve --insecure --id "$id" --listen "$(addr "$id")" --data-dir "$run/member-$id" \
-      2>>"$WORK/members.log" &
+      ${SERVE_ARGS:-} 2>>"$WORK/members.log" &
     PIDS+=($!)
     MEMBER_PIDS+=($!)
     members+=(--member "$id=$(addr "$id")")

@@ -347,8 +347,7 @@ impl StateMachineStore {
         self.reader().envelope()
     }
 
-    fn snapshot_of_current_state(&self) -> Result<StoredSnapshot, StoreError> {
-        let envelope = self.envelope();
+    fn snapshot_of(&self, envelope: SnapshotEnvelope) -> Result<StoredSnapshot, StoreError> {
         let data = encode(&envelope)?;
         Ok(StoredSnapshot {
             meta: SnapshotMeta {
@@ -387,14 +386,31 @@ impl StateMachineStore {
 
 impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
     async fn build_snapshot(&mut self) -> Result<Snapshot, StorageError> {
-        let write = || -> Result<StoredSnapshot, StoreError> {
-            let snapshot = self.snapshot_of_current_state()?;
+        let started = std::time::Instant::now();
+        let mut copied = std::time::Duration::ZERO;
+        let mut encoded = std::time::Duration::ZERO;
+        let mut write = || -> Result<StoredSnapshot, StoreError> {
+            let envelope = self.envelope();
+            copied = started.elapsed();
+            let snapshot = self.snapshot_of(envelope)?;
+            encoded = started.elapsed();
             self.snapshots
                 .store_durably(&snapshot, Replace::UnlessNewerStored)?;
             Ok(snapshot)
         };
         let snapshot = write().or_storage(ErrorSubject::Snapshot(None), ErrorVerb::Write)?;
-        tracing::debug!(meta = %snapshot.meta, bytes = snapshot.data.len(), "built snapshot");
+        // The copy holds the state's lock (applies wait for it): the
+        // stall a snapshot puts on the group (docs/benchmarks.md, "What a
+        // snapshot costs the callers").
+        let ms = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        tracing::info!(
+            meta = %snapshot.meta,
+            bytes = snapshot.data.len(),
+            copy_ms = ms(copied),
+            encode_ms = ms(encoded.saturating_sub(copied)),
+            total_ms = ms(started.elapsed()),
+            "built snapshot"
+        );
         Ok(into_openraft(snapshot))
     }
 }
