@@ -49,15 +49,18 @@ fn check(what: &'static str, s: &str, max: usize) -> Result<(), IdError> {
 macro_rules! id_newtype {
     ($(#[$doc:meta])* $name:ident, $what:literal, $max:expr) => {
         $(#[$doc])*
+        ///
+        /// Shared, not copied: a clone is a reference count (a state's
+        /// copy for a snapshot, a key in several tables of one state).
         #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-        pub struct $name(String);
+        pub struct $name(std::sync::Arc<str>);
 
         impl $name {
             /// Validates and wraps the identifier.
             pub fn new(s: impl Into<String>) -> Result<Self, IdError> {
                 let s = s.into();
                 check($what, &s, $max)?;
-                Ok(Self(s))
+                Ok(Self(s.into()))
             }
             /// The identifier as text.
             pub fn as_str(&self) -> &str {

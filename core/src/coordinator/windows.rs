@@ -51,6 +51,7 @@
 //! ends, and no third window opens before both have ended.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -213,7 +214,9 @@ impl MovedFloors {
 /// All keys' windows.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(super) struct WindowTable {
-    keys: BTreeMap<Key, KeyWindows>,
+    /// Each entry shared with the state's copies until it changes
+    /// (`Arc::make_mut`): a snapshot's copy costs the map, not the records.
+    keys: BTreeMap<Key, Arc<KeyWindows>>,
     /// `(deadline_ms, key)`: a live window's end, or a tombstone's expiry.
     deadlines: BTreeSet<(u64, Key)>,
     /// Largest `last_end_ms` of any dropped tombstone (monotonic).
@@ -222,7 +225,7 @@ pub(super) struct WindowTable {
     growth_floors: BTreeMap<String, GrowthFloor>,
     /// Each key's next window, opened early (see the module doc); only
     /// for keys whose live window has not ended. (Storage format 4.)
-    next: BTreeMap<Key, WindowRecord>,
+    next: BTreeMap<Key, Arc<WindowRecord>>,
     /// When this state was last restored onto a new cluster, from a backup
     /// or from a survivor of a lost quorum (0: never): see [`seals`].
     /// (Last: storage format 7.)
@@ -300,25 +303,27 @@ impl WindowTable {
         live.or_else(|| {
             self.next
                 .get(key)
+                .map(|r| &**r)
                 .filter(|r| r.bounds.start_ms <= now_ms && r.bounds.end_ms > now_ms)
         })
     }
 
     /// The key's next window (opened early, see the module doc), if any.
     pub fn next(&self, key: &Key) -> Option<&WindowRecord> {
-        self.next.get(key)
+        self.next.get(key).map(|r| &**r)
     }
 
-    /// The key's next window, mutable, if any.
+    /// The key's next window, mutable, if any (copied first if a copy of
+    /// the state shares it).
     pub fn next_mut(&mut self, key: &Key) -> Option<&mut WindowRecord> {
-        self.next.get_mut(key)
+        self.next.get_mut(key).map(Arc::make_mut)
     }
 
     /// Makes the key's next window its live one when the live one has
     /// ended and `now_ms` lies in the next (what a collection at `now_ms`
     /// does for this key).
     fn roll(&mut self, key: &Key, now_ms: u64) {
-        let Some(entry) = self.keys.get_mut(key) else {
+        let Some(entry) = self.keys.get(key) else {
             return;
         };
         if entry
@@ -338,10 +343,13 @@ impl WindowTable {
         let Some(next) = self.next.remove(key) else {
             return;
         };
+        let Some(entry) = self.keys.get_mut(key).map(Arc::make_mut) else {
+            return;
+        };
         self.deadlines.remove(&(entry.deadline_ms, key.clone()));
         self.deadlines.insert((next.bounds.end_ms, key.clone()));
         entry.deadline_ms = next.bounds.end_ms;
-        entry.live = Some(next);
+        entry.live = Some(Arc::unwrap_or_clone(next));
     }
 
     /// The key's next window, opened under `policy` if there is none yet:
@@ -364,24 +372,25 @@ impl WindowTable {
             .end_ms;
         if !self.next.contains_key(key) {
             let bounds = self.next_bounds(key, policy.window_ms, live_end);
-            let entry = self.keys.get_mut(key)?;
+            let opening_limit = self.opening_limit(&bounds, policy);
+            let entry = Arc::make_mut(self.keys.get_mut(key)?);
             entry.last_end_ms = bounds.end_ms;
             entry.retention_ms = policy.window_ms;
-            let record = WindowRecord::new(bounds, policy, self.opening_limit(&bounds, policy));
-            self.next.insert(key.clone(), record);
+            let record = WindowRecord::new(bounds, policy, opening_limit);
+            self.next.insert(key.clone(), Arc::new(record));
         }
-        self.next.get_mut(key)
+        self.next.get_mut(key).map(Arc::make_mut)
     }
 
     /// The key's live window at `now_ms`, mutable. Callers collect garbage
     /// first, so a record present here is live.
     pub fn live_mut(&mut self, key: &Key, now_ms: u64) -> Option<&mut WindowRecord> {
         self.roll(key, now_ms);
-        self.keys
-            .get_mut(key)?
-            .live
-            .as_mut()
-            .filter(|r| r.bounds.end_ms > now_ms)
+        let live = self.keys.get(key)?.live.as_ref()?;
+        if live.bounds.end_ms <= now_ms {
+            return None;
+        }
+        Arc::make_mut(self.keys.get_mut(key)?).live.as_mut()
     }
 
     /// The bounds a window created for `key` at `now_ms` under a policy with
@@ -421,7 +430,7 @@ impl WindowTable {
         }
         self.keys
             .get_mut(key)
-            .and_then(|entry| entry.live.as_mut())
+            .and_then(|entry| Arc::make_mut(entry).live.as_mut())
             .expect("a live window was found just above and nothing has removed it")
     }
 
@@ -430,12 +439,14 @@ impl WindowTable {
     fn open_window(&mut self, key: &Key, policy: &Policy, now_ms: u64) -> &mut WindowRecord {
         let bounds = self.next_bounds(key, policy.window_ms, now_ms);
         let limit = self.opening_limit(&bounds, policy);
-        let entry = self.keys.entry(key.clone()).or_insert(KeyWindows {
-            live: None,
-            last_end_ms: 0,
-            retention_ms: 0,
-            deadline_ms: 0,
-        });
+        let entry = Arc::make_mut(self.keys.entry(key.clone()).or_insert_with(|| {
+            Arc::new(KeyWindows {
+                live: None,
+                last_end_ms: 0,
+                retention_ms: 0,
+                deadline_ms: 0,
+            })
+        }));
         self.deadlines.remove(&(entry.deadline_ms, key.clone()));
         self.deadlines.insert((bounds.end_ms, key.clone()));
         entry.deadline_ms = bounds.end_ms;
@@ -455,8 +466,12 @@ impl WindowTable {
         let live = self
             .keys
             .iter_mut()
-            .filter_map(|(key, entry)| Some((key, entry.live.as_mut()?)));
-        for (key, record) in live.chain(self.next.iter_mut()) {
+            .filter_map(|(key, entry)| Some((key, Arc::make_mut(entry).live.as_mut()?)));
+        let next = self
+            .next
+            .iter_mut()
+            .map(|(key, record)| (key, Arc::make_mut(record)));
+        for (key, record) in live.chain(next) {
             let window_ms = policies
                 .lookup(key.as_str())
                 .map(|policy| policy.window_ms)
@@ -493,6 +508,7 @@ impl WindowTable {
             let Some(policy) = policies.lookup(key.as_str()) else {
                 continue;
             };
+            let entry = Arc::make_mut(entry);
             if policy.window_ms > entry.retention_ms {
                 entry.retention_ms = policy.window_ms;
                 if entry.live.is_none() {
@@ -503,7 +519,7 @@ impl WindowTable {
                     entry.deadline_ms = expiry;
                 }
             }
-            let next = self.next.get_mut(key);
+            let next = self.next.get_mut(key).map(Arc::make_mut);
             for record in entry.live.as_mut().into_iter().chain(next) {
                 record.limit = record.limit.min(policy.limit);
                 record.kind = policy.kind;
@@ -523,8 +539,12 @@ impl WindowTable {
                 continue;
             };
             self.deadlines.remove(&(entry.deadline_ms, key.clone()));
-            let next = self.next.remove(&key);
-            moved.push(MovedKey { key, entry, next });
+            let next = self.next.remove(&key).map(Arc::unwrap_or_clone);
+            moved.push(MovedKey {
+                key,
+                entry: Arc::unwrap_or_clone(entry),
+                next,
+            });
         }
         (moved, self.floors())
     }
@@ -557,10 +577,10 @@ impl WindowTable {
             }
             self.deadlines.insert((entry.deadline_ms, key.clone()));
             match next {
-                Some(next) => self.next.insert(key.clone(), next),
+                Some(next) => self.next.insert(key.clone(), Arc::new(next)),
                 None => self.next.remove(&key),
             };
-            self.keys.insert(key, entry);
+            self.keys.insert(key, Arc::new(entry));
         }
     }
 
@@ -586,7 +606,7 @@ impl WindowTable {
                 break;
             }
             self.deadlines.remove(&(deadline, key.clone()));
-            let Some(entry) = self.keys.get_mut(&key) else {
+            let Some(entry) = self.keys.get_mut(&key).map(Arc::make_mut) else {
                 continue;
             };
             if entry.live.take().is_some() {
@@ -597,7 +617,7 @@ impl WindowTable {
                 if next.bounds.end_ms > now_ms {
                     entry.deadline_ms = next.bounds.end_ms;
                     self.deadlines.insert((next.bounds.end_ms, key));
-                    entry.live = Some(next);
+                    entry.live = Some(Arc::unwrap_or_clone(next));
                     continue;
                 }
                 collected += 1;
@@ -705,6 +725,13 @@ struct WindowRecordV2 {
     regions: BTreeMap<RegionId, RegionUse>,
 }
 
+/// A map of an earlier layout with each value behind its own `Arc`.
+fn shared<V>(map: BTreeMap<Key, V>) -> BTreeMap<Key, Arc<V>> {
+    map.into_iter()
+        .map(|(key, value)| (key, Arc::new(value)))
+        .collect()
+}
+
 impl From<WindowTableV2> for WindowTable {
     fn from(old: WindowTableV2) -> Self {
         let keys = old
@@ -726,7 +753,7 @@ impl From<WindowTableV2> for WindowTable {
                     retention_ms: entry.retention_ms,
                     deadline_ms: entry.deadline_ms,
                 };
-                (key, entry)
+                (key, Arc::new(entry))
             })
             .collect();
         WindowTable {
@@ -754,7 +781,7 @@ pub(super) struct WindowTableV3 {
 impl From<WindowTableV3> for WindowTable {
     fn from(old: WindowTableV3) -> Self {
         WindowTable {
-            keys: old.keys,
+            keys: shared(old.keys),
             deadlines: old.deadlines,
             forgotten_end_ms: old.forgotten_end_ms,
             growth_floors: old.growth_floors,
@@ -778,11 +805,11 @@ pub(super) struct WindowTableV6 {
 impl From<WindowTableV6> for WindowTable {
     fn from(old: WindowTableV6) -> Self {
         WindowTable {
-            keys: old.keys,
+            keys: shared(old.keys),
             deadlines: old.deadlines,
             forgotten_end_ms: old.forgotten_end_ms,
             growth_floors: old.growth_floors,
-            next: old.next,
+            next: shared(old.next),
             restored_at_ms: 0,
         }
     }
