@@ -56,10 +56,11 @@ macro_rules! id_newtype {
         pub struct $name(std::sync::Arc<str>);
 
         impl $name {
-            /// Validates and wraps the identifier.
-            pub fn new(s: impl Into<String>) -> Result<Self, IdError> {
-                let s = s.into();
-                check($what, &s, $max)?;
+            /// Validates and wraps the identifier (one allocation: the
+            /// shared copy of `s`).
+            pub fn new(s: impl AsRef<str>) -> Result<Self, IdError> {
+                let s = s.as_ref();
+                check($what, s, $max)?;
                 Ok(Self(s.into()))
             }
             /// The identifier as text.

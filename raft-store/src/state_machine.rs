@@ -387,18 +387,15 @@ impl StateMachineStore {
 impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
     async fn build_snapshot(&mut self) -> Result<Snapshot, StorageError> {
         let started = std::time::Instant::now();
-        let mut copied = std::time::Duration::ZERO;
-        let mut encoded = std::time::Duration::ZERO;
-        let mut write = || -> Result<StoredSnapshot, StoreError> {
-            let envelope = self.envelope();
-            copied = started.elapsed();
-            let snapshot = self.snapshot_of(envelope)?;
-            encoded = started.elapsed();
-            self.snapshots
-                .store_durably(&snapshot, Replace::UnlessNewerStored)?;
-            Ok(snapshot)
-        };
-        let snapshot = write().or_storage(ErrorSubject::Snapshot(None), ErrorVerb::Write)?;
+        let envelope = self.envelope();
+        let copied = started.elapsed();
+        let snapshot = self
+            .snapshot_of(envelope)
+            .or_storage(ErrorSubject::Snapshot(None), ErrorVerb::Write)?;
+        let encoded = started.elapsed();
+        self.snapshots
+            .store_durably(&snapshot, Replace::UnlessNewerStored)
+            .or_storage(ErrorSubject::Snapshot(None), ErrorVerb::Write)?;
         // The copy holds the state's lock (applies wait for it): the
         // stall a snapshot puts on the group (docs/benchmarks.md, "What a
         // snapshot costs the callers").
