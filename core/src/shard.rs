@@ -56,13 +56,13 @@ pub fn slot_of(key: &str) -> Slot {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PlacementError {
     /// The shard is not in the placement.
-    #[error("shard {0:?} does not exist")]
+    #[error("shard {0} does not exist")]
     NoSuchShard(ShardId),
     /// The shard exists already.
-    #[error("shard {0:?} exists already")]
+    #[error("shard {0} exists already")]
     ShardExists(ShardId),
     /// A shard needs at least one replica.
-    #[error("shard {0:?} needs at least one replica")]
+    #[error("shard {0} needs at least one replica")]
     NoReplicas(ShardId),
     /// Shard 0's replicas are the cluster's members (its Raft membership):
     /// changed by adding and removing members, never in the placement.
@@ -77,7 +77,7 @@ pub enum PlacementError {
         end: u32,
     },
     /// A shard that still owns slots cannot be removed.
-    #[error("shard {shard:?} still owns {slots} slots")]
+    #[error("shard {shard} still owns {slots} slots")]
     ShardOwnsSlots {
         /// The shard.
         shard: ShardId,
@@ -85,7 +85,7 @@ pub enum PlacementError {
         slots: u32,
     },
     /// A shard with fewer than two slots cannot be split.
-    #[error("shard {shard:?} owns {slots} slots: too few to split")]
+    #[error("shard {shard} owns {slots} slots: too few to split")]
     TooFewSlotsToSplit {
         /// The shard.
         shard: ShardId,
@@ -95,6 +95,25 @@ pub enum PlacementError {
     /// The placement holds [`MAX_SHARDS`] shards already.
     #[error("a placement holds at most {MAX_SHARDS} shards")]
     TooManyShards,
+    /// Every slot of the range is the shard's already: nothing would move.
+    #[error("shard {shard} owns every slot of {start}..{end} already: nothing to move")]
+    NothingToMove {
+        /// First slot.
+        start: u32,
+        /// One past the last slot.
+        end: u32,
+        /// The shard named as the new owner.
+        shard: ShardId,
+    },
+    /// The shard has these replicas already.
+    #[error("shard {0} has these replicas already: nothing to change")]
+    SameReplicas(ShardId),
+}
+
+impl std::fmt::Display for ShardId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)
+    }
 }
 
 /// Slots `start..end` changing owner from shard `from` to shard `to`.
@@ -129,6 +148,37 @@ pub struct Placement {
     /// next run's start (the first run starts at slot 0).
     runs: BTreeMap<Slot, ShardId>,
     replicas: BTreeMap<ShardId, BTreeSet<MemberId>>,
+    /// The replicas each shard past 0 was created with (storage format
+    /// 9): its group is formed by their [`forming_replica`] with them as
+    /// voters, whatever its replicas became since — a member a replica
+    /// change adds joins the group it finds, and never forms one.
+    founding: BTreeMap<ShardId, BTreeSet<MemberId>>,
+}
+
+/// A placement as storage format 8 kept it (no founding replicas): read
+/// with each shard's replicas then as its founding ones.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlacementV8 {
+    version: u64,
+    runs: BTreeMap<Slot, ShardId>,
+    replicas: BTreeMap<ShardId, BTreeSet<MemberId>>,
+}
+
+impl From<PlacementV8> for Placement {
+    fn from(old: PlacementV8) -> Self {
+        let founding = old
+            .replicas
+            .iter()
+            .filter(|(shard, _)| **shard != ShardId(0))
+            .map(|(shard, replicas)| (*shard, replicas.clone()))
+            .collect();
+        Placement {
+            version: old.version,
+            runs: old.runs,
+            replicas: old.replicas,
+            founding,
+        }
+    }
 }
 
 impl Placement {
@@ -139,7 +189,14 @@ impl Placement {
             version: 0,
             runs: BTreeMap::from([(0, ShardId(0))]),
             replicas: BTreeMap::from([(ShardId(0), BTreeSet::new())]),
+            founding: BTreeMap::new(),
         }
+    }
+
+    /// The replicas `shard` was created with (see the field's doc); `None`
+    /// for shard 0 and shards not in the placement.
+    pub fn founding_replicas(&self, shard: ShardId) -> Option<&BTreeSet<MemberId>> {
+        self.founding.get(&shard)
     }
 
     /// Whether `shard` is in the placement.
@@ -213,6 +270,7 @@ impl Placement {
         if members.is_empty() {
             return Err(PlacementError::NoReplicas(shard));
         }
+        self.founding.insert(shard, members.clone());
         self.replicas.insert(shard, members);
         self.version += 1;
         Ok(())
@@ -234,6 +292,9 @@ impl Placement {
         if members.is_empty() {
             return Err(PlacementError::NoReplicas(shard));
         }
+        if *current == members {
+            return Err(PlacementError::SameReplicas(shard));
+        }
         *current = members;
         self.version += 1;
         Ok(())
@@ -251,6 +312,14 @@ impl Placement {
         }
         if !self.replicas.contains_key(&shard) {
             return Err(PlacementError::NoSuchShard(shard));
+        }
+        let already = self
+            .runs()
+            .into_iter()
+            .filter(|(run_start, run_end, _)| u32::from(*run_start) < end && start < *run_end)
+            .all(|(_, _, owner)| owner == shard);
+        if already {
+            return Err(PlacementError::NothingToMove { start, end, shard });
         }
         let (start, end_slot) = (start as Slot, end);
         // The owner just past the range keeps its slots from `end` on.
@@ -324,6 +393,7 @@ impl Placement {
             return Err(PlacementError::ShardOwnsSlots { shard, slots });
         }
         self.replicas.remove(&shard);
+        self.founding.remove(&shard);
         self.version += 1;
         Ok(())
     }

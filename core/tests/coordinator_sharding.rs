@@ -43,7 +43,8 @@ fn shard_one(at: u64) -> CoordinatorState {
     shard
 }
 
-/// Applies the next part of every move `source` released into `shard`;
+/// Applies the sessions and the next key part of every move `source`
+/// released into `shard`;
 /// returns whether every such move is complete.
 fn acquire_next_parts(source: &CoordinatorState, shard: &mut CoordinatorState, at: u64) -> bool {
     let (from, to) = (source.sharding().shard(), shard.sharding().shard());
@@ -56,16 +57,20 @@ fn acquire_next_parts(source: &CoordinatorState, shard: &mut CoordinatorState, a
         .collect();
     let mut complete = true;
     for (id, outgoing) in moves {
-        let arrival = shard.sharding().arrival(id);
-        if arrival.complete {
-            continue;
-        }
-        let part = outgoing.part(id, arrival.acquired_keys);
-        match run(shard, at, Command::AcquireSlots(part)) {
-            Outcome::Sharding(ShardingOutcome::Acquired { complete: done, .. }) => {
-                complete &= done;
+        // Every part of the move's sessions, then its next key part.
+        loop {
+            let arrival = shard.sharding().arrival(id);
+            if arrival.complete {
+                break;
             }
-            other => panic!("acquire refused: {other:?}"),
+            match run(shard, at, outgoing.next_part(id, arrival)) {
+                Outcome::Sharding(ShardingOutcome::Acquired { complete: done, .. }) => {
+                    complete &= done;
+                    break;
+                }
+                Outcome::Sharding(ShardingOutcome::AcquiredSessions { .. }) => {}
+                other => panic!("acquire refused: {other:?}"),
+            }
         }
     }
     complete
@@ -141,6 +146,73 @@ fn a_retry_is_answered_by_the_group_that_executed_it_even_after_its_key_moved() 
         is_not_owner(&run(&mut meta, 300, with_id(2))),
         "a new request is refused"
     );
+}
+
+/// What one client id's `seqs` are answered by `group`, at `at`: every
+/// seq leases 1 token of `key` (seq 7 leases 3).
+fn answers(
+    group: &mut CoordinatorState,
+    key_name: &str,
+    seqs: impl IntoIterator<Item = u64>,
+    at: u64,
+) -> BTreeMap<u64, Outcome> {
+    seqs.into_iter()
+        .map(|seq| {
+            let command = Command::Lease {
+                key: key(key_name),
+                region: region("eu"),
+                tokens: if seq == 7 { 3 } else { 1 },
+                request_id: Some(request("c", seq)),
+                caller: Principal::Anonymous,
+            };
+            (seq, run(group, at, command))
+        })
+        .collect()
+}
+
+fn is_expired(outcome: &Outcome) -> bool {
+    matches!(outcome, Outcome::Rejected(CommandError::SessionExpired(_)))
+}
+
+#[test]
+fn the_new_owner_answers_every_resent_id_as_the_old_owner_would() {
+    // One client leases seqs 1..=200 of a key the split moves, then every
+    // id is sent again to the new owner: the 64 the session keeps get
+    // their first answers, the older are refused as expired, and nothing
+    // runs twice (the window counts each grant once).
+    let high = &fixture_key(true);
+    let mut meta = CoordinatorState::default();
+    run(&mut meta, 0, counter("k", 1_000, 60_000));
+    let first = answers(&mut meta, high, 1..=200, 100);
+    let granted_before = meta.window_view(&key(high), 150).expect("window").granted;
+    assert_eq!(granted_before, 202);
+    run(&mut meta, 200, split_into_one(0));
+    let mut shard = shard_one(210);
+    run(&mut shard, 210, counter("k", 1_000, 60_000));
+    while !acquire_next_parts(&meta, &mut shard, 230) {}
+    let again = answers(&mut shard, high, 1..=200, 300);
+    for seq in 1..=200 {
+        if seq > 200 - 64 {
+            assert_eq!(again[&seq], first[&seq], "seq {seq}: its first answer");
+        } else {
+            assert!(is_expired(&again[&seq]), "seq {seq}: {:?}", again[&seq]);
+        }
+    }
+    assert_eq!(
+        shard.window_view(&key(high), 300).expect("window").granted,
+        granted_before,
+        "nothing executed twice"
+    );
+    // The old owner still answers its ids the same way (a client that
+    // does not know the placement changed).
+    let at_old = answers(&mut meta, high, 137..=200, 300);
+    for seq in 137..=200 {
+        assert_eq!(at_old[&seq], first[&seq]);
+    }
+    // New seqs run once at the new owner, and moving on again keeps that.
+    let fresh = answers(&mut shard, high, 201..=210, 400);
+    assert!(fresh.values().all(|o| granted(o) == 1));
+    assert_eq!(answers(&mut shard, high, 201..=210, 500), fresh);
 }
 
 #[test]
@@ -271,6 +343,15 @@ fn a_large_move_travels_in_parts_that_apply_once_and_in_order() {
     let mut shard = shard_one(300);
     let first = outgoing.part(id, 0);
     assert!(!first.last, "{} keys need several parts", moved);
+    run(&mut shard, 300, Command::AcquireSlots(first.clone()));
+    assert_eq!(
+        shard.sharding().arrival(id).acquired_keys,
+        0,
+        "no key part before the move's sessions"
+    );
+    let sessions = outgoing.next_part(id, shard.sharding().arrival(id));
+    run(&mut shard, 300, sessions);
+    assert!(shard.sharding().arrival(id).sessions_complete);
     run(&mut shard, 300, Command::AcquireSlots(first.clone()));
     let after_first = shard.sharding().arrival(id);
     assert_eq!(after_first.acquired_keys, first.key_count() as u64);
@@ -578,6 +659,121 @@ proptest! {
                 let k = key(k);
                 let serving = groups.iter().filter(|g| g.owns(&k)).count();
                 prop_assert!(serving <= 1, "{k} served by {serving} groups");
+            }
+        }
+    }
+}
+
+/// One step of a client that re-sends old request ids across moves.
+#[derive(Debug, Clone)]
+enum IdStep {
+    /// Splits, releases, acquisitions and time, as [`Step`].
+    Placement(Step),
+    /// A lease of a key under the client's next seq, sent to any group.
+    Send { key: usize, tokens: u64, group: usize },
+    /// The request of an earlier seq (picked among those sent) sent again,
+    /// unchanged, to any group: a retry, or a client that does not know
+    /// the placement changed.
+    Resend { pick: usize, group: usize },
+}
+
+fn id_step() -> impl Strategy<Value = IdStep> {
+    prop_oneof![
+        3 => (0u64..400).prop_map(|ms| IdStep::Placement(Step::Wait(ms))),
+        1 => Just(IdStep::Placement(Step::SplitMeta)),
+        1 => Just(IdStep::Placement(Step::SplitOne)),
+        1 => Just(IdStep::Placement(Step::Release)),
+        2 => any::<bool>().prop_map(|two| IdStep::Placement(Step::Acquire(two))),
+        5 => (0usize..8, 1u64..4, 0usize..3)
+            .prop_map(|(key, tokens, group)| IdStep::Send { key, tokens, group }),
+        5 => (any::<usize>(), 0usize..3).prop_map(|(pick, group)| IdStep::Resend { pick, group }),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(384))]
+
+    /// Exactly-once across moves: whatever the splits, releases and
+    /// acquisitions, and whichever group a (re-)sent id reaches, no
+    /// request id is executed twice — every answer to an id that was
+    /// executed is its first answer, or `SESSION_EXPIRED`, or `NOT_OWNER`
+    /// (nothing executed) — and Σ granted per (key, window), counted once
+    /// per executed id, stays within the limit.
+    #[test]
+    fn no_request_id_runs_twice_across_moves(steps in proptest::collection::vec(id_step(), 1..120)) {
+        let keys = two_keys_per_quarter();
+        let mut meta = CoordinatorState::default();
+        run(&mut meta, 0, counter("k", LIMIT, WINDOW_MS));
+        let mut groups = [meta, new_shard(1, 0), new_shard(2, 0)];
+        let mut now = 1u64;
+        let mut sent: Vec<Command> = Vec::new();
+        let mut executed: BTreeMap<u64, Outcome> = BTreeMap::new();
+        let mut per_window: BTreeMap<(String, u64), u64> = BTreeMap::new();
+        for step in steps {
+            let (command, group) = match step {
+                IdStep::Placement(Step::Wait(ms)) => { now += ms; continue }
+                IdStep::Placement(Step::SplitMeta) => {
+                    let version = groups[0].sharding().placement().version();
+                    run(&mut groups[0], now, split_into_one(version));
+                    continue;
+                }
+                IdStep::Placement(Step::SplitOne) => {
+                    let version = groups[0].sharding().placement().version();
+                    run(&mut groups[0], now, Command::ChangePlacement {
+                        expected_version: version,
+                        change: PlacementChange::Split {
+                            shard: ShardId(1),
+                            into: ShardId(2),
+                            replicas: vec![2, 3],
+                        },
+                    });
+                    continue;
+                }
+                IdStep::Placement(Step::Release) => {
+                    let [meta, one, _] = &mut groups;
+                    release_moves(meta, one, now);
+                    continue;
+                }
+                IdStep::Placement(Step::Acquire(two)) => {
+                    let [meta, one, shard_two] = &mut groups;
+                    if two { acquire_next_parts(one, shard_two, now); } else { acquire_next_parts(meta, one, now); }
+                    continue;
+                }
+                IdStep::Placement(_) => continue,
+                IdStep::Send { key: k, tokens, group } => {
+                    let command = Command::Lease {
+                        key: key(&keys[k]),
+                        region: region("eu"),
+                        tokens,
+                        request_id: Some(request("c", sent.len() as u64 + 1)),
+                        caller: Principal::Anonymous,
+                    };
+                    sent.push(command.clone());
+                    (command, group)
+                }
+                IdStep::Resend { pick, group } => {
+                    if sent.is_empty() { continue }
+                    (sent[pick % sent.len()].clone(), group)
+                }
+            };
+            let (_, id) = command.request().expect("an id");
+            let seq = id.seq;
+            let outcome = run(&mut groups[group], now, command.clone());
+            match (&outcome, executed.get(&seq)) {
+                (Outcome::Lease(_), Some(first)) => {
+                    prop_assert_eq!(&outcome, first, "seq {} answered anew by group {}", seq, group);
+                }
+                (Outcome::Lease(grant), None) => {
+                    let Command::Lease { key, .. } = &command else { unreachable!() };
+                    let total = per_window
+                        .entry((key.as_str().to_string(), grant.window_start_ms))
+                        .or_default();
+                    *total += grant.granted;
+                    prop_assert!(*total <= LIMIT, "{key} over its limit");
+                    executed.insert(seq, outcome.clone());
+                }
+                (Outcome::Rejected(CommandError::SessionExpired(_) | CommandError::NotOwner(_)), _) => {}
+                (other, _) => prop_assert!(false, "seq {seq}: {other:?}"),
             }
         }
     }

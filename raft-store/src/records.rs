@@ -6,7 +6,9 @@ use leasehold_core::coordinator::format_v2::{CoordinatorStateV2, ProposalV2};
 use leasehold_core::coordinator::format_v3::CoordinatorStateV3;
 use leasehold_core::coordinator::format_v6::CoordinatorStateV6;
 use leasehold_core::coordinator::format_v7::CoordinatorStateV7;
-use leasehold_core::coordinator::{CoordinatorState, Proposal};
+use leasehold_core::coordinator::format_v8::CoordinatorStateV8;
+use leasehold_core::coordinator::sharding::SessionsPart;
+use leasehold_core::coordinator::{Command, CoordinatorState, Proposal};
 use std::collections::BTreeSet;
 
 use serde::de::DeserializeOwned;
@@ -43,15 +45,46 @@ impl Persisted for Entry {
     /// `AcquireSlots`: last variants, so a format-4 entry decodes as it is).
     /// 6: `ReleaseSlots` (a shard other than 0 gives up slots; a last
     /// variant, so format-3 to -5 entries decode as they are).
-    const FORMAT_VERSION: u32 = 6;
+    /// 7: `AcquireSessions` (a move's client sessions, merged before its
+    /// keys; a last variant). A format-5 or -6 entry decodes as it is,
+    /// each `AcquireSlots` in it read after an `AcquireSessions` of no
+    /// sessions: such a move carried none, and its keys go on as before.
+    const FORMAT_VERSION: u32 = 7;
 
     fn decode_version(version: u32, body: &[u8]) -> Result<Self, CodecError> {
         match version {
             2 => decode_body::<EntryV2>(Self::KIND, body).map(Entry::from),
-            3..=5 => decode_body(Self::KIND, body),
+            3 | 4 => decode_body(Self::KIND, body),
+            5 | 6 => decode_body(Self::KIND, body).map(acquisitions_without_sessions),
             _ => decode_current(version, body),
         }
     }
+}
+
+/// An entry of format 5 or 6 as format 7 reads it: each move part it
+/// acquires follows the move's (empty) sessions, which format 7 requires
+/// before any key of a move.
+fn acquisitions_without_sessions(mut entry: Entry) -> Entry {
+    if let EntryPayload::Normal(proposal) = &entry.payload {
+        let acquires = |command: &Command| matches!(command, Command::AcquireSlots(_));
+        if proposal.commands.iter().any(acquires) {
+            let mut commands = Vec::with_capacity(proposal.commands.len() + 1);
+            for command in &proposal.commands {
+                if let Command::AcquireSlots(part) = command {
+                    commands.push(Command::AcquireSessions(SessionsPart::none(
+                        part.id, part.slots,
+                    )));
+                }
+                commands.push(command.clone());
+            }
+            let upgraded = Proposal {
+                stamp_ms: proposal.stamp_ms,
+                commands,
+            };
+            entry.payload = EntryPayload::Normal(upgraded.into());
+        }
+    }
+    entry
 }
 
 /// A log entry of format 2 (the layout of openraft's `Entry` around a
@@ -157,10 +190,21 @@ impl Persisted for SnapshotEnvelope {
     /// 8: the group's part in a sharded cluster (its placement and moves,
     /// or the slots it owns); 7 is read as the meta group of a cluster
     /// never sharded.
-    const FORMAT_VERSION: u32 = 8;
+    /// 9: sessions move with their slots (each kept answer records its
+    /// key's slot, a move carries the source's sessions and an arrival how
+    /// far they are merged) and the placement keeps each shard's founding
+    /// replicas; 8 is read with answers of unknown slot, moves without
+    /// sessions and the replicas then as the founding ones.
+    const FORMAT_VERSION: u32 = 9;
 
     fn decode_version(version: u32, body: &[u8]) -> Result<Self, CodecError> {
         match version {
+            8 => decode_body::<SnapshotEnvelopeV8>(Self::KIND, body).map(|old| SnapshotEnvelope {
+                last_applied: old.last_applied,
+                membership: old.membership,
+                state: old.state.into(),
+                retired_members: old.retired_members,
+            }),
             7 => decode_body::<SnapshotEnvelopeV7>(Self::KIND, body).map(|old| SnapshotEnvelope {
                 last_applied: old.last_applied,
                 membership: old.membership,
@@ -222,6 +266,16 @@ struct SnapshotEnvelopeV6 {
     last_applied: Option<LogId>,
     membership: StoredMembership,
     state: CoordinatorStateV6,
+    retired_members: BTreeSet<NodeId>,
+}
+
+/// A snapshot of format 8 (sessions stayed behind when slots moved);
+/// upgraded on read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct SnapshotEnvelopeV8 {
+    last_applied: Option<LogId>,
+    membership: StoredMembership,
+    state: CoordinatorStateV8,
     retired_members: BTreeSet<NodeId>,
 }
 

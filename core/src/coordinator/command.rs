@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::sharding::{AcquirePart, MoveId, PlacementChange};
+use super::sharding::{AcquirePart, MoveId, PlacementChange, SessionsPart};
 use crate::ids::{Key, RegionId, RequestId};
 use crate::policy::Policy;
 use crate::principal::Principal;
@@ -164,6 +164,9 @@ pub enum Command {
         /// Its slots and shards.
         slots: SlotMove,
     },
+    /// One part of a move's client sessions into this shard, applied
+    /// before any of the move's keys (a last variant: entries format 7).
+    AcquireSessions(SessionsPart),
 }
 
 /// What one command did.
@@ -228,6 +231,14 @@ pub enum ShardingOutcome {
     Released {
         /// Keys frozen for the new owner.
         keys: u64,
+    },
+    /// [`Command::AcquireSessions`]: where the move's sessions stand (a
+    /// last variant: entries format 7).
+    AcquiredSessions {
+        /// Sessions acquired so far.
+        acquired_sessions: u64,
+        /// Whether every session of the move is here (its keys may follow).
+        complete: bool,
     },
 }
 
@@ -418,6 +429,20 @@ impl Command {
         }
     }
 
+    /// The hash slot of the key a request command is about (`None` for
+    /// commands about no key): what a session records with its answer, so
+    /// the answer moves with the key's slot.
+    pub fn slot(&self) -> Option<crate::shard::Slot> {
+        match self {
+            Command::Lease { key, .. }
+            | Command::Reconcile { key, .. }
+            | Command::PoolGrant { key, .. }
+            | Command::PoolRelease { key, .. }
+            | Command::PoolJoinNext { key, .. } => Some(crate::shard::slot_of(key.as_str())),
+            _ => None,
+        }
+    }
+
     /// A stable 64-bit fingerprint of what the command asks for (its kind,
     /// key, region and amounts; not its request id or caller). A retry
     /// must carry the same fingerprint as the request its id first named.
@@ -520,6 +545,12 @@ impl Command {
                 hash.number(part.id.version);
                 hash.number(u64::from(part.id.index));
                 hash.number(part.first_key);
+            }
+            Command::AcquireSessions(part) => {
+                hash.tag(13);
+                hash.number(part.id.version);
+                hash.number(u64::from(part.id.index));
+                hash.number(part.first);
             }
             Command::ReleaseSlots { id, slots } => {
                 hash.tag(12);

@@ -14,7 +14,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::command::{Command, Proposal};
-use super::sessions::Sessions;
+use super::sessions::SessionsV8;
 use super::state::CoordinatorState;
 use super::windows::WindowTableV2;
 use crate::ids::{Key, RegionId, RequestId};
@@ -160,7 +160,7 @@ pub struct CoordinatorStateV2 {
     now_ms: u64,
     policies: PolicyTableV2,
     windows: WindowTableV2,
-    sessions: Sessions,
+    sessions: SessionsV8,
 }
 
 /// The policy table of format 2 (same layout as [`PolicyTable`]).
@@ -177,7 +177,7 @@ impl From<CoordinatorStateV2> for CoordinatorState {
             now_ms: old.now_ms,
             policies,
             windows: old.windows.into(),
-            sessions: old.sessions,
+            sessions: old.sessions.into(),
             shadow_tallies: Default::default(),
             sharding: Default::default(),
         }

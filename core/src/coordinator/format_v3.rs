@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::sessions::Sessions;
+use super::sessions::SessionsV8;
 use super::state::CoordinatorState;
 use super::windows::WindowTableV3;
 use crate::policy::PolicyTable;
@@ -25,7 +25,7 @@ pub struct CoordinatorStateV3 {
     now_ms: u64,
     policies: PolicyTable,
     windows: WindowTableV3,
-    sessions: Sessions,
+    sessions: SessionsV8,
     shadow_tallies: BTreeMap<String, ShadowTally>,
 }
 
@@ -35,7 +35,7 @@ impl From<CoordinatorStateV3> for CoordinatorState {
             now_ms: old.now_ms,
             policies: old.policies,
             windows: old.windows.into(),
-            sessions: old.sessions,
+            sessions: old.sessions.into(),
             shadow_tallies: old.shadow_tallies,
             sharding: Default::default(),
         }

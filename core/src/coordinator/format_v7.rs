@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::sessions::Sessions;
+use super::sessions::SessionsV8;
 use super::state::CoordinatorState;
 use super::windows::WindowTable;
 use crate::policy::PolicyTable;
@@ -23,7 +23,7 @@ pub struct CoordinatorStateV7 {
     now_ms: u64,
     policies: PolicyTable,
     windows: WindowTable,
-    sessions: Sessions,
+    sessions: SessionsV8,
     shadow_tallies: BTreeMap<String, ShadowTally>,
 }
 
@@ -33,7 +33,7 @@ impl From<CoordinatorStateV7> for CoordinatorState {
             now_ms: old.now_ms,
             policies: old.policies,
             windows: old.windows,
-            sessions: old.sessions,
+            sessions: old.sessions.into(),
             shadow_tallies: old.shadow_tallies,
             sharding: Default::default(),
         }

@@ -24,6 +24,7 @@ pub mod format_v2;
 pub mod format_v3;
 pub mod format_v6;
 pub mod format_v7;
+pub mod format_v8;
 mod gc;
 mod lease;
 mod policy_admin;
@@ -39,7 +40,7 @@ pub use command::*;
 pub use lease::MAX_REGIONS_PER_WINDOW;
 pub use pool::{PoolView, NEXT_WINDOW_JOIN_SHARE};
 pub use sessions::{
-    MAX_RESPONSES_PER_SESSION, MAX_SESSIONS, MAX_SESSIONS_PER_PRINCIPAL, SESSION_MIN_RETAIN_MS,
+    MovedSession, Response, MAX_RESPONSES_PER_SESSION, MAX_SESSIONS, MAX_SESSIONS_PER_PRINCIPAL, SESSION_MIN_RETAIN_MS,
     SESSION_OPENING_SEQS,
 };
 pub use state::*;

@@ -34,6 +34,14 @@
 //!   indistinguishable from a new client's first request: clients must not
 //!   retry past the retention (the client crate gives up after seconds).
 //!   Harmless for Δ either way: a grant is counted however often it is asked.
+//! - **Sessions move with their slots** (ADR 0027). Each stored outcome
+//!   records the hash slot of its command's key. When a group releases
+//!   slots it copies every live session into the move
+//!   ([`Sessions::moving`]): its name, floor and retention, and the
+//!   outcomes of keys in the moved slots. The new owner merges them
+//!   ([`Sessions::put_moved`]) before it serves a key of those slots, so
+//!   it answers every id as the old owner would: the first answer for a
+//!   kept id, expired below the floor, never a second execution.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -42,6 +50,7 @@ use serde::{Deserialize, Serialize};
 use super::command::Outcome;
 use crate::ids::{ClientId, RequestId};
 use crate::principal::Principal;
+use crate::shard::Slot;
 
 /// Outcomes kept per client session.
 pub const MAX_RESPONSES_PER_SESSION: usize = 64;
@@ -77,15 +86,79 @@ pub(super) enum SessionLookup {
 /// `(caller, client id)`: the name of one session.
 type SessionName = (Principal, ClientId);
 
+/// The first answer to one request id.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Response {
+    /// The request's [`super::Command::fingerprint`].
+    fingerprint: u64,
+    /// The hash slot of the request's key (`None`: recorded by storage
+    /// format 8 or earlier, which kept none; such an answer moves with
+    /// every move, as it may be of any key).
+    slot: Option<Slot>,
+    outcome: Outcome,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 struct Session {
-    /// seq → (fingerprint, outcome), the most recent
-    /// [`MAX_RESPONSES_PER_SESSION`].
-    responses: BTreeMap<u64, (u64, Outcome)>,
+    /// seq → first answer, the most recent [`MAX_RESPONSES_PER_SESSION`].
+    responses: BTreeMap<u64, Response>,
     /// Requests with `seq < floor_seq` are expired.
     floor_seq: u64,
     /// The session lives while the clock is below this.
     retain_until_ms: u64,
+}
+
+impl Session {
+    fn empty() -> Self {
+        Session {
+            responses: BTreeMap::new(),
+            floor_seq: 0,
+            retain_until_ms: 0,
+        }
+    }
+
+    /// Keeps the [`MAX_RESPONSES_PER_SESSION`] highest seqs, raising the
+    /// floor past each dropped one.
+    fn trim(&mut self) {
+        while self.responses.len() > MAX_RESPONSES_PER_SESSION {
+            if let Some((dropped_seq, _)) = self.responses.pop_first() {
+                self.floor_seq = self.floor_seq.max(dropped_seq.saturating_add(1));
+            }
+        }
+    }
+}
+
+/// One session as a move of slots carries it to the new owner: what the
+/// old owner would answer for any of its ids about a key of the move.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MovedSession {
+    caller: Principal,
+    client: ClientId,
+    /// The old owner's floor: an id below it may have been executed there.
+    floor_seq: u64,
+    retain_until_ms: u64,
+    /// The answers about keys of the move (and those of unknown slot).
+    responses: Vec<(u64, Response)>,
+}
+
+impl MovedSession {
+    /// Bytes its encoding takes at most (a bound: Rust's debug text of an
+    /// answer is longer than its compact encoding).
+    pub fn size_bound(&self) -> usize {
+        const FIXED: usize = 64;
+        FIXED
+            + format!("{:?}{}", self.caller, self.client).len()
+            + self
+                .responses
+                .iter()
+                .map(|(_, response)| FIXED + format!("{:?}", response.outcome).len())
+                .sum::<usize>()
+    }
+
+    /// Until when the old owner keeps it.
+    pub fn retain_until_ms(&self) -> u64 {
+        self.retain_until_ms
+    }
 }
 
 /// All client sessions, with an expiry index and per-caller counts.
@@ -103,7 +176,8 @@ impl Sessions {
     /// [`super::CoordinatorState::zero_cached_increments`]).
     pub(super) fn zero_cached_increments(&mut self) {
         for session in self.by_name.values_mut() {
-            for (_, outcome) in session.responses.values_mut() {
+            for response in session.responses.values_mut() {
+                let outcome = &mut response.outcome;
                 let upgraded = std::mem::replace(outcome, Outcome::PolicySet).upgraded();
                 *outcome = match upgraded {
                     Outcome::PoolGrant(grant) => Outcome::PoolGrant(super::PoolGrantOutcome {
@@ -130,9 +204,9 @@ impl Sessions {
             }
             return SessionLookup::New;
         };
-        if let Some((stored, outcome)) = session.responses.get(&id.seq) {
-            return if *stored == fingerprint {
-                SessionLookup::Replay(outcome.clone())
+        if let Some(response) = session.responses.get(&id.seq) {
+            return if response.fingerprint == fingerprint {
+                SessionLookup::Replay(response.outcome.clone())
             } else {
                 SessionLookup::Reused
             };
@@ -153,39 +227,50 @@ impl Sessions {
     }
 
     /// Stores the outcome of a newly executed request (one that
-    /// [`lookup`](Self::lookup) classified as [`SessionLookup::New`]).
+    /// [`lookup`](Self::lookup) classified as [`SessionLookup::New`])
+    /// about a key of `slot`.
     pub fn record(
         &mut self,
         caller: &Principal,
         id: &RequestId,
         fingerprint: u64,
+        slot: Option<Slot>,
         outcome: &Outcome,
         retain_until_ms: u64,
     ) {
         let name = (caller.clone(), id.client.clone());
-        let (session, opened) = match self.by_name.get_mut(&name) {
-            Some(session) => (session, false),
-            None => {
-                *self.per_principal.entry(caller.clone()).or_insert(0) += 1;
-                let session = self.by_name.entry(name.clone()).or_insert(Session {
-                    responses: BTreeMap::new(),
-                    floor_seq: 0,
-                    retain_until_ms: 0,
-                });
-                (session, true)
-            }
-        };
-        session
-            .responses
-            .insert(id.seq, (fingerprint, outcome.clone()));
-        while session.responses.len() > MAX_RESPONSES_PER_SESSION {
-            if let Some((dropped_seq, _)) = session.responses.pop_first() {
-                session.floor_seq = session.floor_seq.max(dropped_seq.saturating_add(1));
-            }
+        let (session, opened) = self.open(&name);
+        session.responses.insert(
+            id.seq,
+            Response {
+                fingerprint,
+                slot,
+                outcome: outcome.clone(),
+            },
+        );
+        session.trim();
+        self.retain(name, opened, retain_until_ms);
+    }
+
+    /// The session `name`, opened empty (and counted for its caller) if
+    /// the table does not hold it; `true` when just opened.
+    fn open(&mut self, name: &SessionName) -> (&mut Session, bool) {
+        let opened = !self.by_name.contains_key(name);
+        if opened {
+            *self.per_principal.entry(name.0.clone()).or_insert(0) += 1;
         }
-        // The expiry index is touched only when the session's expiry moves
-        // (the commands of one proposal share a clock, so a session's
-        // requests in one batch usually keep it where it is).
+        let session = self.by_name.entry(name.clone()).or_insert_with(Session::empty);
+        (session, opened)
+    }
+
+    /// Keeps the session `name` at least until `retain_until_ms`, filing
+    /// it in the expiry index (touched only when its expiry moves: the
+    /// commands of one proposal share a clock, so a session's requests in
+    /// one batch usually keep it where it is).
+    fn retain(&mut self, name: SessionName, opened: bool, retain_until_ms: u64) {
+        let Some(session) = self.by_name.get_mut(&name) else {
+            return;
+        };
         let filed_until = session.retain_until_ms;
         session.retain_until_ms = filed_until.max(retain_until_ms);
         if opened || session.retain_until_ms != filed_until {
@@ -195,6 +280,55 @@ impl Sessions {
             }
             filed.0 = session.retain_until_ms;
             self.expiry.insert(filed);
+        }
+    }
+
+    /// Every session as a move of the slots `in_move` carries it: its
+    /// name, floor and retention, with the answers about keys of those
+    /// slots (and those of unknown slot). Every session, even one with no
+    /// such answer: an id below its floor may have been about a moved key,
+    /// and the new owner must know the session to tell a resend of an id
+    /// it never executed from an id of a session that expired.
+    pub fn moving(&self, in_move: impl Fn(Slot) -> bool) -> Vec<MovedSession> {
+        self.by_name
+            .iter()
+            .map(|((caller, client), session)| MovedSession {
+                caller: caller.clone(),
+                client: client.clone(),
+                floor_seq: session.floor_seq,
+                retain_until_ms: session.retain_until_ms,
+                responses: session
+                    .responses
+                    .iter()
+                    .filter(|(_, response)| response.slot.is_none_or(&in_move))
+                    .map(|(seq, response)| (*seq, response.clone()))
+                    .collect(),
+            })
+            .collect()
+    }
+
+    /// Merges sessions a move carried here (see [`moving`](Self::moving)):
+    /// each answer this table lacks is kept, the floor is the higher of
+    /// the two, and the retention the later. A session already past its
+    /// retention at `now_ms` is skipped (the old owner would have dropped
+    /// it). Sessions merged in count for their caller but are never
+    /// refused for the quota: the old owner held them within it.
+    pub fn put_moved(&mut self, moved: &[MovedSession], now_ms: u64) {
+        for incoming in moved {
+            if incoming.retain_until_ms <= now_ms {
+                continue;
+            }
+            let name = (incoming.caller.clone(), incoming.client.clone());
+            let (session, opened) = self.open(&name);
+            for (seq, response) in &incoming.responses {
+                session
+                    .responses
+                    .entry(*seq)
+                    .or_insert_with(|| response.clone());
+            }
+            session.floor_seq = session.floor_seq.max(incoming.floor_seq);
+            session.trim();
+            self.retain(name, opened, incoming.retain_until_ms);
         }
     }
 
@@ -222,6 +356,60 @@ impl Sessions {
     /// Number of sessions held.
     pub fn len(&self) -> u64 {
         self.by_name.len() as u64
+    }
+}
+
+
+/// The session table as storage formats 2 to 8 wrote it (answers without
+/// their key's slot); read from an older snapshot and upgraded
+/// ([`From`]): its answers move with every move, as they may be of any key.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(super) struct SessionsV8 {
+    by_name: BTreeMap<SessionName, SessionV8>,
+    expiry: BTreeSet<(u64, SessionName)>,
+    per_principal: BTreeMap<Principal, u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct SessionV8 {
+    responses: BTreeMap<u64, (u64, Outcome)>,
+    floor_seq: u64,
+    retain_until_ms: u64,
+}
+
+impl From<SessionsV8> for Sessions {
+    fn from(old: SessionsV8) -> Self {
+        let by_name = old
+            .by_name
+            .into_iter()
+            .map(|(name, session)| {
+                let responses = session
+                    .responses
+                    .into_iter()
+                    .map(|(seq, (fingerprint, outcome))| {
+                        (
+                            seq,
+                            Response {
+                                fingerprint,
+                                slot: None,
+                                outcome,
+                            },
+                        )
+                    })
+                    .collect();
+                let session = Session {
+                    responses,
+                    floor_seq: session.floor_seq,
+                    retain_until_ms: session.retain_until_ms,
+                };
+                (name, session)
+            })
+            .collect();
+        Sessions {
+            by_name,
+            expiry: old.expiry,
+            per_principal: old.per_principal,
+        }
     }
 }
 
@@ -255,7 +443,7 @@ mod tests {
     fn replay_returns_the_first_outcome_only_for_the_same_request() {
         let mut sessions = Sessions::default();
         assert_eq!(sessions.lookup(&ANON, &id("c", 1), 9), SessionLookup::New);
-        sessions.record(&ANON, &id("c", 1), 9, &outcome(7), 100);
+        sessions.record(&ANON, &id("c", 1), 9, Some(0), &outcome(7), 100);
         assert_eq!(
             sessions.lookup(&ANON, &id("c", 1), 9),
             SessionLookup::Replay(outcome(7))
@@ -276,7 +464,7 @@ mod tests {
     #[test]
     fn sessions_of_different_callers_never_meet() {
         let mut sessions = Sessions::default();
-        sessions.record(&region("eu"), &id("c", 1), 9, &outcome(7), 100);
+        sessions.record(&region("eu"), &id("c", 1), 9, Some(0), &outcome(7), 100);
         assert_eq!(
             sessions.lookup(&region("us"), &id("c", 1), 9),
             SessionLookup::New,
@@ -290,7 +478,7 @@ mod tests {
         let mut sessions = Sessions::default();
         let n = MAX_RESPONSES_PER_SESSION as u64 + 3;
         for seq in 0..n {
-            sessions.record(&ANON, &id("c", seq), seq, &outcome(seq), 100);
+            sessions.record(&ANON, &id("c", seq), seq, Some(0), &outcome(seq), 100);
         }
         for seq in 0..3 {
             assert_eq!(
@@ -308,7 +496,7 @@ mod tests {
     #[test]
     fn an_expired_session_refuses_later_seqs_instead_of_executing_them() {
         let mut sessions = Sessions::default();
-        sessions.record(&ANON, &id("c", 200), 1, &outcome(1), 100);
+        sessions.record(&ANON, &id("c", 200), 1, Some(0), &outcome(1), 100);
         assert_eq!(sessions.collect(100), 1);
         assert_eq!(
             sessions.lookup(&ANON, &id("c", 200), 1),
@@ -327,12 +515,13 @@ mod tests {
     #[test]
     fn sessions_expire_when_every_outcome_is_past_retention() {
         let mut sessions = Sessions::default();
-        sessions.record(&ANON, &id("a", 1), 1, &outcome(1), 100);
-        sessions.record(&ANON, &id("a", 2), 2, &outcome(2), 300);
+        sessions.record(&ANON, &id("a", 1), 1, Some(0), &outcome(1), 100);
+        sessions.record(&ANON, &id("a", 2), 2, Some(0), &outcome(2), 300);
         sessions.record(
             &ANON,
             &id("b", 1),
             1,
+            Some(0),
             &Outcome::Rejected(CommandError::NoPolicy("k".into())),
             200,
         );
@@ -352,12 +541,12 @@ mod tests {
     fn a_full_principal_cannot_open_more_and_evicts_nobody() {
         let mut sessions = Sessions::default();
         let victim = region("us");
-        sessions.record(&victim, &id("victim", 1), 1, &outcome(1), 1_000);
+        sessions.record(&victim, &id("victim", 1), 1, Some(0), &outcome(1), 1_000);
         let flooder = region("eu");
         for i in 0..MAX_SESSIONS_PER_PRINCIPAL as u64 {
             let client = id(&format!("c{i}"), 1);
             assert_eq!(sessions.lookup(&flooder, &client, 1), SessionLookup::New);
-            sessions.record(&flooder, &client, 1, &outcome(0), 5);
+            sessions.record(&flooder, &client, 1, Some(0), &outcome(0), 5);
         }
         assert_eq!(
             sessions.lookup(&flooder, &id("one-more", 1), 1),
@@ -382,7 +571,7 @@ mod tests {
     fn the_whole_table_is_bounded_without_eviction() {
         let mut sessions = Sessions::default();
         for i in 0..MAX_SESSIONS as u64 {
-            sessions.record(&ANON, &id(&format!("c{i}"), 0), 0, &outcome(0), 1_000 + i);
+            sessions.record(&ANON, &id(&format!("c{i}"), 0), 0, Some(0), &outcome(0), 1_000 + i);
         }
         assert_eq!(
             sessions.lookup(&ANON, &id("late", 0), 0),
@@ -451,7 +640,7 @@ mod tests {
                                         "re-executed {:?} within retention", key);
                                 }
                                 counter += 1;
-                                sessions.record(&caller, &id(&client, seq), fingerprint, &outcome(counter), now + SESSION_MIN_RETAIN_MS);
+                                sessions.record(&caller, &id(&client, seq), fingerprint, Some(0), &outcome(counter), now + SESSION_MIN_RETAIN_MS);
                                 executed.insert(key, (fingerprint, counter, now));
                             }
                             SessionLookup::Replay(o) => {

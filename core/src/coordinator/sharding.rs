@@ -47,24 +47,29 @@
 //! the move's record stays, so an owner that acquires late acquires an
 //! empty move and serves from then on.
 //!
-//! Exactly-once is per group: a request id is answered by the group that
-//! first executed it, before any ownership check, so a retry sent to the
-//! group that executed it gets its first answer even after its key moved
-//! (a member routing a retry asks shard 0's sessions first:
-//! [`CoordinatorState::replay`]). A `NotOwner` refusal is never recorded
-//! in a session: nothing was executed, and a retry of the same id is
-//! executed by the owner once it serves the key.
+//! **Exactly-once across a move** (ADR 0027): the release also copies
+//! the source's client sessions into the move — each session's name,
+//! floor and retention, with its answers about keys of the moved slots
+//! (a session records each answer's slot). The new owner merges
+//! them ([`Command::AcquireSessions`], in parts, before any key part: a
+//! key part is refused until the sessions are complete), so whatever the
+//! old owner would answer for a request id about a moved key, the new
+//! owner answers the same: the first answer for a kept id, expired below
+//! the floor, never a second execution. A `NotOwner` refusal is never
+//! recorded in a session (nothing was executed): a resend of the same id
+//! to the owner is answered there.
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
 use super::command::{Command, CommandError, Outcome, ShardingOutcome};
+use super::sessions::MovedSession;
 use super::state::CoordinatorState;
 use super::windows::{MovedFloors, MovedKey};
 use crate::ids::Key;
 use crate::policy::Policy;
-use crate::shard::{slot_of, MemberId, Placement, ShardId, Slot, SlotMove, SLOTS};
+use crate::shard::{slot_of, MemberId, Placement, PlacementV8, ShardId, Slot, SlotMove, SLOTS};
 
 /// Most bytes (as [`MovedKey::size_bound`] counts them) of the keys one [`Command::AcquireSlots`] carries
 /// (one key above it travels alone).
@@ -143,6 +148,12 @@ pub struct MoveId {
     pub index: u32,
 }
 
+impl std::fmt::Display for MoveId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}", self.version, self.index)
+    }
+}
+
 /// A change of the placement, proposed to the meta group.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum PlacementChange {
@@ -196,8 +207,35 @@ pub struct Outgoing {
     pub slots: SlotMove,
     keys: Vec<MovedKey>,
     floors: MovedFloors,
-    /// When the keys and floors stop mattering (then they are dropped).
+    /// When the keys, floors and sessions stop mattering (then they are
+    /// dropped).
     expires_ms: u64,
+    /// The source's client sessions as of the release, with their answers
+    /// about the moved keys (storage format 9): the new owner merges them
+    /// before it serves a key of the move.
+    sessions: Vec<MovedSession>,
+}
+
+/// A move as storage format 8 kept it (no sessions); read as a move
+/// carrying none.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(super) struct OutgoingV8 {
+    slots: SlotMove,
+    keys: Vec<MovedKey>,
+    floors: MovedFloors,
+    expires_ms: u64,
+}
+
+impl From<OutgoingV8> for Outgoing {
+    fn from(old: OutgoingV8) -> Self {
+        Outgoing {
+            slots: old.slots,
+            keys: old.keys,
+            floors: old.floors,
+            expires_ms: old.expires_ms,
+            sessions: Vec::new(),
+        }
+    }
 }
 
 impl Outgoing {
@@ -209,10 +247,14 @@ impl Outgoing {
             slots.start <= slot && slot < slots.end
         };
         let (keys, floors) = state.windows.take_keys(in_move);
+        let sessions = state
+            .sessions
+            .moving(|slot| slots.start <= u32::from(slot) && u32::from(slot) < slots.end);
         let expires_ms = keys
             .iter()
             .map(MovedKey::expires_ms)
             .chain([floors.growth_floors_until_ms()])
+            .chain(sessions.iter().map(MovedSession::retain_until_ms))
             .max()
             .unwrap_or(0);
         Outgoing {
@@ -220,6 +262,7 @@ impl Outgoing {
             keys,
             floors,
             expires_ms,
+            sessions,
         }
     }
 
@@ -231,6 +274,52 @@ impl Outgoing {
             keys: Vec::new(),
             floors: MovedFloors::default(),
             expires_ms: 0,
+            sessions: Vec::new(),
+        }
+    }
+
+    /// The command that takes the move `id` one part further into a shard
+    /// where it stands at `arrival`: its sessions first
+    /// ([`Command::AcquireSessions`]), then its keys
+    /// ([`Command::AcquireSlots`]).
+    pub fn next_part(&self, id: MoveId, arrival: Arrival) -> Command {
+        if arrival.sessions_complete {
+            Command::AcquireSlots(self.part(id, arrival.acquired_keys))
+        } else {
+            Command::AcquireSessions(self.sessions_part(id, arrival.acquired_sessions))
+        }
+    }
+
+    /// How many client sessions the move still carries.
+    pub fn session_count(&self) -> usize {
+        self.sessions.len()
+    }
+
+    /// The part of this move's sessions that starts at session number
+    /// `first`: the sessions from there up to [`MAX_ACQUIRE_PART_BYTES`]
+    /// (at least one), and whether it is the last. From past its sessions
+    /// (none, or dropped once expired between two parts) it is an empty,
+    /// last part that starts at `first`.
+    pub fn sessions_part(&self, id: MoveId, first: u64) -> SessionsPart {
+        let start = usize::try_from(first)
+            .unwrap_or(usize::MAX)
+            .min(self.sessions.len());
+        let mut end = start;
+        let mut bytes = 0usize;
+        while end < self.sessions.len() {
+            let size = self.sessions[end].size_bound();
+            if end > start && bytes + size > MAX_ACQUIRE_PART_BYTES {
+                break;
+            }
+            bytes += size;
+            end += 1;
+        }
+        SessionsPart {
+            id,
+            slots: self.slots,
+            first,
+            sessions: self.sessions[start..end].to_vec(),
+            last: end == self.sessions.len(),
         }
     }
 
@@ -293,6 +382,41 @@ impl AcquirePart {
     }
 }
 
+/// One part of a move's client sessions, as the new owner applies it
+/// (before any of the move's keys: [`Command::AcquireSessions`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionsPart {
+    /// The move.
+    pub id: MoveId,
+    /// Its slots and shards.
+    pub slots: SlotMove,
+    /// The number of the part's first session within the move.
+    pub first: u64,
+    sessions: Vec<MovedSession>,
+    /// Whether this part ends the move's sessions.
+    pub last: bool,
+}
+
+impl SessionsPart {
+    /// The whole of a move that carries no sessions: what an entry of
+    /// storage format 6 or earlier, which acquired keys alone, reads as
+    /// before each of its key parts.
+    pub fn none(id: MoveId, slots: SlotMove) -> Self {
+        SessionsPart {
+            id,
+            slots,
+            first: 0,
+            sessions: Vec::new(),
+            last: true,
+        }
+    }
+
+    /// How many sessions the part carries.
+    pub fn session_count(&self) -> usize {
+        self.sessions.len()
+    }
+}
+
 /// How far a move into this shard has come.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct Arrival {
@@ -300,6 +424,29 @@ pub struct Arrival {
     pub acquired_keys: u64,
     /// Every part applied: the slots are this shard's.
     pub complete: bool,
+    /// Sessions acquired so far (storage format 9).
+    pub acquired_sessions: u64,
+    /// Every session part applied: key parts may follow.
+    pub sessions_complete: bool,
+}
+
+/// How far a move had come, as storage format 8 kept it: it acquires
+/// keys without sessions (its source recorded none).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub(super) struct ArrivalV8 {
+    acquired_keys: u64,
+    complete: bool,
+}
+
+impl From<ArrivalV8> for Arrival {
+    fn from(old: ArrivalV8) -> Self {
+        Arrival {
+            acquired_keys: old.acquired_keys,
+            complete: old.complete,
+            acquired_sessions: 0,
+            sessions_complete: true,
+        }
+    }
 }
 
 /// A group's part in a sharded cluster (see the module doc).
@@ -316,6 +463,36 @@ pub struct Sharding {
     owned: SlotSet,
     /// Another shard: moves into it, by move.
     arrivals: BTreeMap<MoveId, Arrival>,
+}
+
+/// A group's part in a sharded cluster as storage format 8 kept it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(super) struct ShardingV8 {
+    placement: Option<PlacementV8>,
+    outgoing: BTreeMap<MoveId, OutgoingV8>,
+    shard: Option<ShardId>,
+    owned: SlotSet,
+    arrivals: BTreeMap<MoveId, ArrivalV8>,
+}
+
+impl From<ShardingV8> for Sharding {
+    fn from(old: ShardingV8) -> Self {
+        Sharding {
+            placement: old.placement.map(Placement::from),
+            outgoing: old
+                .outgoing
+                .into_iter()
+                .map(|(id, outgoing)| (id, outgoing.into()))
+                .collect(),
+            shard: old.shard,
+            owned: old.owned,
+            arrivals: old
+                .arrivals
+                .into_iter()
+                .map(|(id, arrival)| (id, arrival.into()))
+                .collect(),
+        }
+    }
 }
 
 impl Sharding {
@@ -375,9 +552,11 @@ impl Sharding {
     /// Drops the frozen keys of moves that have expired at `now_ms`.
     pub(super) fn collect(&mut self, now_ms: u64) {
         for outgoing in self.outgoing.values_mut() {
-            if outgoing.expires_ms <= now_ms && !outgoing.keys.is_empty() {
+            let carries = !outgoing.keys.is_empty() || !outgoing.sessions.is_empty();
+            if outgoing.expires_ms <= now_ms && carries {
                 outgoing.keys = Vec::new();
                 outgoing.floors = MovedFloors::default();
+                outgoing.sessions = Vec::new();
             }
         }
     }
@@ -442,18 +621,6 @@ impl CoordinatorState {
     /// This group's part in a sharded cluster.
     pub fn sharding(&self) -> &Sharding {
         &self.sharding
-    }
-
-    /// The first answer this group gave `command`'s request id, if it
-    /// executed it (read-only: what a retry of it would be answered). A
-    /// member routing a retry of a key that moved out of this group asks
-    /// this first, so the group that executed a request answers its retry.
-    pub fn replay(&self, command: &Command) -> Option<Outcome> {
-        let (caller, id) = command.request()?;
-        match self.sessions.lookup(caller, id, command.fingerprint()) {
-            super::sessions::SessionLookup::Replay(outcome) => Some(outcome),
-            _ => None,
-        }
     }
 
     /// Runs `execute` if this group serves `key`, else refuses `NotOwner`.
@@ -566,7 +733,7 @@ impl CoordinatorState {
         }
         if slots.from == ShardId(0) || self.sharding.shard != Some(slots.from) {
             return refused(format!(
-                "this group is shard {}, not shard {}: it releases nothing of move {id:?}",
+                "this group is shard {}, not shard {}: it releases nothing of move {id}",
                 self.sharding.shard().0,
                 slots.from.0
             ));
@@ -590,14 +757,17 @@ impl CoordinatorState {
     pub(super) fn acquire_slots(&mut self, part: &AcquirePart) -> Outcome {
         if self.sharding.shard != Some(part.slots.to) {
             return refused(format!(
-                "this group is shard {}, not shard {}: it acquires nothing of move {:?}",
+                "this group is shard {}, not shard {}: it acquires nothing of move {}",
                 self.sharding.shard().0,
                 part.slots.to.0,
                 part.id
             ));
         }
         let arrival = self.sharding.arrivals.entry(part.id).or_default();
-        if !arrival.complete && arrival.acquired_keys == part.first_key {
+        // The move's sessions first: once a key of the move is served, an
+        // id the old owner answered must be answered as it did.
+        let ready = arrival.sessions_complete;
+        if ready && !arrival.complete && arrival.acquired_keys == part.first_key {
             self.windows.put_keys(part.keys.clone());
             if let Some(floors) = &part.floors {
                 self.windows.put_floors(floors.clone());
@@ -614,6 +784,33 @@ impl CoordinatorState {
         Outcome::Sharding(ShardingOutcome::Acquired {
             acquired_keys: arrival.acquired_keys,
             complete: arrival.complete,
+        })
+    }
+
+    /// [`super::Command::AcquireSessions`]: merges one part of a move's
+    /// client sessions into this shard's (before any of its keys). A part
+    /// that does not start where the move's sessions stand changes
+    /// nothing and answers where they stand.
+    pub(super) fn acquire_sessions(&mut self, part: &SessionsPart) -> Outcome {
+        if self.sharding.shard != Some(part.slots.to) {
+            return refused(format!(
+                "this group is shard {}, not shard {}: it acquires nothing of move {}",
+                self.sharding.shard().0,
+                part.slots.to.0,
+                part.id
+            ));
+        }
+        let now_ms = self.now_ms;
+        let arrival = self.sharding.arrivals.entry(part.id).or_default();
+        if !arrival.sessions_complete && arrival.acquired_sessions == part.first {
+            self.sessions.put_moved(&part.sessions, now_ms);
+            arrival.acquired_sessions += part.sessions.len() as u64;
+            arrival.sessions_complete = part.last;
+        }
+        let arrival = *arrival;
+        Outcome::Sharding(ShardingOutcome::AcquiredSessions {
+            acquired_sessions: arrival.acquired_sessions,
+            complete: arrival.sessions_complete,
         })
     }
 }

@@ -128,6 +128,7 @@ impl CoordinatorState {
             } => self.change_placement(*expected_version, change),
             Command::BecomeShard { shard } => self.become_shard(*shard),
             Command::AcquireSlots(part) => self.acquire_slots(part),
+            Command::AcquireSessions(part) => self.acquire_sessions(part),
             Command::ReleaseSlots { id, slots } => self.release_slots(*id, *slots),
             Command::SetPolicy(policy) => self.set_policy(policy),
             Command::DeletePolicy { prefix } => self.delete_policy(prefix),
@@ -247,7 +248,7 @@ impl CoordinatorState {
                 let retain_until =
                     window_end.max(self.now_ms.saturating_add(SESSION_MIN_RETAIN_MS));
                 self.sessions
-                    .record(caller, id, fingerprint, &outcome, retain_until);
+                    .record(caller, id, fingerprint, command.slot(), &outcome, retain_until);
                 outcome
             }
         }

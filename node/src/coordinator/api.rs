@@ -75,37 +75,6 @@ impl CoordinatorApi {
         &self.node
     }
 
-    /// The first answer another group this member hosts gave `command`'s
-    /// request id, when `key` has moved to another shard since: a retry of
-    /// a request an earlier owner of the key executed is answered by that
-    /// owner (shard 0, or a shard this key left, which the new owner's
-    /// replicas host: a move out of a shard other than 0 goes to a shard
-    /// on its replicas). `None` on an API without routing, for keys still
-    /// on shard 0 (keys never return to it), and for requests no other
-    /// group executed as this member has applied them.
-    fn replayed_elsewhere(
-        &self,
-        key: &str,
-        command: impl FnOnce() -> Option<Command>,
-    ) -> Option<Outcome> {
-        let routing = self.routing.as_ref()?;
-        let (shard, _) = routing.shard_of(key);
-        if shard == leasehold_core::shard::ShardId(0) {
-            return None;
-        }
-        let command = command()?;
-        command.request()?;
-        self.node
-            .state
-            .read(|state| state.replay(&command))
-            .or_else(|| {
-                routing
-                    .hosted_except(shard)
-                    .iter()
-                    .find_map(|api| api.context().state.read(|state| state.replay(&command)))
-            })
-    }
-
     /// The API that answers calls for `key` on this member (this one for
     /// shard 0), or `NOT_OWNER`.
     fn for_key(&self, key: &str) -> Result<CoordinatorApi, Status> {
@@ -528,28 +497,10 @@ impl CoordinatorApi {
         let mut parts: std::collections::BTreeMap<u32, Vec<(usize, pb::LeaseRequest)>> =
             std::collections::BTreeMap::new();
         for (index, item) in items.into_iter().enumerate() {
-            let replayed = self.replayed_elsewhere(&item.key, || {
-                convert::lease_command(item.clone(), caller.clone()).ok()
-            });
-            let answered = match replayed {
-                Some(Outcome::Lease(grant)) => Some(pb::lease_item_result::Result::Granted(
-                    pb::LeaseResponse::from(&grant),
-                )),
-                Some(Outcome::Rejected(error)) => Some(pb::lease_item_result::Result::Refused(
-                    item_refusal(&command_error_status(&error)),
-                )),
-                _ => None,
-            };
-            if let Some(result) = answered {
-                ordered[index] = Some(pb::LeaseItemResult {
-                    result: Some(result),
-                });
-                continue;
-            }
             let (shard, _) = routing.shard_of(&item.key);
             parts.entry(shard.0).or_default().push((index, item));
         }
-        if parts.len() == 1 && parts.contains_key(&0) && ordered.iter().all(Option::is_none) {
+        if parts.len() == 1 && parts.contains_key(&0) {
             let items = parts
                 .into_values()
                 .flatten()
@@ -694,16 +645,6 @@ impl Coordinator for CoordinatorApi {
         &self,
         request: Request<pb::LeaseRequest>,
     ) -> Result<Response<pb::LeaseResponse>, Status> {
-        let replayed = self.replayed_elsewhere(&request.get_ref().key, || {
-            convert::lease_command(request.get_ref().clone(), caller(&request)).ok()
-        });
-        match replayed {
-            Some(Outcome::Lease(grant)) => {
-                return Ok(Response::new(pb::LeaseResponse::from(&grant)))
-            }
-            Some(Outcome::Rejected(error)) => return Err(command_error_status(&error)),
-            _ => {}
-        }
         let key = request.get_ref().key.clone();
         let api = self.for_key(&key)?;
         traced(self.about_key(&key, api.lease_call(request).await), |r| {
@@ -726,16 +667,6 @@ impl Coordinator for CoordinatorApi {
         &self,
         request: Request<pb::ReconcileRequest>,
     ) -> Result<Response<pb::ReconcileResponse>, Status> {
-        let replayed = self.replayed_elsewhere(&request.get_ref().key, || {
-            convert::reconcile_command(request.get_ref().clone(), caller(&request)).ok()
-        });
-        match replayed {
-            Some(Outcome::Reconcile(outcome)) => {
-                return Ok(Response::new(pb::ReconcileResponse::from(&outcome)))
-            }
-            Some(Outcome::Rejected(error)) => return Err(command_error_status(&error)),
-            _ => {}
-        }
         let key = request.get_ref().key.clone();
         let api = self.for_key(&key)?;
         traced(

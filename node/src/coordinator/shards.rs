@@ -46,7 +46,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use leasehold_core::coordinator::sharding::{policy_sync_commands, AcquirePart, MoveId};
+use leasehold_core::coordinator::sharding::{policy_sync_commands, MoveId};
 use leasehold_core::coordinator::{Command, Outcome, Proposal, ShardingOutcome};
 use leasehold_core::shard::{forming_replica, ShardId, SlotMove};
 use leasehold_raft_store::{Node, NodeId, Raft};
@@ -544,7 +544,7 @@ impl ShardHost {
             // `max_batch_commands` small commands, or one part).
             let proposal = Proposal {
                 stamp_ms: context.clock.now_ms(),
-                commands: vec![Command::AcquireSlots(part)],
+                commands: vec![part],
             };
             let proposer =
                 RaftProposer::new(context.raft.clone(), context.config.proposal_timeout());
@@ -654,10 +654,12 @@ impl ShardHost {
     }
 
     /// The next part of the first move into `shard` not yet complete whose
-    /// source has released it: read from the meta group for a move out of
-    /// shard 0, else from this member's replica of the source (a move
-    /// out of a shard other than 0 goes to a shard on its replicas).
-    fn next_part(&self, shard: ShardId, context: &NodeContext) -> Option<AcquirePart> {
+    /// source has released it — its client sessions first
+    /// (`AcquireSessions`), then its keys (`AcquireSlots`): read from the
+    /// meta group for a move out of shard 0, else from this member's
+    /// replica of the source (a move out of a shard other than 0 goes to a
+    /// shard on its replicas).
+    fn next_part(&self, shard: ShardId, context: &NodeContext) -> Option<Command> {
         let moves: Vec<(MoveId, SlotMove)> = self.meta.state.read(|meta| {
             meta.sharding()
                 .outgoing()
@@ -685,7 +687,7 @@ impl ShardHost {
                     tracing::warn!(
                         shard = shard.0,
                         from = slots.from.0,
-                        "shard {} cannot acquire move {id:?}: this member (its leader) hosts no \
+                        "shard {} cannot acquire move {id}: this member (its leader) hosts no \
                          replica of shard {} to read it from (said once per move)",
                         shard.0,
                         slots.from.0
@@ -698,7 +700,7 @@ impl ShardHost {
                     .sharding()
                     .outgoing()
                     .get(&id)
-                    .map(|released| released.part(id, arrival.acquired_keys))
+                    .map(|released| released.next_part(id, arrival))
             })
         })
     }
