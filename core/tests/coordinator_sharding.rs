@@ -670,7 +670,11 @@ enum IdStep {
     /// Splits, releases, acquisitions and time, as [`Step`].
     Placement(Step),
     /// A lease of a key under the client's next seq, sent to any group.
-    Send { key: usize, tokens: u64, group: usize },
+    Send {
+        key: usize,
+        tokens: u64,
+        group: usize,
+    },
     /// The request of an earlier seq (picked among those sent) sent again,
     /// unchanged, to any group: a retry, or a client that does not know
     /// the placement changed.

@@ -53,9 +53,10 @@ fn expected_entries() -> Vec<(String, Entry)> {
 
 /// The state after the fixture history, applied by the current code.
 /// [`expected_state`] as a snapshot of an older format reads: its cache
-/// recorded no pool grant increments, so retries answer 0.
+/// recorded no pool grant increments, so retries answer 0, and no answer's
+/// slot.
 fn expected_snapshot_state() -> CoordinatorState {
-    let mut state = expected_state();
+    let mut state = expected_state().with_answers_of_unknown_slot();
     state.zero_cached_increments();
     state
 }

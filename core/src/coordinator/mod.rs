@@ -40,8 +40,8 @@ pub use command::*;
 pub use lease::MAX_REGIONS_PER_WINDOW;
 pub use pool::{PoolView, NEXT_WINDOW_JOIN_SHARE};
 pub use sessions::{
-    MovedSession, Response, MAX_RESPONSES_PER_SESSION, MAX_SESSIONS, MAX_SESSIONS_PER_PRINCIPAL, SESSION_MIN_RETAIN_MS,
-    SESSION_OPENING_SEQS,
+    MovedSession, Response, MAX_RESPONSES_PER_SESSION, MAX_SESSIONS, MAX_SESSIONS_PER_PRINCIPAL,
+    SESSION_MIN_RETAIN_MS, SESSION_OPENING_SEQS,
 };
 pub use state::*;
 pub use windows::seals as restore_seals;

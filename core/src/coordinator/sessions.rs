@@ -259,7 +259,10 @@ impl Sessions {
         if opened {
             *self.per_principal.entry(name.0.clone()).or_insert(0) += 1;
         }
-        let session = self.by_name.entry(name.clone()).or_insert_with(Session::empty);
+        let session = self
+            .by_name
+            .entry(name.clone())
+            .or_insert_with(Session::empty);
         (session, opened)
     }
 
@@ -353,12 +356,21 @@ impl Sessions {
         collected
     }
 
+    /// Every kept answer of unknown slot (see
+    /// [`super::CoordinatorState::with_answers_of_unknown_slot`]).
+    pub(super) fn forget_slots(&mut self) {
+        for session in self.by_name.values_mut() {
+            for response in session.responses.values_mut() {
+                response.slot = None;
+            }
+        }
+    }
+
     /// Number of sessions held.
     pub fn len(&self) -> u64 {
         self.by_name.len() as u64
     }
 }
-
 
 /// The session table as storage formats 2 to 8 wrote it (answers without
 /// their key's slot); read from an older snapshot and upgraded
@@ -571,7 +583,14 @@ mod tests {
     fn the_whole_table_is_bounded_without_eviction() {
         let mut sessions = Sessions::default();
         for i in 0..MAX_SESSIONS as u64 {
-            sessions.record(&ANON, &id(&format!("c{i}"), 0), 0, Some(0), &outcome(0), 1_000 + i);
+            sessions.record(
+                &ANON,
+                &id(&format!("c{i}"), 0),
+                0,
+                Some(0),
+                &outcome(0),
+                1_000 + i,
+            );
         }
         assert_eq!(
             sessions.lookup(&ANON, &id("late", 0), 0),

@@ -354,6 +354,14 @@ impl CoordinatorState {
         self.windows.key_count()
     }
 
+    /// The state as a snapshot of storage format 8 or earlier reads it
+    /// back: every answer its sessions keep of unknown slot (those formats
+    /// recorded none). What an upgraded snapshot is compared with.
+    pub fn with_answers_of_unknown_slot(mut self) -> Self {
+        self.sessions.forget_slots();
+        self
+    }
+
     /// Number of client sessions held (bounded by [`super::MAX_SESSIONS`]).
     pub fn client_sessions(&self) -> u64 {
         self.sessions.len()

@@ -121,6 +121,18 @@ struct Hosted {
     tasks: Vec<JoinHandle<()>>,
 }
 
+/// Whether `raft` belongs to a group yet (it has a membership: formed
+/// here, or joined by its leader).
+fn in_any_group(raft: &Raft) -> bool {
+    raft.metrics()
+        .borrow()
+        .membership_config
+        .membership()
+        .nodes()
+        .next()
+        .is_some()
+}
+
 /// Whether `raft`'s group counts `member` (voter or learner).
 fn in_group(raft: &Raft, member: NodeId) -> bool {
     raft.metrics()
@@ -145,6 +157,9 @@ pub struct ShardHost {
     /// Per shard this member is the preferred leader of: who else leads
     /// it, since when, and when a reclaim may be tried next.
     reclaims: BTreeMap<ShardId, Reclaim>,
+    /// Shards this member stopped hosting: never joined again as a
+    /// founding replica only (its group has moved on without it).
+    given_up: BTreeSet<ShardId>,
 }
 
 /// The leadership of one shard as its preferred replica sees it.
@@ -195,6 +210,7 @@ impl ShardHost {
             hosted: BTreeMap::new(),
             unreadable_moves: std::sync::Mutex::default(),
             reclaims: BTreeMap::new(),
+            given_up: BTreeSet::new(),
         }
     }
 
@@ -227,17 +243,35 @@ impl ShardHost {
     /// no longer does, drive the shards this member leads.
     async fn pass(&mut self) {
         let me = self.meta.id;
-        let wanted: BTreeMap<ShardId, BTreeSet<NodeId>> = self.meta.state.read(|state| {
+        let (wanted, founding): (
+            BTreeMap<ShardId, BTreeSet<NodeId>>,
+            BTreeMap<ShardId, BTreeSet<NodeId>>,
+        ) = self.meta.state.read(|state| {
             let placement = state.sharding().placement();
-            placement
-                .shards()
-                .filter(|shard| *shard != ShardId(0))
+            let shards = || placement.shards().filter(|shard| *shard != ShardId(0));
+            let wanted = shards()
                 .filter_map(|shard| {
                     let replicas = placement.replicas(shard)?;
                     replicas.contains(&me).then(|| (shard, replicas.clone()))
                 })
-                .collect()
+                .collect();
+            let founding = shards()
+                .filter_map(|shard| {
+                    let founders = placement.founding_replicas(shard)?;
+                    founders.contains(&me).then(|| (shard, founders.clone()))
+                })
+                .collect();
+            (wanted, founding)
         });
+        // A founding replica that a replica change dropped before it ever
+        // hosted the shard still joins it: the group is formed by its
+        // founders (and keeps their quorum) until its leader has moved it
+        // to the replicas the placement names. Given up for good once its
+        // group dropped it or went leaderless without it (below).
+        let joining: BTreeMap<ShardId, BTreeSet<NodeId>> = founding
+            .into_iter()
+            .filter(|(shard, _)| !wanted.contains_key(shard) && !self.given_up.contains(shard))
+            .collect();
         let placed: BTreeSet<ShardId> = self
             .meta
             .state
@@ -267,12 +301,17 @@ impl ShardHost {
                 let cut_off = hosted.leaderless_since.is_some_and(|since| {
                     now.duration_since(since) >= DROPPED_REPLICA_LEADERLESS_FOR
                 });
+                let joins_unformed =
+                    joining.contains_key(shard) && !in_any_group(&hosted.context.raft);
                 !wanted.contains_key(shard)
-                    && (!placed.contains(shard) || !in_group(&hosted.context.raft, me) || cut_off)
+                    && (!placed.contains(shard)
+                        || (!in_group(&hosted.context.raft, me) && !joins_unformed)
+                        || cut_off)
             })
             .map(|(shard, _)| *shard)
             .collect();
         for shard in gone {
+            self.given_up.insert(shard);
             tracing::info!(
                 member = me,
                 shard = shard.0,
@@ -281,14 +320,19 @@ impl ShardHost {
             );
             self.stop_hosting(shard).await;
         }
-        for (shard, replicas) in &wanted {
+        self.given_up.retain(|shard| !wanted.contains_key(shard));
+        let joining: Vec<(ShardId, BTreeSet<NodeId>)> = joining
+            .into_iter()
+            .filter(|(shard, _)| !self.given_up.contains(shard))
+            .collect();
+        for (shard, replicas) in wanted.iter().chain(joining.iter().map(|(s, r)| (s, r))) {
             if !self.hosted.contains_key(shard) {
                 if let Err(error) = self.start_hosting(*shard, replicas).await {
                     tracing::warn!(member = me, shard = shard.0, %error, "cannot host shard {}", shard.0);
                     continue;
                 }
             }
-            self.initialize_if_first(*shard, replicas).await;
+            self.initialize_if_first(*shard).await;
             if let Some(hosted) = self.hosted.get(shard) {
                 let context = hosted.context.clone();
                 self.drive(*shard, &context).await;
@@ -422,8 +466,20 @@ impl ShardHost {
             stopped.clone(),
         );
         let ticks = tokio::spawn(tasks::tick_clock(context.clone(), stopped));
+        // Until the group counts this member, any member of the cluster may
+        // be the one that adds it: after a replica change the group's
+        // leader may be a replica the placement no longer names (it hands
+        // over once the newcomers have joined).
+        let joining: BTreeSet<NodeId> = meta
+            .state
+            .membership()
+            .membership()
+            .nodes()
+            .map(|(id, _)| *id)
+            .chain(replicas.iter().copied())
+            .collect();
         self.raft_groups
-            .insert(shard, HostedGroup::new(raft, replicas.clone(), has_log));
+            .insert(shard, HostedGroup::new(raft, joining, has_log));
         self.apis
             .insert(shard, CoordinatorApi::new(context.clone()));
         tracing::info!(
@@ -459,40 +515,43 @@ impl ShardHost {
         }
     }
 
-    /// The [`forming_replica`] forms a group that has no
-    /// membership yet, with every replica the meta group knows an address
-    /// of.
-    async fn initialize_if_first(&self, shard: ShardId, replicas: &BTreeSet<NodeId>) {
+    /// The [`forming_replica`] of the shard's *founding* replicas forms
+    /// its group, with them as voters, when the group has no membership
+    /// yet. Only that member, and only with them: a member a replica
+    /// change added waits for the group's leader to add it (forming a
+    /// group of the new replicas instead would start a second group that
+    /// the others refuse), and a former dropped before it formed the
+    /// group still forms it (it hosts the shard as a founding replica).
+    async fn initialize_if_first(&self, shard: ShardId) {
         let Some(hosted) = self.hosted.get(&shard) else {
             return;
         };
-        if forming_replica(shard, replicas) != Some(self.meta.id) {
+        let Some(founders) = self.meta.state.read(|state| {
+            state
+                .sharding()
+                .placement()
+                .founding_replicas(shard)
+                .cloned()
+        }) else {
+            return;
+        };
+        if forming_replica(shard, &founders) != Some(self.meta.id) {
             return;
         }
-        let formed = hosted
-            .context
-            .raft
-            .metrics()
-            .borrow()
-            .membership_config
-            .membership()
-            .nodes()
-            .next()
-            .is_some();
-        if formed {
+        if in_any_group(&hosted.context.raft) {
             return;
         }
         let membership = self.meta.state.membership();
         let members: BTreeMap<NodeId, Node> = membership
             .membership()
             .nodes()
-            .filter(|(id, _)| replicas.contains(id))
+            .filter(|(id, _)| founders.contains(id))
             .map(|(id, node)| (*id, node.clone()))
             .collect();
-        if members.len() != replicas.len() {
+        if members.len() != founders.len() {
             tracing::warn!(
                 shard = shard.0,
-                "shard {} names replicas the cluster has no address for; waiting",
+                "shard {} names founding replicas the cluster has no address for; waiting",
                 shard.0
             );
             return;
@@ -515,9 +574,6 @@ impl ShardHost {
             }
             return;
         }
-        if !self.follow_replicas(shard, context).await {
-            return;
-        }
         let meta_policies = self.meta.state.read(|state| state.policies());
         let sync = context
             .state
@@ -529,6 +585,17 @@ impl ShardHost {
             return;
         }
         self.acquire(shard, context).await;
+        // A replica change waits for the moves into the shard this leader
+        // can read: the group's replicas now host their sources (a move
+        // out of a shard other than 0 goes to a shard on its replicas),
+        // the new ones may not. A move this leader cannot read does not
+        // hold it up: the new replicas may be the ones that can.
+        if self.next_part(shard, context).is_some() {
+            return;
+        }
+        if !self.follow_replicas(shard, context).await {
+            return;
+        }
         self.release(shard, context).await;
     }
 
@@ -648,7 +715,13 @@ impl ShardHost {
                 "shard {} replicated by {replicas:?}",
                 shard.0
             ),
-            _ => tracing::debug!(shard = shard.0, "replica change not committed yet"),
+            Ok(Err(error)) => {
+                tracing::debug!(shard = shard.0, %error, "replica change not committed yet")
+            }
+            Err(_) => tracing::debug!(
+                shard = shard.0,
+                "replica change not committed yet (timed out)"
+            ),
         }
         false
     }

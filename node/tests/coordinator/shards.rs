@@ -234,8 +234,10 @@ async fn a_split_shard_serves_its_keys_with_their_windows_on_its_replicas() -> R
     assert_eq!(batch[0].as_ref().map(|g| g.granted).ok(), Some(6));
     assert_eq!(batch[1].as_ref().map(|g| g.granted).ok(), Some(1));
 
-    // A retry of a request executed before the split: its first answer.
-    let retried = meta.lease(lease(&high, 7, Some(1))).await?.into_inner();
+    // A retry of a request executed before the split, sent to the key's
+    // new owner: its first answer (the session moved with the slot).
+    let mut at_owner = CoordinatorRpc::new(channel(&leader_addr).await?);
+    let retried = at_owner.lease(lease(&high, 7, Some(1))).await?.into_inner();
     assert_eq!(retried, before_split);
 
     // A batch mixing shards, sent to shard 1's leader: its key is served
@@ -660,3 +662,195 @@ async fn a_preferred_leader_that_comes_back_takes_its_shard_back() -> Result<()>
     until_shard_led(&cluster, 1, 1, within, |leader| leader == 2).await?;
     cluster.stop_all().await
 }
+
+/// The reproduction of issue 48: one client id leases seqs 1..=100 of a
+/// key on shard 0, the key's half is split into shard 1, and every id is
+/// sent again. The new owner answers as the old one would: the 64 ids the
+/// session keeps with their first answers (seq 7 leased 3 tokens: its
+/// grant, not a second one), the older ones `SESSION_EXPIRED`; the window
+/// counts each grant once; a resend that reaches member 1, which does not
+/// host shard 1, is sent on with the same id and answered the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_id_resent_after_a_split_is_answered_as_its_first_owner_answered() -> Result<()> {
+    let (mut cluster, client) = cluster_with_policy(4).await?;
+    client
+        .admin()
+        .set_policy(counter_policy("k", 1_000, LONG_WINDOW_MS))
+        .await?;
+    let high = key_that_moves(true);
+    let id = |seq| pb::RequestId {
+        client_id: "resender".into(),
+        seq,
+    };
+    let tokens = |seq| if seq == 7 { 3 } else { 1 };
+    let mut first = Vec::new();
+    for seq in 1..=100u64 {
+        first.push(
+            client
+                .lease_with_id(&high, "eu", tokens(seq), id(seq))
+                .await?,
+        );
+    }
+    let granted_before: u64 = first.iter().map(|r| r.granted).sum();
+    assert_eq!(granted_before, 102);
+    client
+        .admin()
+        .change_placement(split_zero_into_one(&[2, 3, 4]))
+        .await?;
+    let leader = served_by_leader(&cluster, 1, &high).await?;
+    // A client that knows nothing of the placement, sending everywhere.
+    let fresh = cluster.client()?;
+    for seq in 1..=100u64 {
+        let again = fresh.lease_with_id(&high, "eu", tokens(seq), id(seq)).await;
+        if seq > 100 - 64 {
+            let again = again.with_context(|| format!("seq {seq}"))?;
+            ensure!(
+                again == first[(seq - 1) as usize],
+                "seq {seq}: {again:?}, first {:?}",
+                first[(seq - 1) as usize]
+            );
+        } else {
+            let error = again.expect_err("an id below the session's floor");
+            ensure!(error.is_session_expired(), "seq {seq}: {error}");
+        }
+    }
+    let mut rpc = CoordinatorRpc::new(channel(&leader).await?);
+    let window = rpc
+        .get_window(pb::GetWindowRequest { key: high.clone() })
+        .await?
+        .into_inner();
+    ensure!(
+        window.granted == granted_before,
+        "the window counts {} after the resends, {granted_before} before",
+        window.granted
+    );
+    cluster.stop_all().await
+}
+
+/// A replica change that drops the shard's leader completes: shard 1 on
+/// members 1, 2, 3 moves to one of them that does not lead it and members
+/// 4 and 5 (the new set's forming replica is a newcomer, which before
+/// formed a group of its own that nobody joined). The key is served again
+/// by a leader among the new replicas within the bound, with its window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_replica_change_that_drops_the_shards_leader_completes() -> Result<()> {
+    let (mut cluster, client) = cluster_with_policy(5).await?;
+    let admin = client.admin();
+    let high = key_that_moves(true);
+    admin
+        .change_placement(split_zero_into_one(&[1, 2, 3]))
+        .await?;
+    assert_eq!(client.lease(&high, "eu", 6).await?.granted, 6);
+    let (old_leader, _) = shard_leader(&cluster, 2, 1).await?;
+    let kept = (1..=3).find(|m| *m != old_leader).expect("a non-leader");
+    let replicas = vec![kept, 4, 5];
+    let started = tokio::time::Instant::now();
+    admin
+        .change_placement(pb::ChangePlacementRequest {
+            expected_version: 1,
+            change: Some(pb::change_placement_request::Change::SetReplicas(
+                pb::SetShardReplicas {
+                    shard: 1,
+                    replicas: replicas.clone(),
+                },
+            )),
+        })
+        .await?;
+    let deadline = started + Duration::from_secs(SHARD_CHANGE_BOUND_SECS);
+    let new_leader = loop {
+        let (leader, _) = shard_leader(&cluster, 4, 1).await?;
+        if replicas.contains(&leader) {
+            break leader;
+        }
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "shard 1 still led by member {leader}, not one of {replicas:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let granted = lease_when_served(&cluster.addr(new_leader), &high, 10).await?;
+    let took = started.elapsed();
+    ensure!(
+        granted.granted == 4,
+        "the window kept its 6: {} granted",
+        granted.granted
+    );
+    ensure!(
+        took <= Duration::from_secs(SHARD_CHANGE_BOUND_SECS),
+        "served again after {took:?}"
+    );
+    tracing::info!(?took, "served again by the new replicas");
+    cluster.stop_all().await
+}
+
+/// A replica change of a shard made right after the split that made it,
+/// while its move from a shard other than 0 runs, to members that do not
+/// all host the source: the change waits for the move (the founding
+/// replicas acquire it), then completes, and the key is served by the new
+/// replicas with its window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_replica_change_right_after_a_split_waits_for_the_move_and_completes() -> Result<()> {
+    let (mut cluster, client) = cluster_with_policy(5).await?;
+    let admin = client.admin();
+    // The top quarter of the slots: shard 0 → shard 1 → shard 2.
+    let top = (0..)
+        .map(|i| format!("k{i}"))
+        .find(|k| slot_of(k) >= SLOTS / 4 * 3)
+        .expect("some key");
+    admin
+        .change_placement(split_zero_into_one(&[1, 2, 3]))
+        .await?;
+    assert_eq!(client.lease(&top, "eu", 6).await?.granted, 6);
+    let started = tokio::time::Instant::now();
+    admin
+        .change_placement(pb::ChangePlacementRequest {
+            expected_version: 1,
+            change: Some(pb::change_placement_request::Change::Split(
+                pb::SplitShard {
+                    shard: 1,
+                    into: 2,
+                    replicas: vec![1, 2, 3],
+                },
+            )),
+        })
+        .await?;
+    admin
+        .change_placement(pb::ChangePlacementRequest {
+            expected_version: 2,
+            change: Some(pb::change_placement_request::Change::SetReplicas(
+                pb::SetShardReplicas {
+                    shard: 2,
+                    replicas: vec![3, 4, 5],
+                },
+            )),
+        })
+        .await?;
+    let deadline = started + Duration::from_secs(SHARD_CHANGE_BOUND_SECS);
+    let leader = loop {
+        let (leader, _) = shard_leader(&cluster, 4, 2).await?;
+        if [3, 4, 5].contains(&leader) {
+            break leader;
+        }
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "shard 2 still led by member {leader}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let granted = lease_when_served(&cluster.addr(leader), &top, 10).await?;
+    ensure!(
+        granted.granted == 4,
+        "the window kept its 6: {} granted",
+        granted.granted
+    );
+    let took = started.elapsed();
+    ensure!(
+        took <= Duration::from_secs(SHARD_CHANGE_BOUND_SECS),
+        "served again after {took:?}"
+    );
+    cluster.stop_all().await
+}
+
+/// Seconds within which every slot is served again after an accepted
+/// placement change (docs/operations.md, Shards).
+const SHARD_CHANGE_BOUND_SECS: u64 = 10;
