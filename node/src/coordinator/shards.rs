@@ -7,17 +7,24 @@
 //!    `data_dir/shards/<id>`), starts its Raft group on the member's one
 //!    transport ([`PeerNetwork::for_shard`]), registers it with the Raft
 //!    handler and the router, and gives it a batcher and clock ticks of
-//!    its own. One replica ([`forming_replica`]: shard `s`'s `s % n`-th,
-//!    so the first leaders of shards on the same members are spread over
-//!    them) initialises the group, with the replicas' addresses from the
-//!    meta group's membership.
+//!    its own. One replica of the shard's *founding* replicas (those it
+//!    was created with, kept in the placement; [`forming_replica`]: shard
+//!    `s`'s `s % n`-th, so the first leaders of shards on the same
+//!    members are spread over them) initialises the group with them as
+//!    voters; a member a replica change added waits for the group's
+//!    leader to add it. A founding replica dropped before it ever hosted
+//!    the shard still joins it until its group no longer needs it.
 //! 2. **Leads it**, where this member is the shard's leader: makes the
-//!    group the shard (`BecomeShard`), makes its voters the shard's
-//!    replicas in the placement (new ones join as learners first), keeps
-//!    its policies those of the meta group (`policy_sync_commands`), and
-//!    acquires every move of slots into it, part by part
-//!    (`AcquireSlots`), once its policies agree — so a moved key is
-//!    served under the policy it had.
+//!    group the shard (`BecomeShard`), keeps its policies those of the
+//!    meta group (`policy_sync_commands`), acquires every move of slots
+//!    into it, part by part — the move's client sessions
+//!    (`AcquireSessions`), then its keys (`AcquireSlots`) — once its
+//!    policies agree, so a moved key is served under the policy it had
+//!    and every request id is answered as its old owner would; then, once
+//!    no move it can read is pending, makes its voters the shard's
+//!    replicas in the placement (new ones join as learners first; a
+//!    leader the change drops stops hosting the shard once it commits,
+//!    and the new replicas elect one of theirs).
 //!
 //! Each step is a replicated command, idempotent, and re-derived from the
 //! applied states on every pass ([`SHARD_PASS_INTERVAL`]), so a new
