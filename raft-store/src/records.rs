@@ -489,3 +489,92 @@ mod decode_fuzz {
         }
     }
 }
+
+#[cfg(test)]
+mod entry_upgrade {
+    //! A format-6 entry that acquires part of a move reads, in format 7,
+    //! after the move's (empty) sessions: a log written before sessions
+    //! moved replays to the state it reached.
+
+    use leasehold_core::coordinator::sharding::PlacementChange;
+    use leasehold_core::coordinator::{Command, CoordinatorState, Proposal};
+    use leasehold_core::shard::ShardId;
+    use openraft::{CommittedLeaderId, EntryPayload};
+
+    use super::*;
+    use crate::codec::decode;
+
+    fn split_move() -> Command {
+        let mut meta = CoordinatorState::default();
+        meta.apply(&Proposal {
+            stamp_ms: 1,
+            commands: vec![Command::ChangePlacement {
+                expected_version: 0,
+                change: PlacementChange::Split {
+                    shard: ShardId(0),
+                    into: ShardId(1),
+                    replicas: vec![1],
+                },
+            }],
+        });
+        let (id, outgoing) = meta
+            .sharding()
+            .outgoing()
+            .iter()
+            .next()
+            .map(|(id, m)| (*id, m.clone()))
+            .expect("a move");
+        Command::AcquireSlots(outgoing.part(id, 0))
+    }
+
+    fn entry(commands: Vec<Command>) -> Entry {
+        Entry {
+            log_id: LogId::new(CommittedLeaderId::new(1, 1), 5),
+            payload: EntryPayload::Normal(
+                Proposal {
+                    stamp_ms: 10,
+                    commands,
+                }
+                .into(),
+            ),
+        }
+    }
+
+    fn as_format(version: u32, entry: &Entry) -> Vec<u8> {
+        let mut bytes = postcard::to_stdvec(&version).unwrap();
+        bytes.extend(postcard::to_stdvec(entry).unwrap());
+        bytes
+    }
+
+    #[test]
+    fn a_format_6_acquisition_reads_after_the_moves_empty_sessions() {
+        let acquire = split_move();
+        let Command::AcquireSlots(part) = &acquire else {
+            unreachable!()
+        };
+        let sessions = Command::AcquireSessions(SessionsPart::none(part.id, part.slots));
+        for version in [5, 6] {
+            let old = entry(vec![Command::Tick, acquire.clone()]);
+            let read: Entry = decode(&as_format(version, &old)).unwrap();
+            assert_eq!(
+                read,
+                entry(vec![Command::Tick, sessions.clone(), acquire.clone()])
+            );
+        }
+        // Format 7 reads as written.
+        let current = entry(vec![acquire.clone()]);
+        assert_eq!(decode::<Entry>(&as_format(7, &current)).unwrap(), current);
+        // And the upgraded entry acquires the part, as format 6 did.
+        let mut shard = CoordinatorState::default();
+        shard.apply(&Proposal {
+            stamp_ms: 1,
+            commands: vec![Command::BecomeShard { shard: ShardId(1) }],
+        });
+        let read: Entry = decode(&as_format(6, &entry(vec![acquire]))).unwrap();
+        let EntryPayload::Normal(proposal) = &read.payload else {
+            unreachable!()
+        };
+        shard.apply(proposal);
+        assert_eq!(shard.sharding().owned_slots(), 8_192);
+    }
+}

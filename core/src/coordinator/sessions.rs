@@ -689,4 +689,65 @@ mod tests {
             }
         }
     }
+
+    #[test]
+    fn a_moved_session_answers_as_its_old_owner_and_merges_with_the_new_owners() {
+        let mut old = Sessions::default();
+        let n = MAX_RESPONSES_PER_SESSION as u64 + 10;
+        for seq in 1..=n {
+            // Odd seqs are about slot 1 (moving), even ones slot 2 (staying).
+            let slot = if seq % 2 == 1 { 1 } else { 2 };
+            old.record(&ANON, &id("c", seq), seq, Some(slot), &outcome(seq), 1_000);
+        }
+        let moved = old.moving(|slot| slot == 1);
+        assert_eq!(moved.len(), 1);
+        let mut new = Sessions::default();
+        new.record(&ANON, &id("c", n + 1), 99, Some(1), &outcome(99), 2_000);
+        new.put_moved(&moved, 0);
+        // The old owner's kept answers about slot 1, its floor, and the
+        // new owner's own answer.
+        for seq in 1..=n {
+            let expected = if seq < 11 {
+                SessionLookup::Expired
+            } else if seq % 2 == 1 {
+                SessionLookup::Replay(outcome(seq))
+            } else {
+                SessionLookup::New
+            };
+            assert_eq!(new.lookup(&ANON, &id("c", seq), seq), expected, "seq {seq}");
+        }
+        assert_eq!(
+            new.lookup(&ANON, &id("c", n + 1), 99),
+            SessionLookup::Replay(outcome(99))
+        );
+        assert_eq!(new.len(), 1);
+        assert_eq!(new.per_principal.get(&ANON), Some(&1));
+        // Merging the same move again changes nothing; a session past its
+        // retention is not merged.
+        let before = new.clone();
+        new.put_moved(&moved, 0);
+        assert_eq!(new, before);
+        let mut late = Sessions::default();
+        late.put_moved(&moved, 1_000);
+        assert_eq!(late.len(), 0);
+        // Expiry is filed at the later retention.
+        assert_eq!(new.collect(1_999), 0);
+        assert_eq!(new.collect(2_000), 1);
+    }
+
+    #[test]
+    fn a_session_with_no_moved_answer_still_moves_its_floor() {
+        let mut old = Sessions::default();
+        for seq in 1..=(MAX_RESPONSES_PER_SESSION as u64 + 5) {
+            old.record(&ANON, &id("c", seq), seq, Some(2), &outcome(seq), 1_000);
+        }
+        let mut new = Sessions::default();
+        new.put_moved(&old.moving(|slot| slot == 1), 0);
+        assert_eq!(new.lookup(&ANON, &id("c", 3), 3), SessionLookup::Expired);
+        assert_eq!(
+            new.lookup(&ANON, &id("c", SESSION_OPENING_SEQS + 10), 1),
+            SessionLookup::New,
+            "the session is known: a seq above 64 is not refused as of an expired one"
+        );
+    }
 }
