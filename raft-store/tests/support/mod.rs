@@ -122,3 +122,4 @@ impl RaftNetworkFactory<TypeConfig> for NoPeers {
 pub mod format_v2;
 pub mod format_v3;
 pub mod format_v6;
+pub mod format_v8;
