@@ -301,19 +301,7 @@ impl Outgoing {
     /// (none, or dropped once expired between two parts) it is an empty,
     /// last part that starts at `first`.
     pub fn sessions_part(&self, id: MoveId, first: u64) -> SessionsPart {
-        let start = usize::try_from(first)
-            .unwrap_or(usize::MAX)
-            .min(self.sessions.len());
-        let mut end = start;
-        let mut bytes = 0usize;
-        while end < self.sessions.len() {
-            let size = self.sessions[end].size_bound();
-            if end > start && bytes + size > MAX_ACQUIRE_PART_BYTES {
-                break;
-            }
-            bytes += size;
-            end += 1;
-        }
+        let (start, end) = part_range(&self.sessions, first, MovedSession::size_bound);
         SessionsPart {
             id,
             slots: self.slots,
@@ -335,19 +323,7 @@ impl Outgoing {
     /// parts) it is an empty, last part that starts at `first_key`, so the
     /// owner completes the move wherever it stood.
     pub fn part(&self, id: MoveId, first_key: u64) -> AcquirePart {
-        let start = usize::try_from(first_key)
-            .unwrap_or(usize::MAX)
-            .min(self.keys.len());
-        let mut end = start;
-        let mut bytes = 0usize;
-        while end < self.keys.len() {
-            let size = self.keys[end].size_bound();
-            if end > start && bytes + size > MAX_ACQUIRE_PART_BYTES {
-                break;
-            }
-            bytes += size;
-            end += 1;
-        }
+        let (start, end) = part_range(&self.keys, first_key, MovedKey::size_bound);
         AcquirePart {
             id,
             slots: self.slots,
@@ -357,6 +333,26 @@ impl Outgoing {
             last: end == self.keys.len(),
         }
     }
+}
+
+/// The range of `items` one part starting at item number `first` carries:
+/// from there up to [`MAX_ACQUIRE_PART_BYTES`] as `size` counts them (at
+/// least one item), empty from past the last item.
+fn part_range<T>(items: &[T], first: u64, size: impl Fn(&T) -> usize) -> (usize, usize) {
+    let start = usize::try_from(first)
+        .unwrap_or(usize::MAX)
+        .min(items.len());
+    let mut end = start;
+    let mut bytes = 0usize;
+    while let Some(item) = items.get(end) {
+        let item_size = size(item);
+        if end > start && bytes.saturating_add(item_size) > MAX_ACQUIRE_PART_BYTES {
+            break;
+        }
+        bytes = bytes.saturating_add(item_size);
+        end += 1;
+    }
+    (start, end)
 }
 
 /// One part of a move, as the new owner applies it.
@@ -409,11 +405,6 @@ impl SessionsPart {
             sessions: Vec::new(),
             last: true,
         }
-    }
-
-    /// How many sessions the part carries.
-    pub fn session_count(&self) -> usize {
-        self.sessions.len()
     }
 }
 

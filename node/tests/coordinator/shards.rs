@@ -40,6 +40,23 @@ fn lease(key: &str, tokens: u64, seq: Option<u64>) -> pb::LeaseRequest {
     }
 }
 
+/// The change of `shard`'s replicas to `replicas`, made against `version`.
+fn set_replicas(
+    version: u64,
+    shard: u32,
+    replicas: impl Into<Vec<u64>>,
+) -> pb::ChangePlacementRequest {
+    pb::ChangePlacementRequest {
+        expected_version: version,
+        change: Some(pb::change_placement_request::Change::SetReplicas(
+            pb::SetShardReplicas {
+                shard,
+                replicas: replicas.into(),
+            },
+        )),
+    }
+}
+
 /// The split of shard 0 into shard 1 on `replicas`, made against version 0.
 fn split_zero_into_one(replicas: &[u64]) -> pb::ChangePlacementRequest {
     pb::ChangePlacementRequest {
@@ -404,15 +421,7 @@ async fn a_shard_moves_to_other_replicas_with_its_windows() -> Result<()> {
         .await?;
     assert_eq!(client.lease(&high, "eu", 6).await?.granted, 6);
     admin
-        .change_placement(pb::ChangePlacementRequest {
-            expected_version: 1,
-            change: Some(pb::change_placement_request::Change::SetReplicas(
-                pb::SetShardReplicas {
-                    shard: 1,
-                    replicas: vec![1, 2, 3],
-                },
-            )),
-        })
+        .change_placement(set_replicas(1, 1, vec![1, 2, 3]))
         .await?;
     // Member 1 comes to know shard 1's leader: it hosts a replica now.
     shard_leader(&cluster, 1, 1).await?;
@@ -746,15 +755,7 @@ async fn a_replica_change_that_drops_the_shards_leader_completes() -> Result<()>
     let replicas = vec![kept, 4, 5];
     let started = tokio::time::Instant::now();
     admin
-        .change_placement(pb::ChangePlacementRequest {
-            expected_version: 1,
-            change: Some(pb::change_placement_request::Change::SetReplicas(
-                pb::SetShardReplicas {
-                    shard: 1,
-                    replicas: replicas.clone(),
-                },
-            )),
-        })
+        .change_placement(set_replicas(1, 1, replicas.clone()))
         .await?;
     let deadline = started + Duration::from_secs(SHARD_CHANGE_BOUND_SECS);
     let new_leader = loop {
@@ -815,15 +816,7 @@ async fn a_replica_change_right_after_a_split_waits_for_the_move_and_completes()
         })
         .await?;
     admin
-        .change_placement(pb::ChangePlacementRequest {
-            expected_version: 2,
-            change: Some(pb::change_placement_request::Change::SetReplicas(
-                pb::SetShardReplicas {
-                    shard: 2,
-                    replicas: vec![3, 4, 5],
-                },
-            )),
-        })
+        .change_placement(set_replicas(2, 2, vec![3, 4, 5]))
         .await?;
     let deadline = started + Duration::from_secs(SHARD_CHANGE_BOUND_SECS);
     let leader = loop {
