@@ -171,6 +171,15 @@ fn select<S>(
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    // `RUST_LOG=leasehold_node=info` (or any filter) prints what the
+    // members and escrow nodes log, on stderr, with the simulated hosts'
+    // spans.
+    if let Ok(filter) = std::env::var("RUST_LOG") {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_writer(std::io::stderr)
+            .init();
+    }
     if args.processes {
         return run_processes(&args);
     }

@@ -72,6 +72,11 @@ pub struct FleetShape {
     /// on the last shard ([`crate::sim::shards`]), and a leader fault hits
     /// that shard's leader.
     pub shards: u32,
+    /// Clients leasing from the coordinator also resend, every fifth
+    /// request, the oldest id they still keep (up to 48 requests back,
+    /// 30 s): by then its key may have moved to another shard, whose
+    /// answer must be the first one (the shard operation scenarios).
+    pub resend_old_ids: bool,
 }
 
 impl Default for FleetShape {
@@ -94,6 +99,7 @@ impl Default for FleetShape {
             rls: false,
             fallback_tokens_per_region: 0,
             shards: 1,
+            resend_old_ids: false,
         }
     }
 }
@@ -130,6 +136,17 @@ pub enum MembershipAction {
         /// Its three replicas.
         replicas: [u64; 3],
     },
+    /// The shard serving the load's key is split into a new shard (the
+    /// next id) on the same replicas (shard 0: members 1 to 3); where the
+    /// split leaves the key behind, its slot moves on to the new shard
+    /// (`leasehold shard split`, then `shard move`). Done once the key is
+    /// served again.
+    SplitKeyShard,
+    /// The replicas of the shard serving the load's key change so that
+    /// its current leader is not one of them: the leader gives way to the
+    /// lowest member that is not a replica (`leasehold shard replicas`).
+    /// Done once the key is served again.
+    DropKeyShardLeader,
 }
 
 /// One injected fault. Member `0` means "the current leader".

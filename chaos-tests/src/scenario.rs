@@ -267,6 +267,41 @@ pub fn all() -> Vec<Scenario> {
             "shard_move_leader_power_loss",
             vec![(secs(4), Fault::PowerLoss(0)), (secs(6), Fault::RestartAll)],
         ),
+        // What an operator does to a hot shard, mid-window while clients
+        // lease and resend ids answered long before: split the key's shard
+        // (the key moves with its window and its clients' sessions), drop
+        // the new shard's leader from its replicas right after, and drop
+        // its leader again later. Every resent id must be answered as it
+        // first was, and the key served again within the bound after each
+        // change.
+        shard_operations(
+            "shard_split_then_replicas",
+            vec![
+                (secs(2), Fault::Membership(MembershipAction::SplitKeyShard)),
+                (
+                    secs(2),
+                    Fault::Membership(MembershipAction::DropKeyShardLeader),
+                ),
+                (
+                    secs(7),
+                    Fault::Membership(MembershipAction::DropKeyShardLeader),
+                ),
+            ],
+        ),
+        // The same split, and the leader of the new shard loses power while
+        // its replicas change (the move and the change must still finish).
+        shard_operations(
+            "shard_split_replicas_power_loss",
+            vec![
+                (secs(2), Fault::Membership(MembershipAction::SplitKeyShard)),
+                (
+                    secs(4),
+                    Fault::Membership(MembershipAction::DropKeyShardLeader),
+                ),
+                (secs(4), Fault::PowerLoss(0)),
+                (secs(6), Fault::RestartAll),
+            ],
+        ),
         // The leader hands leadership off under load (admin step-down),
         // twice.
         base(
@@ -415,6 +450,7 @@ fn shard_move(name: &'static str, faults: Vec<(Duration, Fault)>) -> Scenario {
         name,
         shape: FleetShape {
             limit: 3_000,
+            resend_old_ids: true,
             window_ms: 10_000,
             ..FleetShape::default()
         },
@@ -422,6 +458,27 @@ fn shard_move(name: &'static str, faults: Vec<(Duration, Fault)>) -> Scenario {
         member_clock_offsets_ms: Vec::new(),
         member_clock_drift_ppm: Vec::new(),
         // A window spent soon after the move admits nothing until it ends.
+        liveness_bound_ms: 10_000,
+    }
+}
+
+/// 3 000 per 10 s window on four members (so a shard of three can drop
+/// its leader for the fourth), clients resending old ids; then `faults`
+/// (shard operations among them).
+fn shard_operations(name: &'static str, faults: Vec<(Duration, Fault)>) -> Scenario {
+    Scenario {
+        name,
+        shape: FleetShape {
+            members: 4,
+            limit: 3_000,
+            window_ms: 10_000,
+            resend_old_ids: true,
+            ..FleetShape::default()
+        },
+        faults,
+        member_clock_offsets_ms: Vec::new(),
+        member_clock_drift_ppm: Vec::new(),
+        // A window spent soon after a change admits nothing until it ends.
         liveness_bound_ms: 10_000,
     }
 }

@@ -175,6 +175,41 @@ fn is_expired(outcome: &Outcome) -> bool {
 }
 
 #[test]
+fn a_group_that_does_not_serve_a_key_leaves_every_id_it_cannot_place_to_the_owner() {
+    // One client fills its session on shard 0 (seqs 1..=64) and leases
+    // seq 65 of a key the split moves; its answer is lost. Resent to
+    // shard 1 before the move's sessions arrive, seq 65 (above the
+    // opening seqs of a session shard 1 does not know yet) and a new seq
+    // 66 are the owner's to answer: `NOT_OWNER`, never `SESSION_EXPIRED`
+    // (the client would send the lease again under a new id), never run.
+    // Once the move is acquired shard 1 answers seq 65 as shard 0 did and
+    // runs 66 once; shard 0, which no longer serves the key, answers the
+    // id it executed and refuses the one it cannot place.
+    let high = &fixture_key(true);
+    let mut meta = CoordinatorState::default();
+    run(&mut meta, 0, counter("k", LIMIT, 60_000));
+    answers(&mut meta, &fixture_key(false), 1..=64, 100);
+    let first = answers(&mut meta, high, [65], 100);
+    run(&mut meta, 200, split_into_one(0));
+    let mut shard = shard_one(210);
+    run(&mut shard, 210, counter("k", LIMIT, 60_000));
+    let early = answers(&mut shard, high, [65, 66], 220);
+    assert!(early.values().all(is_not_owner), "{early:?}");
+    while !acquire_next_parts(&meta, &mut shard, 230) {}
+    let again = answers(&mut shard, high, [65, 66], 240);
+    assert_eq!(again[&65], first[&65], "its first answer");
+    assert_eq!(granted(&again[&66]), 1);
+    assert_eq!(
+        shard.window_view(&key(high), 250).expect("window").granted,
+        2,
+        "65 and 66 counted once each"
+    );
+    let at_source = answers(&mut meta, high, [65, 67], 260);
+    assert_eq!(at_source[&65], first[&65], "the id it executed");
+    assert!(is_not_owner(&at_source[&67]), "{:?}", at_source[&67]);
+}
+
+#[test]
 fn the_new_owner_answers_every_resent_id_as_the_old_owner_would() {
     // One client leases seqs 1..=200 of a key the split moves, then every
     // id is sent again to the new owner: the 64 the session keeps get

@@ -37,16 +37,19 @@ pub fn check_exactly_once(history: &History) -> Vec<Violation> {
     violations
 }
 
-/// Whether `reply` (`granted@window_start`) grants nothing in a window a
-/// forced new cluster sealed.
+/// Whether `reply` (`granted@window_start`, then `~lifetime` where the
+/// recorder knows it) grants nothing in a window a forced new cluster
+/// sealed.
 fn forgotten_and_sealed(history: &History, reply: &str) -> bool {
     let Some(sealed_before) = history.forgotten_before_ms else {
         return false;
     };
     match reply.split_once('@') {
-        Some(("0", window)) => window
-            .parse::<u64>()
-            .is_ok_and(|start| start < sealed_before),
+        Some(("0", rest)) => rest
+            .split('~')
+            .next()
+            .and_then(|window| window.parse::<u64>().ok())
+            .is_some_and(|start| start < sealed_before),
         _ => false,
     }
 }
@@ -90,8 +93,20 @@ mod tests {
     }
 
     #[test]
+    fn a_second_execution_granting_as_much_in_the_window_is_caught_by_its_lifetime() {
+        let h = history(&[("c1/1", "3@0~900"), ("c1/1", "3@0~900")]);
+        assert!(check_exactly_once(&h).is_empty(), "a replay of the answer");
+        let h = history(&[("c1/1", "3@0~900"), ("c1/1", "3@0~400")]);
+        assert_eq!(check_exactly_once(&h).len(), 1, "executed again later");
+    }
+
+    #[test]
     fn a_forced_recovery_may_answer_nothing_in_a_sealed_window_and_nothing_else() {
-        let mut h = history(&[("c1/1", "5@1000"), ("c1/1", "0@1000"), ("c1/2", "3@1000")]);
+        let mut h = history(&[
+            ("c1/1", "5@1000~900"),
+            ("c1/1", "0@1000~400"),
+            ("c1/2", "3@1000"),
+        ]);
         assert_eq!(check_exactly_once(&h).len(), 1, "no recovery: a violation");
         h.forgotten_before_ms = Some(2_000);
         assert!(

@@ -122,17 +122,17 @@ pub fn spawn(
                     client_seed,
                 )?;
                 let region = RegionId::new(format!("direct-{index}"))?;
-                Arc::new(RecordingSource {
-                    inner: CoordinatorSource::new(client, region),
-                    record_acks: true,
-                    recorder: recorder.clone(),
-                    weakening: options.weakening,
-                    window_ms: options.window_ms,
-                    now_ms: wall_now_ms,
-                })
+                Arc::new(RecordingSource::new(
+                    CoordinatorSource::new(client, region),
+                    true,
+                    recorder.clone(),
+                    options.weakening,
+                    options.window_ms,
+                    wall_now_ms,
+                ))
             }
-            Some((nodes, region)) => Arc::new(RecordingSource {
-                inner: EscrowSource::with_endpoints(
+            Some((nodes, region)) => Arc::new(RecordingSource::new(
+                EscrowSource::with_endpoints(
                     nodes,
                     dialer_as(identities::service(
                         identities::LOAD_SERVICE,
@@ -140,12 +140,12 @@ pub fn spawn(
                     ))?,
                     EscrowSourceOptions::default(),
                 )?,
-                record_acks: false,
-                recorder: recorder.clone(),
-                weakening: options.weakening,
-                window_ms: options.window_ms,
-                now_ms: wall_now_ms,
-            }),
+                false,
+                recorder.clone(),
+                options.weakening,
+                options.window_ms,
+                wall_now_ms,
+            )),
         };
         let mut rng = rand::rngs::StdRng::seed_from_u64(client_seed);
         let mode = Mode::Leased(

@@ -3,8 +3,9 @@
 //! hosts, one leased [`Limiter`] each, recording every admission with its
 //! window label and every acknowledged grant.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
@@ -43,13 +44,18 @@ pub fn client_host(index: usize) -> String {
 /// weakening). Through an escrow node the grants seen are the node's
 /// credits, not coordinator acknowledgements, so they are not recorded.
 pub(crate) struct RecordingSource<S> {
-    pub(crate) inner: S,
-    pub(crate) record_acks: bool,
-    pub(crate) recorder: Recorder,
-    pub(crate) weakening: Weakening,
-    pub(crate) window_ms: u64,
+    inner: S,
+    record_acks: bool,
+    recorder: Recorder,
+    weakening: Weakening,
+    window_ms: u64,
     /// The run's real time, epoch ms (simulated or wall clock).
-    pub(crate) now_ms: fn() -> u64,
+    now_ms: fn() -> u64,
+    /// Whether old ids are resent ([`RESEND_OLD_EVERY`]).
+    resend_old_ids: bool,
+    /// The latest requests answered, oldest first, with their first
+    /// reply and when it came (at most [`OLD_IDS_KEPT`]).
+    answered: Mutex<VecDeque<(AcquireRequest, String, u64)>>,
 }
 
 /// Every this many requests (by sequence number), the request is sent a
@@ -57,18 +63,71 @@ pub(crate) struct RecordingSource<S> {
 /// are recorded for the exactly-once check.
 const DUPLICATE_EVERY: u64 = 4;
 
+/// Every this many requests (by sequence number), the oldest id still kept
+/// in [`RecordingSource::answered`] is sent again, as a client that timed
+/// out long ago, or a proxy replaying, would: by then its key may have
+/// moved to another shard, whose answer must be the first one.
+const RESEND_OLD_EVERY: u64 = 5;
+
+/// Answered ids kept for resending: fewer than a coordinator session keeps
+/// (64), so every resent id must still be answered as it first was.
+const OLD_IDS_KEPT: usize = 48;
+
+/// Ids are resent only this long after their answer: well inside the
+/// retention a session promises (60 s), past which clients must not retry.
+const RESEND_WITHIN_MS: u64 = 30_000;
+
+/// A reply as the exactly-once check compares it: tokens granted, the
+/// window, and the grant's lifetime (which the coordinator's clock at
+/// execution fixes, so a second execution of the id shows a different one
+/// even where it grants as much in the same window).
 fn render_grant(grant: &Grant) -> String {
-    format!("{}@{}", grant.granted, grant.window_start_ms)
+    format!(
+        "{}@{}~{}",
+        grant.granted, grant.window_start_ms, grant.remaining_lifetime_ms
+    )
 }
 
 impl<S: CreditSource> RecordingSource<S> {
-    async fn send_duplicate(&self, request: AcquireRequest, first: &Grant) {
+    /// A source recording what `inner` answers; `record_acks`: whether
+    /// its grants are coordinator acknowledgements (and its ids worth
+    /// sending twice).
+    pub(crate) fn new(
+        inner: S,
+        record_acks: bool,
+        recorder: Recorder,
+        weakening: Weakening,
+        window_ms: u64,
+        now_ms: fn() -> u64,
+    ) -> Self {
+        RecordingSource {
+            inner,
+            record_acks,
+            recorder,
+            weakening,
+            window_ms,
+            now_ms,
+            resend_old_ids: false,
+            answered: Mutex::new(VecDeque::new()),
+        }
+    }
+
+    /// The same, also resending old ids ([`RESEND_OLD_EVERY`]) where
+    /// `resend` holds.
+    pub(crate) fn resending_old_ids(mut self, resend: bool) -> Self {
+        self.resend_old_ids = resend;
+        self
+    }
+
+    /// Sends `request` again and records both replies (a resend that fails
+    /// says nothing about exactly-once: a network error, or an id the
+    /// session no longer keeps).
+    async fn send_again(&self, request: AcquireRequest, first: &str) {
         let request_id = format!("{}/{}", request.request_id.client, request.request_id.seq);
-        // A duplicate that fails (network) says nothing about exactly-once.
         if let Ok(again) = self.inner.acquire(request).await {
             self.recorder.reply(RecordedReply {
                 request_id: request_id.clone(),
-                reply: render_grant(first),
+                reply: first.to_string(),
             });
             self.recorder.reply(RecordedReply {
                 request_id,
@@ -76,17 +135,48 @@ impl<S: CreditSource> RecordingSource<S> {
             });
         }
     }
+
+    fn remember(&self, request: AcquireRequest, reply: String) {
+        let mut answered = self.answered.lock().unwrap_or_else(PoisonError::into_inner);
+        answered.push_back((request, reply, (self.now_ms)()));
+        while answered.len() > OLD_IDS_KEPT {
+            answered.pop_front();
+        }
+    }
+
+    /// The oldest id kept that may still be resent, with its first reply.
+    fn oldest_answered(&self) -> Option<(AcquireRequest, String)> {
+        let now_ms = (self.now_ms)();
+        let mut answered = self.answered.lock().unwrap_or_else(PoisonError::into_inner);
+        while answered
+            .front()
+            .is_some_and(|(_, _, at_ms)| now_ms.saturating_sub(*at_ms) > RESEND_WITHIN_MS)
+        {
+            answered.pop_front();
+        }
+        answered
+            .front()
+            .map(|(request, reply, _)| (request.clone(), reply.clone()))
+    }
 }
 
 impl<S: CreditSource> CreditSource for RecordingSource<S> {
     fn acquire(&self, request: AcquireRequest) -> BoxFuture<'_, Result<Grant, ClientError>> {
         Box::pin(async move {
-            let duplicate = (self.record_acks
-                && request.request_id.seq.is_multiple_of(DUPLICATE_EVERY))
-            .then(|| request.clone());
+            let seq = request.request_id.seq;
+            let copy = self.record_acks.then(|| request.clone());
             let mut grant = self.inner.acquire(request).await?;
-            if let Some(request) = duplicate {
-                self.send_duplicate(request, &grant).await;
+            if let Some(request) = copy {
+                let reply = render_grant(&grant);
+                if seq.is_multiple_of(DUPLICATE_EVERY) {
+                    self.send_again(request.clone(), &reply).await;
+                }
+                if self.resend_old_ids && seq.is_multiple_of(RESEND_OLD_EVERY) {
+                    if let Some((old, first)) = self.oldest_answered() {
+                        self.send_again(old, &first).await;
+                    }
+                }
+                self.remember(request, reply);
             }
             if self.record_acks && grant.granted > 0 {
                 self.recorder.acked(AckedGrant {
@@ -234,6 +324,7 @@ pub fn spawn_clients(
             shape.escrow_nodes,
             shape.rls,
         );
+        let resend_old_ids = shape.resend_old_ids;
         // Region 0's clients of a sparse fleet ask only early in each window.
         let sparse = shape.sparse_region_0 && escrow_nodes > 0 && index % escrow_nodes == 0;
         // Region 0's clients of a light fleet pause between admissions.
@@ -264,14 +355,17 @@ pub fn spawn_clients(
                 )?;
                 let region = RegionId::new(format!("region-{index}"))?;
                 let inner = CoordinatorSource::new(client, region);
-                Arc::new(RecordingSource {
-                    inner,
-                    record_acks: true,
-                    recorder: recorder.clone(),
-                    weakening,
-                    window_ms,
-                    now_ms: sim_now_ms,
-                })
+                Arc::new(
+                    RecordingSource::new(
+                        inner,
+                        true,
+                        recorder.clone(),
+                        weakening,
+                        window_ms,
+                        sim_now_ms,
+                    )
+                    .resending_old_ids(resend_old_ids),
+                )
             } else {
                 let addr = format!(
                     "{}:{}",
@@ -279,14 +373,14 @@ pub fn spawn_clients(
                     super::ESCROW_PORT
                 );
                 let inner = EscrowSource::new(&addr, dialer, EscrowSourceOptions::default())?;
-                Arc::new(RecordingSource {
+                Arc::new(RecordingSource::new(
                     inner,
-                    record_acks: false,
-                    recorder: recorder.clone(),
+                    false,
+                    recorder.clone(),
                     weakening,
                     window_ms,
-                    now_ms: sim_now_ms,
-                })
+                    sim_now_ms,
+                ))
             };
             let batch = rng.gen_range(4..=24);
             let mode = Mode::Leased(LeaseOptions::default().with_sizing(LeaseSizing::Fixed(batch)));

@@ -43,11 +43,25 @@ pub fn spawn_operator(
         let dialer: Arc<dyn Dialer> = Arc::new(SimDialer);
         let client = CoordinatorClient::with_seed(
             endpoints,
-            dialer,
+            dialer.clone(),
             sim_retry_options(),
             seed.wrapping_add(0x6f70),
         )?;
         let admin = client.admin();
+        // One admin per member, asking that member alone (a member knows
+        // the leaders of the shards it hosts).
+        let members_admin = (1..=voters + spares)
+            .map(|id| {
+                CoordinatorClient::with_seed(
+                    vec![member_addr(id)],
+                    dialer.clone(),
+                    sim_retry_options(),
+                    seed.wrapping_add(0x6f70 + id),
+                )
+                .map(|client| client.admin())
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let in_time = || sim_now_ms() < stop_at_ms;
         let mut current: BTreeSet<u64> = (1..=voters).collect();
         while sim_now_ms() < stop_at_ms {
             let action = queue
@@ -76,6 +90,31 @@ pub fn spawn_operator(
                 MembershipAction::StepDown => step_down(&admin, &leader, stop_at_ms).await,
                 MembershipAction::MoveKeyToNewShard { shard, replicas } => {
                     move_key(&admin, shard + shards_before, &replicas, stop_at_ms).await
+                }
+                MembershipAction::SplitKeyShard => {
+                    let since_ms = sim_now_ms();
+                    shards::split_key_shard(&admin, voters, in_time).await
+                        && shards::key_served_within_bound(&client, since_ms, sim_now_ms).await
+                }
+                MembershipAction::DropKeyShardLeader => {
+                    let since_ms = sim_now_ms();
+                    match shards::drop_key_shard_leader(&admin, &members_admin, voters, in_time)
+                        .await
+                    {
+                        Some(made) => {
+                            recorder.fault(format!("{}: {made:?}", sim_now_ms()));
+                            shards::new_replicas_lead_within_bound(
+                                &members_admin,
+                                &made,
+                                since_ms,
+                                sim_now_ms,
+                            )
+                            .await
+                                && shards::key_served_within_bound(&client, since_ms, sim_now_ms)
+                                    .await
+                        }
+                        None => false,
+                    }
                 }
             };
             let now_ms = sim_now_ms();

@@ -106,6 +106,213 @@ pub async fn make_change(admin: &AdminClient, change: &Change, in_time: impl Fn(
     false
 }
 
+/// After an accepted placement change, every slot is served again within
+/// this (docs/operations.md, Shards: the bound the node tests and these
+/// scenarios hold every change to).
+pub const SHARD_CHANGE_BOUND_MS: u64 = 10_000;
+
+/// The shard serving the load's key in `placement`, with its replicas
+/// (shard 0's: none listed, every member).
+fn key_shard(placement: &pb::Placement) -> Option<&pb::ShardInfo> {
+    let slot = u32::from(slot_of(KEY));
+    let shard = placement
+        .slots
+        .iter()
+        .find(|range| range.start <= slot && slot < range.end)?
+        .shard;
+    placement.shards.iter().find(|info| info.id == shard)
+}
+
+/// Splits the shard serving the load's key into a new shard (one past the
+/// highest id) on the same replicas (members 1 to 3 for shard 0), and
+/// moves the key's slot on to it where the split left it behind (the
+/// operator splitting a hot shard, then moving the hot key). Whether every
+/// change was made while `in_time()` held.
+pub async fn split_key_shard(
+    admin: &AdminClient,
+    members: u64,
+    in_time: impl Fn() -> bool,
+) -> bool {
+    let (from, into, replicas) = loop {
+        if !in_time() {
+            return false;
+        }
+        if let Ok(placement) = admin.placement().await {
+            if let Some(info) = key_shard(&placement) {
+                let into = placement.shards.iter().map(|s| s.id).max().unwrap_or(0) + 1;
+                let replicas = if info.id == 0 {
+                    replicas_of(into, members)
+                } else {
+                    info.replicas.clone()
+                };
+                break (info.id, into, replicas);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let split = Change::Split(pb::SplitShard {
+        shard: from,
+        into,
+        replicas,
+    });
+    if !make_change(admin, &split, &in_time).await {
+        return false;
+    }
+    let left_behind = loop {
+        if !in_time() {
+            return false;
+        }
+        if let Ok(placement) = admin.placement().await {
+            break key_shard(&placement).is_some_and(|info| info.id != into);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let slot = u32::from(slot_of(KEY));
+    let follow = Change::MoveSlots(pb::MoveSlots {
+        start: slot,
+        end: slot + 1,
+        to: into,
+    });
+    !left_behind || make_change(admin, &follow, &in_time).await
+}
+
+/// A replica change that drops a shard's leader, as made.
+#[derive(Debug, Clone)]
+pub struct LeaderDropped {
+    /// The shard.
+    pub shard: u32,
+    /// The leader it had (no longer a replica).
+    pub dropped: u64,
+    /// Its replicas now.
+    pub replicas: Vec<u64>,
+}
+
+/// Changes the replicas of the shard serving the load's key so that its
+/// current leader is not one of them: the leader gives way to the lowest
+/// of members `1..=members` that is not a replica. The leader is read
+/// from the placement its replicas answer (`members_admin[i]` asks member
+/// `i + 1` alone: a member knows the leaders of the shards it hosts).
+/// The change made, if made while `in_time()` held; never for a key on
+/// shard 0 (whose replicas are every member).
+pub async fn drop_key_shard_leader(
+    admin: &AdminClient,
+    members_admin: &[AdminClient],
+    members: u64,
+    in_time: impl Fn() -> bool,
+) -> Option<LeaderDropped> {
+    while in_time() {
+        if let Some(dropped) = without_leader(admin, members_admin, members).await {
+            let change = Change::SetReplicas(pb::SetShardReplicas {
+                shard: dropped.shard,
+                replicas: dropped.replicas.clone(),
+            });
+            if make_change(admin, &change, &in_time).await {
+                return Some(dropped);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    None
+}
+
+/// The leader `shard` has as member `asked` answers (`None` where it does
+/// not host the shard or knows no leader).
+async fn leader_seen_by(asked: &AdminClient, shard: u32) -> Option<u64> {
+    let seen = asked.placement().await.ok()?;
+    seen.shards
+        .iter()
+        .find(|s| s.id == shard)
+        .and_then(|s| s.leader_id)
+}
+
+fn admin_of(members_admin: &[AdminClient], member: u64) -> Option<&AdminClient> {
+    usize::try_from(member.checked_sub(1)?)
+        .ok()
+        .and_then(|i| members_admin.get(i))
+}
+
+/// The replica change [`drop_key_shard_leader`] makes, as the placement
+/// stands now; `None` while the key's shard or its leader is not known.
+async fn without_leader(
+    admin: &AdminClient,
+    members_admin: &[AdminClient],
+    members: u64,
+) -> Option<LeaderDropped> {
+    let placement = admin.placement().await.ok()?;
+    let info = key_shard(&placement).filter(|info| info.id != 0)?;
+    let mut leader = None;
+    for replica in &info.replicas {
+        leader = match admin_of(members_admin, *replica) {
+            Some(asked) => leader_seen_by(asked, info.id).await,
+            None => None,
+        };
+        if leader.is_some() {
+            break;
+        }
+    }
+    let dropped = leader?;
+    let newcomer = (1..=members).find(|m| !info.replicas.contains(m))?;
+    let mut replicas: Vec<u64> = info
+        .replicas
+        .iter()
+        .copied()
+        .filter(|m| *m != dropped)
+        .chain([newcomer])
+        .collect();
+    replicas.sort_unstable();
+    Some(LeaderDropped {
+        shard: info.id,
+        dropped,
+        replicas,
+    })
+}
+
+/// Waits until the change `made` has finished — a new replica answers
+/// that one of the new replicas leads the shard — at most
+/// [`SHARD_CHANGE_BOUND_MS`] from `since_ms` by `now_ms`; whether it did.
+pub async fn new_replicas_lead_within_bound(
+    members_admin: &[AdminClient],
+    made: &LeaderDropped,
+    since_ms: u64,
+    now_ms: fn() -> u64,
+) -> bool {
+    loop {
+        for replica in &made.replicas {
+            let Some(asked) = admin_of(members_admin, *replica) else {
+                continue;
+            };
+            let leader = leader_seen_by(asked, made.shard).await;
+            if leader.is_some_and(|id| made.replicas.contains(&id)) {
+                return true;
+            }
+        }
+        if now_ms() >= since_ms + SHARD_CHANGE_BOUND_MS {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits until the load's key is served (its window read through
+/// `client`, which follows the placement), at most
+/// [`SHARD_CHANGE_BOUND_MS`] from `since_ms` by `now_ms`; whether it was.
+pub async fn key_served_within_bound(
+    client: &CoordinatorClient,
+    since_ms: u64,
+    now_ms: fn() -> u64,
+) -> bool {
+    loop {
+        if client.get_window(KEY).await.is_ok() {
+            return true;
+        }
+        if now_ms() >= since_ms + SHARD_CHANGE_BOUND_MS {
+            return false;
+        }
+        let _ = client.refresh_placement().await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Spreads the slots ([`spread_changes`]) and waits until the key's shard
 /// serves the key (its window can be read).
 pub(crate) async fn spread(

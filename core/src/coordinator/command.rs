@@ -433,12 +433,18 @@ impl Command {
     /// commands about no key): what a session records with its answer, so
     /// the answer moves with the key's slot.
     pub fn slot(&self) -> Option<crate::shard::Slot> {
+        self.key().map(|key| crate::shard::slot_of(key.as_str()))
+    }
+
+    /// The key a request command is about (`None` for commands about no
+    /// key).
+    pub fn key(&self) -> Option<&Key> {
         match self {
             Command::Lease { key, .. }
             | Command::Reconcile { key, .. }
             | Command::PoolGrant { key, .. }
             | Command::PoolRelease { key, .. }
-            | Command::PoolJoinNext { key, .. } => Some(crate::shard::slot_of(key.as_str())),
+            | Command::PoolJoinNext { key, .. } => Some(key),
             _ => None,
         }
     }

@@ -623,6 +623,12 @@ impl CoordinatorState {
         if self.sharding.owns(key) {
             return execute(self);
         }
+        self.not_owner(key)
+    }
+
+    /// The refusal of a command about `key`, which this group does not
+    /// serve (nothing executed: the owner answers it).
+    pub(super) fn not_owner(&self, key: &Key) -> Outcome {
         Outcome::Rejected(CommandError::NotOwner(format!(
             "shard {} does not serve key {key:?} (slot {}); ask the placement for its owner",
             self.sharding.shard().0,

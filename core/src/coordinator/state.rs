@@ -216,7 +216,17 @@ impl CoordinatorState {
             return execute(self);
         };
         let fingerprint = command.fingerprint();
-        match self.sessions.lookup(caller, id, fingerprint) {
+        let lookup = self.sessions.lookup(caller, id, fingerprint);
+        // About a key this group does not serve, only an answer it keeps
+        // for the id is this group's to give (it executed it before the key
+        // moved). Anything else — a new id, an id its session cannot place —
+        // is the owner's: the owner has the sessions this group lacks (a
+        // shard still acquiring a move, a shard the key has not reached).
+        let kept = matches!(lookup, SessionLookup::Replay(_) | SessionLookup::Reused);
+        if let Some(key) = command.key().filter(|key| !kept && !self.owns(key)) {
+            return self.not_owner(key);
+        }
+        match lookup {
             SessionLookup::Replay(outcome) => outcome,
             SessionLookup::Reused => Outcome::Rejected(CommandError::RequestIdReused(format!(
                 "request id ({}, {}) already names a different request; use a new seq",

@@ -24,7 +24,10 @@
 //!    no move it can read is pending, makes its voters the shard's
 //!    replicas in the placement (new ones join as learners first; a
 //!    leader the change drops stops hosting the shard once it commits,
-//!    and the new replicas elect one of theirs).
+//!    and the new replicas elect one of theirs). A member keeps leading a
+//!    group it still hosts after the placement dropped it — even one it
+//!    never founded — so the leader a change drops is the one that makes
+//!    the change.
 //!
 //! Each step is a replicated command, idempotent, and re-derived from the
 //! applied states on every pass ([`SHARD_PASS_INTERVAL`]), so a new
@@ -344,6 +347,21 @@ impl ShardHost {
                 let context = hosted.context.clone();
                 self.drive(*shard, &context).await;
             }
+        }
+        // A group this member still hosts although the placement names it
+        // neither a replica nor a founder is driven too: where it leads, it
+        // is the one that makes the replica change dropping it (then the
+        // group stops counting it and it stops hosting, above).
+        let dropped: Vec<(ShardId, Arc<NodeContext>)> = self
+            .hosted
+            .iter()
+            .filter(|(shard, _)| {
+                !wanted.contains_key(shard) && !joining.iter().any(|(s, _)| s == *shard)
+            })
+            .map(|(shard, hosted)| (*shard, hosted.context.clone()))
+            .collect();
+        for (shard, context) in dropped {
+            self.drive(shard, &context).await;
         }
         self.reclaim_preferred(&wanted, now).await;
     }

@@ -784,6 +784,64 @@ async fn a_replica_change_that_drops_the_shards_leader_completes() -> Result<()>
     cluster.stop_all().await
 }
 
+/// Replica changes that drop the shard's leader, four in a row, each
+/// replacing it by the lowest member not a replica: the second adds back
+/// the member the first dropped (its store still holds the group's old
+/// log), and later ones drop leaders the shard was not founded with (a
+/// member a change added, which the placement then names neither replica
+/// nor founder, and which must still make the change that drops it). Each
+/// completes within the bound, the group led by one of the replicas the
+/// placement names, with the key's window whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn replica_changes_that_drop_each_leader_in_turn_complete() -> Result<()> {
+    let (mut cluster, client) = cluster_with_policy(5).await?;
+    let admin = client.admin();
+    let high = key_that_moves(true);
+    admin
+        .change_placement(split_zero_into_one(&[1, 2, 3]))
+        .await?;
+    assert_eq!(client.lease(&high, "eu", 6).await?.granted, 6);
+    let mut replicas: Vec<u64> = vec![1, 2, 3];
+    let mut dropped = Vec::new();
+    for version in 1..=4u64 {
+        let (old_leader, _) = shard_leader(&cluster, replicas[0], 1).await?;
+        let newcomer = (1..=5)
+            .find(|m| !replicas.contains(m) && *m != old_leader)
+            .expect("a member outside the replicas");
+        replicas.retain(|m| *m != old_leader);
+        replicas.push(newcomer);
+        replicas.sort_unstable();
+        dropped.push(old_leader);
+        let started = tokio::time::Instant::now();
+        admin
+            .change_placement(set_replicas(version, 1, replicas.clone()))
+            .await?;
+        let deadline = started + Duration::from_secs(SHARD_CHANGE_BOUND_SECS);
+        let new_leader = loop {
+            let (leader, _) = shard_leader(&cluster, replicas[0], 1).await?;
+            if replicas.contains(&leader) {
+                break leader;
+            }
+            ensure!(
+                tokio::time::Instant::now() < deadline,
+                "change {version}: shard 1 still led by member {leader}, not one of {replicas:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        let granted = lease_when_served(&cluster.addr(new_leader), &high, 1).await?;
+        ensure!(granted.granted == 1, "change {version}: {granted:?}");
+        let took = started.elapsed();
+        ensure!(
+            took <= Duration::from_secs(SHARD_CHANGE_BOUND_SECS),
+            "change {version}: served again after {took:?}"
+        );
+    }
+    tracing::info!(?dropped, "leaders dropped in turn");
+    let window = client.get_window(&high).await?;
+    ensure!(window.granted == 10, "the window counts {}", window.granted);
+    cluster.stop_all().await
+}
+
 /// A replica change of a shard made right after the split that made it,
 /// while its move from a shard other than 0 runs, to members that do not
 /// all host the source: the change waits for the move (the founding
