@@ -57,6 +57,24 @@ async fn leader_kill9_with_four_shards_keeps_every_invariant() {
     assert_held("leader_kill9", &outcome, 2);
 }
 
+/// An operator's shard changes against real processes (four members):
+/// the key's shard split, its new leader dropped from its replicas right
+/// after and again later, while clients resend ids answered long before;
+/// every change is served again within the bound and every resent id is
+/// answered as it first was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shard_splits_and_replica_changes_keep_every_invariant() {
+    let outcome = run("shard_split_then_replicas", &options()).await;
+    // The split and two replica changes, each logged when made and when
+    // served again (the replica changes also log the change made).
+    assert_held("shard_split_then_replicas", &outcome, 5);
+    assert!(
+        outcome.history.replies.len() > 2,
+        "resent ids were compared: {}",
+        outcome.history.replies.len()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn escrow_node_and_leader_kill9_keep_every_invariant() {
     let outcome = run("escrow_kill9", &options()).await;

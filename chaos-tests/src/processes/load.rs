@@ -122,14 +122,17 @@ pub fn spawn(
                     client_seed,
                 )?;
                 let region = RegionId::new(format!("direct-{index}"))?;
-                Arc::new(RecordingSource::new(
-                    CoordinatorSource::new(client, region),
-                    true,
-                    recorder.clone(),
-                    options.weakening,
-                    options.window_ms,
-                    wall_now_ms,
-                ))
+                Arc::new(
+                    RecordingSource::new(
+                        CoordinatorSource::new(client, region),
+                        true,
+                        recorder.clone(),
+                        options.weakening,
+                        options.window_ms,
+                        wall_now_ms,
+                    )
+                    .resending_old_ids(options.resend_old_ids),
+                )
             }
             Some((nodes, region)) => Arc::new(RecordingSource::new(
                 EscrowSource::with_endpoints(

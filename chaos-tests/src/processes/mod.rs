@@ -36,7 +36,7 @@ pub use hostile::FloodCounts;
 
 use crate::history::{History, Recorder};
 use crate::invariants::{check_all, Violation};
-use crate::sim::Weakening;
+use crate::sim::{shards, Weakening};
 
 /// Wall-clock time, epoch ms.
 pub fn wall_now_ms() -> u64 {
@@ -94,6 +94,16 @@ pub enum ProcessFault {
     /// Until the load ends, a service of escrow node `n`'s region asks it
     /// for one token under a new holder each time (mutual TLS only).
     FloodHolders(usize),
+    /// The shard serving the load's key is split, and the key's slot
+    /// moved on to the new shard where the split left it behind
+    /// ([`crate::plan::MembershipAction::SplitKeyShard`]); done once the
+    /// key is served again, within the bound.
+    SplitKeyShard,
+    /// The replicas of the key's shard change so that its leader is none
+    /// of them ([`crate::plan::MembershipAction::DropKeyShardLeader`]);
+    /// done once a new replica leads it and the key is served again,
+    /// within the bound.
+    DropKeyShardLeader,
     /// A quorum lost for good: `kill -9` a follower (it falls behind), let
     /// the others grant on into a window it never hears of, `kill -9` them
     /// and wipe their data, then force the survivor into a new cluster
@@ -120,6 +130,10 @@ pub struct ProcessScenario {
     pub faults: Vec<(Duration, ProcessFault)>,
     /// Every process and client on mutual TLS with its own certificate.
     pub tls: bool,
+    /// Shard operations among the faults: at least four members (so a
+    /// shard of three can drop its leader for the fourth), and clients
+    /// resend old ids ([`ProcessOptions::resend_old_ids`]).
+    pub shard_operations: bool,
 }
 
 impl ProcessScenario {
@@ -129,6 +143,10 @@ impl ProcessScenario {
         if let Some(window_ms) = self.window_ms {
             options.window_ms = window_ms;
             options.liveness_bound_ms = options.liveness_bound_ms.max(window_ms);
+        }
+        if self.shard_operations {
+            options.members = options.members.max(4);
+            options.resend_old_ids = true;
         }
         options
     }
@@ -148,6 +166,7 @@ pub fn scenarios() -> Vec<ProcessScenario> {
         window_ms: None,
         faults,
         tls: false,
+        shard_operations: false,
     };
     // Fair keys under escrow nodes that lose their memory inside a window
     // much longer than a restart: the demand spends L early in the window,
@@ -159,6 +178,7 @@ pub fn scenarios() -> Vec<ProcessScenario> {
         window_ms: Some(30_000),
         faults,
         tls: false,
+        shard_operations: false,
     };
     vec![
         plain("healthy", vec![]),
@@ -189,6 +209,20 @@ pub fn scenarios() -> Vec<ProcessScenario> {
             "leader_step_down",
             vec![(secs(3.0), StepDown), (secs(7.0), StepDown)],
         ),
+        // What an operator does to a hot shard while clients lease and
+        // resend old ids: split the key's shard, drop the new shard's
+        // leader from its replicas right after, and again later.
+        ProcessScenario {
+            shard_operations: true,
+            ..plain(
+                "shard_split_then_replicas",
+                vec![
+                    (secs(2.0), SplitKeyShard),
+                    (secs(2.0), DropKeyShardLeader),
+                    (secs(5.5), DropKeyShardLeader),
+                ],
+            )
+        },
         ProcessScenario {
             name: "escrow_kill9",
             escrow_regions: vec![0, 1],
@@ -201,6 +235,7 @@ pub fn scenarios() -> Vec<ProcessScenario> {
                 (secs(6.0), Restart),
             ],
             tls: false,
+            shard_operations: false,
         },
         // Hostile peers on mutual TLS, interleaved with the usual faults:
         // stalled handshakes and a holder flood all along; forged Raft
@@ -227,6 +262,7 @@ pub fn scenarios() -> Vec<ProcessScenario> {
                 (secs(6.0), StepDown),
             ],
             tls: true,
+            shard_operations: false,
         },
         // A quorum lost for good under load, the unsafe recovery and the
         // cluster grown back (docs/operations.md, "Losing a quorum for
@@ -245,6 +281,7 @@ pub fn scenarios() -> Vec<ProcessScenario> {
                 (secs(12.5), AddJoiner),
             ],
             tls: false,
+            shard_operations: false,
         },
         fair(
             "fair_escrow_kill9",
@@ -285,6 +322,7 @@ pub fn scenarios() -> Vec<ProcessScenario> {
             window_ms: Some(10_000),
             faults: vec![],
             tls: false,
+            shard_operations: false,
         },
         // Two nodes serve region 0; one dies for good under load: its
         // callers move on to the other (run with demand under L to see
@@ -348,6 +386,9 @@ pub struct ProcessOptions {
     /// load's key on the last shard. A fault on "the leader" hits the meta
     /// group's (shard 0's), which then serves none of the load's calls.
     pub shards: u32,
+    /// Clients leasing from the cluster also resend old ids, as in the
+    /// simulation ([`crate::plan::FleetShape::resend_old_ids`]).
+    pub resend_old_ids: bool,
 }
 
 impl ProcessOptions {
@@ -366,6 +407,7 @@ impl ProcessOptions {
             client_pause_ms: (1, 6),
             link_delay_ms: 0,
             shards: 1,
+            resend_old_ids: false,
         }
     }
 }
@@ -614,6 +656,46 @@ async fn change_membership(fleet: &Fleet, admin: &AdminClient, voters: &[u64]) -
     }
 }
 
+/// A client of every member, as the operator.
+fn operator(fleet: &Fleet) -> Result<CoordinatorClient> {
+    Ok(CoordinatorClient::with_options(
+        fleet.member_addrs(),
+        fleet.dialer_as(&identities::operator()),
+        fleet::runner_retry_options(),
+    )?)
+}
+
+/// The admin API of member `id` alone, as the operator.
+fn member_admin(fleet: &Fleet, id: u64) -> Result<AdminClient> {
+    let addr = fleet
+        .member_addr(id)
+        .with_context(|| format!("no address for member {id}"))?;
+    Ok(CoordinatorClient::with_options(
+        vec![addr],
+        fleet.dialer_as(&identities::operator()),
+        fleet::runner_retry_options(),
+    )?
+    .admin())
+}
+
+/// Records a shard change made at `since_ms`: healed when `served` (the
+/// key served again within the bound), else an unfinished action.
+fn shard_change_done(recorder: &Recorder, since_ms: u64, what: &str, served: bool) {
+    let done = wall_now_ms();
+    if served {
+        recorder.fault(format!(
+            "{since_ms}: {what}; served again after {} ms",
+            done - since_ms
+        ));
+        recorder.healed(done);
+    } else {
+        recorder.unfinished(format!(
+            "{what}: the key not served again within {} ms",
+            shards::SHARD_CHANGE_BOUND_MS
+        ));
+    }
+}
+
 /// A fault that runs in the background until the load ends; it answers
 /// a line for the fault log.
 type Background = tokio::task::JoinHandle<String>;
@@ -727,6 +809,38 @@ async fn inflict(
                     .with_context(|| format!("retiring member {id}"))?;
                 fleet.retire_member(id)?;
                 recorder.fault(format!("{now}: member {id} retired: voters {voters:?}"));
+            }
+            ProcessFault::SplitKeyShard => {
+                let in_time = || wall_now_ms() < load_end_ms;
+                let members = fleet.member_ids().len() as u64;
+                let made = shards::split_key_shard(admin, members, in_time).await;
+                anyhow::ensure!(made, "the split of the key's shard was not made");
+                let served =
+                    shards::key_served_within_bound(&operator(fleet)?, now, wall_now_ms).await;
+                shard_change_done(recorder, now, "split of the key's shard", served);
+            }
+            ProcessFault::DropKeyShardLeader => {
+                let in_time = || wall_now_ms() < load_end_ms;
+                let members = fleet.member_ids();
+                let members_admin = members
+                    .iter()
+                    .map(|id| member_admin(fleet, *id))
+                    .collect::<Result<Vec<_>>>()?;
+                let made = shards::drop_key_shard_leader(
+                    admin,
+                    &members_admin,
+                    members.len() as u64,
+                    in_time,
+                )
+                .await
+                .context("the replica change was not made")?;
+                recorder.fault(format!("{now}: {made:?}"));
+                let served =
+                    shards::new_replicas_lead_within_bound(&members_admin, &made, now, wall_now_ms)
+                        .await
+                        && shards::key_served_within_bound(&operator(fleet)?, now, wall_now_ms)
+                            .await;
+                shard_change_done(recorder, now, "replica change dropping the leader", served);
             }
             ProcessFault::LoseQuorum => {
                 let leader = resolve(fleet, 0).await.context("no leader")?;
