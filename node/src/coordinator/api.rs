@@ -1,8 +1,9 @@
-//! The public coordinator API (`leasehold.v1.Coordinator`): lease,
-//! reconcile and pool grant go through group commit at the leader;
-//! `GetWindow` is a linearizable read.
+//! One group's side of the public coordinator API
+//! (`leasehold.v1.Coordinator`): lease, reconcile and pool grant go
+//! through group commit at the group's leader; `GetWindow` is a
+//! linearizable read.
 //!
-//! Every handler validates its input first (`INVALID_ARGUMENT`, nothing
+//! Every call validates its input first (`INVALID_ARGUMENT`, nothing
 //! proposed), then checks leadership (`FAILED_PRECONDITION` with a leader
 //! hint, or `UNAVAILABLE`), then proposes and maps the state machine's
 //! outcome (`NOT_FOUND` without a policy, `FAILED_PRECONDITION` on a kind
@@ -12,10 +13,12 @@
 //! region's certificate may send them (`PERMISSION_DENIED` otherwise; see
 //! [`crate::auth`]).
 //!
-//! On a sharded cluster each key-addressed call is first routed to the
-//! group of the key's shard ([`super::routing`]): the API of shard 0
-//! carries the router; each hosted shard has an API of its own, over its
-//! group, with its own pool desk.
+//! A [`CoordinatorApi`] answers for its own group alone, as plain async
+//! methods over the decoded message and its [`Caller`]; which group a
+//! key's call goes to is settled before the call reaches one, by the
+//! router the member serves (`ShardRouting`). Shard 0 and each hosted
+//! shard have an API of their own, over their group, with their own pool
+//! desk.
 
 use std::sync::Arc;
 
@@ -27,17 +30,32 @@ use leasehold_proto::convert::coordinator as convert;
 use leasehold_proto::convert::InvalidField;
 use leasehold_proto::refusal::{item_refusal, refusal, Reason};
 use leasehold_proto::v1 as pb;
-use leasehold_proto::v1::coordinator_server::Coordinator;
-use tonic::{Request, Response, Status};
+use tonic::{Request, Status};
 
 use super::context::NodeContext;
-use super::leader::{command_error_status, LeaderView};
+use super::leader::command_error_status;
 use super::metrics::Rejection;
-use super::routing::{Route, ShardRouting};
-use crate::auth::{authorize_region, caller, PeerInfo};
-use crate::telemetry;
+use crate::auth::{authorize_region, PeerInfo};
 
-/// Serves `leasehold.v1.Coordinator` for one member.
+/// Who sent a call, as its connection proved it.
+pub struct Caller {
+    /// The principal its certificate proves (anonymous in plaintext).
+    pub principal: Principal,
+    /// Its peer, for the refusals counted against it.
+    pub peer: Option<PeerInfo>,
+}
+
+impl Caller {
+    /// The sender of `request`.
+    pub fn of<T>(request: &Request<T>) -> Self {
+        Self {
+            principal: crate::auth::caller(request),
+            peer: request.extensions().get::<PeerInfo>().cloned(),
+        }
+    }
+}
+
+/// Answers `leasehold.v1.Coordinator` calls for one group of a member.
 #[derive(Clone)]
 pub struct CoordinatorApi {
     node: Arc<NodeContext>,
@@ -45,24 +63,15 @@ pub struct CoordinatorApi {
     /// windows, capped asks — held while leading (see
     /// `leasehold_core::pool::desk`).
     pool_desk: Arc<std::sync::Mutex<PoolDesk>>,
-    /// Shard 0's API only: routes each key to its shard's group.
-    routing: Option<Arc<ShardRouting>>,
 }
 
 impl CoordinatorApi {
-    /// The API over a group's shared context (one shard: no routing).
+    /// The API over a group's shared context.
     pub fn new(node: Arc<NodeContext>) -> Self {
         Self {
             node,
             pool_desk: Arc::default(),
-            routing: None,
         }
-    }
-
-    /// The same API routing each key to its shard first (shard 0's).
-    pub fn with_routing(mut self, routing: Arc<ShardRouting>) -> Self {
-        self.routing = Some(routing);
-        self
     }
 
     /// The Raft handle of this API's group.
@@ -75,34 +84,6 @@ impl CoordinatorApi {
         &self.node
     }
 
-    /// The API that answers calls for `key` on this member (this one for
-    /// shard 0), or `NOT_OWNER`.
-    fn for_key(&self, key: &str) -> Result<CoordinatorApi, Status> {
-        match &self.routing {
-            None => Ok(self.clone()),
-            Some(routing) => match routing.route(key)? {
-                Route::Meta => Ok(self.clone()),
-                Route::Hosted(_, api) => Ok(api),
-            },
-        }
-    }
-
-    /// `result` of a call about `key`, its `NOT_LEADER` naming the key's
-    /// shard and the placement version when that shard is not 0.
-    fn about_key<T>(&self, key: &str, result: Result<T, Status>) -> Result<T, Status> {
-        let Some(routing) = &self.routing else {
-            return result;
-        };
-        result.map_err(|status| {
-            let (shard, version) = routing.shard_of(key);
-            if shard.0 == 0 {
-                status
-            } else {
-                super::routing::with_shard(status, shard, version)
-            }
-        })
-    }
-
     /// The `INVALID_ARGUMENT` refusal of `error`, counted.
     fn invalid(&self, error: InvalidField) -> Status {
         self.node
@@ -111,11 +92,13 @@ impl CoordinatorApi {
         Status::from(error)
     }
 
-    /// Refuses unless the caller may act for `region`.
-    fn require_region<T>(&self, request: &Request<T>, region: &str) -> Result<(), Status> {
-        authorize_region(&caller(request), region).map_err(|refusal| {
-            let peer = request.extensions().get::<PeerInfo>();
-            self.node.metrics.auth.refuse(peer, "Coordinator", refusal)
+    /// Refuses unless `caller` may act for `region`.
+    fn require_region(&self, caller: &Caller, region: &str) -> Result<(), Status> {
+        authorize_region(&caller.principal, region).map_err(|refusal| {
+            self.node
+                .metrics
+                .auth
+                .refuse(caller.peer.as_ref(), "Coordinator", refusal)
         })
     }
 
@@ -152,46 +135,49 @@ fn unexpected(outcome: &Outcome) -> Status {
 }
 
 impl CoordinatorApi {
-    async fn lease_call(
+    /// `Lease` in this group.
+    pub async fn lease(
         &self,
-        request: Request<pb::LeaseRequest>,
-    ) -> Result<Response<pb::LeaseResponse>, Status> {
-        self.require_region(&request, &request.get_ref().region)?;
-        let caller = caller(&request);
-        let request = request.into_inner();
+        caller: &Caller,
+        request: pb::LeaseRequest,
+    ) -> Result<pb::LeaseResponse, Status> {
+        self.require_region(caller, &request.region)?;
         let tokens = request.tokens;
-        let command = convert::lease_command(request, caller).map_err(|e| self.invalid(e))?;
+        let command = convert::lease_command(request, caller.principal.clone())
+            .map_err(|e| self.invalid(e))?;
         self.node.require_leader()?;
         self.node.metrics.record_lease_request(tokens);
         match self.write(command).await? {
-            Outcome::Lease(grant) => Ok(Response::new(pb::LeaseResponse::from(&grant))),
+            Outcome::Lease(grant) => Ok(pb::LeaseResponse::from(&grant)),
             other => Err(unexpected(&other)),
         }
     }
 
-    async fn reconcile_call(
+    /// `Reconcile` in this group.
+    pub async fn reconcile(
         &self,
-        request: Request<pb::ReconcileRequest>,
-    ) -> Result<Response<pb::ReconcileResponse>, Status> {
-        self.require_region(&request, &request.get_ref().region)?;
-        let caller = caller(&request);
-        let command = convert::reconcile_command(request.into_inner(), caller)
+        caller: &Caller,
+        request: pb::ReconcileRequest,
+    ) -> Result<pb::ReconcileResponse, Status> {
+        self.require_region(caller, &request.region)?;
+        let command = convert::reconcile_command(request, caller.principal.clone())
             .map_err(|e| self.invalid(e))?;
         match self.write(command).await? {
-            Outcome::Reconcile(outcome) => Ok(Response::new(pb::ReconcileResponse::from(&outcome))),
+            Outcome::Reconcile(outcome) => Ok(pb::ReconcileResponse::from(&outcome)),
             other => Err(unexpected(&other)),
         }
     }
 
-    async fn pool_grant_call(
+    /// `PoolGrant` in this group, with its join ahead if it asks one.
+    pub async fn pool_grant(
         &self,
-        request: Request<pb::PoolGrantRequest>,
-    ) -> Result<Response<pb::PoolGrantResponse>, Status> {
-        self.require_region(&request, &request.get_ref().region)?;
-        let caller = caller(&request);
-        let demands = convert::tenant_demands(&request.get_ref().tenant_demands)
-            .map_err(|e| self.invalid(e))?;
-        let mut request = request.into_inner();
+        caller: &Caller,
+        mut request: pb::PoolGrantRequest,
+    ) -> Result<pb::PoolGrantResponse, Status> {
+        self.require_region(caller, &request.region)?;
+        let caller = &caller.principal;
+        let demands =
+            convert::tenant_demands(&request.tenant_demands).map_err(|e| self.invalid(e))?;
         let demand_window = request.demand_window_start_ms;
         let holder = convert::pool_holder(&request.holder).map_err(|e| self.invalid(e))?;
         let want_more = request.want_more;
@@ -244,19 +230,20 @@ impl CoordinatorApi {
                     )
                 });
                 add_notes(&mut response, notes);
-                Ok(Response::new(response))
+                Ok(response)
             }
             other => Err(unexpected(&other)),
         }
     }
 
-    async fn pool_release_call(
+    /// `PoolRelease` in this group, with its join ahead if it asks one.
+    pub async fn pool_release(
         &self,
-        request: Request<pb::PoolReleaseRequest>,
-    ) -> Result<Response<pb::PoolReleaseResponse>, Status> {
-        self.require_region(&request, &request.get_ref().region)?;
-        let caller = caller(&request);
-        let mut request = request.into_inner();
+        caller: &Caller,
+        mut request: pb::PoolReleaseRequest,
+    ) -> Result<pb::PoolReleaseResponse, Status> {
+        self.require_region(caller, &request.region)?;
+        let caller = &caller.principal;
         let join_next = request.join_next.take();
         let holder = convert::pool_holder(&request.holder).map_err(|e| self.invalid(e))?;
         let (join_window, join_demands) = self.join_report(join_next.as_ref())?;
@@ -269,7 +256,7 @@ impl CoordinatorApi {
         let join = join_next
             .map(|join| {
                 let join_want_more = join.want_more;
-                convert::join_next_command(join, key.clone(), region.clone(), caller)
+                convert::join_next_command(join, key.clone(), region.clone(), caller.clone())
                     .map(|command| (command, join_want_more))
             })
             .transpose()
@@ -301,7 +288,7 @@ impl CoordinatorApi {
                     response.next_window = next;
                     response.next_window_refused = refused;
                 }
-                Ok(Response::new(response))
+                Ok(response)
             }
             other => Err(unexpected(&other)),
         }
@@ -409,11 +396,12 @@ impl CoordinatorApi {
         (Some(response), String::new())
     }
 
-    async fn get_window_call(
+    /// `GetWindow` in this group: a linearizable read of the key's window.
+    pub async fn get_window(
         &self,
-        request: Request<pb::GetWindowRequest>,
-    ) -> Result<Response<pb::GetWindowResponse>, Status> {
-        let key = convert::window_key(request.get_ref()).map_err(|e| self.invalid(e))?;
+        request: &pb::GetWindowRequest,
+    ) -> Result<pb::GetWindowResponse, Status> {
+        let key = convert::window_key(request).map_err(|e| self.invalid(e))?;
         self.node.linearizable_read().await?;
         let wall_now = self.node.clock.now_ms();
         let view = self.node.state.read(|state| {
@@ -431,7 +419,7 @@ impl CoordinatorApi {
             ));
         };
         match view {
-            Ok(view) => Ok(Response::new(convert::window_response(&key, &view))),
+            Ok(view) => Ok(convert::window_response(&key, &view)),
             Err(error) => {
                 self.node.metrics.record_rejection(Rejection::NoPolicy);
                 Err(command_error_status(&error))
@@ -439,9 +427,6 @@ impl CoordinatorApi {
         }
     }
 }
-
-/// Most items in one `LeaseBatch`.
-pub const MAX_BATCH_ITEMS: usize = 256;
 
 /// What becomes of one item of a batch before anything is proposed.
 enum BatchSlot {
@@ -452,125 +437,32 @@ enum BatchSlot {
 }
 
 impl CoordinatorApi {
-    /// `LeaseBatch`: each item validated and authorized as a `Lease` alone
-    /// would be, the valid ones proposed together through group commit, and
-    /// each answered with its own outcome. A failure to propose (not the
-    /// leader, no quorum, ...) fails the whole call: retrying it with the
-    /// same request ids is exactly-once per item.
-    async fn lease_batch_call(
+    /// The items of a `LeaseBatch` this group answers: each validated and
+    /// authorized as a `Lease` alone would be, the valid ones proposed
+    /// together through group commit, each answered with its own outcome.
+    /// A failure to propose (not the leader, no quorum, ...) fails them
+    /// all: retrying them with the same request ids is exactly-once per
+    /// item.
+    pub async fn lease_items(
         &self,
-        request: Request<pb::LeaseBatchRequest>,
-    ) -> Result<Response<pb::LeaseBatchResponse>, Status> {
-        let caller = caller(&request);
-        let peer = request.extensions().get::<PeerInfo>().cloned();
-        let items = request.into_inner().items;
-        if items.is_empty() || items.len() > MAX_BATCH_ITEMS {
-            return Err(self.invalid(InvalidField::new(
-                "items",
-                format!(
-                    "a batch holds 1 to {MAX_BATCH_ITEMS} items, not {}",
-                    items.len()
-                ),
-            )));
-        }
-        let results = match &self.routing {
-            None => self.lease_items(&caller, peer.as_ref(), items).await?,
-            Some(routing) => {
-                self.routed_lease_items(routing, &caller, peer.as_ref(), items)
-                    .await?
-            }
-        };
-        Ok(Response::new(pb::LeaseBatchResponse { results }))
-    }
-
-    /// A batch's items cut by shard and answered by each shard's group
-    /// (see [`super::routing`]); all of shard 0's in one group.
-    async fn routed_lease_items(
-        &self,
-        routing: &ShardRouting,
-        caller: &Principal,
-        peer: Option<&PeerInfo>,
-        items: Vec<pb::LeaseRequest>,
-    ) -> Result<Vec<pb::LeaseItemResult>, Status> {
-        let count = items.len();
-        let mut ordered: Vec<Option<pb::LeaseItemResult>> = vec![None; count];
-        let mut parts: std::collections::BTreeMap<u32, Vec<(usize, pb::LeaseRequest)>> =
-            std::collections::BTreeMap::new();
-        for (index, item) in items.into_iter().enumerate() {
-            let (shard, _) = routing.shard_of(&item.key);
-            parts.entry(shard.0).or_default().push((index, item));
-        }
-        if parts.len() == 1 && parts.contains_key(&0) {
-            let items = parts
-                .into_values()
-                .flatten()
-                .map(|(_, item)| item)
-                .collect();
-            return self.lease_items(caller, peer, items).await;
-        }
-        let answers = parts.into_values().map(|part| async move {
-            let key = part[0].1.key.clone();
-            let (indices, items): (Vec<usize>, Vec<pb::LeaseRequest>) = part.into_iter().unzip();
-            let answered = match self.for_key(&key) {
-                Ok(api) => api.lease_items(caller, peer, items).await,
-                Err(status) => Err(status),
-            };
-            let results = match self.about_key(&key, answered) {
-                Ok(results) => results,
-                Err(status) => indices
-                    .iter()
-                    .map(|_| pb::LeaseItemResult {
-                        result: Some(pb::lease_item_result::Result::Refused(item_refusal(
-                            &status,
-                        ))),
-                    })
-                    .collect(),
-            };
-            indices.into_iter().zip(results).collect::<Vec<_>>()
-        });
-        for (index, result) in futures::future::join_all(answers)
-            .await
-            .into_iter()
-            .flatten()
-        {
-            ordered[index] = Some(result);
-        }
-        Ok(ordered
-            .into_iter()
-            .map(|result| {
-                result.unwrap_or_else(|| pb::LeaseItemResult {
-                    result: Some(pb::lease_item_result::Result::Refused(item_refusal(
-                        &refusal(Reason::Internal, "no answer for the item"),
-                    ))),
-                })
-            })
-            .collect())
-    }
-
-    /// Each item validated and authorized as a `Lease` alone would be,
-    /// the valid ones proposed together to this group, each answered with
-    /// its own outcome; a failure to propose fails them all.
-    async fn lease_items(
-        &self,
-        caller: &Principal,
-        peer: Option<&PeerInfo>,
+        caller: &Caller,
         items: Vec<pb::LeaseRequest>,
     ) -> Result<Vec<pb::LeaseItemResult>, Status> {
         self.node.require_leader()?;
         let mut slots = Vec::with_capacity(items.len());
         let mut commands = Vec::with_capacity(items.len());
         for item in items {
-            if let Err(refused) = authorize_region(caller, &item.region) {
-                let status = self
-                    .node
-                    .metrics
-                    .auth
-                    .refuse(peer, "Coordinator/LeaseBatch", refused);
+            if let Err(refused) = authorize_region(&caller.principal, &item.region) {
+                let status = self.node.metrics.auth.refuse(
+                    caller.peer.as_ref(),
+                    "Coordinator/LeaseBatch",
+                    refused,
+                );
                 slots.push(BatchSlot::Refused(status));
                 continue;
             }
             let tokens = item.tokens;
-            match convert::lease_command(item, caller.clone()) {
+            match convert::lease_command(item, caller.principal.clone()) {
                 Ok(command) => {
                     self.node.metrics.record_lease_request(tokens);
                     slots.push(BatchSlot::Proposed(commands.len()));
@@ -606,121 +498,5 @@ impl CoordinatorApi {
                 }
             })
             .collect())
-    }
-
-    /// `GetPlacement`: this member's view of the placement, with the
-    /// leaders of the shards it hosts.
-    fn get_placement_call(&self) -> pb::Placement {
-        let leader_of = |shard: leasehold_core::shard::ShardId| -> Option<LeaderView> {
-            if shard.0 == 0 {
-                return Some(LeaderView::of(&self.node.raft));
-            }
-            let routing = self.routing.as_ref()?;
-            routing.leader_of(shard)
-        };
-        super::routing::placement_message(&self.node, leader_of)
-    }
-}
-
-/// Records a refusal (or a grant of nothing) on the current span.
-fn traced<T>(
-    result: Result<Response<T>, Status>,
-    granted_nothing: impl Fn(&T) -> bool,
-) -> Result<Response<T>, Status> {
-    match &result {
-        Err(status) => telemetry::record_refusal(status),
-        Ok(response) if granted_nothing(response.get_ref()) => {
-            telemetry::record_denial(telemetry::DENIED_WINDOW_EXHAUSTED)
-        }
-        Ok(_) => {}
-    }
-    result
-}
-
-#[tonic::async_trait]
-impl Coordinator for CoordinatorApi {
-    #[tracing::instrument(name = "coordinator.lease", level = "debug", skip_all, fields(
-        key = %request.get_ref().key, region = %request.get_ref().region, tokens = request.get_ref().tokens))]
-    async fn lease(
-        &self,
-        request: Request<pb::LeaseRequest>,
-    ) -> Result<Response<pb::LeaseResponse>, Status> {
-        let key = request.get_ref().key.clone();
-        let api = self.for_key(&key)?;
-        traced(self.about_key(&key, api.lease_call(request).await), |r| {
-            r.granted == 0
-        })
-    }
-
-    #[tracing::instrument(name = "coordinator.lease_batch", level = "debug", skip_all, fields(
-        items = request.get_ref().items.len()))]
-    async fn lease_batch(
-        &self,
-        request: Request<pb::LeaseBatchRequest>,
-    ) -> Result<Response<pb::LeaseBatchResponse>, Status> {
-        traced(self.lease_batch_call(request).await, |_| false)
-    }
-
-    #[tracing::instrument(name = "coordinator.reconcile", level = "debug", skip_all, fields(
-        key = %request.get_ref().key, region = %request.get_ref().region))]
-    async fn reconcile(
-        &self,
-        request: Request<pb::ReconcileRequest>,
-    ) -> Result<Response<pb::ReconcileResponse>, Status> {
-        let key = request.get_ref().key.clone();
-        let api = self.for_key(&key)?;
-        traced(
-            self.about_key(&key, api.reconcile_call(request).await),
-            |_| false,
-        )
-    }
-
-    #[tracing::instrument(name = "coordinator.pool_grant", level = "debug", skip_all, fields(
-        key = %request.get_ref().key, region = %request.get_ref().region))]
-    async fn pool_grant(
-        &self,
-        request: Request<pb::PoolGrantRequest>,
-    ) -> Result<Response<pb::PoolGrantResponse>, Status> {
-        let key = request.get_ref().key.clone();
-        let api = self.for_key(&key)?;
-        traced(
-            self.about_key(&key, api.pool_grant_call(request).await),
-            |r| r.granted_total == 0,
-        )
-    }
-
-    #[tracing::instrument(name = "coordinator.pool_release", level = "debug", skip_all, fields(
-        key = %request.get_ref().key, region = %request.get_ref().region))]
-    async fn pool_release(
-        &self,
-        request: Request<pb::PoolReleaseRequest>,
-    ) -> Result<Response<pb::PoolReleaseResponse>, Status> {
-        let key = request.get_ref().key.clone();
-        let api = self.for_key(&key)?;
-        traced(
-            self.about_key(&key, api.pool_release_call(request).await),
-            |_| false,
-        )
-    }
-
-    #[tracing::instrument(name = "coordinator.get_window", level = "debug", skip_all, fields(
-        key = %request.get_ref().key))]
-    async fn get_window(
-        &self,
-        request: Request<pb::GetWindowRequest>,
-    ) -> Result<Response<pb::GetWindowResponse>, Status> {
-        let key = request.get_ref().key.clone();
-        let api = self.for_key(&key)?;
-        traced(
-            self.about_key(&key, api.get_window_call(request).await),
-            |_| false,
-        )
-    }
-
-    async fn get_placement(
-        &self,
-        _request: Request<pb::GetPlacementRequest>,
-    ) -> Result<Response<pb::Placement>, Status> {
-        Ok(Response::new(self.get_placement_call()))
     }
 }

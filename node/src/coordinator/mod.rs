@@ -8,12 +8,13 @@
 //! on real TCP ([`serve`]) and in the turmoil simulation. Inside, only
 //! `tokio::time` measures time.
 //!
-//! Layout: [`context`] (what handlers share), [`api`] and [`admin`] (the two
-//! public services), [`batcher`] (group commit), [`leader`] (leader view and
-//! hints), [`network`], [`raft_service`], [`peer_frames`], [`frame_link`] and
-//! [`frame_server`] (the peer transport: frames, or gRPC to older members),
-//! [`routing`] and [`shards`] (the shards past 0 a member hosts, and which
-//! group answers a key), [`metrics`] (counters), `tasks`
+//! Layout: [`context`] (what handlers share), [`routing`] (the Coordinator
+//! service: which group answers a key) over [`api`] (one group's side of
+//! it), [`admin`] (the Admin service), [`batcher`] (group commit), [`leader`]
+//! (leader view and hints), [`network`], [`raft_service`], [`peer_frames`],
+//! [`frame_link`] and [`frame_server`] (the peer transport: frames, or gRPC
+//! to older members), [`shards`] (the shards past 0 a member hosts),
+//! [`metrics`] (counters), `tasks`
 //! (health and clock ticks), [`status_log`] and [`peer_links`] (one log
 //! line per change of leader, membership or peer link).
 
@@ -182,9 +183,8 @@ where
     let hosted_apis_for_admin = hosted_apis.clone();
     let hosted_apis_for_watch = hosted_apis.clone();
     let routing = Arc::new(ShardRouting::new(
-        node.state.clone(),
+        CoordinatorApi::new(node.clone()),
         hosted_apis.clone(),
-        node.metrics.clone(),
     ));
     let shard_host = ShardHost::new(
         node.clone(),
@@ -266,7 +266,7 @@ where
         .add_service(reflection.max_decoding_message_size(public_request_limit))
         .add_service(reflection_v1alpha.max_decoding_message_size(public_request_limit))
         .add_service(
-            CoordinatorServer::new(CoordinatorApi::new(node.clone()).with_routing(routing))
+            CoordinatorServer::from_arc(routing)
                 .max_decoding_message_size(public_request_limit)
                 .max_encoding_message_size(MAX_RESPONSE_BYTES),
         )

@@ -1,4 +1,10 @@
-//! Which group answers a key's call on this member (ADR 0025).
+//! Which group answers a key's call on this member (ADR 0025), and the
+//! `leasehold.v1.Coordinator` service that sends each call there.
+//!
+//! [`ShardRouting`] is the service a member serves: for each call it
+//! works out the key's shard once, picks that group's [`CoordinatorApi`]
+//! (or refuses), and hands it the decoded message and its caller; the
+//! APIs know nothing of shards.
 //!
 //! The meta group's placement (this member's applied view of it) gives
 //! each key a shard. A call for a key of shard 0 is answered by the meta
@@ -14,25 +20,34 @@
 //! answered by its group at once, and the answers put back in order; a
 //! part whose group cannot answer (not its leader here, no quorum) has
 //! its items refused, not the batch.
+//!
+//! A group's `NOT_LEADER` for a key of a shard past 0 names the shard and
+//! the placement version ([`with_shard`]); the refusals of this module
+//! (`NOT_OWNER`, a shard still forming) are not annotated further.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 
 use leasehold_core::shard::ShardId;
+use leasehold_proto::convert::InvalidField;
 use leasehold_proto::refusal::{
-    refusal_with, Reason, LEADER_ADDR, LEADER_ID, PLACEMENT_VERSION, SHARD,
+    item_refusal, refusal, refusal_with, Reason, LEADER_ADDR, LEADER_ID, PLACEMENT_VERSION, SHARD,
 };
+use leasehold_proto::v1 as pb;
+use leasehold_proto::v1::coordinator_server::Coordinator;
 use leasehold_proto::LeaderHint;
 use leasehold_raft_store::StateReader;
-use tonic::Status;
+use tonic::{Request, Response, Status};
 
-use leasehold_proto::v1 as pb;
-
-use super::api::CoordinatorApi;
+use super::api::{Caller, CoordinatorApi};
 use super::context::NodeContext;
 use super::leader::LeaderView;
 use super::metrics::{NodeMetrics, Rejection};
+use crate::telemetry;
+
+/// Most items in one `LeaseBatch`.
+pub const MAX_BATCH_ITEMS: usize = 256;
 
 /// The coordinator APIs of the shards past 0 this member hosts (shared by
 /// the router and the shard host, which adds and removes them).
@@ -66,17 +81,6 @@ impl HostedApis {
             .collect()
     }
 
-    /// The APIs of every hosted shard but `shard`.
-    pub fn others(&self, shard: ShardId) -> Vec<CoordinatorApi> {
-        self.0
-            .read()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .iter()
-            .filter(|(id, _)| **id != shard)
-            .map(|(_, api)| api.clone())
-            .collect()
-    }
-
     /// The API of `shard`, if hosted.
     pub fn get(&self, shard: ShardId) -> Option<CoordinatorApi> {
         self.0
@@ -87,16 +91,34 @@ impl HostedApis {
     }
 }
 
-/// Where one key's call goes on this member.
-pub enum Route {
-    /// The meta group (shard 0).
-    Meta,
-    /// A hosted shard's group.
-    Hosted(ShardId, CoordinatorApi),
+/// Where one key's call goes on this member: the API of the group that
+/// serves the key's shard here.
+pub struct Route {
+    /// The key's shard.
+    pub shard: ShardId,
+    /// The placement version the shard was read at.
+    pub placement_version: u64,
+    /// The API of the shard's group (the meta group's for shard 0).
+    pub api: CoordinatorApi,
 }
 
-/// Routes keys by the meta group's placement.
+impl Route {
+    /// `result` of the call, its `NOT_LEADER` naming the shard and the
+    /// placement version when the shard is not 0.
+    pub fn answer<T>(&self, result: Result<T, Status>) -> Result<T, Status> {
+        if self.shard == ShardId(0) {
+            return result;
+        }
+        result.map_err(|status| with_shard(status, self.shard, self.placement_version))
+    }
+}
+
+/// Serves `leasehold.v1.Coordinator` for one member: routes each key by
+/// the meta group's placement to the group that answers it.
 pub struct ShardRouting {
+    /// The meta group's API (shard 0's keys, and every key on a cluster
+    /// never sharded).
+    meta: CoordinatorApi,
     meta_state: StateReader,
     /// The meta group's placement version, as applied: 0 (never sharded)
     /// answers every key without the state's lock, which `apply` contends.
@@ -108,11 +130,14 @@ pub struct ShardRouting {
 }
 
 impl ShardRouting {
-    /// A router reading the placement from `meta_state` and serving the
-    /// shards in `hosted`.
-    pub fn new(meta_state: StateReader, hosted: HostedApis, metrics: Arc<NodeMetrics>) -> Self {
+    /// A router over the meta group's API `meta`, reading the placement
+    /// from its state and serving the shards in `hosted`.
+    pub fn new(meta: CoordinatorApi, hosted: HostedApis) -> Self {
+        let meta_state = meta.context().state.clone();
+        let metrics = meta.context().metrics.clone();
         Self {
             placement_version: meta_state.placement_changes(),
+            meta,
             meta_state,
             hosted,
             metrics,
@@ -158,14 +183,12 @@ impl ShardRouting {
         })
     }
 
-    /// The groups past 0 this member hosts, but `shard`'s (where a retry
-    /// of a request a key's earlier owner executed is answered).
-    pub fn hosted_except(&self, shard: ShardId) -> Vec<CoordinatorApi> {
-        self.hosted.others(shard)
-    }
-
-    /// The leader of `shard` as this member sees it, if it hosts it.
+    /// The leader of `shard` as this member sees it, if it hosts it (the
+    /// meta group's for shard 0).
     pub fn leader_of(&self, shard: ShardId) -> Option<LeaderView> {
+        if shard == ShardId(0) {
+            return Some(LeaderView::of(&self.meta.context().raft));
+        }
         self.hosted
             .get(shard)
             .map(|api| LeaderView::of(&api.raft()))
@@ -174,14 +197,24 @@ impl ShardRouting {
     /// Where `key`'s call goes (see the module doc).
     pub fn route(&self, key: &str) -> Result<Route, Status> {
         let (shard, version) = self.shard_of(key);
+        self.route_to(shard, version)
+    }
+
+    /// Where a call for a key of `shard` goes, the placement read at
+    /// `version`.
+    fn route_to(&self, shard: ShardId, version: u64) -> Result<Route, Status> {
         if shard == ShardId(0) {
-            return Ok(Route::Meta);
+            return Ok(Route {
+                shard,
+                placement_version: version,
+                api: self.meta.clone(),
+            });
         }
         match self.hosted.get(shard) {
             // A new group serves nothing before it is the shard (before
             // `BecomeShard` is applied, its state would take any key).
             Some(api) if api.context().state.read(|s| s.sharding().shard()) != shard => {
-                Err(leasehold_proto::refusal::refusal(
+                Err(refusal(
                     Reason::SlotMoving,
                     format!(
                         "shard {} is still forming on this member; retry shortly",
@@ -189,7 +222,11 @@ impl ShardRouting {
                     ),
                 ))
             }
-            Some(api) => Ok(Route::Hosted(shard, api)),
+            Some(api) => Ok(Route {
+                shard,
+                placement_version: version,
+                api,
+            }),
             None => {
                 self.metrics.record_rejection(Rejection::NotOwner);
                 let replica = self
@@ -323,4 +360,195 @@ pub fn with_shard(status: Status, shard: ShardId, placement_version: u64) -> Sta
     let mut annotated = refusal_with(Reason::NotLeader, status.message().to_string(), metadata);
     hint.write_metadata(annotated.metadata_mut());
     annotated
+}
+
+impl ShardRouting {
+    /// `LeaseBatch`: the items cut by shard, each part answered by its
+    /// group at once ([`CoordinatorApi::lease_items`]), the answers put
+    /// back in order. A batch all of shard 0 is the meta group's alone: a
+    /// failure to propose it fails the call.
+    async fn lease_batch_results(
+        &self,
+        request: Request<pb::LeaseBatchRequest>,
+    ) -> Result<Vec<pb::LeaseItemResult>, Status> {
+        let caller = Caller::of(&request);
+        let items = request.into_inner().items;
+        if items.is_empty() || items.len() > MAX_BATCH_ITEMS {
+            self.metrics.record_rejection(Rejection::InvalidArgument);
+            return Err(Status::from(InvalidField::new(
+                "items",
+                format!(
+                    "a batch holds 1 to {MAX_BATCH_ITEMS} items, not {}",
+                    items.len()
+                ),
+            )));
+        }
+        let count = items.len();
+        // Each part: its shard, the placement version its first item was
+        // read at, and its items with their places in the batch.
+        let mut parts: BTreeMap<ShardId, (u64, Vec<(usize, pb::LeaseRequest)>)> = BTreeMap::new();
+        for (index, item) in items.into_iter().enumerate() {
+            let (shard, version) = self.shard_of(&item.key);
+            parts
+                .entry(shard)
+                .or_insert_with(|| (version, Vec::new()))
+                .1
+                .push((index, item));
+        }
+        if parts.len() == 1 && parts.contains_key(&ShardId(0)) {
+            let items = parts
+                .into_values()
+                .flat_map(|(_, part)| part)
+                .map(|(_, item)| item)
+                .collect();
+            return self.meta.lease_items(&caller, items).await;
+        }
+        let caller = &caller;
+        let answers = parts
+            .into_iter()
+            .map(|(shard, (version, part))| async move {
+                let (indices, items): (Vec<usize>, Vec<pb::LeaseRequest>) =
+                    part.into_iter().unzip();
+                let answered = match self.route_to(shard, version) {
+                    Ok(route) => route.answer(route.api.lease_items(caller, items).await),
+                    Err(status) => Err(status),
+                };
+                let results = match answered {
+                    Ok(results) => results,
+                    Err(status) => indices
+                        .iter()
+                        .map(|_| pb::LeaseItemResult {
+                            result: Some(pb::lease_item_result::Result::Refused(item_refusal(
+                                &status,
+                            ))),
+                        })
+                        .collect(),
+                };
+                indices.into_iter().zip(results).collect::<Vec<_>>()
+            });
+        let mut ordered: Vec<Option<pb::LeaseItemResult>> = vec![None; count];
+        for (index, result) in futures::future::join_all(answers)
+            .await
+            .into_iter()
+            .flatten()
+        {
+            ordered[index] = Some(result);
+        }
+        Ok(ordered
+            .into_iter()
+            .map(|result| {
+                result.unwrap_or_else(|| pb::LeaseItemResult {
+                    result: Some(pb::lease_item_result::Result::Refused(item_refusal(
+                        &refusal(Reason::Internal, "no answer for the item"),
+                    ))),
+                })
+            })
+            .collect())
+    }
+}
+
+/// Records a refusal (or a grant of nothing) on the current span, and
+/// wraps the answer.
+fn traced<T>(
+    result: Result<T, Status>,
+    granted_nothing: impl Fn(&T) -> bool,
+) -> Result<Response<T>, Status> {
+    match &result {
+        Err(status) => telemetry::record_refusal(status),
+        Ok(response) if granted_nothing(response) => {
+            telemetry::record_denial(telemetry::DENIED_WINDOW_EXHAUSTED)
+        }
+        Ok(_) => {}
+    }
+    result.map(Response::new)
+}
+
+/// Each key-addressed call: routed (a refusal here is returned as it is),
+/// then answered by the key's group with the decoded message and its
+/// caller.
+#[tonic::async_trait]
+impl Coordinator for ShardRouting {
+    #[tracing::instrument(name = "coordinator.lease", level = "debug", skip_all, fields(
+        key = %request.get_ref().key, region = %request.get_ref().region, tokens = request.get_ref().tokens))]
+    async fn lease(
+        &self,
+        request: Request<pb::LeaseRequest>,
+    ) -> Result<Response<pb::LeaseResponse>, Status> {
+        let route = self.route(&request.get_ref().key)?;
+        let caller = Caller::of(&request);
+        let answer = route.api.lease(&caller, request.into_inner()).await;
+        traced(route.answer(answer), |r| r.granted == 0)
+    }
+
+    #[tracing::instrument(name = "coordinator.lease_batch", level = "debug", skip_all, fields(
+        items = request.get_ref().items.len()))]
+    async fn lease_batch(
+        &self,
+        request: Request<pb::LeaseBatchRequest>,
+    ) -> Result<Response<pb::LeaseBatchResponse>, Status> {
+        let results = self.lease_batch_results(request).await;
+        traced(
+            results.map(|results| pb::LeaseBatchResponse { results }),
+            |_| false,
+        )
+    }
+
+    #[tracing::instrument(name = "coordinator.reconcile", level = "debug", skip_all, fields(
+        key = %request.get_ref().key, region = %request.get_ref().region))]
+    async fn reconcile(
+        &self,
+        request: Request<pb::ReconcileRequest>,
+    ) -> Result<Response<pb::ReconcileResponse>, Status> {
+        let route = self.route(&request.get_ref().key)?;
+        let caller = Caller::of(&request);
+        let answer = route.api.reconcile(&caller, request.into_inner()).await;
+        traced(route.answer(answer), |_| false)
+    }
+
+    #[tracing::instrument(name = "coordinator.pool_grant", level = "debug", skip_all, fields(
+        key = %request.get_ref().key, region = %request.get_ref().region))]
+    async fn pool_grant(
+        &self,
+        request: Request<pb::PoolGrantRequest>,
+    ) -> Result<Response<pb::PoolGrantResponse>, Status> {
+        let route = self.route(&request.get_ref().key)?;
+        let caller = Caller::of(&request);
+        let answer = route.api.pool_grant(&caller, request.into_inner()).await;
+        traced(route.answer(answer), |r| r.granted_total == 0)
+    }
+
+    #[tracing::instrument(name = "coordinator.pool_release", level = "debug", skip_all, fields(
+        key = %request.get_ref().key, region = %request.get_ref().region))]
+    async fn pool_release(
+        &self,
+        request: Request<pb::PoolReleaseRequest>,
+    ) -> Result<Response<pb::PoolReleaseResponse>, Status> {
+        let route = self.route(&request.get_ref().key)?;
+        let caller = Caller::of(&request);
+        let answer = route.api.pool_release(&caller, request.into_inner()).await;
+        traced(route.answer(answer), |_| false)
+    }
+
+    #[tracing::instrument(name = "coordinator.get_window", level = "debug", skip_all, fields(
+        key = %request.get_ref().key))]
+    async fn get_window(
+        &self,
+        request: Request<pb::GetWindowRequest>,
+    ) -> Result<Response<pb::GetWindowResponse>, Status> {
+        let route = self.route(&request.get_ref().key)?;
+        let answer = route.api.get_window(request.get_ref()).await;
+        traced(route.answer(answer), |_| false)
+    }
+
+    /// This member's view of the placement, with the leaders of the
+    /// shards it hosts.
+    async fn get_placement(
+        &self,
+        _request: Request<pb::GetPlacementRequest>,
+    ) -> Result<Response<pb::Placement>, Status> {
+        Ok(Response::new(placement_message(
+            self.meta.context(),
+            |shard| self.leader_of(shard),
+        )))
+    }
 }
