@@ -25,6 +25,17 @@
 #                       percentiles, the longest gap between successful
 #                       leases, failed batches; and how long the move ran
 #                       (split to shard 1 serving all its slots).
+#   cpu [BATCH]         what a shard's leader and a follower spend: 3
+#                       members, shard 0 split into shard 1 on all three
+#                       (half the slots each), `bench` with LeaseBatch
+#                       calls of BATCH (default 64) at IN_FLIGHT leases in
+#                       flight over KEYS keys for DURATION s; every
+#                       member's user + system CPU from /proc/PID/stat,
+#                       less what it spends idle over as long. A member
+#                       leading neither shard follows both: its CPU per
+#                       lease is a follower's; a leader's is what its
+#                       member spends beyond following the other shard.
+#                       Prints CPU-ms per 1 000 leases, leader and follower.
 #
 # Needs a release build, redis-server (throughput) and jq:
 #   cargo build --release -p leasehold-node --bin leasehold --example redis_lease_load
@@ -225,9 +236,55 @@ move() {
   cat "$WORK/split.json"
 }
 
+# cpu_ticks: every member's user + system CPU so far, clock ticks, one line.
+cpu_ticks() {
+  for pid in "${MEMBER_PIDS[@]}"; do awk '{printf "%d ", $14 + $15}' "/proc/$pid/stat"; done
+}
+
+# shard_leader SHARD: SHARD's leader as member 1 (a replica of both) names it.
+shard_leader() {
+  "$BIN" shard list --insecure --endpoint "$(addr 1)" --output json |
+    jq --argjson s "$1" '.shards[] | select(.id == $s) | .leader_id'
+}
+
+cpu() {
+  local batch="${1:-64}" callers
+  callers=$(( (IN_FLIGHT + batch - 1) / batch ))
+  start_cluster 3
+  shard split --shard 0 --into 1 --replicas 1,2,3
+  wait_until_owned 1 $(( SLOTS / 2 )) 1
+  "$BIN" bench --insecure --endpoint "$ENDPOINTS" --region cpu --key lease: --keys "$KEYS" \
+    --no-setup --concurrency "$callers" --batch "$batch" --duration-secs 1 --output json >/dev/null
+  local idle_0 idle_1 busy_0 busy_1
+  idle_0=$(cpu_ticks); sleep "$DURATION"; idle_1=$(cpu_ticks)
+  busy_0=$(cpu_ticks)
+  "$BIN" bench --insecure --endpoint "$ENDPOINTS" --region cpu --key lease: --keys "$KEYS" \
+    --no-setup --concurrency "$callers" --batch "$batch" --duration-secs "$DURATION" --output json \
+    >"$WORK/cpu.json"
+  busy_1=$(cpu_ticks)
+  jq -cn --argjson l0 "$(shard_leader 0)" --argjson l1 "$(shard_leader 1)" \
+    --argjson tck "$(getconf CLK_TCK)" --argjson batch "$batch" \
+    --argjson i0 "[${idle_0// /,}0]" --argjson i1 "[${idle_1// /,}0]" \
+    --argjson b0 "[${busy_0// /,}0]" --argjson b1 "[${busy_1// /,}0]" \
+    --slurpfile b "$WORK/cpu.json" '
+    ($b[0].leases) as $n
+    | [range(0; 3) | (($b1[.] - $b0[.]) - ($i1[.] - $i0[.])) / $tck] as $cpu
+    | [range(0; 3) | select(. + 1 != $l0 and . + 1 != $l1)][0] as $f
+    | ($cpu[$f] / $n) as $follower
+    | [range(0; 3) | select(. + 1 == $l0 or . + 1 == $l1)
+        | if (. + 1 == $l0 and . + 1 == $l1) then $cpu[.] / $n
+          else ($cpu[.] - $follower * $n / 2) / ($n / 2) end] as $leader
+    | {batch: $batch, in_flight: ($b[0].concurrency * $batch), leases: $n,
+       leases_per_sec: ($b[0].leases_per_sec | floor), leader_of_shard_0: $l0,
+       leader_of_shard_1: $l1, member_cpu_s: ($cpu | map(. * 100 | round / 100)),
+       leader_cpu_ms_per_1000: ($leader | map(. * 1e8 | round / 100)),
+       follower_cpu_ms_per_1000: ($follower * 1e8 | round / 100)}'
+}
+
 case "$MODE" in
   throughput) throughput "$@" ;;
   memory) memory "$@" ;;
   move) move "$@" ;;
-  *) echo "usage: $0 throughput [SHARDS...] | memory [WINDOWS] | move [KEYS]" >&2; exit 2 ;;
+  cpu) cpu "$@" ;;
+  *) echo "usage: $0 throughput [SHARDS...] | memory [WINDOWS] | move [KEYS] | cpu [BATCH]" >&2; exit 2 ;;
 esac
