@@ -340,17 +340,7 @@ pub(crate) async fn spread(
 /// names it.
 pub(crate) async fn key_shard_leader(admin: &AdminClient) -> Option<u64> {
     let placement = admin.placement().await.ok()?;
-    let slot = u32::from(slot_of(KEY));
-    let shard = placement
-        .slots
-        .iter()
-        .find(|range| range.start <= slot && slot < range.end)?
-        .shard;
-    placement
-        .shards
-        .iter()
-        .find(|info| info.id == shard)?
-        .leader_id
+    key_shard(&placement)?.leader_id
 }
 
 #[cfg(test)]

@@ -242,13 +242,8 @@ impl CoordinatorState {
                  per principal, {MAX_SESSIONS} in all); sessions expire {SESSION_MIN_RETAIN_MS} ms after their last use"
             ))),
             SessionLookup::New => {
+                // (Another group's key was refused above, unrecorded.)
                 let outcome = execute(self);
-                // Another group's key: nothing was executed, and the
-                // owner may execute this id; remembering the refusal would
-                // answer every retry with it ([`super::sharding`]).
-                if matches!(outcome, Outcome::Rejected(CommandError::NotOwner(_))) {
-                    return outcome;
-                }
                 let window_end = match &outcome {
                     Outcome::Lease(grant) => grant.window_end_ms,
                     Outcome::PoolGrant(grant) => grant.window_end_ms,

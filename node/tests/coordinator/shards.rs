@@ -757,18 +757,7 @@ async fn a_replica_change_that_drops_the_shards_leader_completes() -> Result<()>
     admin
         .change_placement(set_replicas(1, 1, replicas.clone()))
         .await?;
-    let deadline = started + Duration::from_secs(SHARD_CHANGE_BOUND_SECS);
-    let new_leader = loop {
-        let (leader, _) = shard_leader(&cluster, 4, 1).await?;
-        if replicas.contains(&leader) {
-            break leader;
-        }
-        ensure!(
-            tokio::time::Instant::now() < deadline,
-            "shard 1 still led by member {leader}, not one of {replicas:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let new_leader = led_by_one_of(&cluster, 4, 1, &replicas, started).await?;
     let granted = lease_when_served(&cluster.addr(new_leader), &high, 10).await?;
     let took = started.elapsed();
     ensure!(
@@ -816,18 +805,9 @@ async fn replica_changes_that_drop_each_leader_in_turn_complete() -> Result<()> 
         admin
             .change_placement(set_replicas(version, 1, replicas.clone()))
             .await?;
-        let deadline = started + Duration::from_secs(SHARD_CHANGE_BOUND_SECS);
-        let new_leader = loop {
-            let (leader, _) = shard_leader(&cluster, replicas[0], 1).await?;
-            if replicas.contains(&leader) {
-                break leader;
-            }
-            ensure!(
-                tokio::time::Instant::now() < deadline,
-                "change {version}: shard 1 still led by member {leader}, not one of {replicas:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        };
+        let new_leader = led_by_one_of(&cluster, replicas[0], 1, &replicas, started)
+            .await
+            .with_context(|| format!("change {version}"))?;
         let granted = lease_when_served(&cluster.addr(new_leader), &high, 1).await?;
         ensure!(granted.granted == 1, "change {version}: {granted:?}");
         let took = started.elapsed();
@@ -876,18 +856,7 @@ async fn a_replica_change_right_after_a_split_waits_for_the_move_and_completes()
     admin
         .change_placement(set_replicas(2, 2, vec![3, 4, 5]))
         .await?;
-    let deadline = started + Duration::from_secs(SHARD_CHANGE_BOUND_SECS);
-    let leader = loop {
-        let (leader, _) = shard_leader(&cluster, 4, 2).await?;
-        if [3, 4, 5].contains(&leader) {
-            break leader;
-        }
-        ensure!(
-            tokio::time::Instant::now() < deadline,
-            "shard 2 still led by member {leader}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let leader = led_by_one_of(&cluster, 4, 2, &[3, 4, 5], started).await?;
     let granted = lease_when_served(&cluster.addr(leader), &top, 10).await?;
     ensure!(
         granted.granted == 4,
@@ -905,3 +874,26 @@ async fn a_replica_change_right_after_a_split_waits_for_the_move_and_completes()
 /// Seconds within which every slot is served again after an accepted
 /// placement change (docs/operations.md, Shards).
 const SHARD_CHANGE_BOUND_SECS: u64 = 10;
+
+/// The leader of `shard` as member `via` names it, once it is one of
+/// `replicas`; an error if that takes past the bound from `started`.
+async fn led_by_one_of(
+    cluster: &Cluster,
+    via: u64,
+    shard: u32,
+    replicas: &[u64],
+    started: tokio::time::Instant,
+) -> Result<u64> {
+    let deadline = started + Duration::from_secs(SHARD_CHANGE_BOUND_SECS);
+    loop {
+        let (leader, _) = shard_leader(cluster, via, shard).await?;
+        if replicas.contains(&leader) {
+            return Ok(leader);
+        }
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "shard {shard} still led by member {leader}, not one of {replicas:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
