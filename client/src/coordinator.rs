@@ -177,6 +177,9 @@ struct Shared {
     dialer: Arc<dyn Dialer>,
     options: RetryOptions,
     sessions: SessionPool,
+    /// The node name pool calls carry (`PoolGrantRequest.node`); empty:
+    /// none, the process is the holder.
+    node_name: Mutex<String>,
     routing: Mutex<Routing>,
     jitter: Mutex<StdRng>,
 }
@@ -245,6 +248,7 @@ impl CoordinatorClient {
                 dialer,
                 options,
                 sessions: SessionPool::new(client_id),
+                node_name: Mutex::new(String::new()),
                 jitter: Mutex::new(rng),
                 routing: Mutex::new(Routing {
                     endpoints: normalized,
@@ -257,6 +261,32 @@ impl CoordinatorClient {
                 }),
             }),
         })
+    }
+
+    /// Names the node this client's pool calls speak for
+    /// (`PoolGrantRequest.node`, `PoolReleaseRequest.node`): a name the
+    /// caller keeps across its restarts, such as its pod or host name, so
+    /// that the leader counts its region weight once however often it
+    /// restarts. Without one, each client (each process start) is a holder
+    /// of its own. Refused when not 1..=128 bytes; clones share it.
+    pub fn set_node_name(&self, name: &str) -> Result<(), CoordinatorError> {
+        leasehold_core::ids::ClientId::new(name)
+            .map_err(|e| CoordinatorError::InvalidArgument(format!("node name: {e}")))?;
+        *self
+            .shared
+            .node_name
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = name.to_string();
+        Ok(())
+    }
+
+    /// The node name pool calls carry (empty: none).
+    pub fn node_name(&self) -> String {
+        self.shared
+            .node_name
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// This client's id: the `client_id` of ids from
@@ -805,6 +835,7 @@ impl CoordinatorClient {
         join_next: Option<NextWindowJoin>,
     ) -> Result<PoolGrantResponse, CoordinatorError> {
         let target = self.target_for(key).await;
+        let node = self.node_name();
         self.in_session(target, |request_id| {
             let request = PoolGrantRequest {
                 key: key.to_string(),
@@ -815,9 +846,11 @@ impl CoordinatorClient {
                 tenant_demands: tenant_demands.clone(),
                 demand_window_start_ms,
                 join_next: join_next.clone(),
-                // This client is one holder: the leader sums a region's weight
-                // over its holders (the proto's PoolGrantRequest.holder).
+                // This client is one holder (its node, when named, else
+                // its process): the leader sums a region's weight over its
+                // holders (the proto's PoolGrantRequest.node and .holder).
                 holder: self.shared.sessions.client_id().to_string(),
+                node: node.clone(),
                 want_more,
             };
             self.call(target, move |channel, timeout| {
@@ -879,6 +912,7 @@ impl CoordinatorClient {
             request_id: Some(request_id.clone()),
             join_next,
             holder: self.shared.sessions.client_id().to_string(),
+            node: self.node_name(),
         };
         let target = self.target_for(key).await;
         let answer = self

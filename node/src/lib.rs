@@ -18,6 +18,8 @@
 //!   repeated lines suppressed with summaries, field values cut.
 //! - [`telemetry`]: OpenTelemetry traces: OTLP export, W3C trace context
 //!   extracted from each call, denial reasons on spans.
+//! - [`loopback_ports`]: ports for clusters of processes started on one
+//!   host by tests and local tools, below the ephemeral range.
 //! - [`net`]: connection cap, first-byte deadline and gRPC server limits
 //!   of every listener.
 //! - [`monitor`]: the read-only Monitor service (`leasehold watch`): live
@@ -49,6 +51,7 @@ pub mod coordinator;
 pub mod error;
 pub mod escrow;
 pub mod logging;
+pub mod loopback_ports;
 pub mod metrics_http;
 pub mod monitor;
 pub mod net;

@@ -119,10 +119,10 @@ impl Managed {
     }
 }
 
-/// A free loopback port (bound, read, released).
+/// A free loopback port no other test running beside this one picks
+/// ([`leasehold_node::loopback_ports`]).
 fn free_port() -> Result<u16> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").context("reserving a port")?;
-    Ok(listener.local_addr()?.port())
+    leasehold_node::loopback_ports::reserve().context("reserving a port")
 }
 
 /// Timings for members on one loopback host under concurrent load: quick

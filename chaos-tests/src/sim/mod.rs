@@ -193,6 +193,9 @@ pub fn run(scenario: &Scenario, seed: u64, weakening: Weakening) -> RunOutcome {
                     format!("0.0.0.0:{ESCROW_PORT}"),
                     members,
                 );
+                // The node's name outlives its restarts (as a pod's does):
+                // a restarted node replaces its weight, never adds to it.
+                config.node_name = Some(escrow_host(index));
                 config.probe_interval_ms = 500;
                 config.policy_refresh_ms = 500;
                 config.coordinator_timeout_ms = 1_000;

@@ -163,7 +163,7 @@ mod tests {
 
     /// The one anonymous holder of region `i`.
     fn region(i: usize) -> Reporter {
-        (RegionId::new(format!("r{i}")).unwrap(), None)
+        (RegionId::new(format!("r{i}")).unwrap(), Holder::Anonymous)
     }
 
     #[test]
@@ -172,7 +172,7 @@ mod tests {
         let key = Key::new("k").unwrap();
         let holder = |name: &str| {
             let client = crate::ids::ClientId::new(name).unwrap();
-            (RegionId::new("eu").unwrap(), Some(client))
+            (RegionId::new("eu").unwrap(), Holder::Process(client))
         };
         assert_eq!(
             board.report(&key, 0, &holder("a"), &[(tenant(1), 30)]),

@@ -79,7 +79,7 @@ impl PoolCall {
     pub fn plain(command: Command) -> Self {
         PoolCall {
             command,
-            holder: None,
+            holder: Holder::Anonymous,
             want_more: 0,
             join: None,
         }
@@ -578,7 +578,7 @@ mod tests {
             desk.grant_notes(
                 &state,
                 &grant_key(),
-                (&RegionId::new(region).unwrap(), &None),
+                (&RegionId::new(region).unwrap(), &Holder::Anonymous),
                 grant,
                 None,
             );
@@ -687,7 +687,7 @@ mod tests {
             let notes = desk.grant_notes(
                 &state,
                 &grant_key(),
-                (&eu, &None),
+                (&eu, &Holder::Anonymous),
                 grant,
                 Some((before, &demands)),
             );
@@ -704,7 +704,7 @@ mod tests {
             let elsewhere = desk.grant_notes(
                 &state,
                 &grant_key(),
-                (&eu, &None),
+                (&eu, &Holder::Anonymous),
                 grant,
                 Some((before - WINDOW_MS, &demands)),
             );
@@ -713,7 +713,7 @@ mod tests {
     }
 
     fn holder(name: &str) -> Holder {
-        Some(ClientId::new(name).expect("valid"))
+        Holder::Process(ClientId::new(name).expect("valid"))
     }
 
     fn weight_of(command: &Command) -> u64 {

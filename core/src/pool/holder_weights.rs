@@ -1,22 +1,36 @@
 //! The leader's memory of each *holder*'s weight in a `fair` key's window,
-//! so that a region served by several escrow processes at once weighs, in
-//! the pool's max-min, the sum of what its holders declare.
+//! so that a region served by several escrow nodes at once weighs, in the
+//! pool's max-min, the sum of what its nodes declare — once per node,
+//! however often a node restarts.
 //!
-//! A holder is one escrow process: the session (`RequestId.client`) its
-//! pool calls carry — a fresh one per process start. A call without a
-//! request id is the region's anonymous holder. Each holder declares the
-//! weight of the tenants it serves, split by its share of each tenant's
-//! demand (the demand board counts each holder's report apart, see
-//! [`super::demand_board`]), so the region's weight is the sum over its
-//! holders: what one process serving all of them would declare. The
-//! replicated command carries that sum as its `region_weight`
-//! ([`super::desk::PoolDesk::plan`] writes it in), so the state machine
-//! stays deterministic and knows nothing of holders.
+//! A holder ([`Holder`]) is who declares a weight for its region:
+//! - **a named node** ([`Holder::Node`]): an escrow node that sends the
+//!   name it keeps across restarts (`PoolGrantRequest.node`: its pod or
+//!   host name), qualified by the caller's principal. A restart, a crash
+//!   loop or a rolling update of that node replaces its declaration
+//!   instead of adding one: the new process is the same holder.
+//! - **a process** ([`Holder::Process`]): a caller that names no node, by
+//!   its session (`PoolGrantRequest.holder`, a fresh one per process
+//!   start): each start of it is a holder of its own (as before ADR 0022's
+//!   amendment; an older escrow node).
+//! - **the anonymous holder** ([`Holder::Anonymous`]): a region's calls
+//!   naming neither.
+//!
+//! Each holder declares the weight of the tenants it serves, split by its
+//! share of each tenant's demand (the demand board counts each holder's
+//! report apart, see [`super::demand_board`]), so the region's weight is
+//! the sum over its holders: what one process serving all of them would
+//! declare. The replicated command carries that sum as its
+//! `region_weight` ([`super::desk::PoolDesk::plan`] writes it in), so the
+//! state machine stays deterministic and knows nothing of holders. What a
+//! region *holds* stays counted per replicated total, whoever holds it:
+//! none of this touches Δ.
 //!
 //! A holder's weight counts from its call until the window ends; a release
 //! or a retired join by it sets it to 0 (that holder stops reserving; the
-//! region's other holders do not). A holder that died keeps its weight to
-//! the window's end, as its holding stays spent.
+//! region's other holders do not). A named node that died and does not
+//! come back keeps its weight to the window's end, as its holding stays
+//! spent.
 //!
 //! A hint, not state: the leader's memory only, never replicated, never a
 //! bound on admissions (Δ rests on the replicated totals alone). After a
@@ -28,6 +42,7 @@
 use std::collections::BTreeMap;
 
 use crate::ids::{ClientId, Key, RegionId};
+use crate::principal::Principal;
 
 /// Most (key, window) entries kept.
 pub const MAX_HOLDER_WINDOWS: usize = 16_384;
@@ -36,9 +51,39 @@ pub const MAX_HOLDERS_PER_REGION: usize = 16;
 /// Most regions remembered per window (as the replicated window record).
 pub const MAX_HOLDER_REGIONS: usize = 64;
 
-/// Who holds part of a region's pool total: an escrow process's session,
-/// or `None`, the region's calls without a request id.
-pub type Holder = Option<ClientId>;
+/// Who declares a region's weight and demand (see the module doc).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Holder {
+    /// A node that names itself: the same holder across its restarts.
+    Node {
+        /// The caller's principal (one principal's names never replace
+        /// another's).
+        principal: Principal,
+        /// The name the node keeps across restarts.
+        name: ClientId,
+    },
+    /// A process that names no node, by its session id: a new holder at
+    /// each start.
+    Process(ClientId),
+    /// A region's calls that name neither.
+    Anonymous,
+}
+
+impl Holder {
+    /// The holder of a call by `principal` naming node `node` (if any) from
+    /// session `session` (if any): the node when named, else the session,
+    /// else the region's anonymous holder.
+    pub fn of(principal: &Principal, node: Option<ClientId>, session: Option<ClientId>) -> Self {
+        match (node, session) {
+            (Some(name), _) => Holder::Node {
+                principal: principal.clone(),
+                name,
+            },
+            (None, Some(session)) => Holder::Process(session),
+            (None, None) => Holder::Anonymous,
+        }
+    }
+}
 
 /// One holder's declared weight and the order of its latest call.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -174,7 +219,52 @@ mod tests {
     }
 
     fn holder(name: &str) -> Holder {
-        Some(ClientId::new(name).expect("valid"))
+        Holder::Process(ClientId::new(name).expect("valid"))
+    }
+
+    #[test]
+    fn a_call_is_held_by_its_node_else_its_session_else_the_region() {
+        let principal = Principal::Region(region("eu"));
+        let name = ClientId::new("escrow-0").unwrap();
+        let session = ClientId::new("c01").unwrap();
+        assert_eq!(
+            Holder::of(&principal, Some(name.clone()), Some(session.clone())),
+            Holder::Node {
+                principal: principal.clone(),
+                name: name.clone()
+            }
+        );
+        assert_eq!(
+            Holder::of(&principal, None, Some(session.clone())),
+            Holder::Process(session)
+        );
+        assert_eq!(Holder::of(&principal, None, None), Holder::Anonymous);
+        // One name under two principals is two holders.
+        assert_ne!(
+            Holder::of(&principal, Some(name.clone()), None),
+            Holder::of(&Principal::Anonymous, Some(name), None)
+        );
+    }
+
+    #[test]
+    fn a_named_node_restarting_weighs_once_and_a_process_restarting_weighs_again() {
+        let mut weights = HolderWeights::default();
+        let eu = region("eu");
+        // A named node declares 2, restarts (a new session, the same
+        // name) and declares 2 again, four more times: the region weighs 2.
+        for session in 0..5 {
+            let holder = Holder::of(
+                &Principal::Anonymous,
+                Some(ClientId::new("escrow-0").unwrap()),
+                Some(ClientId::new(format!("c{session}")).unwrap()),
+            );
+            assert_eq!(weights.declare(&key(), 0, &eu, &holder, 2), 2);
+        }
+        // A process that names no node is a holder per start (an older
+        // escrow node): its two starts weigh 2 + 2.
+        let us = region("us");
+        weights.declare(&key(), 0, &us, &holder("c0"), 2);
+        assert_eq!(weights.declare(&key(), 0, &us, &holder("c1"), 2), 4);
     }
 
     #[test]
@@ -251,6 +341,42 @@ mod tests {
     }
 
     proptest! {
+        /// Whatever the order of declarations, restarts and retirements, a
+        /// region's weight is the sum over its named nodes of each one's
+        /// latest declaration (0 once retired) — never more for a node
+        /// that restarted — at least the declaring node's own weight.
+        #[test]
+        fn the_region_weight_sums_each_nodes_latest_declaration_across_restarts(
+            calls in proptest::collection::vec(
+                (0usize..4, 0usize..2, 0u64..5_000, 0u8..3),
+                1..80,
+            ),
+        ) {
+            let mut weights = HolderWeights::default();
+            let regions = [region("eu"), region("us")];
+            let mut latest = [[0u64; 4]; 2];
+            let mut sessions = [0u32; 4];
+            for (who, at, weight, action) in calls {
+                // 0: declare, 1: restart then declare, 2: retire.
+                if action == 1 {
+                    sessions[who] += 1;
+                }
+                let name = ClientId::new(format!("escrow-{who}")).unwrap();
+                let session = ClientId::new(format!("c{who}-{}", sessions[who])).unwrap();
+                let held = Holder::of(&Principal::Anonymous, Some(name), Some(session));
+                let answer = if action == 2 {
+                    latest[at][who] = 0;
+                    weights.retire(&key(), 0, &regions[at], &held)
+                } else {
+                    latest[at][who] = weight;
+                    weights.declare(&key(), 0, &regions[at], &held, weight)
+                };
+                let expected: u64 = latest[at].iter().sum();
+                prop_assert_eq!(answer, expected.max(if action == 2 { 0 } else { weight }));
+                prop_assert_eq!(weights.region_weight(&key(), 0, &regions[at]), Some(expected));
+            }
+        }
+
         /// Whatever the order of declarations and retirements, a region's
         /// weight is the sum of its holders' latest declarations (0 once
         /// retired), at least the declaring holder's own weight.

@@ -21,6 +21,7 @@ use leasehold_core::escrow::{
 use leasehold_core::ids::{ClientId, Key, RegionId, RequestId, TenantId};
 use leasehold_core::policy::{OutagePolicy, Policy, PolicyKind};
 use leasehold_core::pool::desk::{GrantNotes, PoolCall, PoolDesk};
+use leasehold_core::pool::holder_weights::Holder;
 use leasehold_core::principal::Principal;
 use leasehold_core::window::WindowBounds;
 
@@ -206,6 +207,18 @@ impl Coordinator {
         ClientId::new(client).expect("valid client id")
     }
 
+    /// Who holder `holder`'s pool calls declare for: the node it names
+    /// (the same across its restarts, as an escrow node's `--node-name`)
+    /// from its current incarnation's session.
+    fn holder_of(&self, holder: usize) -> Holder {
+        let node = ClientId::new(format!("node-{holder}")).expect("valid node name");
+        Holder::of(
+            &Principal::Anonymous,
+            Some(node),
+            Some(self.client_of(holder)),
+        )
+    }
+
     /// A new request id of holder `holder` in its current incarnation.
     fn next_request_id(&mut self, holder: usize) -> RequestId {
         let client = self.client_of(holder);
@@ -322,7 +335,7 @@ impl Coordinator {
         };
         let region_id = self.region_of(region_index);
         let request_id = self.next_request_id(region_index);
-        let holder = Some(self.client_of(region_index));
+        let holder = self.holder_of(region_index);
         let command = Command::PoolGrant {
             key: self.key.clone(),
             region: region_id.clone(),
@@ -396,7 +409,7 @@ impl Coordinator {
     ) -> Event<CommandError> {
         let release = pending.request_id;
         let request_id = self.release_request_id(region_index, release);
-        let holder = Some(self.client_of(region_index));
+        let holder = self.holder_of(region_index);
         let command = Command::PoolRelease {
             key: self.key.clone(),
             region: self.region_of(region_index),
@@ -483,7 +496,7 @@ impl Coordinator {
             return (None, Vec::new());
         };
         let region_id = self.region_of(region_index);
-        let holder = Some(self.client_of(region_index));
+        let holder = self.holder_of(region_index);
         let notes = self.desk.join_notes(
             &self.state,
             &self.key,

@@ -40,17 +40,22 @@ make_venv() {
     || fail "pip install -r requirements.txt"
 }
 
-# Prints a base port the kernel hands out whose next $1 - 1 ports are free
-# too (nothing when none is found). A race with another process is
-# possible: the cluster then fails to start and the caller says so.
+# Prints a base port whose next $1 - 1 ports are free too (nothing when
+# none is found), below the kernel's ephemeral range, so that no outgoing
+# connection takes one of them before the cluster binds it. A race with
+# another process is possible: the cluster then fails to start and the
+# caller says so.
 free_ports() {
   python3 - "$1" <<'PORTS'
-import socket, sys
+import random, socket, sys
 n = int(sys.argv[1])
+try:
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        ephemeral = int(f.read().split()[0])
+except (OSError, ValueError, IndexError):
+    ephemeral = 32768
 for _ in range(50):
-    s = socket.socket(); s.bind(("127.0.0.1", 0)); base = s.getsockname()[1]; s.close()
-    if base + n > 65535:
-        continue
+    base = random.randrange(10000, max(ephemeral - n, 10001))
     held = []
     try:
         for p in range(base, base + n):

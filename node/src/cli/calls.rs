@@ -52,12 +52,20 @@ pub struct PoolGrantArgs {
     /// The asking region.
     #[arg(long)]
     pub region: String,
-    /// The region's weight (≥ 1).
+    /// The weight this caller declares for the region (≥ 1). The region
+    /// weighs the sum over its nodes of each one's latest declaration in
+    /// the window: a later call naming the same --node replaces this one,
+    /// and is not added to it.
     #[arg(long)]
     pub weight: u64,
     /// The total grant the region would like for this window.
     #[arg(long)]
     pub want: u64,
+    /// The node this call speaks for (1..=128 bytes). Default:
+    /// `cli@<host name>`, so that calls from one host for one region are
+    /// one node.
+    #[arg(long)]
+    pub node: Option<String>,
     /// Where to connect and how to print.
     #[command(flatten)]
     pub client: ClientArgs,
@@ -118,9 +126,12 @@ pub async fn reconcile(args: ReconcileArgs) -> Result<(), CliError> {
 
 /// Runs `leasehold pool-grant`.
 pub async fn pool_grant(args: PoolGrantArgs) -> Result<(), CliError> {
-    let response = args
-        .client
-        .client()?
+    let client = args.client.client()?;
+    let node = args.node.clone().unwrap_or_else(|| {
+        crate::escrow::cut_to_node_name(format!("cli@{}", crate::escrow::host_name()))
+    });
+    client.set_node_name(&node)?;
+    let response = client
         .pool_grant(&args.key, &args.region, args.weight, args.want)
         .await?;
     let json = json!({

@@ -404,6 +404,7 @@ fn start_escrow(
         let listen = format!("127.0.0.1:{port}");
         let region = RegionId::new(*region).map_err(|e| CliError::Usage(e.to_string()))?;
         let mut config = EscrowConfig::new(region.clone(), listen.clone(), coordinators.clone());
+        config.node_name = Some(crate::escrow::default_node_name(&listen));
         if eoq {
             config.sizer = leasehold_core::predictive_sizer::SizerKind::Eoq;
         }

@@ -147,6 +147,7 @@ fn start_escrow_nodes(
             listen.clone(),
             coordinators.clone(),
         );
+        config.node_name = Some(crate::escrow::default_node_name(&listen));
         config.security = Some(dev_security(certs, &Principal::Region(region_id)));
         config.rls = rls.cloned();
         let mut stopped = stopped.clone();

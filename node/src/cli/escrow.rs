@@ -32,6 +32,13 @@ pub struct EscrowArgs {
     /// HOST:PORT to listen on.
     #[arg(long, default_value = "127.0.0.1:7201")]
     pub listen: String,
+    /// The name this node keeps across its restarts (1..=128 bytes), sent
+    /// with its pool calls so that the coordinator counts the node's share
+    /// of its region's weight once however often it restarts; unique among
+    /// the escrow nodes running at a time. Default: `<host name>:<listen
+    /// port>` (a pod's name in Kubernetes). May be given with --config.
+    #[arg(long, env = "LEASEHOLD_NODE_NAME")]
+    pub node_name: Option<String>,
     /// HOST:PORT of the Prometheus `/metrics` listener (plain HTTP; bind a
     /// private interface). Off when unset; may be given with --config.
     #[arg(long, env = "LEASEHOLD_METRICS_LISTEN")]
@@ -149,6 +156,13 @@ pub struct EscrowArgs {
 }
 
 impl EscrowArgs {
+    /// `--node-name`, or the default for a node listening on `listen`.
+    fn node_name(&self, listen: &str) -> String {
+        self.node_name
+            .clone()
+            .unwrap_or_else(|| crate::escrow::default_node_name(listen))
+    }
+
     /// The node configuration these arguments describe.
     pub fn config(&self) -> Result<EscrowConfig, CliError> {
         if let Some(path) = &self.config {
@@ -173,6 +187,7 @@ impl EscrowArgs {
             if let Some(addr) = &self.metrics_listen {
                 config.metrics_listen = Some(addr.clone());
             }
+            config.node_name = Some(self.node_name(&config.listen));
             return Ok(config);
         }
         let region = RegionId::new(self.region.clone().unwrap_or_default())
@@ -190,6 +205,7 @@ impl EscrowArgs {
         config.holder_limits.max_holders_per_principal = self.max_holders_per_identity;
         config.max_tenant_weight = self.max_tenant_weight;
         config.metrics_listen = self.metrics_listen.clone();
+        config.node_name = Some(self.node_name(&config.listen));
         config.security = Some(
             Security::choose(
                 self.tls.tls_ca.as_deref(),

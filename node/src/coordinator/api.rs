@@ -179,7 +179,7 @@ impl CoordinatorApi {
         let demands =
             convert::tenant_demands(&request.tenant_demands).map_err(|e| self.invalid(e))?;
         let demand_window = request.demand_window_start_ms;
-        let holder = convert::pool_holder(&request.holder).map_err(|e| self.invalid(e))?;
+        let holder = self.pool_holder(caller, &request.node, &request.holder)?;
         let want_more = request.want_more;
         let join_next = request.join_next.take();
         let (join_window, join_demands) = self.join_report(join_next.as_ref())?;
@@ -245,7 +245,7 @@ impl CoordinatorApi {
         self.require_region(caller, &request.region)?;
         let caller = &caller.principal;
         let join_next = request.join_next.take();
-        let holder = convert::pool_holder(&request.holder).map_err(|e| self.invalid(e))?;
+        let holder = self.pool_holder(caller, &request.node, &request.holder)?;
         let (join_window, join_demands) = self.join_report(join_next.as_ref())?;
         let command =
             convert::pool_release_command(request, caller.clone()).map_err(|e| self.invalid(e))?;
@@ -292,6 +292,15 @@ impl CoordinatorApi {
             }
             other => Err(unexpected(&other)),
         }
+    }
+
+    /// Who a pool call by `caller` declares for: the node it names, else
+    /// its process (`holder`), else its region's anonymous holder
+    /// ([`Holder::of`]).
+    fn pool_holder(&self, caller: &Principal, node: &str, session: &str) -> Result<Holder, Status> {
+        let node = convert::pool_node(node).map_err(|e| self.invalid(e))?;
+        let session = convert::pool_holder(session).map_err(|e| self.invalid(e))?;
+        Ok(Holder::of(caller, node, session))
     }
 
     /// The leader's pool desk (`leasehold_core::pool::desk`).

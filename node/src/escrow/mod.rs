@@ -139,6 +139,51 @@ pub struct EscrowConfig {
     /// Envoy's rate limit service (RLS v3) with these domains, on the
     /// node's listener; not served when `None`.
     pub rls: Option<rls::RlsConfig>,
+    /// The name this node keeps across its restarts, sent with its pool
+    /// calls (`PoolGrantRequest.node`) so that the coordinator counts its
+    /// region weight once however often it restarts. `None`: each process
+    /// start is a holder of its own. `leasehold escrow` sets
+    /// `--node-name`, by default [`default_node_name`].
+    pub node_name: Option<String>,
+}
+
+/// The name an escrow node listening on `listen` goes by when none is
+/// given: `<host name>:<port>` — a pod's name in Kubernetes, which its
+/// container restarts keep, and unique among the processes of one host,
+/// which listen on different ports. At most 128 bytes.
+pub fn default_node_name(listen: &str) -> String {
+    node_name_of(&host_name(), listen)
+}
+
+/// This host's name: the kernel's, else `HOSTNAME`, else `escrow`.
+pub fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|name| name.trim().to_string())
+        .filter(|name| !name.is_empty())
+        .or_else(|| {
+            std::env::var("HOSTNAME")
+                .ok()
+                .filter(|name| !name.is_empty())
+        })
+        .unwrap_or_else(|| "escrow".to_string())
+}
+
+/// `<host>:<port of listen>` (the pure part of [`default_node_name`]).
+pub fn node_name_of(host: &str, listen: &str) -> String {
+    let port = listen.rsplit_once(':').map_or(listen, |(_, port)| port);
+    cut_to_node_name(format!("{host}:{port}"))
+}
+
+/// `name` cut to the 128 bytes a node name may have, at a character
+/// boundary.
+pub fn cut_to_node_name(mut name: String) -> String {
+    let mut end = name.len().min(leasehold_core::ids::MAX_CLIENT_ID_BYTES);
+    while !name.is_char_boundary(end) {
+        end -= 1;
+    }
+    name.truncate(end);
+    name
 }
 
 impl EscrowConfig {
@@ -168,6 +213,7 @@ impl EscrowConfig {
             coordinator_rng_seed: None,
             metrics_listen: None,
             rls: None,
+            node_name: None,
         }
     }
 
@@ -177,6 +223,11 @@ impl EscrowConfig {
             |field: &str, why: &str| Err(NodeError::Invalid(format!("escrow {field}: {why}")));
         if self.coordinators.is_empty() {
             return bad("coordinator", "at least one coordinator member is needed");
+        }
+        if let Some(name) = &self.node_name {
+            if let Err(e) = leasehold_core::ids::ClientId::new(name) {
+                return Err(NodeError::Invalid(format!("escrow node-name: {e}")));
+            }
         }
         if self.batch == 0 {
             return bad("batch", "must be at least 1");
@@ -234,6 +285,11 @@ where
         None => CoordinatorClient::with_options(&config.coordinators, dialer, options),
     }
     .map_err(|e| NodeError::Invalid(format!("escrow coordinator: {e}")))?;
+    if let Some(name) = &config.node_name {
+        client
+            .set_node_name(name)
+            .map_err(|e| NodeError::Invalid(format!("escrow node-name: {e}")))?;
+    }
     let shared = EscrowShared::new(config.clone(), client, clock.clone());
     let table = KeyTable::new(shared.clone());
     let limits = config.limits;
@@ -399,6 +455,26 @@ mod tests {
         config.max_tenant_weight = 1;
         assert!(config.validate().is_ok());
         config.max_tenant_weight = u64::MAX;
+        assert!(config.validate().is_ok());
+    }
+
+    #[test]
+    fn a_node_name_is_the_host_and_port_within_128_bytes_and_is_checked() {
+        assert_eq!(
+            node_name_of("escrow-7f9c", "0.0.0.0:7201"),
+            "escrow-7f9c:7201"
+        );
+        assert_eq!(node_name_of("h", "[::1]:7201"), "h:7201");
+        let long = node_name_of(&"é".repeat(100), "0.0.0.0:7201");
+        assert!(long.len() <= 128 && long.starts_with('é'), "{long}");
+        assert!(!default_node_name("127.0.0.1:7201").is_empty());
+        let mut config = config();
+        config.node_name = Some(String::new());
+        let error = config.validate().expect_err("an empty name is refused");
+        assert!(error.to_string().contains("node-name"), "{error}");
+        config.node_name = Some("n".repeat(129));
+        assert!(config.validate().is_err());
+        config.node_name = Some(default_node_name(&config.listen));
         assert!(config.validate().is_ok());
     }
 }

@@ -180,6 +180,34 @@ async fn each_bad_request_gets_its_code_and_changes_nothing() -> Result<()> {
         refusal::detail(&refused, refusal::FIELD).as_deref() == Some("holder"),
         "{refused:?}"
     );
+    // So does a node name beyond 128 bytes, on a grant and a release.
+    let refused = api
+        .pool_grant(pb::PoolGrantRequest {
+            node: "n".repeat(129),
+            ..pool.clone()
+        })
+        .await
+        .unwrap_err();
+    ensure!(
+        refusal::detail(&refused, refusal::FIELD).as_deref() == Some("node"),
+        "{refused:?}"
+    );
+    let refused = api
+        .pool_release(pb::PoolReleaseRequest {
+            key: "ok/k".into(),
+            region: "eu".into(),
+            from_total: 1,
+            keep_total: 0,
+            window_start_ms: 1,
+            node: "n".repeat(129),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    ensure!(
+        refusal::detail(&refused, refusal::FIELD).as_deref() == Some("node"),
+        "{refused:?}"
+    );
 
     let bad_policies = [
         counter_policy("p/", 0, 1000),

@@ -14,14 +14,7 @@ fn free_base_port() -> Result<u16> {
 }
 
 fn free_port_range(len: u16) -> Result<u16> {
-    // `len` consecutive free ports: probe a few random bases.
-    for _ in 0..50 {
-        let base = rand::random::<u16>() % 20_000 + 30_000;
-        if (0..len).all(|i| std::net::TcpListener::bind(("127.0.0.1", base + i)).is_ok()) {
-            return Ok(base);
-        }
-    }
-    anyhow::bail!("no free port range found")
+    Ok(leasehold_node::loopback_ports::reserve_run(len)?)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -343,4 +336,100 @@ async fn a_coordinator_command_sent_to_another_service_says_so() -> Result<()> {
     ensure!(stderr.contains("not a coordinator member"), "{stderr}");
     ensure!(stderr.contains("hint:"), "{stderr}");
     Ok(())
+}
+
+/// `pool-grant` calls in one window of a `fair` key of L = 1 000: r2
+/// asks twice with weight 2, r1 once with weight 1. Returns (r1's grant,
+/// whether all three calls fell in one window). `nodes` are the `--node`
+/// each r2 call names (`None`: the default, `cli@<host>`).
+fn r1_grant_after_r2_asked_twice(
+    e: &str,
+    key: &str,
+    nodes: [Option<&str>; 2],
+) -> Result<(u64, bool)> {
+    let grant =
+        |region: &str, weight: &str, want: &str, node: Option<&str>| -> Result<serde_json::Value> {
+            let mut args = vec![
+                "pool-grant",
+                "-e",
+                e,
+                "--key",
+                key,
+                "--region",
+                region,
+                "--weight",
+                weight,
+                "--want",
+                want,
+                "--output",
+                "json",
+            ];
+            if let Some(node) = node {
+                args.extend(["--node", node]);
+            }
+            Ok(serde_json::from_str(&leasehold(&args)?)?)
+        };
+    let first = grant("r2", "2", "327", nodes[0])?;
+    let second = grant("r2", "2", "359", nodes[1])?;
+    let r1 = grant("r1", "1", "252", None)?;
+    let one_window = first["window_start_ms"] == second["window_start_ms"]
+        && second["window_start_ms"] == r1["window_start_ms"];
+    Ok((r1["granted_total"].as_u64().unwrap_or(0), one_window))
+}
+
+/// A second `pool-grant` by the same caller replaces its declared weight
+/// instead of adding to it: r2 weighs 2, not 4, so r1 (weight 1) gets the
+/// 252 it asks for under its fair ceiling of 1 000 − ⅔ · 1 000; two
+/// different nodes of r2 do weigh 2 + 2, and r1's ceiling is then 200.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_region_asking_again_weighs_what_it_declares_not_the_sum_of_its_calls() -> Result<()> {
+    let mut cluster = Cluster::start_initialised(1, |_| {}).await?;
+    let endpoint = format!("http://{}", cluster.addr(1));
+    tokio::task::spawn_blocking(move || -> Result<()> {
+        let e = endpoint.as_str();
+        leasehold(&[
+            "policy",
+            "set",
+            "-e",
+            e,
+            "--prefix",
+            "pool:",
+            "--limit",
+            "1000",
+            "--window-ms",
+            "3600000",
+            "--kind",
+            "fair",
+        ])?;
+        // A call that straddles an hour's end would start afresh: try again
+        // on a new key then.
+        for attempt in 0..3 {
+            let key = format!("pool:same-{attempt}");
+            let (granted, one_window) = r1_grant_after_r2_asked_twice(e, &key, [None, None])?;
+            if one_window {
+                ensure!(
+                    granted == 252,
+                    "one node asking twice weighs 2: r1 got {granted}"
+                );
+                break;
+            }
+            ensure!(attempt < 2, "three hour windows straddled");
+        }
+        for attempt in 0..3 {
+            let key = format!("pool:two-{attempt}");
+            let nodes = [Some("r2-a"), Some("r2-b")];
+            let (granted, one_window) = r1_grant_after_r2_asked_twice(e, &key, nodes)?;
+            if one_window {
+                ensure!(
+                    granted == 200,
+                    "two nodes of weight 2 weigh 4: r1 got {granted}"
+                );
+                break;
+            }
+            ensure!(attempt < 2, "three hour windows straddled");
+        }
+        Ok(())
+    })
+    .await??;
+    cluster.stop_all().await
 }

@@ -12,8 +12,8 @@ use crate::escrow::EscrowNode;
 use crate::harness::{counter_policy, Cluster, LONG_WINDOW_MS};
 
 pub(crate) fn free_addr() -> Result<String> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok(listener.local_addr()?.to_string())
+    let port = leasehold_node::loopback_ports::reserve()?;
+    Ok(format!("127.0.0.1:{port}"))
 }
 
 /// GET `path` on `addr`; (status line, body).

@@ -51,9 +51,7 @@ impl Processes {
 }
 
 fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
+    Ok(leasehold_node::loopback_ports::reserve()?)
 }
 
 fn base_documents() -> Result<Vec<Yaml>> {

@@ -204,12 +204,22 @@ pub fn pool_release_command(
 /// `PoolReleaseRequest.holder`): `None` when empty (the region's anonymous
 /// holder), else 1..=128 bytes.
 pub fn pool_holder(raw: &str) -> Result<Option<ClientId>, InvalidField> {
+    optional_name("holder", raw)
+}
+
+/// The node a pool call names (`PoolGrantRequest.node`,
+/// `PoolReleaseRequest.node`): absent when empty, 1..=128 bytes.
+pub fn pool_node(raw: &str) -> Result<Option<ClientId>, InvalidField> {
+    optional_name("node", raw)
+}
+
+fn optional_name(field: &'static str, raw: &str) -> Result<Option<ClientId>, InvalidField> {
     if raw.is_empty() {
         return Ok(None);
     }
     ClientId::new(raw)
         .map(Some)
-        .map_err(|e| InvalidField::new("holder", e.to_string()))
+        .map_err(|e| InvalidField::new(field, e.to_string()))
 }
 
 /// The key of a window read.
@@ -678,6 +688,7 @@ mod tests {
                 request_id: None,
                 join_next: None,
                 holder: String::new(),
+                node: String::new(),
             };
             match pool_release_command(request, Principal::Anonymous) {
                 Ok(command) => {
