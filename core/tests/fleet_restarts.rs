@@ -353,3 +353,53 @@ fn a_region_of_two_nodes_weighs_what_they_serve_together() {
         "weighed by its latest caller, region 0 got {latest_caller:.3}"
     );
 }
+
+/// Two regions of one node each, weight 1 each, both asking for more
+/// than half of L spread over each window; region 0's node crashes and
+/// restarts three times early in every window. Returns region 1's
+/// admissions in each window but the first, as fractions of L.
+fn region_one_shares_while_region_zero_crash_loops(named_nodes: bool) -> Vec<f64> {
+    let mut rng = Rng::new(11);
+    let mut fleet = Fleet::new(PolicyKind::Fair, 2, false);
+    fleet.coordinator.named_nodes = named_nodes;
+    let crashes_at = [2_000, 4_000, 6_000];
+    for now in (0..WINDOWS * WINDOW_MS).step_by(5) {
+        if crashes_at.contains(&(now % WINDOW_MS)) {
+            fleet.lose(0, Loss::Crash, now, &mut rng, false);
+        }
+        for h in 0..2 {
+            fleet.tick(h, now, &mut rng, false);
+            // About 1.5 L per window per region, spread evenly.
+            if rng.below(40) == 0 {
+                fleet.request(h, 1, now, &mut rng, false);
+            }
+        }
+    }
+    fleet.assert_within_limit("crash loop");
+    (1..WINDOWS)
+        .map(|window| fleet.admitted.of(window * WINDOW_MS, &1) as f64 / L as f64)
+        .collect()
+}
+
+/// A node that crash-loops inside a window is one holder of its region's
+/// weight, not one per restart (issue: "a region's fair weight multiplies
+/// with its restarts"): the other region, of equal weight and demand,
+/// keeps its half of L in every window — what it was granted with no
+/// restart at all. Weighed per process (each restart a new holder, as
+/// for an older escrow node), region 0 counts four holders after three
+/// crashes and squeezes region 1 below its half.
+#[test]
+fn a_crash_looping_node_weighs_once_and_the_other_region_keeps_its_half() {
+    let named = region_one_shares_while_region_zero_crash_loops(true);
+    for share in &named {
+        assert!(
+            *share >= 0.48,
+            "region 1 must keep its half of L: {named:?}"
+        );
+    }
+    let per_process = region_one_shares_while_region_zero_crash_loops(false);
+    assert!(
+        per_process.iter().any(|share| *share < 0.45),
+        "weighed per process, the crash loop should have squeezed region 1: {per_process:?}"
+    );
+}

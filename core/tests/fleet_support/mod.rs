@@ -130,6 +130,10 @@ pub struct Coordinator {
     /// Per (holder, join id of its key machine): the request id that join
     /// went under (a resend carries the same).
     joins: BTreeMap<(usize, u64), RequestId>,
+    /// Whether holders name their node (`PoolGrantRequest.node`, the same
+    /// across restarts, as escrow nodes do) or only their process (an
+    /// older escrow node: each restart a holder of its own).
+    pub named_nodes: bool,
 }
 
 pub fn region(i: usize) -> RegionId {
@@ -173,6 +177,7 @@ impl Coordinator {
             incarnations: BTreeMap::new(),
             seqs: BTreeMap::new(),
             joins: BTreeMap::new(),
+            named_nodes: true,
         }
     }
 
@@ -208,15 +213,14 @@ impl Coordinator {
     }
 
     /// Who holder `holder`'s pool calls declare for: the node it names
-    /// (the same across its restarts, as an escrow node's `--node-name`)
-    /// from its current incarnation's session.
+    /// (the same across its restarts, as an escrow node's `--node-name`),
+    /// or without [`Coordinator::named_nodes`] its current incarnation's
+    /// session.
     fn holder_of(&self, holder: usize) -> Holder {
-        let node = ClientId::new(format!("node-{holder}")).expect("valid node name");
-        Holder::of(
-            &Principal::Anonymous,
-            Some(node),
-            Some(self.client_of(holder)),
-        )
+        let node = self
+            .named_nodes
+            .then(|| ClientId::new(format!("node-{holder}")).expect("valid node name"));
+        Holder::of(&Principal::Anonymous, node, Some(self.client_of(holder)))
     }
 
     /// A new request id of holder `holder` in its current incarnation.
