@@ -158,6 +158,7 @@ impl LeaseCoalescer {
 fn stopped() -> CoordinatorError {
     CoordinatorError::Unavailable {
         addr: String::new(),
+        reason: None,
         message: "the lease coalescer has stopped".into(),
     }
 }

@@ -3,6 +3,11 @@
 //! [`Placement`] says which shard owns each slot and which members
 //! replicate each shard. ADR 0025.
 //!
+//! This module is the pure placement; what a group serves and how a move's
+//! parts are released and acquired, in the replicated state, is
+//! [`crate::coordinator::sharding`]; a member's hosting and routing of
+//! shards are `leasehold_node::coordinator::shard`.
+//!
 //! - **A key's slot never changes**: `slot_of(key)` is MurmurHash3 x64-128
 //!   (seed 0) of the key's UTF-8 bytes, its first 64-bit half modulo
 //!   [`SLOTS`] — computable by any client from the key alone (Python's

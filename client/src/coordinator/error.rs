@@ -48,6 +48,10 @@ pub enum CoordinatorError {
     NotLeader {
         /// The leader the node named (id and `host:port`, each if known).
         hint: LeaderHint,
+        /// The refusal's reason: `NOT_LEADER`, or `NOT_OWNER` when the
+        /// member does not serve the key's shard (the hint then names one
+        /// that does); `None` from a server that names none.
+        reason: Option<Reason>,
         /// The server's message.
         message: String,
     },
@@ -56,6 +60,10 @@ pub enum CoordinatorError {
     Unavailable {
         /// The node that answered (or failed to).
         addr: String,
+        /// The refusal's reason when the server answered one (e.g.
+        /// `SLOT_MOVING`: the key's slot is changing shards; `NO_QUORUM`);
+        /// `None` for a node that could not be reached.
+        reason: Option<Reason>,
         /// What it said.
         message: String,
     },
@@ -170,13 +178,18 @@ pub(crate) fn classify(addr: &str, status: Status) -> CoordinatorError {
             let hint = LeaderHint::from_status(&status);
             let reason = refusal::reason_of(&status);
             if !hint.is_empty() || reason == Some(Reason::NotLeader) {
-                CoordinatorError::NotLeader { hint, message }
+                CoordinatorError::NotLeader {
+                    hint,
+                    reason,
+                    message,
+                }
             } else {
                 CoordinatorError::FailedPrecondition { reason, message }
             }
         }
         Code::Unavailable => CoordinatorError::Unavailable {
             addr: addr.to_string(),
+            reason: refusal::reason_of(&status),
             message: with_causes(message, &status),
         },
         // The server cancels a call whose grpc-timeout expired.
@@ -263,7 +276,7 @@ mod tests {
             refused,
         )))));
         match classify("n1:7100", status) {
-            CoordinatorError::Unavailable { addr, message } => {
+            CoordinatorError::Unavailable { addr, message, .. } => {
                 assert_eq!(addr, "n1:7100");
                 assert_eq!(message, "tcp connect error: refused here");
             }

@@ -18,6 +18,7 @@ use serde_json::{json, Value};
 use super::CliError;
 use crate::error::NodeError;
 use leasehold_client::coordinator::CoordinatorError;
+use leasehold_proto::refusal::Reason;
 
 /// Exit code of a refused or failed command.
 pub const EXIT_FAILED: u8 = 1;
@@ -73,6 +74,14 @@ impl Failure {
     }
 }
 
+const SLOT_MOVING: &str = "the key's slot is changing shards (a `leasehold shard split` or \
+     `move` in progress, or a new shard still forming): retry in a few seconds; \
+     `leasehold shard list` shows the placement";
+
+const SLOT_ELSEWHERE: &str = "another shard serves the key and its members did not answer \
+     from here: `leasehold shard list` shows the key's shard and replicas; pass every \
+     member's endpoint (--endpoint host1:7100,host2:7100,host3:7100)";
+
 const EVERY_ENDPOINT: &str = "pass every member's endpoint, as reachable from this machine \
      (--endpoint host1:7100,host2:7100,host3:7100 or LEASEHOLD_ENDPOINT), so the command \
      finds the leader while a member is down";
@@ -117,6 +126,14 @@ fn describe_coordinator(
         CoordinatorError::FailedPrecondition { .. } => {
             Failure::new("failed_precondition", message, EXIT_FAILED)
         }
+        CoordinatorError::NotLeader {
+            reason: Some(Reason::NotOwner),
+            ..
+        } => Failure::new("not_owner", message, EXIT_UNAVAILABLE).hint(SLOT_ELSEWHERE),
+        CoordinatorError::Unavailable {
+            reason: Some(Reason::SlotMoving),
+            ..
+        } => Failure::new("slot_moving", message, EXIT_UNAVAILABLE).hint(SLOT_MOVING),
         CoordinatorError::NotLeader { hint, .. } => {
             let hint = match &hint.leader_addr {
                 Some(addr) => format!(
@@ -224,9 +241,35 @@ mod tests {
     }
 
     #[test]
+    fn a_key_whose_slot_moves_or_lives_elsewhere_says_so_not_that_a_leader_is_unreachable() {
+        let moving = CliError::Coordinator(CoordinatorError::Unavailable {
+            addr: "n1:7100".into(),
+            reason: Some(Reason::SlotMoving),
+            message: "shard 1 is still forming on this member; retry shortly".into(),
+        });
+        let failure = describe(&moving, &["n1:7100".to_string()]);
+        assert_eq!(failure.code, "slot_moving");
+        assert_eq!(failure.exit_code, EXIT_UNAVAILABLE);
+        let hint = failure.hint.unwrap_or_default();
+        assert!(
+            hint.contains("changing shards") && !hint.contains("leader"),
+            "{hint}"
+        );
+        let elsewhere = CliError::Coordinator(CoordinatorError::NotLeader {
+            hint: LeaderHint::new(Some(2), Some("n2:7100".into())),
+            reason: Some(Reason::NotOwner),
+            message: "this member does not serve shard 1".into(),
+        });
+        let failure = describe(&elsewhere, &["n1:7100".to_string()]);
+        assert_eq!(failure.code, "not_owner");
+        assert!(failure.hint.unwrap_or_default().contains("shard list"));
+    }
+
+    #[test]
     fn an_unresolvable_endpoint_hints_at_every_member() {
         let error = CliError::Coordinator(CoordinatorError::Unavailable {
             addr: "leasehold-2:7100".into(),
+            reason: None,
             message: "dns error: failed to lookup address information".into(),
         });
         let failure = describe(&error, &["leasehold-2:7100".to_string()]);
@@ -284,14 +327,24 @@ mod tests {
                 reason: None,
                 message
             }),
-            (proptest::option::of(text), text).prop_map(|(leader_addr, message)| {
-                CoordinatorError::NotLeader {
+            (proptest::option::of(text), text, any::<bool>()).prop_map(
+                |(leader_addr, message, not_owner)| CoordinatorError::NotLeader {
                     hint: LeaderHint::new(None, leader_addr),
+                    reason: Some(if not_owner {
+                        Reason::NotOwner
+                    } else {
+                        Reason::NotLeader
+                    }),
+                    message,
+                }
+            ),
+            (text, text, any::<bool>()).prop_map(|(addr, message, moving)| {
+                CoordinatorError::Unavailable {
+                    addr,
+                    reason: moving.then_some(Reason::SlotMoving),
                     message,
                 }
             }),
-            (text, text)
-                .prop_map(|(addr, message)| CoordinatorError::Unavailable { addr, message }),
             (text, text).prop_map(|(addr, message)| CoordinatorError::Transport { addr, message }),
             (text, text).prop_map(|(leader_addr, via)| CoordinatorError::LeaderUnresolvable {
                 leader_addr,

@@ -23,7 +23,7 @@ use leasehold_proto::convert::required_policy;
 use leasehold_proto::refusal::{invalid_field, refusal, Reason};
 use leasehold_proto::v1 as pb;
 
-use super::routing::HostedApis;
+use super::shard::routing::HostedApis;
 use leasehold_proto::v1::admin_server::Admin;
 use leasehold_raft_store::backup::{backup_bytes, StateSummary};
 use leasehold_raft_store::{Node, NodeId};
@@ -495,7 +495,7 @@ impl Admin for AdminApi {
             change,
         };
         match self.policy_write(command).await? {
-            Outcome::Sharding(_) => Ok(Response::new(super::routing::placement_message(
+            Outcome::Sharding(_) => Ok(Response::new(super::shard::routing::placement_message(
                 &self.node,
                 |shard| (shard.0 == 0).then(|| LeaderView::of(&self.node.raft)),
             ))),

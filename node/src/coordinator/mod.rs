@@ -8,12 +8,12 @@
 //! on real TCP ([`serve`]) and in the turmoil simulation. Inside, only
 //! `tokio::time` measures time.
 //!
-//! Layout: [`context`] (what handlers share), [`routing`] (the Coordinator
-//! service: which group answers a key) over [`api`] (one group's side of
-//! it), [`admin`] (the Admin service), [`batcher`] (group commit), [`leader`]
+//! Layout: [`context`] (what handlers share), [`shard`] (the shards a
+//! member hosts and the Coordinator service's routing: which group answers
+//! a key) over [`api`] (one group's side of it), [`admin`] (the Admin service), [`batcher`] (group commit), [`leader`]
 //! (leader view and hints), [`network`], [`raft_service`], [`peer_frames`],
 //! [`frame_link`] and [`frame_server`] (the peer transport: frames, or gRPC
-//! to older members), [`shards`] (the shards past 0 a member hosts),
+//! to older members),
 //! [`metrics`] (counters), `tasks`
 //! (health and clock ticks), [`status_log`] and [`peer_links`] (one log
 //! line per change of leader, membership or peer link).
@@ -31,8 +31,7 @@ pub mod peer_frames;
 pub mod peer_links;
 pub mod prometheus;
 pub mod raft_service;
-pub mod routing;
-pub mod shards;
+pub mod shard;
 pub mod status_log;
 mod tasks;
 
@@ -57,8 +56,8 @@ use self::frame_server::{split_framed, FrameServer};
 use self::metrics::NodeMetrics;
 use self::network::PeerNetwork;
 use self::raft_service::RaftService;
-use self::routing::{HostedApis, ShardRouting};
-use self::shards::ShardHost;
+use self::shard::hosting::ShardHost;
+use self::shard::routing::{HostedApis, ShardRouting};
 use crate::auth::{AuthLayer, Scope};
 use crate::config::NodeConfig;
 use crate::error::NodeError;
@@ -102,7 +101,7 @@ where
     IO: AsyncRead + AsyncWrite + Connected + Unpin + Send + 'static,
     IE: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let shard_stores = shards::on_disk(config.data_dir.clone());
+    let shard_stores = shard::hosting::on_disk(config.data_dir.clone());
     run_coordinator_with_shards(
         config,
         stores,
@@ -117,11 +116,11 @@ where
 
 /// [`run_coordinator`] with the stores of the shards past 0 this member
 /// comes to host opened by `shard_stores` (the simulation's power-loss
-/// disks; on a real member `data_dir/shards/<id>`, [`shards::on_disk`]).
+/// disks; on a real member `data_dir/shards/<id>`, [`shard::hosting::on_disk`]).
 pub async fn run_coordinator_with_shards<I, IO, IE>(
     config: NodeConfig,
     stores: CoordinatorStores,
-    shard_stores: shards::ShardStoreOpener,
+    shard_stores: shard::hosting::ShardStoreOpener,
     incoming: I,
     dialer: Arc<dyn Dialer>,
     clock: Arc<dyn WallClock>,

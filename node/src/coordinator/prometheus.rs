@@ -8,7 +8,7 @@ use leasehold_core::policy::PolicyKind;
 use openraft::ServerState;
 
 use super::context::NodeContext;
-use super::routing::HostedApis;
+use super::shard::routing::HostedApis;
 use crate::metrics_http::{cap_prefixes, Exposition, MetricKind};
 
 /// Counters of [`super::metrics::NodeMetrics`] that are levels, not totals.

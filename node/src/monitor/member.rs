@@ -19,7 +19,7 @@ use super::watch::{Sample, Sampler, View};
 use super::{WatchTarget, MAX_COUNTED_KEYS, MAX_WATCHED_KEYS};
 use crate::coordinator::context::NodeContext;
 use crate::coordinator::leader::LeaderView;
-use crate::coordinator::routing::{HostedApis, ShardRouting};
+use crate::coordinator::shard::routing::{HostedApis, ShardRouting};
 use leasehold_core::shard::ShardId;
 
 /// Samples a member's applied state.

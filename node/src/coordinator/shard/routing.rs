@@ -40,10 +40,10 @@ use leasehold_proto::LeaderHint;
 use leasehold_raft_store::StateReader;
 use tonic::{Request, Response, Status};
 
-use super::api::{Caller, CoordinatorApi};
-use super::context::NodeContext;
-use super::leader::LeaderView;
-use super::metrics::{NodeMetrics, Rejection};
+use crate::coordinator::api::{Caller, CoordinatorApi};
+use crate::coordinator::context::NodeContext;
+use crate::coordinator::leader::LeaderView;
+use crate::coordinator::metrics::{NodeMetrics, Rejection};
 use crate::telemetry;
 
 /// Most items in one `LeaseBatch`.

@@ -63,14 +63,14 @@ use leasehold_raft_store::{Node, NodeId, Raft};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::api::CoordinatorApi;
-use super::batcher::Proposer;
-use super::context::{store_has_log, GroupParts, NodeContext, RaftProposer};
-use super::leader::LeaderView;
-use super::network::PeerNetwork;
-use super::raft_service::{HostedGroup, HostedShards};
 use super::routing::HostedApis;
-use super::{tasks, CoordinatorStores};
+use crate::coordinator::api::CoordinatorApi;
+use crate::coordinator::batcher::Proposer;
+use crate::coordinator::context::{store_has_log, GroupParts, NodeContext, RaftProposer};
+use crate::coordinator::leader::LeaderView;
+use crate::coordinator::network::PeerNetwork;
+use crate::coordinator::raft_service::{HostedGroup, HostedShards};
+use crate::coordinator::{tasks, CoordinatorStores};
 use crate::error::NodeError;
 
 /// How often the host compares the placement with what it hosts and
