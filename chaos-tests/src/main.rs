@@ -74,6 +74,14 @@ struct Args {
     /// this.
     #[arg(long, default_value_t = 0)]
     link_delay_ms: u64,
+    /// With `--processes`: client limiters in the runner (default 4).
+    #[arg(long, requires = "processes", value_parser = clap::value_parser!(u64).range(1..=512))]
+    clients: Option<u64>,
+    /// With `--processes`: the longest pause (ms) of a client after each
+    /// admission (each pause drawn from 0 up to it; 1: as fast as it can,
+    /// to saturate the host).
+    #[arg(long, requires = "processes", value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    client_pause_ms: Option<u64>,
     /// With `--processes`: L per window (default 300).
     #[arg(long)]
     limit: Option<u64>,
@@ -273,6 +281,12 @@ fn run_processes(args: &Args) -> ExitCode {
     options.shards = args.shards;
     if let Some(limit) = args.limit {
         options.limit = limit;
+    }
+    if let Some(clients) = args.clients {
+        options.clients = usize::try_from(clients).unwrap_or(options.clients);
+    }
+    if let Some(pause) = args.client_pause_ms {
+        options.client_pause_ms = (0, pause);
     }
     options.weakening = args.weaken;
     let runtime = match tokio::runtime::Runtime::new() {
