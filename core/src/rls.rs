@@ -341,6 +341,46 @@ pub fn budget_key(prefix: &str, entries: &[(&str, &str)]) -> String {
     }
 }
 
+/// The text of a domain, key or value as Envoy sent its bytes: the bytes
+/// themselves when they are UTF-8; otherwise each byte of every invalid
+/// sequence is written as U+FFFD followed by the byte's two hex digits.
+/// A header value that is not UTF-8 is then limited like any other value,
+/// under a key of its own, where decoding the request as protobuf strings
+/// would fail the whole call (and an Envoy that fails open would let the
+/// request through unlimited). Two byte strings share a text only when
+/// one of them holds U+FFFD and two hex digits literally: they then share
+/// a budget — stricter, never looser.
+pub fn wire_text(bytes: Vec<u8>) -> String {
+    match String::from_utf8(bytes) {
+        Ok(text) => text,
+        Err(error) => {
+            let bytes = error.into_bytes();
+            let mut text = String::with_capacity(bytes.len() + 8);
+            let mut rest = &bytes[..];
+            while !rest.is_empty() {
+                match std::str::from_utf8(rest) {
+                    Ok(valid) => {
+                        text.push_str(valid);
+                        break;
+                    }
+                    Err(e) => {
+                        let (valid, after) = rest.split_at(e.valid_up_to());
+                        // The prefix is valid UTF-8 by `valid_up_to`.
+                        text.push_str(std::str::from_utf8(valid).unwrap_or_default());
+                        let bad = e.error_len().unwrap_or(after.len()).max(1);
+                        for byte in &after[..bad] {
+                            text.push('\u{FFFD}');
+                            let _ = write!(text, "{byte:02X}");
+                        }
+                        rest = &after[bad..];
+                    }
+                }
+            }
+            text
+        }
+    }
+}
+
 /// FNV-1a, 64 bits: a stable hash (the same in every process and release).
 fn fnv1a64(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
@@ -353,6 +393,35 @@ mod tests {
     use super::*;
     use crate::policy::PolicyTable;
     use proptest::prelude::*;
+
+    proptest! {
+        /// UTF-8 reads as itself; any other bytes read as valid text,
+        /// different for different bytes (when neither holds U+FFFD).
+        #[test]
+        fn wire_bytes_read_as_text_of_their_own(
+            a in proptest::collection::vec(any::<u8>(), 0..24),
+            b in proptest::collection::vec(any::<u8>(), 0..24),
+        ) {
+            if let Ok(text) = std::str::from_utf8(&a) {
+                prop_assert_eq!(wire_text(a.clone()), text);
+            }
+            let (text_a, text_b) = (wire_text(a.clone()), wire_text(b.clone()));
+            let marker = |text: &str| text.contains('\u{FFFD}');
+            // U+FFFD's own bytes, written literally.
+            let literal = |bytes: &[u8]| bytes.windows(3).any(|w| w == [0xEF, 0xBF, 0xBD]);
+            if a != b && !literal(&a) && !literal(&b) {
+                prop_assert_ne!(&text_a, &text_b);
+            }
+            prop_assert!(std::str::from_utf8(&a).is_ok() || marker(&text_a));
+        }
+    }
+
+    #[test]
+    fn an_invalid_byte_reads_as_a_marked_hex_pair() {
+        assert_eq!(wire_text(b"ab\xffc".to_vec()), "ab\u{FFFD}FFc");
+        assert_eq!(wire_text(vec![0xe2, 0x82]), "\u{FFFD}E2\u{FFFD}82");
+        assert_eq!(wire_text("é".as_bytes().to_vec()), "é");
+    }
 
     fn limit(requests_per_unit: u32, unit: Unit) -> Option<RateLimit> {
         Some(RateLimit {

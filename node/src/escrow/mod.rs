@@ -16,6 +16,8 @@
 //! - [`fair_throttle`]: which keys a fair throttle (FAIR) fronts, its
 //!   validation, and who the caller is.
 //! - [`config_file`]: the node's TOML config file (`--config`).
+//! - [`rls`] and [`rls_wire`]: Envoy's rate limit service (RLS v3) from the
+//!   node's escrow, and its route with descriptor entries read as bytes.
 //!
 //! Credits are in memory only: they die with their window, so a restarted
 //! escrow node simply leases afresh. Policies (kind, outage mode) are read
@@ -27,6 +29,7 @@ pub mod fair_throttle;
 pub mod outage;
 pub mod prometheus;
 pub mod rls;
+pub mod rls_wire;
 pub mod service;
 pub mod shared;
 pub mod table;
@@ -35,7 +38,6 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use futures::Stream;
 use leasehold_client::coordinator::{CoordinatorClient, RetryOptions};
 use leasehold_client::transport::{Dialer, SystemClock, WallClock};
@@ -327,7 +329,7 @@ where
         .await;
     if config.rls.is_some() {
         health_reporter
-            .set_serving::<RateLimitServiceServer<rls::RateLimitApi>>()
+            .set_serving::<rls_wire::RateLimitServer<rls::RateLimitApi>>()
             .await;
     }
     tracing::info!(region = %config.region, listen = %config.listen, "escrow node serving");
@@ -355,7 +357,7 @@ where
     ])
     .map_err(|e| NodeError::Reflection(e.to_string()))?;
     let rls = shared.rls.clone().map(|state| {
-        RateLimitServiceServer::new(rls::RateLimitApi::new(EscrowApi::new(table.clone()), state))
+        rls_wire::RateLimitServer::new(rls::RateLimitApi::new(EscrowApi::new(table.clone()), state))
             .max_decoding_message_size(limits.max_request_bytes)
             .max_encoding_message_size(MAX_RESPONSE_BYTES)
     });

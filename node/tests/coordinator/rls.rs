@@ -650,3 +650,58 @@ async fn a_changed_ratelimit_file_is_served_without_a_restart() -> Result<()> {
     node.stop().await;
     Ok(())
 }
+
+/// `ShouldRateLimit` sent with raw bytes: a header value that is not UTF-8
+/// (which Envoy forwards as it came) is limited like any other value,
+/// under a budget of its own, and never fails the call — a failed call
+/// would let the request through an Envoy that fails open.
+async fn ask_with_raw_value(channel: Channel, value: Vec<u8>) -> Result<RateLimitResponse> {
+    use leasehold_node::escrow::rls_wire::{WireDescriptor, WireEntry, WireRequest};
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await?;
+    let request = WireRequest {
+        domain: b"edge".to_vec(),
+        descriptors: vec![WireDescriptor {
+            entries: vec![WireEntry {
+                key: b"remote_address".to_vec(),
+                value,
+            }],
+            ..Default::default()
+        }],
+        hits_addend: 1,
+    };
+    let codec: tonic_prost::ProstCodec<WireRequest, RateLimitResponse> = Default::default();
+    let path = http::uri::PathAndQuery::from_static(
+        "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+    );
+    Ok(grpc
+        .unary(tonic::Request::new(request), path, codec)
+        .await?
+        .into_inner())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_value_that_is_not_utf8_is_limited_like_any_other() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let config = rls_config(&dir, EDGE, false)?;
+    let cluster = Cluster::start_initialised(1, |_| {}).await?;
+    apply(&cluster, &config).await?;
+    let node = start_rls_node(&cluster, "eu", &config).await?;
+    let channel = Channel::from_shared(format!("http://{}", node.addr))?
+        .connect()
+        .await?;
+    let invalid = vec![b'1', 0xff, 0xfe, b'0'];
+    // 5 an hour for each address: five pass, the sixth is over.
+    for i in 0..5 {
+        let answer = ask_with_raw_value(channel.clone(), invalid.clone()).await?;
+        ensure!(overall(&answer) == WireCode::Ok, "hit {i}: {answer:?}");
+        ensure!(answer.statuses[0].current_limit.is_some(), "{answer:?}");
+    }
+    let over = ask_with_raw_value(channel.clone(), invalid.clone()).await?;
+    ensure!(overall(&over) == WireCode::OverLimit, "{over:?}");
+    // Another invalid value has a budget of its own.
+    let other = ask_with_raw_value(channel.clone(), vec![b'1', 0xfe, 0xff, b'0']).await?;
+    ensure!(overall(&other) == WireCode::Ok, "{other:?}");
+    drop(node);
+    Ok(())
+}
