@@ -6,8 +6,9 @@ use serde::{Deserialize, Serialize};
 
 /// Largest limit accepted per window (keeps all u64 sums and u128 products exact).
 pub const MAX_LIMIT: u64 = 1 << 48;
-/// Longest window accepted: 31 days.
-pub const MAX_WINDOW_MS: u64 = 31 * 24 * 3600 * 1000;
+/// Longest window accepted: 366 days (a year of Envoy's `year` unit, 365
+/// days, fits; so would a leap year).
+pub const MAX_WINDOW_MS: u64 = 366 * 24 * 3600 * 1000;
 
 /// How a key's budget is shared.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]

@@ -49,13 +49,32 @@ pub enum Unit {
     Hour,
     /// 24 h.
     Day,
+    /// 7 days (fixed, as `envoyproxy/ratelimit`: windows of 7 × 24 h
+    /// counted from the Unix epoch, so each starts on a Thursday, 00:00
+    /// UTC).
+    Week,
+    /// 30 days (fixed, not calendar months: windows of 30 × 24 h from the
+    /// Unix epoch).
+    Month,
+    /// 365 days (fixed, not calendar years: windows of 365 × 24 h from the
+    /// Unix epoch).
+    Year,
 }
 
 impl Unit {
     /// Every unit, shortest first.
-    pub const ALL: [Unit; 4] = [Unit::Second, Unit::Minute, Unit::Hour, Unit::Day];
+    pub const ALL: [Unit; 7] = [
+        Unit::Second,
+        Unit::Minute,
+        Unit::Hour,
+        Unit::Day,
+        Unit::Week,
+        Unit::Month,
+        Unit::Year,
+    ];
 
-    /// The unit named `name` (`second`, `minute`, `hour`, `day`, any case).
+    /// The unit named `name` (`second`, `minute`, `hour`, `day`, `week`,
+    /// `month`, `year`, any case).
     pub fn parse(name: &str) -> Option<Unit> {
         Unit::ALL
             .into_iter()
@@ -69,6 +88,9 @@ impl Unit {
             Unit::Minute => "minute",
             Unit::Hour => "hour",
             Unit::Day => "day",
+            Unit::Week => "week",
+            Unit::Month => "month",
+            Unit::Year => "year",
         }
     }
 
@@ -79,6 +101,9 @@ impl Unit {
             Unit::Minute => 60_000,
             Unit::Hour => 3_600_000,
             Unit::Day => 86_400_000,
+            Unit::Week => 7 * 86_400_000,
+            Unit::Month => 30 * 86_400_000,
+            Unit::Year => 365 * 86_400_000,
         }
     }
 }
@@ -417,6 +442,26 @@ mod tests {
     }
 
     #[test]
+    fn long_units_are_fixed_lengths_within_a_policys_window() {
+        let day = Unit::Day.window_ms();
+        for (name, unit, days) in [
+            ("week", Unit::Week, 7),
+            ("MONTH", Unit::Month, 30),
+            ("Year", Unit::Year, 365),
+        ] {
+            assert_eq!(Unit::parse(name), Some(unit));
+            assert_eq!(unit.name(), name.to_ascii_lowercase());
+            assert_eq!(unit.window_ms(), days * day);
+            assert!(unit.window_ms() <= crate::policy::MAX_WINDOW_MS);
+        }
+        assert_eq!(Unit::parse("fortnight"), None);
+        // Shortest first, every window within what a policy accepts.
+        for pair in Unit::ALL.windows(2) {
+            assert!(pair[0].window_ms() < pair[1].window_ms());
+        }
+    }
+
+    #[test]
     fn an_invalid_byte_reads_as_a_marked_hex_pair() {
         assert_eq!(wire_text(b"ab\xffc".to_vec()), "ab\u{FFFD}FFc");
         assert_eq!(wire_text(vec![0xe2, 0x82]), "\u{FFFD}E2\u{FFFD}82");
@@ -688,7 +733,7 @@ mod tests {
             assert_eq!(Unit::parse(unit.name()), Some(unit));
             assert_eq!(Unit::parse(&unit.name().to_uppercase()), Some(unit));
         }
-        assert_eq!(Unit::parse("week"), None);
+        assert_eq!(Unit::parse("fortnight"), None);
         assert_eq!(Unit::Minute.window_ms(), 60 * Unit::Second.window_ms());
     }
 

@@ -6,7 +6,7 @@
 //! [[policy]]
 //! prefix = "api/"          # required; "" matches every key
 //! limit = 10000            # required, 1..=2^48 tokens per window
-//! window_ms = 60000        # required, 1..=31 days
+//! window_ms = 60000        # required, 1..=366 days
 //! kind = "counter"         # counter | fair
 //! outage = "fail-closed"   # fail-closed | fallback
 //! fallback_tokens_per_region = 0   # with outage = "fallback"
@@ -204,7 +204,7 @@ impl PolicyEntry {
 }
 
 const LIMIT_FIX: &str = "use 1 to 281474976710656 (2^48) tokens";
-const WINDOW_FIX: &str = "use 1 ms to 31 days (2678400000 ms)";
+const WINDOW_FIX: &str = "use 1 ms to 366 days (31622400000 ms)";
 
 /// A core policy refusal as `(field, problem, fix)`.
 fn policy_error_problem(error: &PolicyError) -> (&'static str, String, String) {

@@ -421,7 +421,7 @@ impl Reader {
                             n.line,
                             &join(field, "unit"),
                             format!("unknown unit {text:?}"),
-                            "use second, minute, hour or day",
+                            "use second, minute, hour, day, week, month or year",
                         );
                         None
                     }
@@ -433,7 +433,8 @@ impl Reader {
                     node.line,
                     &join(field, "unit"),
                     "is required",
-                    "add `unit: second` (or minute, hour, day), or `unlimited: true`",
+                    "add `unit: second` (or minute, hour, day, week, month, year), or \
+                     `unlimited: true`",
                 );
                 None
             }

@@ -393,7 +393,7 @@ mod tests {
                     ..valid.clone()
                 },
                 "policy.window_ms",
-                "window_ms must be between 1 and 2678400000, got 0",
+                "window_ms must be between 1 and 31622400000, got 0",
             ),
             (
                 pb::Policy {

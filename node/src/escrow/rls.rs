@@ -466,6 +466,9 @@ fn wire_unit(unit: Unit) -> WireUnit {
         Unit::Minute => WireUnit::Minute,
         Unit::Hour => WireUnit::Hour,
         Unit::Day => WireUnit::Day,
+        Unit::Week => WireUnit::Week,
+        Unit::Month => WireUnit::Month,
+        Unit::Year => WireUnit::Year,
     }
 }
 

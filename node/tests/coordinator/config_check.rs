@@ -159,7 +159,7 @@ async fn a_ratelimit_configuration_is_checked_and_applied_as_policies() -> Resul
     let bad = dir.path().join("bad.yaml");
     std::fs::write(
         &bad,
-        "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: week\n      requests_per_unit: 5\n  - key: b\n    quota_mode: true\n",
+        "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: fortnight\n      requests_per_unit: 5\n  - key: b\n    quota_mode: true\n",
     )?;
     let bad = bad.display().to_string();
     let refused = leasehold(&["config", "check", &bad])?;
@@ -167,7 +167,7 @@ async fn a_ratelimit_configuration_is_checked_and_applied_as_policies() -> Resul
     let text = String::from_utf8(refused.stdout)?;
     ensure!(
         text.contains("bad.yaml:5")
-            && text.contains("week")
+            && text.contains("fortnight")
             && text.contains("bad.yaml:8")
             && text.contains("quota_mode"),
         "{text}"

@@ -705,3 +705,72 @@ async fn a_value_that_is_not_utf8_is_limited_like_any_other() -> Result<()> {
     drop(node);
     Ok(())
 }
+
+/// `week`, `month` and `year` rules: their policies have windows of 7, 30
+/// and 365 days, and the answers name the unit and a reset within it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn week_month_and_year_rules_are_answered_in_their_windows() -> Result<()> {
+    let yaml = "\
+domain: long
+descriptors:
+  - key: tenant
+    value: w
+    rate_limit: {unit: week, requests_per_unit: 3}
+  - key: tenant
+    value: m
+    rate_limit: {unit: month, requests_per_unit: 3}
+  - key: tenant
+    value: y
+    rate_limit: {unit: year, requests_per_unit: 3}
+";
+    let dir = tempfile::tempdir()?;
+    let config = rls_config(&dir, yaml, false)?;
+    let windows: Vec<u64> = config.domains[0]
+        .policies()
+        .iter()
+        .map(|p| p.window_ms)
+        .collect();
+    let day = 86_400_000;
+    ensure!(
+        windows.contains(&(7 * day))
+            && windows.contains(&(30 * day))
+            && windows.contains(&(365 * day)),
+        "{windows:?}"
+    );
+    let cluster = Cluster::start_initialised(1, |_| {}).await?;
+    apply(&cluster, &config).await?;
+    let node = start_rls_node(&cluster, "eu", &config).await?;
+    let mut client = rls_client(&node).await?;
+    for (value, unit, days) in [
+        ("w", WireUnit::Week, 7),
+        ("m", WireUnit::Month, 30),
+        ("y", WireUnit::Year, 365),
+    ] {
+        for _ in 0..3 {
+            let answer = ask(
+                &mut client,
+                request("long", vec![descriptor(&[("tenant", value)])], 1),
+            )
+            .await?;
+            ensure!(overall(&answer) == WireCode::Ok, "{answer:?}");
+            let status = &answer.statuses[0];
+            ensure!(
+                status.current_limit.as_ref().map(|l| l.unit) == Some(unit as i32),
+                "{answer:?}"
+            );
+            let reset = status.duration_until_reset.context("a reset")?;
+            ensure!(
+                reset.seconds > 0 && reset.seconds <= days * 86_400,
+                "{reset:?}"
+            );
+        }
+        let over = ask(
+            &mut client,
+            request("long", vec![descriptor(&[("tenant", value)])], 1),
+        )
+        .await?;
+        ensure!(overall(&over) == WireCode::OverLimit, "{over:?}");
+    }
+    drop(node);
+    Ok(())
+}
