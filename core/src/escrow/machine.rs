@@ -192,14 +192,53 @@ pub struct AcquireRequest {
     /// Who calls, as the fair throttle tells callers apart (only read
     /// when the key has a throttle).
     pub caller: Option<Vec<u8>>,
-    /// Serve `tokens` whole or nothing.
-    pub whole_or_nothing: bool,
+    /// How much of `tokens` may be served.
+    pub serving: Serving,
     /// The key's policy as the caller's table knows it now; `None` makes
     /// the machine ask for a refresh first.
     pub policy: Option<Policy>,
     /// Whether the node saw the coordinator answer its last call (of any
     /// key): a denial while it did not teaches the throttle nothing.
     pub node_reachable: bool,
+}
+
+/// How much of an acquisition may be served.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Serving {
+    /// Any part of it, up to the tokens asked (`Acquire`).
+    #[default]
+    Part,
+    /// All of it or nothing (thin clients' `Check`): short of credits, the
+    /// node leases the difference first; a partial serve then goes
+    /// straight back into the escrow, capped like any return, and the
+    /// answer is a denial.
+    Whole,
+    /// Nothing: whether it could be served whole now (a check-only call,
+    /// Envoy's `hits_addend` of 0). Served as `Whole`, then what was
+    /// handed out goes back into the escrow by the same capped path; the
+    /// answer is `Credits` with `granted` 0, or a denial. The lease it may
+    /// take to find out stays held, for later requests. (Fallback credits
+    /// of an outage are not put back: during an outage a probe costs what
+    /// a serve would.)
+    Probe,
+    /// All of it when the window has it, else all the window has left (a
+    /// charge of what was used: Envoy's stream-end `hits_addend`): short
+    /// of credits, the node leases the difference first, as for `Whole`,
+    /// and keeps what it serves.
+    Charge,
+}
+
+impl Serving {
+    /// Whether a partial serve is put back and answered as a denial.
+    pub fn whole_or_nothing(self) -> bool {
+        matches!(self, Serving::Whole | Serving::Probe)
+    }
+
+    /// Whether a request short of credits leases the difference before it
+    /// is served.
+    pub fn leases_shortfall(self) -> bool {
+        self != Serving::Part
+    }
 }
 
 /// Why an acquisition was refused rather than answered.
@@ -975,12 +1014,25 @@ impl<R> KeyMachine<R> {
 
     fn counter_begin(&mut self, now: Now, out: &mut Vec<Action<R>>) {
         let tokens = self.tokens();
-        if let Some(served) = self.counter.serve(tokens, now.mono_ms) {
-            let answer = self.credits(served);
-            self.finish(Ok(answer), now, out);
-            return;
+        // A request served whole (a probe, a charge) that finds fewer
+        // credits held than it asks leases the difference first, once:
+        // served in part now, it would be denied (or short) while the
+        // window may still have them.
+        let whole = self
+            .working
+            .as_ref()
+            .is_some_and(|w| w.request.serving.leases_shortfall());
+        let held = self.counter.balance(now.mono_ms);
+        let short = whole && held < tokens;
+        if !short {
+            if let Some(served) = self.counter.serve(tokens, now.mono_ms) {
+                let answer = self.credits(served);
+                self.finish(Ok(answer), now, out);
+                return;
+            }
         }
-        if let Some(ticket) = self.counter.send_lease(tokens, now.mono_ms) {
+        let want = if short { tokens - held } else { tokens };
+        if let Some(ticket) = self.counter.send_lease(want, now.mono_ms) {
             self.outbound = Some(Outbound::Lease { ticket: ticket.id });
             if let Some(working) = self.working.as_mut() {
                 working.stage = Stage::Lease;
@@ -1118,7 +1170,7 @@ impl<R> KeyMachine<R> {
         let (weight, cost, whole_or_nothing) = (
             working.request.weight.max(1),
             working.request.tokens,
-            working.request.whole_or_nothing,
+            working.request.serving.whole_or_nothing(),
         );
         let (limit, max_tenants) = (self.limit(), self.config.max_tenants);
         if asks_left == 0 {
@@ -1360,8 +1412,11 @@ impl<R> KeyMachine<R> {
         };
         let tokens = working.request.tokens;
         let mut result = result;
-        if working.request.whole_or_nothing {
+        if working.request.serving.whole_or_nothing() {
             result = result.map(|answer| self.whole_or_nothing(tokens, answer, now.mono_ms));
+        }
+        if working.request.serving == Serving::Probe {
+            result = result.map(|answer| self.put_back(answer, now.mono_ms));
         }
         if let (Some(caller), Ok(answer)) = (&working.learns, &result) {
             let node_reachable = working.answered.unwrap_or(working.request.node_reachable);
@@ -1409,6 +1464,30 @@ impl<R> KeyMachine<R> {
                     limit,
                     window_end_ms: served.window_end_ms,
                     fair_throttled: false,
+                }
+            }
+            other => other,
+        }
+    }
+
+    /// A probe's answer: what a serve handed out goes back into the
+    /// escrow, and the answer says so (`granted` 0, `held_after` with it).
+    fn put_back(&mut self, answer: Acquired, now_ms: u64) -> Acquired {
+        match answer {
+            Acquired::Credits {
+                mut served,
+                limit,
+                shadow_would_deny,
+            } if !served.from_fallback && served.granted > 0 => {
+                let back = self
+                    .counter
+                    .take_back(served.granted, served.window_start_ms, now_ms);
+                served.granted -= back;
+                served.held_after = served.held_after.saturating_add(back);
+                Acquired::Credits {
+                    served,
+                    limit,
+                    shadow_would_deny,
                 }
             }
             other => other,

@@ -10,10 +10,20 @@
 //! - a descriptor matching no limiting rule, or whose rule another matched
 //!   rule `replaces`: `OK`, no `current_limit`, `limit_remaining` 0;
 //! - an `unlimited` rule: `OK`, `limit_remaining` `u32::MAX`, never counted;
-//! - a rule of 0 requests, or hits above its `requests_per_unit`:
-//!   `OVER_LIMIT` without asking the escrow (nothing can ever fit);
-//! - otherwise the escrow admits the hits whole or not at all:
-//!   `OK` or `OVER_LIMIT`, with `current_limit` the limit of the key's
+//! - a rule of 0 requests: `OVER_LIMIT` without asking the escrow
+//!   (nothing can ever fit);
+//! - a descriptor whose own `hits_addend` is 0 is **check-only**, as
+//!   upstream: it spends nothing, and is `OVER_LIMIT` only when not one
+//!   more hit could be admitted now (the key's window is spent);
+//! - otherwise the hits are **charged**: the escrow spends all of them or,
+//!   when fewer are left, what is left — recorded either way, as upstream
+//!   records every hit, but never beyond the key's limit (Δ = 0) — and the
+//!   descriptor is `OK` when all were spent, `OVER_LIMIT` when not (the
+//!   part not spent is the charge's *unpaid* part, [`unpaid_hits`]). A
+//!   stream-end charge of a token budget (`apply_on_stream_done`) thus
+//!   spends what the stream used or the rest of the window, and the next
+//!   check-only call at request time finds the window spent;
+//! - either way `OK` or `OVER_LIMIT` comes with `current_limit` the limit of the key's
 //!   policy as the cluster holds it (changed at runtime by `policy apply`;
 //!   the rule's own where the escrow was not asked), the rule's unit, and
 //!   `limit_remaining` the credits this escrow node still holds for the key
@@ -45,7 +55,8 @@ pub struct LimitedPlan {
     pub key: String,
     /// The policy prefix of the rule (what metrics name it by).
     pub rule_prefix: String,
-    /// Hits to admit (≥ 1).
+    /// Hits to charge; 0: check-only (spend nothing, over only when the
+    /// window is spent).
     pub hits: u64,
     /// The rule's requests per unit.
     pub requests_per_unit: u32,
@@ -58,23 +69,34 @@ pub struct LimitedPlan {
 }
 
 impl LimitedPlan {
-    /// Whether the escrow is asked at all: hits that can never fit the
-    /// rule's limit (0 requests per unit, or more hits than it allows) are
-    /// over the limit without a call.
+    /// Whether the escrow is asked at all: a rule of 0 requests per unit
+    /// is over the limit without a call (nothing can ever fit).
     pub fn asks_escrow(&self) -> bool {
-        self.hits <= u64::from(self.requests_per_unit)
+        self.requests_per_unit > 0
+    }
+
+    /// Whether the descriptor is check-only (its `hits_addend` was 0).
+    pub fn check_only(&self) -> bool {
+        self.hits == 0
     }
 }
 
 /// One request descriptor: its `(key, value)` entries and the hits it
-/// carries (its own `hits_addend` when set, else the request's; 0 counts
-/// as 1).
+/// carries (its own `hits_addend` when set — 0: check-only — else the
+/// request's, where 0 means unset and counts as 1; see [`descriptor_hits`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RequestDescriptor<'a> {
     /// The entries, in order.
     pub entries: &'a [(&'a str, &'a str)],
-    /// Hits (0 counts as 1).
+    /// Hits (0: check-only).
     pub hits: u64,
+}
+
+/// The hits a descriptor carries: its own `hits_addend` when set (0 makes
+/// it check-only), else the request's (`0`, protobuf's unset, counts as 1,
+/// as Envoy sends it).
+pub fn descriptor_hits(own: Option<u64>, request: u32) -> u64 {
+    own.unwrap_or_else(|| u64::from(request.max(1)))
 }
 
 /// The plan of each descriptor of a request to `config` (`None`: a domain
@@ -106,7 +128,7 @@ pub fn plan_request(config: Option<&DomainConfig>, descriptors: &[RequestDescrip
                     Plan::Limited(LimitedPlan {
                         key: budget_key(&prefix, descriptor.entries),
                         rule_prefix: prefix,
-                        hits: descriptor.hits.max(1),
+                        hits: descriptor.hits,
                         requests_per_unit,
                         unit,
                         shadow_mode: matched.rule.shadow_mode,
@@ -121,8 +143,11 @@ pub fn plan_request(config: Option<&DomainConfig>, descriptors: &[RequestDescrip
 /// What the escrow answered a [`LimitedPlan`] it was asked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EscrowOutcome {
-    /// The hits were admitted.
+    /// Hits were spent (all, or what was left), or a check-only
+    /// descriptor found the window not spent.
     Admitted {
+        /// Hits spent (≤ the plan's; 0 for a check-only descriptor).
+        spent: u64,
         /// The key's limit per window, as the cluster's policy sets it.
         limit: u64,
         /// Credits the node still holds for the key afterwards.
@@ -216,10 +241,19 @@ impl DescriptorAnswer {
         };
         match outcome {
             EscrowOutcome::Admitted {
+                spent,
+                limit,
+                window_end_ms,
+                ..
+            } if spent < limited.hits => {
+                DescriptorAnswer::over(limited, policy_limit(limit), reset_in(window_end_ms))
+            }
+            EscrowOutcome::Admitted {
                 limit,
                 held_after,
                 window_end_ms,
                 shadow_would_deny,
+                ..
             } => DescriptorAnswer {
                 code: Code::Ok,
                 current_limit: policy_limit(limit),
@@ -270,6 +304,19 @@ pub fn admitted_window_start(at_ms: u64, reset_ms: u64, window_ms: u64) -> u64 {
     let window_ms = window_ms.max(1);
     let end = at_ms.saturating_add(reset_ms);
     (end.saturating_add(window_ms / 2) / window_ms * window_ms).saturating_sub(window_ms)
+}
+
+/// The hits of a charge that were not spent: what `plan` asked less what
+/// `outcome` spent (all of them when nothing was; 0 for check-only
+/// descriptors and anything not limited).
+pub fn unpaid_hits(plan: &Plan, outcome: EscrowOutcome) -> u64 {
+    let Plan::Limited(limited) = plan else {
+        return 0;
+    };
+    match outcome {
+        EscrowOutcome::Admitted { spent, .. } => limited.hits.saturating_sub(spent),
+        EscrowOutcome::Denied { .. } | EscrowOutcome::NotAsked => limited.hits,
+    }
 }
 
 /// The overall code: `OVER_LIMIT` when any descriptor is.
@@ -370,7 +417,7 @@ mod tests {
             &[
                 RequestDescriptor {
                     entries: &ip,
-                    hits: 0,
+                    hits: 1,
                 },
                 RequestDescriptor {
                     entries: &free,
@@ -393,7 +440,7 @@ mod tests {
         let ip_plan = limited(&plans[0]);
         assert_eq!(ip_plan.key, "rls:edge/remote_address/|10.0.0.1");
         assert_eq!(ip_plan.rule_prefix, "rls:edge/remote_address/");
-        assert_eq!(ip_plan.hits, 1, "0 hits count as 1");
+        assert_eq!(ip_plan.hits, 1);
         assert_eq!(
             (ip_plan.requests_per_unit, ip_plan.unit),
             (10, Unit::Minute)
@@ -421,7 +468,7 @@ mod tests {
     }
 
     #[test]
-    fn a_replaced_rule_limits_nothing_and_hits_above_the_limit_never_fit() {
+    fn a_replaced_rule_limits_nothing_and_hits_above_the_limit_are_still_charged() {
         let config = config();
         let vip = [("user", "vip")];
         let gold = [("plan", "gold")];
@@ -439,7 +486,10 @@ mod tests {
             ],
         );
         assert_eq!(plans[0], Plan::NoLimit);
-        assert!(!limited(&plans[1]).asks_escrow());
+        assert!(
+            limited(&plans[1]).asks_escrow(),
+            "more hits than the limit spend what is left"
+        );
         let alone = plan_request(
             Some(&config),
             &[RequestDescriptor {
@@ -472,6 +522,7 @@ mod tests {
         let admitted = DescriptorAnswer::of(
             &plans[0],
             EscrowOutcome::Admitted {
+                spent: 1,
                 limit: 10,
                 held_after: 7,
                 window_end_ms: 120_000,
@@ -514,6 +565,7 @@ mod tests {
         let policy_shadow = DescriptorAnswer::of(
             &plans[0],
             EscrowOutcome::Admitted {
+                spent: 1,
                 limit: 10,
                 held_after: 9,
                 window_end_ms: 120_000,
@@ -526,6 +578,48 @@ mod tests {
             (Code::Ok, 0)
         );
         assert!(policy_shadow.shadow_would_deny);
+    }
+
+    /// A charge spends what is left and is over when that is less than its
+    /// hits; a check-only descriptor spends nothing and is over only when
+    /// the window is spent; the hits of a request default to 1.
+    #[test]
+    fn charges_spend_what_is_left_and_checks_spend_nothing() {
+        let config = config();
+        let ip = [("remote_address", "a")];
+        let plan = |hits| {
+            plan_request(Some(&config), &[RequestDescriptor { entries: &ip, hits }]).remove(0)
+        };
+        let admitted = |spent| EscrowOutcome::Admitted {
+            spent,
+            limit: 10,
+            held_after: 0,
+            window_end_ms: 60_000,
+            shadow_would_deny: false,
+        };
+        let charge = plan(1_234);
+        let part = DescriptorAnswer::of(&charge, admitted(7), 1);
+        assert_eq!(part.code, Code::OverLimit, "7 of 1 234 spent");
+        assert_eq!(unpaid_hits(&charge, admitted(7)), 1_227);
+        let whole = DescriptorAnswer::of(&plan(7), admitted(7), 1);
+        assert_eq!(whole.code, Code::Ok);
+        let check = plan(0);
+        assert!(limited(&check).check_only() && limited(&check).asks_escrow());
+        assert_eq!(DescriptorAnswer::of(&check, admitted(0), 1).code, Code::Ok);
+        assert_eq!(unpaid_hits(&check, admitted(0)), 0);
+        let spent = EscrowOutcome::Denied {
+            limit: 10,
+            window_end_ms: 60_000,
+        };
+        assert_eq!(DescriptorAnswer::of(&check, spent, 1).code, Code::OverLimit);
+        assert_eq!(
+            descriptor_hits(Some(0), 5),
+            0,
+            "a descriptor's own 0: check-only"
+        );
+        assert_eq!(descriptor_hits(None, 0), 1, "the request's 0 is unset: 1");
+        assert_eq!(descriptor_hits(None, 3), 3);
+        assert_eq!(descriptor_hits(Some(9), 3), 9);
     }
 
     #[test]
@@ -549,6 +643,7 @@ mod tests {
         let answer = DescriptorAnswer::of(
             &plans[0],
             EscrowOutcome::Admitted {
+                spent: 1,
                 limit: 10,
                 held_after: u64::MAX,
                 window_end_ms: 60_000,
@@ -579,6 +674,7 @@ mod tests {
         let raised = DescriptorAnswer::of(
             &plans[0],
             EscrowOutcome::Admitted {
+                spent: 1,
                 limit: 40,
                 held_after: 25,
                 window_end_ms: 60_000,
@@ -710,7 +806,7 @@ mod tests {
             let outcome = if !plan.asks_escrow() {
                 EscrowOutcome::NotAsked
             } else if admitted {
-                EscrowOutcome::Admitted { limit: u64::from(requests), held_after, window_end_ms: now + end_offset, shadow_would_deny: false }
+                EscrowOutcome::Admitted { spent: hits, limit: u64::from(requests), held_after, window_end_ms: now + end_offset, shadow_would_deny: false }
             } else {
                 EscrowOutcome::Denied { limit: u64::from(requests), window_end_ms: now + end_offset }
             };
@@ -720,7 +816,8 @@ mod tests {
             prop_assert_eq!(answer.shadow_would_deny, shadow && !was_admitted);
             prop_assert!(answer.limit_remaining <= requests);
             prop_assert!(!shadow || answer.limit_remaining == 0, "a shadow rule reports nothing left");
-            prop_assert!(plan.asks_escrow() == (hits.max(1) <= u64::from(requests)));
+            prop_assert!(plan.asks_escrow() == (requests > 0));
+            prop_assert_eq!(unpaid_hits(&plans[0], outcome), if was_admitted { 0 } else { hits });
             let reset = answer.until_reset_ms.expect("a limited rule has a reset");
             prop_assert!((1..=120_000).contains(&reset));
         }

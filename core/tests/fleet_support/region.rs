@@ -98,7 +98,7 @@ impl Region {
             weight,
             from: None,
             caller: None,
-            whole_or_nothing: false,
+            serving: leasehold_core::escrow::machine::Serving::Part,
             policy: Some(self.policy.clone()),
             node_reachable: true,
         };

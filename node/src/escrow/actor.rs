@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold_core::escrow::machine::{
-    AcquireRequest, Action, Event, KeyMachine, KeyMachineConfig, Now, Refused,
+    AcquireRequest, Action, Event, KeyMachine, KeyMachineConfig, Now, Refused, Serving,
 };
 use leasehold_core::escrow::{
     CoordinatorGrant, EscrowCounters, FairGateCounters, HolderCounters, HolderRefusal, JoinAhead,
@@ -66,10 +66,8 @@ pub enum KeyRequest {
         from: Option<HolderRequest>,
         /// Who called (the fair throttle's caller, with the holder or tenant).
         principal: Principal,
-        /// Serve `tokens` whole or nothing (thin clients' `Check`): a
-        /// partial serve goes straight back into the escrow, capped like
-        /// any return, and the answer is a denial.
-        whole_or_nothing: bool,
+        /// How much of `tokens` may be served.
+        serving: Serving,
         /// Where the answer goes.
         reply: oneshot::Sender<Result<Acquired, Status>>,
         /// The request's span: the actor works (and calls the coordinator)
@@ -303,7 +301,7 @@ impl KeyActor {
                 weight,
                 from,
                 principal,
-                whole_or_nothing,
+                serving,
                 reply,
                 span,
             } => {
@@ -322,7 +320,7 @@ impl KeyActor {
                     weight,
                     from,
                     caller,
-                    whole_or_nothing,
+                    serving,
                     policy: self.shared.policy_for(&self.key),
                     node_reachable: self.shared.is_reachable(),
                 };

@@ -5,10 +5,12 @@
 //! The node reads `envoyproxy/ratelimit` configuration files
 //! (`--ratelimit-config`, [`crate::ratelimit_file`]); each request's
 //! descriptors are planned by the pure rules of
-//! [`leasehold_core::rls::answer`] and each limited descriptor is admitted
-//! whole or not at all on its Leasehold key, like `leasehold.v1.Escrow/Check`
-//! (so the global budget's Δ = 0 holds behind Envoy exactly as it does for
-//! the node's own clients). The keys' policies come from the cluster: apply
+//! [`leasehold_core::rls::answer`] and each limited descriptor is charged
+//! on its Leasehold key: all its hits or, when fewer are left, what is
+//! left (recorded, as upstream records every hit, but never beyond the
+//! limit, so the global budget's Δ = 0 holds behind Envoy exactly as it
+//! does for the node's own clients); a descriptor whose own `hits_addend`
+//! is 0 is check-only and spends nothing. The keys' policies come from the cluster: apply
 //! the same files with `leasehold policy apply` (docs/envoy.md).
 //!
 //! Requests the node cannot answer are refused `INVALID_ARGUMENT` (reason
@@ -35,8 +37,8 @@ use envoy_types::pb::google::protobuf::Duration as WireDuration;
 use leasehold_core::escrow::machine::Acquired;
 use leasehold_core::metrics::{Exposition, MetricKind};
 use leasehold_core::rls::answer::{
-    draft_headers, overall_over_limit, plan_request, Code, DescriptorAnswer, EscrowOutcome, Plan,
-    RequestDescriptor,
+    descriptor_hits, draft_headers, overall_over_limit, plan_request, unpaid_hits, Code,
+    DescriptorAnswer, EscrowOutcome, Plan, RequestDescriptor,
 };
 use leasehold_core::rls::{DomainConfig, Unit};
 use leasehold_proto::refusal::invalid_field;
@@ -44,6 +46,7 @@ use tonic::{Request, Response, Status};
 
 use super::service::EscrowApi;
 use crate::error::NodeError;
+use leasehold_core::escrow::machine::Serving;
 
 /// Most descriptors in one request.
 pub const MAX_DESCRIPTORS: usize = 64;
@@ -183,6 +186,8 @@ pub struct RlsMetrics {
     requests_refused: AtomicU64,
     limit_overrides_ignored: AtomicU64,
     negative_hits_ignored: AtomicU64,
+    checks_only: AtomicU64,
+    hits_unpaid: AtomicU64,
 }
 
 impl RlsMetrics {
@@ -260,7 +265,8 @@ impl RlsMetrics {
         doc.family(
             "leasehold_escrow_rls_hits_total",
             MetricKind::Counter,
-            "Hits (hits_addend, 0 counting as 1) of request descriptors, by domain.",
+            "Hits charged (hits_addend; a request's 0 counting as 1, a descriptor's 0 as none) \
+             of request descriptors, by domain.",
         );
         for (domain, value) in hits {
             doc.sample(
@@ -316,6 +322,19 @@ impl RlsMetrics {
             MetricKind::Counter,
             "Descriptors carrying a limit override, answered by the configured rule instead.",
             load(&self.limit_overrides_ignored),
+        );
+        doc.single(
+            "leasehold_escrow_rls_check_only_descriptors_total",
+            MetricKind::Counter,
+            "Descriptors whose own hits_addend was 0: checked, spending nothing.",
+            load(&self.checks_only),
+        );
+        doc.single(
+            "leasehold_escrow_rls_hits_unpaid_total",
+            MetricKind::Counter,
+            "Hits of charges that found fewer left in the window than they carried: the part \
+             not spent (the rest of the window was).",
+            load(&self.hits_unpaid),
         );
         doc.single(
             "leasehold_escrow_rls_negative_hits_ignored_total",
@@ -555,9 +574,10 @@ fn read_descriptors(request: &RateLimitRequest) -> Result<Vec<ReadDescriptor<'_>
                     }
                 })
                 .collect::<Result<Vec<_>, Status>>()?;
-            let hits = descriptor
-                .hits_addend
-                .map_or(u64::from(request.hits_addend), |hits| hits.value);
+            let hits = descriptor_hits(
+                descriptor.hits_addend.as_ref().map(|hits| hits.value),
+                request.hits_addend,
+            );
             Ok(ReadDescriptor {
                 entries,
                 hits,
@@ -627,9 +647,16 @@ impl RateLimitService for RateLimitApi {
                 if !limited.asks_escrow() {
                     return Ok(EscrowOutcome::NotAsked);
                 }
+                // A check-only descriptor probes one hit and spends
+                // nothing; a charge spends all its hits or what is left.
+                let (tokens, serving) = if limited.check_only() {
+                    (1, Serving::Probe)
+                } else {
+                    (limited.hits, Serving::Charge)
+                };
                 let acquired = self
                     .escrow
-                    .check_whole(&limited.key, limited.hits, caller)
+                    .admit(&limited.key, tokens, caller, serving)
                     .await?;
                 Ok::<_, Status>(match acquired {
                     Acquired::Credits {
@@ -637,6 +664,7 @@ impl RateLimitService for RateLimitApi {
                         limit,
                         shadow_would_deny,
                     } => EscrowOutcome::Admitted {
+                        spent: served.granted,
                         limit,
                         held_after: served.held_after,
                         window_end_ms: served.window_end_ms,
@@ -661,7 +689,17 @@ impl RateLimitService for RateLimitApi {
         let answers: Vec<DescriptorAnswer> = plans
             .iter()
             .zip(outcomes)
-            .map(|(plan, outcome)| DescriptorAnswer::of(plan, outcome, now_ms))
+            .map(|(plan, outcome)| {
+                if let Plan::Limited(limited) = plan {
+                    if limited.check_only() {
+                        metrics.checks_only.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                metrics
+                    .hits_unpaid
+                    .fetch_add(unpaid_hits(plan, outcome), Ordering::Relaxed);
+                DescriptorAnswer::of(plan, outcome, now_ms)
+            })
             .collect();
         let domain_counters = metrics.domain(&request.domain);
         for (plan, answer) in plans.iter().zip(&answers) {

@@ -16,6 +16,7 @@ use super::actor::{Acquired, HolderRequest, KeyRequest};
 use super::shared::{status_of, DenialReason, EscrowShared};
 use super::table::KeyTable;
 use crate::telemetry;
+use leasehold_core::escrow::machine::Serving;
 
 /// The gRPC face of the escrow node.
 #[derive(Debug, Clone)]
@@ -33,16 +34,17 @@ impl EscrowApi {
         }
     }
 
-    /// One whole-or-nothing admission of `tokens` on `key` for `caller`
-    /// (what `Check` does), its denial recorded: the RLS path.
-    pub(crate) async fn check_whole(
+    /// One admission of `tokens` on `key` for `caller`, served as
+    /// `serving` says, its denial recorded: the RLS path.
+    pub(crate) async fn admit(
         &self,
         key: &str,
         tokens: u64,
         caller: Principal,
+        serving: Serving,
     ) -> Result<Acquired, Status> {
         let acquired = traced(
-            self.acquire_tokens(key, tokens, "", 0, (caller, None), true)
+            self.acquire_tokens(key, tokens, "", 0, (caller, None), serving)
                 .await,
         )?;
         record_escrow_denial(&self.shared, &acquired);
@@ -63,7 +65,7 @@ impl EscrowApi {
         tenant: &str,
         weight: u64,
         (principal, from): (Principal, Option<HolderRequest>),
-        whole_or_nothing: bool,
+        serving: Serving,
     ) -> Result<Acquired, Status> {
         let tenant = escrow_wire::tenant(tenant)?;
         let weight = weight.max(1);
@@ -87,7 +89,7 @@ impl EscrowApi {
                 weight,
                 from: from.clone(),
                 principal: principal.clone(),
-                whole_or_nothing,
+                serving,
                 reply,
                 span: tracing::Span::current(),
             })
@@ -161,7 +163,7 @@ impl pb::escrow_server::Escrow for EscrowApi {
                 &request.tenant,
                 request.weight,
                 (caller, from),
-                false,
+                Serving::Part,
             )
             .await,
         )?;
@@ -225,7 +227,7 @@ impl pb::escrow_server::Escrow for EscrowApi {
                 &request.tenant,
                 request.weight,
                 (caller, None),
-                true,
+                Serving::Whole,
             )
             .await,
         )?;

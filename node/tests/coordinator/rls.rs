@@ -774,3 +774,71 @@ descriptors:
     drop(node);
     Ok(())
 }
+
+/// A token budget as Envoy's AI gateway spends it: a check-only call at
+/// request time (the descriptor's own `hits_addend` 0) spends nothing and
+/// passes while the window has tokens; the stream-end charge spends the
+/// tokens used, or what is left when fewer are — recorded, never beyond
+/// the limit — and the next check finds the window spent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_budget_is_checked_for_free_and_charged_at_stream_end() -> Result<()> {
+    let yaml = "\
+domain: ai
+descriptors:
+  - key: tenant
+    rate_limit: {unit: hour, requests_per_unit: 1000}
+";
+    let dir = tempfile::tempdir()?;
+    let config = rls_config(&dir, yaml, false)?;
+    let cluster = Cluster::start_initialised(1, |_| {}).await?;
+    apply(&cluster, &config).await?;
+    let metrics_addr = free_addr()?;
+    let listen = metrics_addr.clone();
+    let node = EscrowNode::start(&cluster, "eu", move |c| {
+        c.batch = 100;
+        c.rls = Some(config.clone());
+        c.metrics_listen = Some(listen.clone());
+    })
+    .await?;
+    let mut client = rls_client(&node).await?;
+    let with_hits = |hits: u64| {
+        let mut d = descriptor(&[("tenant", "acme")]);
+        d.hits_addend = Some(UInt64Value { value: hits });
+        request("ai", vec![d], 0)
+    };
+    // Many checks spend nothing.
+    for _ in 0..50 {
+        let check = ask(&mut client, with_hits(0)).await?;
+        ensure!(overall(&check) == WireCode::Ok, "{check:?}");
+    }
+    // Two responses of 400 tokens are charged whole.
+    for _ in 0..2 {
+        let charged = ask(&mut client, with_hits(400)).await?;
+        ensure!(overall(&charged) == WireCode::Ok, "{charged:?}");
+    }
+    // 200 left: a check still passes, a response of 350 spends the 200.
+    ensure!(overall(&ask(&mut client, with_hits(0)).await?) == WireCode::Ok);
+    let over = ask(&mut client, with_hits(350)).await?;
+    ensure!(overall(&over) == WireCode::OverLimit, "{over:?}");
+    // The window is spent: checks are over, and so is one more token.
+    let check = ask(&mut client, with_hits(0)).await?;
+    ensure!(overall(&check) == WireCode::OverLimit, "{check:?}");
+    ensure!(overall(&ask(&mut client, with_hits(1)).await?) == WireCode::OverLimit);
+    // The cluster's window holds exactly the limit: nothing was lost to
+    // the checks, nothing charged beyond it.
+    let window = cluster.client()?.get_window("rls:ai/tenant/|acme").await?;
+    ensure!(window.granted <= 1_000, "{window:?}");
+    let (_, body) = get(&metrics_addr, "/metrics").await?;
+    let series = |name: &str| sample(&body, name).unwrap_or(-1.0);
+    ensure!(
+        series("leasehold_escrow_rls_check_only_descriptors_total") == 52.0,
+        "{body}"
+    );
+    // 150 of the 350 and the last token found nothing left.
+    ensure!(
+        series("leasehold_escrow_rls_hits_unpaid_total") == 151.0,
+        "{body}"
+    );
+    drop(node);
+    Ok(())
+}

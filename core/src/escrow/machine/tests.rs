@@ -69,7 +69,7 @@ fn request(id: u64, tokens: u64, policy: &Policy) -> AcquireRequest {
         weight: 1,
         from: None,
         caller: None,
-        whole_or_nothing: false,
+        serving: Serving::Part,
         policy: Some(policy.clone()),
         node_reachable: true,
     }
@@ -362,10 +362,27 @@ fn whole_or_nothing_puts_a_partial_serve_back() {
         },
         at(1),
     );
-    // 3 held; 10 asked whole: the 3 served go back and the answer is a denial.
+    // 3 held; 10 asked whole: the node leases the 7 it lacks first...
     let mut whole = request(2, 10, &counter);
-    whole.whole_or_nothing = true;
-    let done = m.handle(Event::Acquire(whole), at(2));
+    whole.serving = Serving::Whole;
+    let out = m.handle(Event::Acquire(whole.clone()), at(2));
+    assert!(answers(&out).is_empty(), "no answer before the lease");
+    let ticket = lease_ticket(&out);
+    assert!(ticket.tokens >= 7, "asks at least the 7 missing");
+    // ...and the window has only 2 more: the 5 served go back and the
+    // answer is a denial.
+    let done = m.handle(
+        Event::LeaseGranted {
+            ticket: ticket.id,
+            grant: CoordinatorGrant {
+                granted: 2,
+                window_start_ms: 0,
+                window_end_ms: WINDOW_MS,
+                remaining_lifetime_ms: 998,
+            },
+        },
+        at(2),
+    );
     assert!(matches!(
         answers(&done)[0].1,
         Ok(Acquired::Denied {
@@ -373,7 +390,117 @@ fn whole_or_nothing_puts_a_partial_serve_back() {
             ..
         })
     ));
-    assert_eq!(m.counter.balance(4), 3, "the partial serve went back");
+    assert_eq!(m.counter.balance(4), 5, "the partial serve went back");
+    // The window gave less than asked: it is spent, and the next whole
+    // request is denied without another lease.
+    whole.id = 3;
+    let done = m.handle(Event::Acquire(whole), at(5));
+    assert!(matches!(answers(&done)[0].1, Ok(Acquired::Denied { .. })));
+    assert_eq!(m.counter.balance(5), 5);
+}
+
+/// A whole request short of credits is served whole once its lease brings
+/// the difference, where serving the part held would have denied it.
+#[test]
+fn a_whole_request_short_of_credits_leases_the_difference() {
+    let counter = policy(PolicyKind::Counter, 100, OutagePolicy::FailClosed, false);
+    let mut m = Machine::new(config(4), None, 0);
+    let ticket = lease_ticket(&m.handle(Event::Acquire(request(1, 1, &counter)), at(0)));
+    let grant = |granted, remaining_lifetime_ms| CoordinatorGrant {
+        granted,
+        window_start_ms: 0,
+        window_end_ms: WINDOW_MS,
+        remaining_lifetime_ms,
+    };
+    m.handle(
+        Event::LeaseGranted {
+            ticket: ticket.id,
+            grant: grant(4, 1_000),
+        },
+        at(1),
+    );
+    let mut whole = request(2, 10, &counter);
+    whole.serving = Serving::Whole;
+    let ticket = lease_ticket(&m.handle(Event::Acquire(whole), at(2)));
+    assert!(ticket.tokens >= 7);
+    let done = m.handle(
+        Event::LeaseGranted {
+            ticket: ticket.id,
+            grant: grant(ticket.tokens, 998),
+        },
+        at(2),
+    );
+    assert!(matches!(
+        answers(&done)[0].1,
+        Ok(Acquired::Credits { served, .. }) if served.granted == 10
+    ));
+}
+
+/// A probe spends nothing: it answers credits (0 granted) while any are
+/// held or can be leased, and a denial once the window is spent; the
+/// lease it took stays held for the requests that follow.
+#[test]
+fn a_probe_answers_whether_tokens_could_be_served_and_spends_nothing() {
+    let counter = policy(PolicyKind::Counter, 100, OutagePolicy::FailClosed, false);
+    let mut m = Machine::new(config(4), None, 0);
+    let mut probe = request(1, 1, &counter);
+    probe.serving = Serving::Probe;
+    let ticket = lease_ticket(&m.handle(Event::Acquire(probe.clone()), at(0)));
+    let grant = CoordinatorGrant {
+        granted: 4,
+        window_start_ms: 0,
+        window_end_ms: WINDOW_MS,
+        remaining_lifetime_ms: 1_000,
+    };
+    let done = m.handle(
+        Event::LeaseGranted {
+            ticket: ticket.id,
+            grant,
+        },
+        at(1),
+    );
+    match answers(&done)[0].1 {
+        Ok(Acquired::Credits { served, .. }) => {
+            assert_eq!(served.granted, 0, "a probe spends nothing");
+            assert_eq!(served.held_after, 4);
+        }
+        ref other => panic!("{other:?}"),
+    }
+    assert_eq!(m.counter.balance(4), 4, "all four still held");
+    // Probing again and again spends nothing either.
+    for id in 2..10 {
+        probe.id = id;
+        let done = m.handle(Event::Acquire(probe.clone()), at(2));
+        assert!(matches!(
+            answers(&done)[0].1,
+            Ok(Acquired::Credits { served, .. }) if served.granted == 0
+        ));
+    }
+    assert_eq!(m.counter.balance(4), 4);
+    // The four are spent: a probe is denied.
+    let done = m.handle(Event::Acquire(request(20, 4, &counter)), at(3));
+    assert!(matches!(
+        answers(&done)[0].1,
+        Ok(Acquired::Credits { served, .. }) if served.granted == 4
+    ));
+    probe.id = 21;
+    let out = m.handle(Event::Acquire(probe.clone()), at(4));
+    // Nothing held: the probe leases to find out; the window has nothing.
+    let ticket = lease_ticket(&out);
+    let spent = CoordinatorGrant {
+        granted: 0,
+        window_start_ms: 0,
+        window_end_ms: WINDOW_MS,
+        remaining_lifetime_ms: 996,
+    };
+    let done = m.handle(
+        Event::LeaseGranted {
+            ticket: ticket.id,
+            grant: spent,
+        },
+        at(5),
+    );
+    assert!(matches!(answers(&done)[0].1, Ok(Acquired::Denied { .. })));
 }
 
 /// A fair key whose pool grant is live, holding `budget` of limit 100.
@@ -932,7 +1059,7 @@ impl Sim {
                 self.asked.insert(id);
                 let mut asking = request(id, tokens, &self.policy);
                 asking.tenant = Some(tenant(t));
-                asking.whole_or_nothing = whole;
+                asking.serving = if whole { Serving::Whole } else { Serving::Part };
                 asking.caller = Some(format!("caller{t}").into_bytes());
                 if !policy_known {
                     asking.policy = None;
