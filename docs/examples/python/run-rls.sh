@@ -31,7 +31,7 @@ port="$(free_ports "$((nodes + 2))")"
 [ -n "$port" ] || fail "no $((nodes + 2)) free consecutive ports"
 escrow_port=$((port + nodes))
 "$binary" dev --data-dir "$work/cluster" --base-port "$port" --nodes "$nodes" \
-  --escrow-base-port "$escrow_port" --ratelimit-config "$here/ratelimit.yaml" \
+  --escrow-base-port "$escrow_port" --ratelimit-config "$here/ratelimit.yaml" --ratelimit-response-headers \
   > "$work/cluster.log" 2>&1 &
 cluster_pid=$!
 certs="$work/cluster/certs"

@@ -446,6 +446,7 @@ pub async fn run(args: DemoArgs) -> Result<(), CliError> {
         config: None,
         escrow_base_port: 0,
         ratelimit_configs: Vec::new(),
+        ratelimit_response_headers: false,
     };
     let cluster = DevCluster::start(&dev)?;
     let result = async {

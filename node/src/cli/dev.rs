@@ -58,10 +58,14 @@ pub struct DevArgs {
     pub escrow_base_port: u16,
     /// Serve Envoy's rate limit service (RLS v3) on the escrow nodes,
     /// matching this `envoyproxy/ratelimit` configuration file (repeat for
-    /// more domains); `dev` also sets the policies its rules stand for. The
-    /// answers carry the draft RateLimit headers.
+    /// more domains); `dev` also sets the policies its rules stand for.
     #[arg(long = "ratelimit-config", value_name = "FILE")]
     pub ratelimit_configs: Vec<PathBuf>,
+    /// Add the draft RateLimit headers (`x-ratelimit-*`) to the RLS
+    /// answers. Off by default: an Envoy that computes them itself
+    /// (`enable_x_ratelimit_headers`) would send every header twice.
+    #[arg(long, requires = "ratelimit_configs")]
+    pub ratelimit_response_headers: bool,
 }
 
 /// Regions of the escrow nodes `dev` starts.
@@ -341,7 +345,10 @@ pub async fn run(args: DevArgs) -> Result<(), CliError> {
     let rls = if args.ratelimit_configs.is_empty() {
         None
     } else {
-        Some(RlsConfig::load(&args.ratelimit_configs, true)?)
+        Some(RlsConfig::load(
+            &args.ratelimit_configs,
+            args.ratelimit_response_headers,
+        )?)
     };
     let mut cluster = DevCluster::start(&args)?;
     let admin = cluster.admin()?;

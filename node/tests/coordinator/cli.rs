@@ -27,6 +27,7 @@ async fn dev_cluster_initialises_once_and_is_reused() -> Result<()> {
         config: None,
         escrow_base_port: 0,
         ratelimit_configs: Vec::new(),
+        ratelimit_response_headers: false,
     };
 
     let first = DevCluster::start(&args)?;
