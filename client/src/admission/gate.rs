@@ -107,10 +107,10 @@ impl AdmissionGateBuilder {
     }
 
     /// The wait a concurrency denial suggests until a request has
-    /// completed (default 1 000 ms). From then on the wait is computed:
-    /// when enough requests in flight are expected to end, each a typical
-    /// latency (the moving average of completed ones) after it started
-    /// (`ConcurrencyLimit::wait_for_slot_ms`).
+    /// completed (default 1 000 ms; set it near the service's typical
+    /// latency). From then on the wait is computed from the ages in
+    /// flight, the recent latencies and the limit's next steps
+    /// (`ConcurrencyLimit::slot_wait`).
     pub fn concurrency_retry_after_ms(mut self, ms: u64) -> Self {
         self.concurrency_retry_after_ms = ms;
         self
