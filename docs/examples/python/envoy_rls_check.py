@@ -262,7 +262,16 @@ def run(nodes, eu_endpoint, us_endpoint, without_policy=None):
         f"another address has a budget of its own: 3 hits OK, remaining {answer.statuses[0].limit_remaining} <= 2",
     )
 
-    # More hits than the limit never fit, and spend nothing.
+    # A descriptor's own hits_addend of 0 is check-only: it spends nothing.
+    checked = fresh("10.0.0.4")
+    for i in range(8):
+        answer = ask(request([descriptor([("remote_address", checked)], hits=0)], hits=1))
+        check(answer.overall_code == Code.OK, f"check-only {i + 1}: OK, nothing spent: {describe(answer)}")
+    answer = ask(request([descriptor([("remote_address", checked)])], hits=5))
+    check(answer.overall_code == Code.OK, f"after 8 checks all 5 hits are left: {describe(answer)}")
+
+    # More hits than are left are charged what is left (recorded, as
+    # upstream records every hit) and are OVER_LIMIT: the window is spent.
     big = fresh("10.0.0.3")
     answer = ask(request([descriptor([("remote_address", big)])], hits=6))
     check(
@@ -270,8 +279,8 @@ def run(nodes, eu_endpoint, us_endpoint, without_policy=None):
         and answer.statuses[0].current_limit.requests_per_unit == 5,
         f"hits_addend 6 above the limit of 5 is OVER_LIMIT: {describe(answer)}",
     )
-    answer = ask(request([descriptor([("remote_address", big)])], hits=5))
-    check(answer.overall_code == Code.OK, f"and spent nothing: 5 hits of that address are OK then: {describe(answer)}")
+    answer = ask(request([descriptor([("remote_address", big)])], hits=1))
+    check(answer.overall_code == Code.OVER_LIMIT, f"and spent the 5: one more hit is OVER_LIMIT: {describe(answer)}")
 
     # A descriptor's own hits_addend replaces the request's.
     answer = ask(request([descriptor([("remote_address", other)], hits=3)], hits=1))
