@@ -34,6 +34,7 @@
 use std::fmt::Write as _;
 
 pub mod answer;
+pub mod refunds;
 
 use crate::ids::MAX_KEY_BYTES;
 use crate::policy::{OutagePolicy, Policy, PolicyKind};

@@ -269,6 +269,19 @@ pub enum Event<R> {
         /// What it gives back.
         claim: ReturnClaim,
     },
+    /// Credits served without a holder come back (an RLS refund: Envoy's
+    /// `is_negative_hits`), up to what this node served in the window and
+    /// has not taken back — the same cap as every return. The caller caps
+    /// it first by what the refunding caller was charged. Answered by
+    /// [`Action::Settle`].
+    Refund {
+        /// Names the refund in its [`Action::Settle`].
+        id: u64,
+        /// Tokens offered back.
+        tokens: u64,
+        /// The window they were served in.
+        window_start_ms: u64,
+    },
     /// The key's policy as the caller's refreshed table has it.
     Policy(Option<Policy>),
     /// Lease `ticket` was granted.
@@ -570,6 +583,21 @@ impl<R> KeyMachine<R> {
                     |offered| counter.take_back(offered, claim.window_start_ms, now.mono_ms),
                 );
                 out.push(Action::Settle { id, settled });
+            }
+            Event::Refund {
+                id,
+                tokens,
+                window_start_ms,
+            } => {
+                self.last_request_ms = now.mono_ms;
+                let accepted = self.counter.take_back(tokens, window_start_ms, now.mono_ms);
+                out.push(Action::Settle {
+                    id,
+                    settled: Ok(ReturnSettled {
+                        accepted,
+                        refused: tokens - accepted,
+                    }),
+                });
             }
             Event::Policy(policy) => self.on_policy(policy, now, out),
             Event::LeaseGranted { ticket, grant } => self.on_lease_granted(ticket, grant, now, out),

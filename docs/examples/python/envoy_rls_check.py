@@ -427,7 +427,8 @@ def run(nodes, eu_endpoint, us_endpoint, without_policy=None):
         f"an unknown domain (an exhausted address): OK without a limit: {describe(answer)}",
     )
 
-    # --- A limit override is not honoured; negative hits spend and return nothing.
+    # --- A limit override is not honoured; negative hits give back what this
+    # caller was charged on the key in the window (here: its 5 hits).
     ignored = ask(request([
         descriptor([("remote_address", address)], hits=5, negative=True),
         descriptor([("nobody", "y")], limit=(1, ratelimit_unit_pb2.SECOND)),
@@ -440,8 +441,17 @@ def run(nodes, eu_endpoint, us_endpoint, without_policy=None):
     )
     answer = ask(request([descriptor([("remote_address", address)])]))
     check(
+        answer.overall_code == Code.OK,
+        f"the negative hits gave the address's hits back: OK again: {describe(answer)}",
+    )
+    # 1 charged since: a refund of 100 gives back that 1 and no more.
+    ask(request([descriptor([("remote_address", address)], hits=100, negative=True)]))
+    answer = ask(request([descriptor([("remote_address", address)])], hits=5))
+    check(answer.overall_code == Code.OK, f"5 hits fit again after the refund: {describe(answer)}")
+    answer = ask(request([descriptor([("remote_address", address)])], hits=1))
+    check(
         answer.overall_code == Code.OVER_LIMIT,
-        f"the negative hits returned nothing: the address is still OVER_LIMIT: {describe(answer)}",
+        f"a refund beyond what was charged gave back no more: a 6th hit is OVER_LIMIT: {describe(answer)}",
     )
     answer = ask(request([descriptor([("remote_address", fresh("10.0.0.5"))], limit=(1000, ratelimit_unit_pb2.SECOND))]))
     status = answer.statuses[0]

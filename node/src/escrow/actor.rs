@@ -83,6 +83,16 @@ pub enum KeyRequest {
         /// What was taken back.
         reply: oneshot::Sender<Result<ReturnSettled, Status>>,
     },
+    /// Take back credits served without a holder (an RLS refund), up to
+    /// what the key served in that window and has not taken back.
+    Refund {
+        /// Tokens offered back.
+        tokens: u64,
+        /// The window they were served in.
+        window_start_ms: u64,
+        /// What was taken back.
+        reply: oneshot::Sender<Result<ReturnSettled, Status>>,
+    },
     /// A forecast of the key's demand in its next window.
     Forecast {
         /// Tokens expected.
@@ -329,6 +339,19 @@ impl KeyActor {
             KeyRequest::Return { from, claim, reply } => {
                 self.replies.insert(id, Reply::Return(reply));
                 self.drive(Event::Return { id, from, claim }).await;
+            }
+            KeyRequest::Refund {
+                tokens,
+                window_start_ms,
+                reply,
+            } => {
+                self.replies.insert(id, Reply::Return(reply));
+                self.drive(Event::Refund {
+                    id,
+                    tokens,
+                    window_start_ms,
+                })
+                .await;
             }
             KeyRequest::Forecast { demand, reply } => {
                 let _ = reply.send(self.machine.forecast(demand));

@@ -18,9 +18,12 @@
 //! [`MAX_DESCRIPTORS`] descriptors or [`MAX_ENTRIES`] entries in one, an
 //! entry with an empty key. A descriptor's `limit` override is not honoured:
 //! the descriptor is answered by the rule it matches, as without one (the
-//! cluster's policy governs, so every region enforces one limit). A
-//! descriptor with `is_negative_hits` spends and returns nothing and is
-//! answered `OK` without a limit. Both are counted.
+//! cluster's policy governs, so every region enforces one limit); it is
+//! counted. A descriptor with `is_negative_hits` is a refund, answered `OK`
+//! without a limit: it gives back at most what its caller was charged on
+//! the key in a window not yet over
+//! ([`leasehold_core::rls::refunds::RefundBook`], on this node), and the
+//! escrow at most what it served there and has not taken back.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -36,10 +39,12 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimit
 use envoy_types::pb::google::protobuf::Duration as WireDuration;
 use leasehold_core::escrow::machine::Acquired;
 use leasehold_core::metrics::{Exposition, MetricKind};
+use leasehold_core::principal::Principal;
 use leasehold_core::rls::answer::{
     descriptor_hits, draft_headers, overall_over_limit, plan_request, unpaid_hits, Code,
     DescriptorAnswer, EscrowOutcome, Plan, RequestDescriptor,
 };
+use leasehold_core::rls::refunds::RefundBook;
 use leasehold_core::rls::{DomainConfig, Unit};
 use leasehold_proto::refusal::invalid_field;
 use tonic::{Request, Response, Status};
@@ -188,6 +193,8 @@ pub struct RlsMetrics {
     negative_hits_ignored: AtomicU64,
     checks_only: AtomicU64,
     hits_unpaid: AtomicU64,
+    hits_refunded: AtomicU64,
+    refund_hits_refused: AtomicU64,
 }
 
 impl RlsMetrics {
@@ -337,9 +344,23 @@ impl RlsMetrics {
             load(&self.hits_unpaid),
         );
         doc.single(
+            "leasehold_escrow_rls_hits_refunded_total",
+            MetricKind::Counter,
+            "Hits given back by is_negative_hits descriptors (each at most what its caller was \
+             charged on the key in a window not yet over).",
+            load(&self.hits_refunded),
+        );
+        doc.single(
+            "leasehold_escrow_rls_refund_hits_refused_total",
+            MetricKind::Counter,
+            "Hits of is_negative_hits descriptors not given back: beyond what the caller was \
+             charged there, or its window over.",
+            load(&self.refund_hits_refused),
+        );
+        doc.single(
             "leasehold_escrow_rls_negative_hits_ignored_total",
             MetricKind::Counter,
-            "Descriptors with is_negative_hits, answered OK without spending or returning.",
+            "Descriptors with is_negative_hits that match no limited rule.",
             load(&self.negative_hits_ignored),
         );
     }
@@ -383,6 +404,8 @@ pub struct RlsState {
     config: Mutex<RlsConfig>,
     /// What `/metrics` shows.
     pub metrics: RlsMetrics,
+    /// What each caller was charged per key in the current window.
+    refunds: Mutex<RefundBook<Principal>>,
 }
 
 impl RlsState {
@@ -393,7 +416,12 @@ impl RlsState {
             response_headers: config.response_headers,
             config: Mutex::new(config.clone()),
             metrics: RlsMetrics::new(config),
+            refunds: Mutex::new(RefundBook::default()),
         }
+    }
+
+    fn lock_refunds(&self) -> std::sync::MutexGuard<'_, RefundBook<Principal>> {
+        self.refunds.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     fn domains(&self) -> Arc<Domains> {
@@ -476,6 +504,50 @@ impl RateLimitApi {
     /// RLS answered from `escrow`'s keys with `state`'s domains.
     pub fn new(escrow: EscrowApi, state: Arc<RlsState>) -> Self {
         RateLimitApi { escrow, state }
+    }
+
+    /// One refund (an `is_negative_hits` descriptor planned `plan`) by
+    /// `caller`: what it was charged on the key in a window not yet over,
+    /// at most, given back through the escrow's capped take-back.
+    async fn refund(&self, plan: &Plan, caller: &Principal) -> Result<(), Status> {
+        let metrics = &self.state.metrics;
+        let Plan::Limited(limited) = plan else {
+            metrics
+                .negative_hits_ignored
+                .fetch_add(1, Ordering::Relaxed);
+            return Ok(());
+        };
+        let now_ms = self.escrow.wall_ms();
+        let refundable =
+            self.state
+                .lock_refunds()
+                .refundable(&limited.key, caller, limited.hits, now_ms);
+        let accepted = match refundable {
+            Some(refund) => {
+                let settled = self
+                    .escrow
+                    .refund(
+                        &limited.key,
+                        refund.tokens,
+                        refund.window_start_ms,
+                        caller.clone(),
+                    )
+                    .await?;
+                self.state.lock_refunds().refunded(
+                    &limited.key,
+                    caller,
+                    refund.window_start_ms,
+                    settled.accepted,
+                );
+                settled.accepted
+            }
+            None => 0,
+        };
+        metrics.hits_refunded.fetch_add(accepted, Ordering::Relaxed);
+        metrics
+            .refund_hits_refused
+            .fetch_add(limited.hits - accepted, Ordering::Relaxed);
+        Ok(())
     }
 }
 
@@ -629,15 +701,26 @@ impl RateLimitService for RateLimitApi {
             .iter()
             .map(|d| {
                 if d.negative {
-                    metrics
-                        .negative_hits_ignored
-                        .fetch_add(1, Ordering::Relaxed);
                     Plan::NoLimit
                 } else {
                     counted_plans.next().unwrap_or(Plan::NoLimit)
                 }
             })
             .collect();
+        // Refunds, planned by the same rules among themselves: each gives
+        // back at most what this caller was charged on its key in a window
+        // not yet over, and the escrow at most what it served there.
+        let refunds: Vec<RequestDescriptor> = descriptors
+            .iter()
+            .filter(|d| d.negative)
+            .map(|d| RequestDescriptor {
+                entries: &d.entries,
+                hits: d.hits,
+            })
+            .collect();
+        for plan in plan_request(config, &refunds) {
+            self.refund(&plan, &caller).await?;
+        }
         let outcomes = futures::future::try_join_all(plans.iter().map(|plan| {
             let caller = caller.clone();
             async move {
@@ -656,8 +739,18 @@ impl RateLimitService for RateLimitApi {
                 };
                 let acquired = self
                     .escrow
-                    .admit(&limited.key, tokens, caller, serving)
+                    .admit(&limited.key, tokens, caller.clone(), serving)
                     .await?;
+                if let (Serving::Charge, Acquired::Credits { served, .. }) = (serving, &acquired) {
+                    if served.granted > 0 && !served.from_fallback {
+                        self.state.lock_refunds().charge(
+                            (&limited.key, &caller),
+                            (served.window_start_ms, served.window_end_ms),
+                            served.granted,
+                            self.escrow.wall_ms(),
+                        );
+                    }
+                }
                 Ok::<_, Status>(match acquired {
                     Acquired::Credits {
                         served,

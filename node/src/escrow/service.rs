@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use leasehold_core::escrow::Holder;
+use leasehold_core::escrow::{Holder, ReturnSettled};
 use leasehold_core::principal::Principal;
 use leasehold_proto::convert::coordinator::{self as coordinator_wire, optional_request_id};
 use leasehold_proto::convert::escrow as escrow_wire;
@@ -49,6 +49,26 @@ impl EscrowApi {
         )?;
         record_escrow_denial(&self.shared, &acquired);
         Ok(acquired)
+    }
+
+    /// Takes back `tokens` of `key` served without a holder in the window
+    /// starting at `window_start_ms` (an RLS refund), capped by what the
+    /// key served there and has not taken back.
+    pub(crate) async fn refund(
+        &self,
+        key: &str,
+        tokens: u64,
+        window_start_ms: u64,
+        caller: Principal,
+    ) -> Result<ReturnSettled, Status> {
+        let key = coordinator_wire::key(key)?;
+        self.table
+            .ask((key.as_str(), &caller), |reply| KeyRequest::Refund {
+                tokens,
+                window_start_ms,
+                reply,
+            })
+            .await?
     }
 
     /// The node's wall clock, epoch ms.

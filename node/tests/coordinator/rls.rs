@@ -359,7 +359,9 @@ async fn every_field_is_answered_as_documented() -> Result<()> {
         "{text}"
     );
     ensure!(series("leasehold_escrow_rls_limit_overrides_ignored_total") == 1.0);
-    ensure!(series("leasehold_escrow_rls_negative_hits_ignored_total") == 1.0);
+    // The refund of "a" gave back 1 of the 5 this caller was charged there.
+    ensure!(series("leasehold_escrow_rls_hits_refunded_total") == 1.0);
+    ensure!(series("leasehold_escrow_rls_negative_hits_ignored_total") == 0.0);
     node.stop().await;
     Ok(())
 }
@@ -824,19 +826,43 @@ descriptors:
     let check = ask(&mut client, with_hits(0)).await?;
     ensure!(overall(&check) == WireCode::OverLimit, "{check:?}");
     ensure!(overall(&ask(&mut client, with_hits(1)).await?) == WireCode::OverLimit);
-    // The cluster's window holds exactly the limit: nothing was lost to
+    // A refund of 300 (a response charged 400 that used 100): at most what
+    // this caller was charged comes back, and checks pass again.
+    let mut refund = descriptor(&[("tenant", "acme")]);
+    refund.hits_addend = Some(UInt64Value { value: 300 });
+    refund.is_negative_hits = true;
+    let refunded = ask(&mut client, request("ai", vec![refund.clone()], 0)).await?;
+    ensure!(overall(&refunded) == WireCode::Ok, "{refunded:?}");
+    ensure!(overall(&ask(&mut client, with_hits(0)).await?) == WireCode::Ok);
+    ensure!(overall(&ask(&mut client, with_hits(300)).await?) == WireCode::Ok);
+    ensure!(overall(&ask(&mut client, with_hits(1)).await?) == WireCode::OverLimit);
+    // Refunds beyond what was charged give back nothing more than that:
+    // 1 300 charged in all, 300 refunded; of 10 000 more offered, the
+    // 1 000 still charged are taken.
+    refund.hits_addend = Some(UInt64Value { value: 10_000 });
+    ask(&mut client, request("ai", vec![refund], 0)).await?;
+    // The cluster's window holds at most the limit: nothing was lost to
     // the checks, nothing charged beyond it.
     let window = cluster.client()?.get_window("rls:ai/tenant/|acme").await?;
     ensure!(window.granted <= 1_000, "{window:?}");
     let (_, body) = get(&metrics_addr, "/metrics").await?;
     let series = |name: &str| sample(&body, name).unwrap_or(-1.0);
     ensure!(
-        series("leasehold_escrow_rls_check_only_descriptors_total") == 52.0,
+        series("leasehold_escrow_rls_check_only_descriptors_total") == 53.0,
         "{body}"
     );
-    // 150 of the 350 and the last token found nothing left.
+    // 150 of the 350 and the two single tokens found nothing left.
     ensure!(
-        series("leasehold_escrow_rls_hits_unpaid_total") == 151.0,
+        series("leasehold_escrow_rls_hits_unpaid_total") == 152.0,
+        "{body}"
+    );
+    // Refunded: 300, then the 1 300 charged less the 300 already back.
+    ensure!(
+        series("leasehold_escrow_rls_hits_refunded_total") == 1_300.0,
+        "{body}"
+    );
+    ensure!(
+        series("leasehold_escrow_rls_refund_hits_refused_total") == 9_000.0,
         "{body}"
     );
     drop(node);

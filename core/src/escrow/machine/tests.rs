@@ -503,6 +503,64 @@ fn a_probe_answers_whether_tokens_could_be_served_and_spends_nothing() {
     assert!(matches!(answers(&done)[0].1, Ok(Acquired::Denied { .. })));
 }
 
+/// A refund takes back at most what the node served in that window and
+/// has not taken back; another window's refund takes nothing.
+#[test]
+fn a_refund_takes_back_at_most_what_was_served_in_its_window() {
+    let counter = policy(PolicyKind::Counter, 100, OutagePolicy::FailClosed, false);
+    let mut m = Machine::new(config(4), None, 0);
+    let ticket = lease_ticket(&m.handle(Event::Acquire(request(1, 3, &counter)), at(0)));
+    m.handle(
+        Event::LeaseGranted {
+            ticket: ticket.id,
+            grant: CoordinatorGrant {
+                granted: 4,
+                window_start_ms: 0,
+                window_end_ms: WINDOW_MS,
+                remaining_lifetime_ms: 1_000,
+            },
+        },
+        at(1),
+    );
+    assert_eq!(m.counter.balance(2), 1, "3 of 4 served");
+    let settled = |actions: Vec<Action<&'static str>>| {
+        actions.into_iter().find_map(|a| match a {
+            Action::Settle { settled, .. } => Some(settled),
+            _ => None,
+        })
+    };
+    let refund = |id, tokens, window_start_ms| Event::Refund {
+        id,
+        tokens,
+        window_start_ms,
+    };
+    let first = settled(m.handle(refund(2, 5, 0), at(2)));
+    assert_eq!(
+        first,
+        Some(Ok(ReturnSettled {
+            accepted: 3,
+            refused: 2
+        }))
+    );
+    assert_eq!(m.counter.balance(2), 4, "never more than was granted");
+    let again = settled(m.handle(refund(3, 1, 0), at(2)));
+    assert_eq!(
+        again,
+        Some(Ok(ReturnSettled {
+            accepted: 0,
+            refused: 1
+        }))
+    );
+    let elsewhere = settled(m.handle(refund(4, 1, WINDOW_MS), at(2)));
+    assert_eq!(
+        elsewhere,
+        Some(Ok(ReturnSettled {
+            accepted: 0,
+            refused: 1
+        }))
+    );
+}
+
 /// A fair key whose pool grant is live, holding `budget` of limit 100.
 fn fair_key_with(budget: u64, now_ms: u64) -> (Machine, Policy) {
     let fair = policy(PolicyKind::Fair, 100, OutagePolicy::FailClosed, false);
