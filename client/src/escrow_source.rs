@@ -47,6 +47,13 @@ pub struct EscrowSourceOptions {
     pub backoff_base: Duration,
     /// Largest backoff.
     pub backoff_max: Duration,
+    /// After moving off the first node (a failure), go back to it at the
+    /// start of the first acquisition this long later (returns stay where
+    /// the credits came from): a node that restarted
+    /// serves its callers again instead of leaving the region on one node.
+    /// Should the first node still fail, the source moves on as before and
+    /// tries again after the same time.
+    pub return_after: Duration,
 }
 
 impl EscrowSourceOptions {
@@ -68,6 +75,12 @@ impl EscrowSourceOptions {
         self.backoff_max = max;
         self
     }
+
+    /// How long after moving off the first node it is tried again.
+    pub fn with_return_after(mut self, after: Duration) -> Self {
+        self.return_after = after;
+        self
+    }
 }
 
 impl Default for EscrowSourceOptions {
@@ -77,6 +90,7 @@ impl Default for EscrowSourceOptions {
             max_attempts: 3,
             backoff_base: Duration::from_millis(20),
             backoff_max: Duration::from_millis(500),
+            return_after: Duration::from_secs(2),
         }
     }
 }
@@ -95,6 +109,8 @@ pub struct EscrowSource {
 struct Route {
     current: usize,
     channel: Option<Channel>,
+    /// When the source last moved off the first node, while it is off it.
+    left_first_at: Option<tokio::time::Instant>,
 }
 
 impl std::fmt::Debug for EscrowSource {
@@ -121,7 +137,10 @@ impl EscrowSource {
     /// A source over every escrow node of one region (`host:port` or
     /// `http://host:port` each; duplicates count once), starting with the
     /// first: after a transient failure it moves on to the next node in
-    /// turn. Dialling is lazy.
+    /// turn, and goes back to the first once
+    /// [`EscrowSourceOptions::return_after`] has passed (order the
+    /// endpoints differently per caller to spread callers over the
+    /// region's nodes). Dialling is lazy.
     pub fn with_endpoints<I, S>(
         endpoints: I,
         dialer: Arc<dyn Dialer>,
@@ -196,6 +215,20 @@ impl EscrowSource {
         let mut route = crate::limiter::lock(&self.route);
         route.channel = None;
         route.current = (route.current + 1) % self.endpoints.len();
+        route.left_first_at = (route.current != 0).then(tokio::time::Instant::now);
+    }
+
+    /// At the start of an acquisition: back to the first node once
+    /// [`EscrowSourceOptions::return_after`] has passed since leaving it.
+    fn return_to_first_when_due(&self) {
+        let mut route = crate::limiter::lock(&self.route);
+        if let Some(left) = route.left_first_at {
+            if left.elapsed() >= self.options.return_after {
+                route.current = 0;
+                route.channel = None;
+                route.left_first_at = None;
+            }
+        }
     }
 
     /// Runs one attempt with its deadline; forgets the channel on a
@@ -271,6 +304,9 @@ impl EscrowSource {
         fields(otel.kind = "client", key = %request.key.as_str(), tokens = request.tokens)
     )]
     async fn acquire_with_retries(&self, request: AcquireRequest) -> Result<Grant, ClientError> {
+        // Only an acquisition goes back to the first node: a return goes
+        // where the credits came from.
+        self.return_to_first_when_due();
         let message = wire::AcquireRequest {
             key: request.key.as_str().to_string(),
             tenant: tenant_name(request.tenant.as_ref()),

@@ -563,3 +563,66 @@ async fn concurrent_strict_checks_leave_together_and_each_gets_its_own_answer() 
         "{calls} calls for {CHECKS} concurrent checks ({leases} single, {batches} batches)"
     );
 }
+
+/// A source that moved off its first node (failing) goes back to it once
+/// `return_after` has passed and it answers again — a restarted node gets
+/// its callers back — and moves on again while it still fails.
+#[tokio::test]
+async fn a_source_returns_to_its_first_node_once_it_answers_again() {
+    let first = FakeEscrow::default();
+    // Down for its first two calls.
+    first
+        .script
+        .lock()
+        .expect("lock")
+        .extend([Err(()), Err(())]);
+    let first_addr = spawn_escrow(first.clone());
+    let second = FakeEscrow::default();
+    let second_addr = spawn_escrow(second.clone());
+    let options = EscrowSourceOptions::default()
+        .with_rpc_timeout(Duration::from_millis(500))
+        .with_max_attempts(2)
+        .with_backoff(Duration::from_millis(1), Duration::from_millis(5))
+        .with_return_after(Duration::from_millis(100));
+    let source = EscrowSource::with_endpoints(
+        [first_addr.as_str(), second_addr.as_str()],
+        Arc::new(TcpDialer::default()),
+        options,
+    )
+    .expect("valid endpoints");
+    let request = |seq| AcquireRequest {
+        key: Key::new("k").expect("valid"),
+        tenant: None,
+        weight: 1,
+        tokens: 1,
+        request_id: RequestId {
+            client: ClientId::new("me").expect("valid"),
+            seq,
+        },
+    };
+    source
+        .acquire(request(1))
+        .await
+        .expect("the second node serves");
+    assert_eq!(source.addr(), source.endpoints()[1]);
+    // Before the wait is over it stays on the second node.
+    source.acquire(request(2)).await.expect("served");
+    assert_eq!(second.seen_ids.lock().expect("lock").len(), 2);
+    // Still failing after the wait: the source tries it, then moves on.
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    source
+        .acquire(request(3))
+        .await
+        .expect("served by the second again");
+    assert_eq!(source.addr(), source.endpoints()[1]);
+    assert_eq!(first.seen_ids.lock().expect("lock").len(), 2);
+    // Answering again: the next acquisition after the wait goes back.
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    source
+        .acquire(request(4))
+        .await
+        .expect("served by the first");
+    assert_eq!(source.addr(), source.endpoints()[0]);
+    assert_eq!(first.seen_ids.lock().expect("lock").len(), 3);
+    assert_eq!(second.seen_ids.lock().expect("lock").len(), 3);
+}
