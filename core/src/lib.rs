@@ -25,6 +25,9 @@
 //! - [`predictive_sizer`]: prediction-following and EOQ experts under Hedge.
 //! - [`water_fill`]: the flat weighted max-min oracle.
 //! - [`static_partition`]: the uncoordinated even split, the baseline leasing beats.
+//! - [`rls`]: Envoy's rate limit configuration, matching, keys and answers
+//!   (token budgets' checks, charges and refunds).
+//! - [`metrics`]: the Prometheus text exposition every `/metrics` writes.
 #![deny(missing_docs)]
 
 pub mod admission;

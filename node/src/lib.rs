@@ -24,6 +24,15 @@
 //!   of every listener.
 //! - [`monitor`]: the read-only Monitor service (`leasehold watch`): live
 //!   streams of key windows from a member's applied state.
+//! - [`escrow`]: the regional escrow node (L2): one actor per key over the
+//!   core's key machine, the Escrow service, Envoy's rate limit service.
+//! - [`ratelimit_file`]: `envoyproxy/ratelimit` configuration files, read
+//!   with every problem at its line.
+//! - [`tls`] and [`certs`]: mutual TLS (files reloaded as they change) and
+//!   `leasehold certs` (a CA and the certificates it signs).
+//! - [`metrics_http`]: the plain-HTTP `/metrics` listener of members and
+//!   escrow nodes.
+//! - [`reflection`]: gRPC server reflection of the services served.
 //! - `scripts/failover-bench.sh`: kills the leader of a 3-process cluster
 //!   under `leasehold bench` load; results in `docs/benchmarks.md`.
 //!

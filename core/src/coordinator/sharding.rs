@@ -630,7 +630,7 @@ impl CoordinatorState {
     /// serve (nothing executed: the owner answers it).
     pub(super) fn not_owner(&self, key: &Key) -> Outcome {
         Outcome::Rejected(CommandError::NotOwner(format!(
-            "shard {} does not serve key {key:?} (slot {}); ask the placement for its owner",
+            "shard {} does not serve key \"{key}\" (slot {}); ask the placement for its owner",
             self.sharding.shard().0,
             slot_of(key.as_str())
         )))

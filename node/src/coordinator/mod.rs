@@ -10,7 +10,8 @@
 //!
 //! Layout: [`context`] (what handlers share), [`shard`] (the shards a
 //! member hosts and the Coordinator service's routing: which group answers
-//! a key) over [`api`] (one group's side of it), [`admin`] (the Admin service), [`batcher`] (group commit), [`leader`]
+//! a key) over [`api`] (one group's side of it, one file per RPC),
+//! [`admin`] (the Admin service), [`batcher`] (group commit), [`leader`]
 //! (leader view and hints), [`network`], [`raft_service`], [`peer_frames`],
 //! [`frame_link`] and [`frame_server`] (the peer transport: frames, or gRPC
 //! to older members),

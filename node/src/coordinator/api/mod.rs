@@ -1,0 +1,144 @@
+//! One group's side of the public coordinator API
+//! (`leasehold.v1.Coordinator`): lease, reconcile and pool grant go
+//! through group commit at the group's leader; `GetWindow` is a
+//! linearizable read.
+//!
+//! Every call validates its input first (`INVALID_ARGUMENT`, nothing
+//! proposed), then checks leadership (`FAILED_PRECONDITION` with a leader
+//! hint, or `UNAVAILABLE`), then proposes and maps the state machine's
+//! outcome (`NOT_FOUND` without a policy, `FAILED_PRECONDITION` on a kind
+//! mismatch).
+//!
+//! Lease, Reconcile and PoolGrant act for the request's region: only that
+//! region's certificate may send them (`PERMISSION_DENIED` otherwise; see
+//! [`crate::auth`]).
+//!
+//! A [`CoordinatorApi`] answers for its own group alone, as plain async
+//! methods over the decoded message and its [`Caller`]; which group a
+//! key's call goes to is settled before the call reaches one, by the
+//! router the member serves (`ShardRouting`). Shard 0 and each hosted
+//! shard have an API of their own, over their group, with their own pool
+//! desk.
+//!
+//! One file per RPC: [`lease`], [`reconcile`], [`pool`] (`PoolGrant` and
+//! `PoolRelease`, which share the pool desk), [`get_window`] and
+//! [`lease_batch`]; this file holds what they share.
+
+mod get_window;
+mod lease;
+mod lease_batch;
+mod pool;
+mod reconcile;
+
+use std::sync::Arc;
+
+use leasehold_core::coordinator::{Command, Outcome};
+use leasehold_core::pool::desk::{GrantNotes, PoolDesk};
+use leasehold_core::principal::Principal;
+use leasehold_proto::convert::coordinator as convert;
+use leasehold_proto::convert::InvalidField;
+use leasehold_proto::refusal::{refusal, Reason};
+use leasehold_proto::v1 as pb;
+use tonic::{Request, Status};
+
+use super::context::NodeContext;
+use super::leader::command_error_status;
+use super::metrics::Rejection;
+use crate::auth::{authorize_region, PeerInfo};
+
+/// Who sent a call, as its connection proved it.
+pub struct Caller {
+    /// The principal its certificate proves (anonymous in plaintext).
+    pub principal: Principal,
+    /// Its peer, for the refusals counted against it.
+    pub peer: Option<PeerInfo>,
+}
+
+impl Caller {
+    /// The sender of `request`.
+    pub fn of<T>(request: &Request<T>) -> Self {
+        Self {
+            principal: crate::auth::caller(request),
+            peer: request.extensions().get::<PeerInfo>().cloned(),
+        }
+    }
+}
+
+/// Answers `leasehold.v1.Coordinator` calls for one group of a member.
+#[derive(Clone)]
+pub struct CoordinatorApi {
+    node: Arc<NodeContext>,
+    /// The leader's pool memory — demand reports, the regions of recent
+    /// windows, capped asks — held while leading (see
+    /// `leasehold_core::pool::desk`).
+    pool_desk: Arc<std::sync::Mutex<PoolDesk>>,
+}
+
+impl CoordinatorApi {
+    /// The API over a group's shared context.
+    pub fn new(node: Arc<NodeContext>) -> Self {
+        Self {
+            node,
+            pool_desk: Arc::default(),
+        }
+    }
+
+    /// The Raft handle of this API's group.
+    pub fn raft(&self) -> leasehold_raft_store::Raft {
+        self.node.raft.clone()
+    }
+
+    /// The group this API answers for.
+    pub fn context(&self) -> &Arc<NodeContext> {
+        &self.node
+    }
+
+    /// The `INVALID_ARGUMENT` refusal of `error`, counted.
+    fn invalid(&self, error: InvalidField) -> Status {
+        self.node
+            .metrics
+            .record_rejection(Rejection::InvalidArgument);
+        Status::from(error)
+    }
+
+    /// Refuses unless `caller` may act for `region`.
+    fn require_region(&self, caller: &Caller, region: &str) -> Result<(), Status> {
+        authorize_region(&caller.principal, region).map_err(|refusal| {
+            self.node
+                .metrics
+                .auth
+                .refuse(caller.peer.as_ref(), "Coordinator", refusal)
+        })
+    }
+
+    async fn write(&self, command: Command) -> Result<Outcome, Status> {
+        self.node.require_leader()?;
+        let outcome = self.node.propose(command).await?;
+        match outcome {
+            Outcome::Rejected(error) => Err(command_error_status(&error)),
+            outcome => Ok(outcome),
+        }
+    }
+}
+
+/// `notes` in a pool grant's answer: the hints and the demand totals.
+fn add_notes(response: &mut pb::PoolGrantResponse, notes: GrantNotes) {
+    if let Some(standing) = notes.standing {
+        response.guarantee_total = standing.guarantee;
+        response.ceiling_total = standing.ceiling;
+    }
+    if let Some(expected) = notes.expected {
+        response.expected_guarantee_total = expected.guarantee;
+        response.expected_ceiling_total = expected.ceiling;
+    }
+    response.reserved_unheld_total = notes.reserved_unheld;
+    response.retired_kept_total = notes.retired_kept;
+    response.late_released_before_total = notes.late_released_before;
+    response.tenant_demands = convert::tenant_demands_to_wire(&notes.tenant_demands);
+    response.settled_tenant_demands =
+        convert::tenant_demands_to_wire(&notes.settled_tenant_demands);
+}
+
+fn unexpected(outcome: &Outcome) -> Status {
+    refusal(Reason::Internal, format!("unexpected outcome {outcome:?}"))
+}
