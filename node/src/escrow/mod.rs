@@ -16,8 +16,10 @@
 //! - [`fair_throttle`]: which keys a fair throttle (FAIR) fronts, its
 //!   validation, and who the caller is.
 //! - [`config_file`]: the node's TOML config file (`--config`).
-//! - [`rls`] and [`rls_wire`]: Envoy's rate limit service (RLS v3) from the
-//!   node's escrow, and its route with descriptor entries read as bytes.
+//! - [`rls`], [`rls_state`] and [`rls_wire`]: Envoy's rate limit service
+//!   (RLS v3) from the node's escrow; the domains, counters and refund book
+//!   it serves with (shared with [`shared`], depending on nothing of the
+//!   node); its route with descriptor entries read as bytes.
 //!
 //! Credits are in memory only: they die with their window, so a restarted
 //! escrow node simply leases afresh. Policies (kind, outage mode) are read
@@ -29,6 +31,7 @@ pub mod fair_throttle;
 pub mod outage;
 pub mod prometheus;
 pub mod rls;
+pub mod rls_state;
 pub mod rls_wire;
 pub mod service;
 pub mod shared;

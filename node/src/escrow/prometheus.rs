@@ -23,7 +23,7 @@ pub struct Observations {
     /// Refills per lease call.
     pub lease_call_items: HistogramSnapshot,
     /// Envoy's rate limit service, when the node serves it.
-    pub rls: Option<std::sync::Arc<super::rls::RlsState>>,
+    pub rls: Option<std::sync::Arc<super::rls_state::RlsState>>,
 }
 
 impl Observations {

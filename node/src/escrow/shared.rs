@@ -50,7 +50,7 @@ pub struct EscrowShared {
     pub lease_round_trip: Histogram,
     /// Envoy's rate limit service, when the node serves it: its domains
     /// and metrics.
-    pub rls: Option<Arc<super::rls::RlsState>>,
+    pub rls: Option<Arc<super::rls_state::RlsState>>,
 }
 
 /// Whether the coordinator answered the last call, and the outage the node
@@ -155,7 +155,7 @@ impl EscrowShared {
         let rls = config
             .rls
             .as_ref()
-            .map(|rls| Arc::new(super::rls::RlsState::new(rls)));
+            .map(|rls| Arc::new(super::rls_state::RlsState::new(rls)));
         Arc::new(EscrowShared {
             rls,
             config,
