@@ -1046,20 +1046,23 @@ impl<R> KeyMachine<R> {
         // credits held than it asks leases the difference first, once:
         // served in part now, it would be denied (or short) while the
         // window may still have them.
-        let whole = self
+        let leases_shortfall = self
             .working
             .as_ref()
             .is_some_and(|w| w.request.serving.leases_shortfall());
-        let held = self.counter.balance(now.mono_ms);
-        let short = whole && held < tokens;
-        if !short {
+        let shortfall = if leases_shortfall {
+            tokens.saturating_sub(self.counter.balance(now.mono_ms))
+        } else {
+            0
+        };
+        if shortfall == 0 {
             if let Some(served) = self.counter.serve(tokens, now.mono_ms) {
                 let answer = self.credits(served);
                 self.finish(Ok(answer), now, out);
                 return;
             }
         }
-        let want = if short { tokens - held } else { tokens };
+        let want = if shortfall > 0 { shortfall } else { tokens };
         if let Some(ticket) = self.counter.send_lease(want, now.mono_ms) {
             self.outbound = Some(Outbound::Lease { ticket: ticket.id });
             if let Some(working) = self.working.as_mut() {

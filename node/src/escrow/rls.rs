@@ -304,7 +304,17 @@ impl RateLimitService for RateLimitApi {
                     .escrow
                     .admit(&limited.key, tokens, caller.clone(), serving)
                     .await?;
-                if let (Serving::Charge, Acquired::Credits { served, .. }) = (serving, &acquired) {
+                if let (
+                    Serving::Charge,
+                    Acquired::Credits {
+                        served,
+                        shadow_would_deny: false,
+                        ..
+                    },
+                ) = (serving, &acquired)
+                {
+                    // Only credits served from a grant are refundable:
+                    // fallback and shadow credits never entered the escrow.
                     if served.granted > 0 && !served.from_fallback {
                         self.state.lock_refunds().charge(
                             (&limited.key, &caller),

@@ -151,63 +151,36 @@ async fn each_bad_request_gets_its_code_and_changes_nothing() -> Result<()> {
             "a bad demand report was not refused as INVALID_FIELD"
         );
     }
-    // A holder beyond 128 bytes names its field, on a grant and a release.
-    let long_holder = "h".repeat(129);
-    let refused = api
-        .pool_grant(pb::PoolGrantRequest {
-            holder: long_holder.clone(),
-            ..pool.clone()
-        })
-        .await
-        .unwrap_err();
-    ensure!(
-        refusal::detail(&refused, refusal::FIELD).as_deref() == Some("holder"),
-        "{refused:?}"
-    );
-    let refused = api
-        .pool_release(pb::PoolReleaseRequest {
-            key: "ok/k".into(),
-            region: "eu".into(),
-            from_total: 1,
-            keep_total: 0,
-            window_start_ms: 1,
-            holder: long_holder,
-            ..Default::default()
-        })
-        .await
-        .unwrap_err();
-    ensure!(
-        refusal::detail(&refused, refusal::FIELD).as_deref() == Some("holder"),
-        "{refused:?}"
-    );
-    // So does a node name beyond 128 bytes, on a grant and a release.
-    let refused = api
-        .pool_grant(pb::PoolGrantRequest {
-            node: "n".repeat(129),
-            ..pool.clone()
-        })
-        .await
-        .unwrap_err();
-    ensure!(
-        refusal::detail(&refused, refusal::FIELD).as_deref() == Some("node"),
-        "{refused:?}"
-    );
-    let refused = api
-        .pool_release(pb::PoolReleaseRequest {
-            key: "ok/k".into(),
-            region: "eu".into(),
-            from_total: 1,
-            keep_total: 0,
-            window_start_ms: 1,
-            node: "n".repeat(129),
-            ..Default::default()
-        })
-        .await
-        .unwrap_err();
-    ensure!(
-        refusal::detail(&refused, refusal::FIELD).as_deref() == Some("node"),
-        "{refused:?}"
-    );
+    // A holder or node name beyond 128 bytes names its field, on a grant
+    // and a release.
+    let long = "n".repeat(129);
+    for field in ["holder", "node"] {
+        let (mut grant, mut release) = (
+            pool.clone(),
+            pb::PoolReleaseRequest {
+                key: "ok/k".into(),
+                region: "eu".into(),
+                from_total: 1,
+                keep_total: 0,
+                window_start_ms: 1,
+                ..Default::default()
+            },
+        );
+        if field == "holder" {
+            (grant.holder, release.holder) = (long.clone(), long.clone());
+        } else {
+            (grant.node, release.node) = (long.clone(), long.clone());
+        }
+        for refused in [
+            api.pool_grant(grant).await.unwrap_err(),
+            api.pool_release(release).await.unwrap_err(),
+        ] {
+            ensure!(
+                refusal::detail(&refused, refusal::FIELD).as_deref() == Some(field),
+                "{field}: {refused:?}"
+            );
+        }
+    }
 
     let bad_policies = [
         counter_policy("p/", 0, 1000),
