@@ -32,8 +32,9 @@
 //!   credits. (Dead credits are forgotten, so only live ones are "held".)
 //! - Idle credits can be returned early while their window is current.
 //! - Outage ([`OutageGate`], the same rules for fair keys): after a failed
-//!   lease the escrow does not ask again until `probe_interval_ms` has
-//!   passed (one probe per interval, not one per request). `fail_closed`
+//!   lease the escrow probes one call at a time, never per request — the
+//!   first a sixteenth of `probe_interval_ms` later, each wait doubling up
+//!   to the interval, then one per interval. `fail_closed`
 //!   serves what it holds, then denies with a retry hint; `fallback`
 //!   additionally admits up to a static share per window while the
 //!   coordinator is unreachable.

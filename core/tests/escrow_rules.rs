@@ -132,9 +132,10 @@ fn fail_closed_serves_what_it_holds_then_denies() {
     assert!(e.serve_outage_at(1, 99_999, 1_000).is_none());
     assert_eq!(e.counters().outage_denials, 1);
     // No lease before the probe is due, and the retry hint says when it is.
-    assert!(e.send_lease(1, 500).is_none());
-    assert_eq!(e.retry_after_ms(500), 504);
-    assert!(e.send_lease(1, 1_004).is_some());
+    // (The first probe of an outage: 1000 / 16 = 62 ms after the failure.)
+    assert!(e.send_lease(1, 50).is_none());
+    assert_eq!(e.retry_after_ms(50), 16);
+    assert!(e.send_lease(1, 66).is_some());
 }
 
 #[test]

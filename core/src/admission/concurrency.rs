@@ -459,9 +459,14 @@ impl ConcurrencyLimit {
                 low = mid + 1;
             }
         }
+        // The tail may free a slot sooner than any request in flight can
+        // end by the history; a wait that short is certain to fail.
+        let wait_ms = self
+            .earliest_possible_end_ms(now_ms)
+            .map_or(low, |earliest| low.max(earliest));
         SlotWait::Estimated {
-            wait_ms: low,
-            beyond_history: !freed(low, false),
+            wait_ms,
+            beyond_history: !freed(wait_ms, false),
         }
     }
 

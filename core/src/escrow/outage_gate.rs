@@ -3,8 +3,12 @@
 //! (the escrow node's weighted-fair path), so both follow the same rules:
 //!
 //! - after a failed call the coordinator counts as unreachable and is asked
-//!   again at most once per `probe_interval_ms` (one probe per interval, not
-//!   one per request); any answer ends the outage;
+//!   again one probe at a time, never per request: the first probe
+//!   `probe_interval_ms / 16` after the failure, each next one twice as long
+//!   after the one before, then once per `probe_interval_ms` — a coordinator
+//!   back within a fraction of the interval (a leader elected) costs a
+//!   fraction of it, a long outage one probe per interval; any answer ends
+//!   the outage;
 //! - while unreachable, `fail_closed` denies (counted as an outage denial),
 //!   and `fallback` admits up to `tokens_per_region` per window of the
 //!   caller's wall clock (the fallback share), then denies (counted).
@@ -23,6 +27,9 @@ pub struct OutageGate {
     policy: OutagePolicy,
     unreachable_since: Option<u64>,
     next_probe_ms: u64,
+    /// The wait before the next probe after a failure: doubles from
+    /// [`first_probe_ms`](Self::first_probe_ms) to the interval.
+    probe_step_ms: u64,
     /// (wall-clock window start, fallback tokens served in it).
     fallback_window: Option<(u64, u64)>,
     outage_denials: u64,
@@ -31,13 +38,14 @@ pub struct OutageGate {
 
 impl OutageGate {
     /// A reachable coordinator, probed at most once per `probe_interval_ms`
-    /// (≥ 1) once it is not.
+    /// (≥ 1) once it has been unreachable for a while.
     pub fn new(probe_interval_ms: u64, policy: OutagePolicy) -> Self {
         Self {
             probe_interval_ms: probe_interval_ms.max(1),
             policy,
             unreachable_since: None,
             next_probe_ms: 0,
+            probe_step_ms: 0,
             fallback_window: None,
             outage_denials: 0,
             fallback_tokens: 0,
@@ -60,13 +68,27 @@ impl OutageGate {
         self.unreachable_since.is_none() || now_ms >= self.next_probe_ms
     }
 
+    /// The wait before the first probe of an outage: a sixteenth of the
+    /// interval (at least 1 ms).
+    pub fn first_probe_ms(&self) -> u64 {
+        (self.probe_interval_ms / 16).max(1)
+    }
+
     /// A call failed (unreachable, timeout, no quorum): the coordinator is
-    /// unreachable until an answer; the next probe is due one interval later.
+    /// unreachable until an answer; the next probe is due a sixteenth of
+    /// the interval after the failure that began the outage, twice as long
+    /// after each failed probe, at most one interval.
     pub fn on_failure(&mut self, now_ms: u64) {
         if self.unreachable_since.is_none() {
             self.unreachable_since = Some(now_ms);
+            self.probe_step_ms = self.first_probe_ms();
+        } else {
+            self.probe_step_ms = self
+                .probe_step_ms
+                .saturating_mul(2)
+                .clamp(self.first_probe_ms(), self.probe_interval_ms);
         }
-        self.next_probe_ms = now_ms.saturating_add(self.probe_interval_ms);
+        self.next_probe_ms = now_ms.saturating_add(self.probe_step_ms);
     }
 
     /// The coordinator answered: the outage (if any) is over. What the
@@ -169,8 +191,10 @@ mod tests {
     proptest! {
         /// Whatever happens: per wall-clock window the fallback serves at
         /// most its share (nothing under fail_closed), only while the
-        /// coordinator is unreachable; calls go out at most once per probe
-        /// interval during an outage; counters add up.
+        /// coordinator is unreachable; during an outage probes go out one at
+        /// a time, the first a sixteenth of the interval after the failure,
+        /// each wait twice the one before up to the interval (at most four
+        /// more probes than one per interval); counters add up.
         #[test]
         fn fallback_is_bounded_per_window_and_probes_keep_their_cadence(
             steps in proptest::collection::vec(step(), 1..200),
@@ -186,23 +210,40 @@ mod tests {
             let mut gate = OutageGate::new(probe, policy);
             let mut now = 10_000u64;
             let mut served_per_window = std::collections::BTreeMap::<u64, u64>::new();
-            let mut last_failure: Option<u64> = None;
+            // The model of the probe cadence: (outage began, probes since,
+            // last failure, wait after it).
+            let mut outage: Option<(u64, u64, u64, u64)> = None;
             let (mut denials, mut served_total) = (0, 0);
             for step in steps {
                 match step {
                     Step::Fail => {
                         if gate.may_call(now) {
+                            if let Some((_, _, last, wait)) = outage {
+                                prop_assert!(now >= last + wait, "a probe went out early");
+                            }
                             gate.on_failure(now);
-                            last_failure = Some(now);
+                            outage = Some(match outage {
+                                None => (now, 0, now, probe / 16),
+                                Some((began, probes, _, wait)) => {
+                                    (began, probes + 1, now, (wait * 2).min(probe))
+                                }
+                            });
+                            let (began, probes, _, _) = outage.expect("just set");
+                            prop_assert!(
+                                probes <= 4 + (now - began) / probe,
+                                "{} probes in an outage of {} ms",
+                                probes,
+                                now - began
+                            );
                         } else {
-                            let failed_at = last_failure.expect("unreachable after a failure");
-                            prop_assert!(now < failed_at + probe, "a probe was due but refused");
+                            let (_, _, last, wait) = outage.expect("unreachable after a failure");
+                            prop_assert!(now < last + wait, "a probe was due but refused");
                         }
                     }
                     Step::Answer => {
                         if gate.may_call(now) {
                             gate.on_answer();
-                            last_failure = None;
+                            outage = None;
                         }
                     }
                     Step::Serve(tokens) => {
@@ -244,8 +285,16 @@ mod tests {
         );
         assert!(gate.serve(3, 0, 1_000).is_none(), "nothing while reachable");
         gate.on_failure(10);
-        assert!(!gate.may_call(50) && gate.may_call(110));
-        assert_eq!(gate.retry_after_ms(50), Some(60));
+        assert!(
+            !gate.may_call(15) && gate.may_call(16),
+            "first probe 100 / 16 ms later"
+        );
+        assert_eq!(gate.retry_after_ms(12), Some(4));
+        gate.on_failure(16);
+        assert!(
+            !gate.may_call(27) && gate.may_call(28),
+            "then twice as long"
+        );
         assert_eq!(gate.serve(4, 0, 1_000).map(|s| s.granted), Some(4));
         gate.on_answer();
         assert_eq!(gate.retry_after_ms(200), None);

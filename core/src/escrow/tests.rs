@@ -79,11 +79,15 @@ fn fail_closed_probes_on_a_cadence_and_denies_meanwhile() {
     let ticket = e.send_lease(1, 0).unwrap();
     e.on_lease_failed_for(ticket.id, 10);
     assert!(e.coordinator_unreachable());
-    assert_eq!(e.send_lease(1, 100), None);
-    assert!(e.serve_outage_at(1, 100, 1_000).is_none());
-    assert!(e.retry_after_ms(100) >= 400);
-    let probe = e.send_lease(1, 510).expect("one probe per interval");
-    e.on_grant_for(probe.id, grant(10, 0, 900), 520);
+    // The first probe 500 / 16 = 31 ms after the failure, then twice as long.
+    assert_eq!(e.send_lease(1, 30), None);
+    assert!(e.serve_outage_at(1, 30, 1_000).is_none());
+    assert_eq!(e.retry_after_ms(30), 11);
+    let probe = e.send_lease(1, 41).expect("the first probe");
+    e.on_lease_failed_for(probe.id, 41);
+    assert_eq!(e.send_lease(1, 102), None);
+    let probe = e.send_lease(1, 103).expect("the second probe, 62 ms later");
+    e.on_grant_for(probe.id, grant(10, 0, 900), 110);
     assert!(!e.coordinator_unreachable());
 }
 

@@ -21,7 +21,7 @@ pub struct EscrowArgs {
     /// settings.
     #[arg(long, value_name = "FILE", conflicts_with_all = [
         "region", "listen", "coordinators", "batch", "sizer", "eoq", "max_keys", "max_keys_per_identity",
-        "probe_interval_ms", "idle_evict_ms", "pool_release_idle_ms", "shutdown_drain_ms",
+        "probe_interval_ms", "coordinator_timeout_ms", "idle_evict_ms", "pool_release_idle_ms", "shutdown_drain_ms",
         "max_holders_per_key", "max_holders_per_identity", "max_tenant_weight", "fair_throttle",
         "ratelimit_configs",
     ])]
@@ -73,6 +73,10 @@ pub struct EscrowArgs {
     /// While the coordinator is unreachable, probe it this often (ms).
     #[arg(long, default_value_t = 1_000)]
     pub probe_interval_ms: u64,
+    /// Deadline of one coordinator call, retries through a leader change
+    /// included (ms): a leader change shorter than it is not an outage.
+    #[arg(long, default_value_t = 1_000)]
+    pub coordinator_timeout_ms: u64,
     /// Release a key's credits after it has been idle this long (ms).
     #[arg(long, default_value_t = 30_000)]
     pub idle_evict_ms: u64,
@@ -198,6 +202,7 @@ impl EscrowArgs {
         config.max_keys = self.max_keys;
         config.max_keys_per_identity = self.max_keys_per_identity;
         config.probe_interval_ms = self.probe_interval_ms;
+        config.coordinator_timeout_ms = self.coordinator_timeout_ms;
         config.idle_evict_ms = self.idle_evict_ms;
         config.pool_release_idle_ms = self.pool_release_idle_ms;
         config.shutdown_drain_ms = self.shutdown_drain_ms;

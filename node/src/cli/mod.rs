@@ -113,7 +113,7 @@ pub enum Command {
     /// Measure lease throughput and latency under concurrency.
     Bench(bench::BenchArgs),
     /// Run a regional escrow node (L2) serving one region's clients.
-    Escrow(escrow::EscrowArgs),
+    Escrow(Box<escrow::EscrowArgs>),
     /// Run a local cluster with escrow nodes under a skewed load and report per window.
     Demo(demo::DemoArgs),
     /// Simulate the fair throttle against first-come admission and print fairness and utilisation.
@@ -370,7 +370,7 @@ async fn dispatch(cli: Cli) -> Result<(), CliError> {
         Command::Window(args) => calls::window(args).await,
         Command::Watch(args) => watch::run(args).await,
         Command::Bench(args) => bench::run(args).await,
-        Command::Escrow(args) => escrow::run(args).await,
+        Command::Escrow(args) => escrow::run(*args).await,
         Command::Demo(args) => demo::run(args).await,
         Command::FairEval(args) => fair_eval::run(args),
         Command::Certs(args) => certs::run(args),

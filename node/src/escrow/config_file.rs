@@ -65,6 +65,9 @@ pub struct EscrowFile {
     pub max_keys_per_identity: Option<usize>,
     /// Probe interval while the coordinator is unreachable, ms, ≥ 1.
     pub probe_interval_ms: Option<u64>,
+    /// Deadline of one coordinator call, retries included, ms, ≥ 1
+    /// (default 1000).
+    pub coordinator_timeout_ms: Option<u64>,
     /// A key idle this long hands its credits back, ms, ≥ 1.
     pub idle_evict_ms: Option<u64>,
     /// A `fair` key idle this long hands its unspent pool grant back, ms
@@ -204,6 +207,10 @@ impl EscrowFile {
                 self.max_keys_per_identity.map(|v| v as u128),
             ),
             ("probe_interval_ms", self.probe_interval_ms.map(u128::from)),
+            (
+                "coordinator_timeout_ms",
+                self.coordinator_timeout_ms.map(u128::from),
+            ),
             ("idle_evict_ms", self.idle_evict_ms.map(u128::from)),
             (
                 "max_holders_per_key",
@@ -316,6 +323,9 @@ impl EscrowFile {
             .max_keys_per_identity
             .unwrap_or(config.max_keys_per_identity);
         config.probe_interval_ms = self.probe_interval_ms.unwrap_or(config.probe_interval_ms);
+        config.coordinator_timeout_ms = self
+            .coordinator_timeout_ms
+            .unwrap_or(config.coordinator_timeout_ms);
         config.idle_evict_ms = self.idle_evict_ms.unwrap_or(config.idle_evict_ms);
         config.pool_release_idle_ms = self
             .pool_release_idle_ms

@@ -119,7 +119,9 @@ pub struct EscrowConfig {
     pub holder_limits: HolderLimits,
     /// How often policies are re-read from the cluster.
     pub policy_refresh_ms: u64,
-    /// Deadline of one coordinator call, retries included.
+    /// Deadline of one coordinator call, retries included: a call keeps
+    /// retrying (following leader hints, backing off 10–100 ms) until it,
+    /// so a leader change shorter than it is not an outage.
     pub coordinator_timeout_ms: u64,
     /// Connection cap, first-byte deadline, stream and request limits of
     /// the Escrow listener (see [`crate::net`]).
@@ -278,10 +280,14 @@ where
 {
     config.validate()?;
     let timeout = Duration::from_millis(config.coordinator_timeout_ms);
+    // The whole deadline is spent retrying, not a fixed few attempts: a
+    // leader change (a step-down, an election after a crash) lasts a few
+    // hundred ms, and a call that rides through it is not an outage, so
+    // the services behind the node are not denied for it.
     let options = RetryOptions {
         call_timeout: timeout,
         total_timeout: timeout,
-        max_attempts: 4,
+        max_attempts: u32::MAX,
         backoff_base: Duration::from_millis(10),
         backoff_max: Duration::from_millis(100),
     };

@@ -221,6 +221,78 @@ async fn fail_closed_serves_what_it_holds_then_denies_and_probes_on_a_cadence() 
     Ok(())
 }
 
+/// A leader change is not an outage: an escrow node's call rides through
+/// the election within its deadline (`coordinator_timeout_ms`), so the
+/// services behind it are neither denied nor told the coordinator is gone —
+/// through a step-down and through the crash of the next leader, with a
+/// lease small enough that the node asks the cluster every few answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_change_denies_nobody_behind_an_escrow_node() -> Result<()> {
+    let mut cluster = Cluster::start_initialised(3, |_| {}).await?;
+    cluster
+        .client()?
+        .admin()
+        .set_policy(counter_policy("lc/", 1_000_000_000, LONG_WINDOW_MS))
+        .await?;
+    let node = EscrowNode::start(&cluster, "eu", |c| {
+        c.batch = 4;
+        // The test's elections take up to two 600 ms timeouts.
+        c.coordinator_timeout_ms = 3_000;
+    })
+    .await?;
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let load = {
+        let mut rpc = node.rpc().await?;
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let (mut granted, mut denied) = (0u64, Vec::new());
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                match rpc.acquire(acquire("lc/k", 1)).await {
+                    Ok(answer) if answer.get_ref().granted == 1 => granted += 1,
+                    Ok(answer) => denied.push(format!("{:?}", answer.into_inner())),
+                    Err(status) => denied.push(status.to_string()),
+                }
+            }
+            (granted, denied)
+        })
+    };
+    let granted_by = |node: &EscrowNode| {
+        let addr = node.addr.clone();
+        async move {
+            let mut rpc = EscrowClient::connect(format!("http://{addr}")).await?;
+            anyhow::Ok(rpc.status(pb::EscrowStatusRequest {}).await?.into_inner())
+        }
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let first = cluster.leader().await?;
+    let second = cluster.client()?.admin().step_down(Some(first)).await?;
+    ensure!(second != first, "leadership moved");
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let calls_after_step_down = granted_by(&node).await?.coordinator_calls;
+    cluster.stop(second).await?;
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let calls_after_crash = granted_by(&node).await?.coordinator_calls;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (granted, denied) = load.await?;
+    let status = granted_by(&node).await?;
+    ensure!(
+        denied.is_empty(),
+        "nobody is denied for a leader change: {} denials, first {:?}",
+        denied.len(),
+        denied.first()
+    );
+    ensure!(
+        status.coordinator_reachable && status.outage_denials == 0,
+        "no outage declared: {status:?}"
+    );
+    ensure!(
+        calls_after_crash > calls_after_step_down && granted > 0,
+        "the node kept leasing after the crash: {calls_after_step_down} calls, then {calls_after_crash}"
+    );
+    node.stop().await;
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fallback_admits_at_most_its_share_per_window() -> Result<()> {
     let mut cluster = Cluster::start_initialised(3, |_| {}).await?;

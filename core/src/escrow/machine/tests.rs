@@ -309,14 +309,15 @@ fn a_refused_lease_is_passed_to_the_request_and_a_failed_one_follows_the_outage_
     };
     assert!(served.from_fallback && served.granted == 3);
     assert_eq!(served.window_start_ms, window_of(3 + WALL_SKEW_MS).start_ms);
-    // The share is 4: one more token, then denials until the probe is due.
+    // The share is 4: one more token, then denials until the probe is due
+    // (the first probe of an outage: 100 / 16 = 6 ms after the failure).
     let rest = m.handle(Event::Acquire(request(3, 3, &fallback)), at(4));
     assert_eq!(granted(&answers(&rest)[0].1), Some(1));
     let denied = m.handle(Event::Acquire(request(4, 3, &fallback)), at(5));
     assert!(matches!(
         answers(&denied)[0].1,
         Ok(Acquired::Denied {
-            retry_after_ms: 98,
+            retry_after_ms: 4,
             ..
         })
     ));
