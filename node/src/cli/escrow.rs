@@ -74,7 +74,8 @@ pub struct EscrowArgs {
     #[arg(long, default_value_t = 1_000)]
     pub probe_interval_ms: u64,
     /// Deadline of one coordinator call, retries through a leader change
-    /// included (ms): a leader change shorter than it is not an outage.
+    /// included (ms, 1..=600000): a leader change shorter than it is not an
+    /// outage.
     #[arg(long, default_value_t = 1_000)]
     pub coordinator_timeout_ms: u64,
     /// Release a key's credits after it has been idle this long (ms).

@@ -65,7 +65,7 @@ pub struct EscrowFile {
     pub max_keys_per_identity: Option<usize>,
     /// Probe interval while the coordinator is unreachable, ms, ≥ 1.
     pub probe_interval_ms: Option<u64>,
-    /// Deadline of one coordinator call, retries included, ms, ≥ 1
+    /// Deadline of one coordinator call, retries included, ms, 1..=600000
     /// (default 1000).
     pub coordinator_timeout_ms: Option<u64>,
     /// A key idle this long hands its credits back, ms, ≥ 1.

@@ -193,6 +193,11 @@ pub fn cut_to_node_name(mut name: String) -> String {
     name
 }
 
+/// The longest deadline of one coordinator call (10 minutes): a longer one
+/// would hold a waiting request past any caller's patience, and one near
+/// `u64::MAX` ms would overflow the clock.
+pub const MAX_COORDINATOR_TIMEOUT_MS: u64 = 600_000;
+
 impl EscrowConfig {
     /// Defaults for `region` listening on `listen`, leasing from `coordinators`.
     pub fn new(region: RegionId, listen: String, coordinators: Vec<String>) -> Self {
@@ -256,6 +261,12 @@ impl EscrowConfig {
         }
         if self.probe_interval_ms == 0 || self.coordinator_timeout_ms == 0 {
             return bad("intervals", "must be at least 1 ms");
+        }
+        if self.coordinator_timeout_ms > MAX_COORDINATOR_TIMEOUT_MS {
+            return bad(
+                "coordinator-timeout-ms",
+                &format!("must be at most {MAX_COORDINATOR_TIMEOUT_MS} ms"),
+            );
         }
         fair_throttle::validate_rules(&self.fair_throttle)?;
         self.limits
@@ -453,6 +464,23 @@ mod tests {
             "127.0.0.1:0".into(),
             vec!["127.0.0.1:7100".into()],
         )
+    }
+
+    #[test]
+    fn the_coordinator_timeout_is_between_1_ms_and_ten_minutes() {
+        let mut config = config();
+        for (timeout, valid) in [(0, false), (1, true), (MAX_COORDINATOR_TIMEOUT_MS, true)] {
+            config.coordinator_timeout_ms = timeout;
+            assert_eq!(config.validate().is_ok(), valid, "{timeout} ms");
+        }
+        config.coordinator_timeout_ms = u64::MAX;
+        let error = config
+            .validate()
+            .expect_err("a deadline past any clock is refused");
+        assert!(
+            error.to_string().contains("coordinator-timeout-ms"),
+            "{error}"
+        );
     }
 
     #[test]

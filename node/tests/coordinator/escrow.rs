@@ -256,7 +256,7 @@ async fn a_leader_change_denies_nobody_behind_an_escrow_node() -> Result<()> {
             (granted, denied)
         })
     };
-    let granted_by = |node: &EscrowNode| {
+    let status_of = |node: &EscrowNode| {
         let addr = node.addr.clone();
         async move {
             let mut rpc = EscrowClient::connect(format!("http://{addr}")).await?;
@@ -268,13 +268,13 @@ async fn a_leader_change_denies_nobody_behind_an_escrow_node() -> Result<()> {
     let second = cluster.client()?.admin().step_down(Some(first)).await?;
     ensure!(second != first, "leadership moved");
     tokio::time::sleep(Duration::from_millis(800)).await;
-    let calls_after_step_down = granted_by(&node).await?.coordinator_calls;
+    let calls_after_step_down = status_of(&node).await?.coordinator_calls;
     cluster.stop(second).await?;
     tokio::time::sleep(Duration::from_millis(2_500)).await;
-    let calls_after_crash = granted_by(&node).await?.coordinator_calls;
+    let calls_after_crash = status_of(&node).await?.coordinator_calls;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let (granted, denied) = load.await?;
-    let status = granted_by(&node).await?;
+    let status = status_of(&node).await?;
     ensure!(
         denied.is_empty(),
         "nobody is denied for a leader change: {} denials, first {:?}",
