@@ -58,6 +58,23 @@ pub enum ConfigError {
     },
 }
 
+/// A member id as every command that names one takes it: at least 1 (0
+/// is no member). `field` names the option in the error.
+pub fn validate_member_id(field: &'static str, id: u64) -> Result<(), ConfigError> {
+    if id == 0 {
+        return Err(invalid(field, "must be set to a node id of at least 1"));
+    }
+    Ok(())
+}
+
+/// A member address as every command that names one takes it: HOST:PORT
+/// (or http://HOST:PORT). `field` names the option in the error.
+pub fn validate_member_addr(field: &'static str, addr: &str) -> Result<(), ConfigError> {
+    leasehold_client::transport::normalize_addr(addr)
+        .map(drop)
+        .map_err(|e| invalid(field, format!("must be host:port ({e})")))
+}
+
 fn invalid(field: &'static str, problem: impl Into<String>) -> ConfigError {
     ConfigError::Invalid {
         field,
@@ -217,14 +234,11 @@ impl NodeConfig {
 
     /// Checks every field; a config that passes can start a member.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if self.id == 0 {
-            return Err(invalid("id", "must be set to a node id of at least 1"));
-        }
+        validate_member_id("id", self.id)?;
         if self.join_members.contains(&0) {
             return Err(invalid("join_members", "member ids are at least 1"));
         }
-        leasehold_client::transport::normalize_addr(&self.listen)
-            .map_err(|e| invalid("listen", format!("must be host:port ({e})")))?;
+        validate_member_addr("listen", &self.listen)?;
         if self.data_dir.as_os_str().is_empty() {
             return Err(invalid("data_dir", "must be set"));
         }

@@ -8,7 +8,7 @@ reads refusals by their google.rpc.ErrorInfo reason (and the
 exits non-zero if the server does not behave as the proto says.
 
 Usage:
-  python leasehold_client.py --endpoint localhost:7101 --certs DIR
+  python leasehold_client.py --endpoint localhost:7100 --certs DIR
   python leasehold_client.py --endpoint HOST:PORT --endpoint HOST:PORT ... --certs DIR
 
 The stubs leasehold_pb2*.py must be importable (run.sh generates them into

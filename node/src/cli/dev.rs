@@ -43,7 +43,7 @@ pub struct DevArgs {
     #[arg(long, default_value = ".leasehold-dev")]
     pub data_dir: PathBuf,
     /// Port of member 1; member N listens on base-port + N - 1.
-    #[arg(long, default_value_t = 7101)]
+    #[arg(long, default_value_t = 7100)]
     pub base_port: u16,
     /// Number of members (1 to 9).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=9))]

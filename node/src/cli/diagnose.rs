@@ -11,6 +11,10 @@
 //! setup gets the same answer on every run:
 //!
 //! 1. TCP connect (nothing listening: no diagnosis, the error stands).
+//!    HTTP/2's connection preface is sent on a first connection: a server
+//!    that answers it in HTTP/1 (a `--metrics-listen` port, a web server)
+//!    is no gRPC server at all, and is named as such whatever the TLS
+//!    settings.
 //! 2. With `--ca/--cert/--cert-key`: this command's certificate is read
 //!    and checked for its validity period (an expired one is named before
 //!    anything is sent).
@@ -134,6 +138,14 @@ pub enum Diagnosis {
         /// What the server said.
         why: Refusal,
     },
+    /// The endpoint answers HTTP/1, not gRPC (a `/metrics` listener, a web
+    /// server).
+    HttpOneListener {
+        /// The endpoint.
+        addr: String,
+        /// Its answer's status line (`HTTP/1.1 400 Bad Request`).
+        status_line: String,
+    },
     /// The endpoint answered gRPC but is not a coordinator member.
     WrongService {
         /// The endpoint.
@@ -164,6 +176,7 @@ impl Diagnosis {
             Diagnosis::ServerCertificateInvalid { .. } => "server_certificate_invalid",
             Diagnosis::ClientCertificateExpired { .. } => "client_certificate_expired",
             Diagnosis::ClientCertificateRefused { .. } => "client_certificate_refused",
+            Diagnosis::HttpOneListener { .. } => "http1_listener",
             Diagnosis::WrongService { .. } => "wrong_service",
         }
     }
@@ -202,6 +215,11 @@ impl Diagnosis {
                 cluster's CA and naming an identity (`leasehold certs mint --operators NAME` for \
                 admin commands, `--regions REGION` for lease and reconcile) as --cert/--cert-key"
                 .into(),
+            Diagnosis::HttpOneListener { .. } => "point --endpoint at a coordinator member's \
+                gRPC address (what `leasehold serve --listen` binds, port 7100 in deploy/ and \
+                the default), not its --metrics-listen port (7101 in deploy/) or another HTTP \
+                server"
+                .into(),
             Diagnosis::WrongService { .. } => "point --endpoint at a coordinator member (the \
                 address `leasehold serve --listen` binds, port 7100 in deploy/), not an escrow \
                 node (7200) or another service"
@@ -226,7 +244,7 @@ impl fmt::Display for Diagnosis {
             Diagnosis::ServerCertificateUntrusted { addr, ca } => write!(
                 f,
                 "the certificate of the server at {addr} is not signed by a CA in --ca {} \
-                 (TLS: unknown issuer)",
+                 (TLS: unknown issuer, or a CA of that name whose key did not sign it)",
                 ca.display()
             ),
             Diagnosis::ServerCertificateExpired { addr, not_after } => match not_after {
@@ -281,6 +299,11 @@ impl fmt::Display for Diagnosis {
                     cert.display()
                 )
             }
+            Diagnosis::HttpOneListener { addr, status_line } => write!(
+                f,
+                "the server at {addr} answers HTTP/1 ({status_line:?}), not gRPC: it is not a \
+                 coordinator member's gRPC port (a /metrics listener?)"
+            ),
             Diagnosis::WrongService { addr, escrow: true } => write!(
                 f,
                 "the server at {addr} is an escrow node (its health serves {ESCROW_SERVICE}), \
@@ -404,6 +427,12 @@ pub async fn probe_service(addr: &str, dialer: &Arc<dyn Dialer>) -> Option<Diagn
 /// What connecting to `addr` as `transport` says goes wrong (see the module
 /// documentation), if anything.
 pub async fn probe_connection(addr: &str, transport: &TransportArgs) -> Option<Diagnosis> {
+    if let Some(status_line) = http_one_status_line(addr).await {
+        return Some(Diagnosis::HttpOneListener {
+            addr: addr.to_string(),
+            status_line,
+        });
+    }
     let tcp = TcpStream::connect(addr).await.ok()?;
     let _ = tcp.set_nodelay(true);
     let files = match (&transport.ca, &transport.cert, &transport.cert_key) {
@@ -472,6 +501,35 @@ pub async fn probe_connection(addr: &str, transport: &TransportArgs) -> Option<D
     }
 }
 
+/// The status line the server at `addr` answers HTTP/2's connection
+/// preface with, when it answers in HTTP/1 (a gRPC server, plaintext or
+/// TLS, never does: it sends a SETTINGS frame, a TLS alert, or closes).
+async fn http_one_status_line(addr: &str) -> Option<String> {
+    let mut tcp = TcpStream::connect(addr).await.ok()?;
+    tcp.write_all(HTTP2_PREFACE).await.ok()?;
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 256];
+    let read_line = async {
+        while !answer.contains(&b'\n') && answer.len() < buf.len() {
+            match tcp.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(read) => answer.extend_from_slice(&buf[..read]),
+            }
+        }
+    };
+    let _ = tokio::time::timeout(REFUSAL_WAIT, read_line).await;
+    http_one_status(&answer)
+}
+
+/// The status line of `answer` when it opens an HTTP/1 response.
+fn http_one_status(answer: &[u8]) -> Option<String> {
+    if !answer.starts_with(b"HTTP/1.") {
+        return None;
+    }
+    let line = answer.split(|b| *b == b'\n').next().unwrap_or_default();
+    Some(String::from_utf8_lossy(line).trim_end().to_string())
+}
+
 /// After a handshake whose server certificate verified: `None` when the
 /// server talks HTTP/2 (it accepted this certificate), else how it refused.
 async fn refusal_after_handshake<S>(stream: &mut S) -> Option<Refusal>
@@ -524,10 +582,14 @@ fn server_certificate(
 ) -> Diagnosis {
     let facts = presented.and_then(CertificateFacts::of);
     match problem {
-        CertificateError::UnknownIssuer => Diagnosis::ServerCertificateUntrusted {
-            addr,
-            ca: ca.to_path_buf(),
-        },
+        // A CA of another cluster under the same name (two `certs mint`
+        // runs) is found as the issuer, and its signature does not verify.
+        CertificateError::UnknownIssuer | CertificateError::BadSignature => {
+            Diagnosis::ServerCertificateUntrusted {
+                addr,
+                ca: ca.to_path_buf(),
+            }
+        }
         CertificateError::Expired | CertificateError::ExpiredContext { .. } => {
             Diagnosis::ServerCertificateExpired {
                 addr,
@@ -832,6 +894,10 @@ mod tests {
                 cert: cert.clone(),
                 why: Refusal::Alert(AlertDescription::UnknownCA),
             },
+            Diagnosis::HttpOneListener {
+                addr: addr.clone(),
+                status_line: "HTTP/1.1 400 Bad Request".into(),
+            },
             Diagnosis::WrongService {
                 addr: addr.clone(),
                 escrow: true,
@@ -847,6 +913,23 @@ mod tests {
         };
         assert!(expired.to_string().contains("operator-admin.pem"));
         assert_eq!(utc(0), "1970-01-01 00:00:00 UTC");
+    }
+
+    #[test]
+    fn http_one_answers_are_told_from_grpc_and_tls() {
+        assert_eq!(
+            http_one_status(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n").as_deref(),
+            Some("HTTP/1.1 400 Bad Request")
+        );
+        assert_eq!(
+            http_one_status(b"HTTP/1.0 200 OK").as_deref(),
+            Some("HTTP/1.0 200 OK")
+        );
+        // An HTTP/2 SETTINGS frame, a TLS alert, nothing.
+        assert_eq!(http_one_status(&[0, 0, 0, 4, 0, 0, 0, 0, 0]), None);
+        assert_eq!(http_one_status(&[0x15, 0x03, 0x03, 0, 2, 2, 50]), None);
+        assert_eq!(http_one_status(b""), None);
+        assert_eq!(http_one_status(b"HTTP/2 200"), None);
     }
 
     #[test]

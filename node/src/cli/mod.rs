@@ -172,7 +172,7 @@ pub struct ClientArgs {
         long = "endpoint",
         short = 'e',
         value_delimiter = ',',
-        default_value = "127.0.0.1:7101",
+        default_value = "127.0.0.1:7100",
         env = "LEASEHOLD_ENDPOINT"
     )]
     pub endpoints: Vec<String>,

@@ -180,14 +180,30 @@ fn saved_json(out: &Path, info: &pb::SnapshotInfo) -> Value {
     })
 }
 
-/// Writes `bytes` to `path` durably: beside it first, then renamed.
+/// Writes `bytes` to `path` durably: beside it first, then renamed. The
+/// file is readable by its owner only (0600): a backup holds every policy
+/// and session of the cluster.
 fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), CliError> {
     let failed =
         |what: &str, e: std::io::Error| CliError::Failed(format!("{what} {}: {e}", path.display()));
     let mut beside = path.as_os_str().to_owned();
     beside.push(".partial");
     let beside = PathBuf::from(beside);
-    let mut file = std::fs::File::create(&beside).map_err(|e| failed("creating", e))?;
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(0o600);
+    }
+    let mut file = options.open(&beside).map_err(|e| failed("creating", e))?;
+    #[cfg(unix)]
+    {
+        // A `.partial` left by an earlier run keeps its mode through open.
+        use std::os::unix::fs::PermissionsExt;
+        file.set_permissions(std::fs::Permissions::from_mode(0o600))
+            .map_err(|e| failed("restricting", e))?;
+    }
     file.write_all(bytes)
         .and_then(|()| file.sync_all())
         .map_err(|e| failed("writing", e))?;
@@ -269,6 +285,16 @@ fn new_cluster(
     envelope: SnapshotEnvelope,
     origin: StateOrigin,
 ) -> Result<(), CliError> {
+    // The member `serve` will start from this store: refused now by the
+    // rules `serve` applies, not after the store is written.
+    crate::config::validate_member_id("id", member.id)
+        .and_then(|()| crate::config::validate_member_addr("addr", &member.addr))
+        .map_err(|e| match e {
+            crate::config::ConfigError::Invalid { field, problem } => {
+                CliError::Usage(format!("--{field} {problem}"))
+            }
+            other => CliError::Usage(other.to_string()),
+        })?;
     let restored_at = wall_now_ms().saturating_add(member.clock_margin_ms);
     let written: NewCluster = write_new_cluster(
         &member.data_dir,

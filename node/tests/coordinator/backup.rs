@@ -340,6 +340,15 @@ async fn the_snapshot_commands_save_inspect_and_restore() -> Result<()> {
         "{follower}"
     );
     ensure!(saved["bytes"].as_u64() == Some(std::fs::metadata(&file)?.len()));
+    #[cfg(unix)]
+    {
+        // A backup holds every policy and session: its owner's alone.
+        use std::os::unix::fs::PermissionsExt;
+        for backup in [&file, &follower_file] {
+            let mode = std::fs::metadata(backup)?.permissions().mode() & 0o777;
+            ensure!(mode == 0o600, "{} has mode {mode:o}", backup.display());
+        }
+    }
 
     let (code, out, err) = leasehold(&["snapshot", "inspect", file_arg, "--output", "json"])?;
     ensure!(code == 0, "{err}");
@@ -366,7 +375,7 @@ async fn the_snapshot_commands_save_inspect_and_restore() -> Result<()> {
 
     let restored = dir.path().join("member-9");
     let restored_arg = restored.to_str().unwrap();
-    let restore = |id: &str| {
+    let restore_at = |id: &str, addr: &str| {
         leasehold(&[
             "snapshot",
             "restore",
@@ -377,11 +386,20 @@ async fn the_snapshot_commands_save_inspect_and_restore() -> Result<()> {
             "--id",
             id,
             "--addr",
-            "127.0.0.1:1",
+            addr,
             "--output",
             "json",
         ])
     };
+    let restore = |id: &str| restore_at(id, "127.0.0.1:1");
+    // What `serve` would refuse is refused before anything is written.
+    for (id, addr, word) in [("0", "127.0.0.1:1", "--id"), ("9", "nonsense", "--addr")] {
+        let (code, _, err) = restore_at(id, addr)?;
+        ensure!(
+            code == 2 && err.contains(word) && !restored.exists(),
+            "restore --id {id} --addr {addr}: {code}: {err}"
+        );
+    }
     let (code, _, err) = restore("2")?;
     ensure!(
         code == 1 && err.contains("belongs to the cluster"),

@@ -1,8 +1,9 @@
 //! What the binary's client commands say when the connection cannot work,
 //! against real listeners in this process: certificates one side does not
 //! trust (unknown CA either way, expired either side, the wrong server
-//! name), TLS on one side only, and an escrow node's port given for a
-//! coordinator command. Every case runs the binary several times and must
+//! name, a CA of the same name but another key), TLS on one side only, an
+//! escrow node's port and a `/metrics` port given for a coordinator
+//! command. Every case runs the binary several times and must
 //! print the same error code, exit code and cause each time.
 
 use std::path::{Path, PathBuf};
@@ -45,6 +46,8 @@ struct Pki {
     dir: tempfile::TempDir,
     certs: PathBuf,
     foreign: PathBuf,
+    /// A second CA minted under the cluster CA's name (another key).
+    twin: PathBuf,
 }
 
 impl Pki {
@@ -74,10 +77,13 @@ impl Pki {
         let other = CertificateAuthority::generate("another CA", 1)?;
         other.write(&foreign, false)?;
         other.issue_into(&foreign, &operator(), &[])?;
+        let twin = dir.path().join("twin");
+        CertificateAuthority::generate("cluster CA", 1)?.write(&twin, false)?;
         let pki = Self {
             dir,
             certs,
             foreign,
+            twin,
         };
         pki.issue_expired(&Principal::Member(2), "member-2-expired")?;
         pki.issue_expired(&operator(), "operator-expired")?;
@@ -311,6 +317,7 @@ async fn tls_problems_name_their_cause_the_same_way_every_time() -> Result<()> {
         tls_member(&pki, 2, pki.expired("member-2-expired"), &data).await?;
     let ca = pki.certs.join("ca.pem");
     let foreign_ca = pki.foreign.join("ca.pem");
+    let twin_ca = pki.twin.join("ca.pem");
     let good = format!("localhost:{port}");
     let wrong_name = format!("127.0.0.1:{port}");
     let expired = format!("localhost:{expired_port}");
@@ -326,6 +333,18 @@ async fn tls_problems_name_their_cause_the_same_way_every_time() -> Result<()> {
                 format!("the certificate of the server at {good}"),
                 "not signed by a CA in --ca".into(),
                 foreign_ca.display().to_string(),
+            ],
+            hint: vec!["--ca"],
+        },
+        Case {
+            name: "the server's certificate from another CA of the same name",
+            args: args(&status, &good, tls_flags(&twin_ca, &operator_files)),
+            code: "server_certificate_untrusted",
+            exit: 2,
+            message: vec![
+                format!("the certificate of the server at {good}"),
+                "not signed by a CA in --ca".into(),
+                twin_ca.display().to_string(),
             ],
             hint: vec!["--ca"],
         },
@@ -484,4 +503,58 @@ async fn a_coordinator_command_at_an_escrow_node_says_it_is_one_every_time() -> 
     let _ = stop_escrow.send(());
     escrow.await??;
     checked
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_coordinator_command_at_a_metrics_port_names_it_before_its_timeout() -> Result<()> {
+    let pki = Pki::mint()?;
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?.to_string();
+    let (stop_metrics, stopped) = tokio::sync::watch::channel(false);
+    let exposed = leasehold_node::metrics_http::Exposed {
+        render: Arc::new(String::new),
+        readiness: Arc::new(|| Ok(())),
+    };
+    let metrics = tokio::spawn(leasehold_node::metrics_http::serve_metrics(
+        listener, exposed, stopped,
+    ));
+    // A call budget far beyond what a named cause needs: the probe must
+    // name the listener instead of the call's retries running it out.
+    let patient = |rest: Vec<String>| {
+        let mut args = args(&["cluster", "status"], &addr, rest);
+        let budget = args.iter().position(|a| a == "1500").expect("the budget");
+        args[budget] = "60000".into();
+        args
+    };
+    let expect = |name, rest| Case {
+        name,
+        args: patient(rest),
+        code: "http1_listener",
+        exit: 2,
+        message: vec![
+            format!("the server at {addr} answers HTTP/1"),
+            "HTTP/1.1 400 Bad Request".into(),
+            "not gRPC".into(),
+        ],
+        hint: vec!["leasehold serve --listen", "--metrics-listen"],
+    };
+    let cases = vec![
+        expect("plaintext at a metrics port", vec!["--insecure".into()]),
+        expect(
+            "mutual TLS at a metrics port",
+            tls_flags(&pki.certs.join("ca.pem"), &pki.files(&operator())),
+        ),
+    ];
+    let started = std::time::Instant::now();
+    let checked = tokio::task::spawn_blocking(move || check_all(cases)).await?;
+    let elapsed = started.elapsed();
+    let _ = stop_metrics.send(true);
+    metrics.await?;
+    checked?;
+    // 8 runs of the binary; a single one waiting out its budget takes 60 s.
+    ensure!(
+        elapsed < Duration::from_secs(55),
+        "the runs took {elapsed:?}: a call waited for its timeout"
+    );
+    Ok(())
 }
