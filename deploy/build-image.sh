@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Builds the `leasehold:local` container image without pulling anything: one
 # `leasehold` binary plus the shared libraries it links against, FROM scratch.
+# The image is also tagged `leasehold:<version>` (the binary's `--version`)
+# and carries the OCI labels (version, revision, licenses): a registry push
+# takes it as it is (`docker tag leasehold:0.1.0 REGISTRY/leasehold:0.1.0`).
 #
 #   bash deploy/build-image.sh                         # cargo build --release (reuses target/release), leasehold:local
 #   bash deploy/build-image.sh --binary target/debug/leasehold   # an existing binary, no cargo at all
@@ -55,9 +58,15 @@ echo "leasehold:x:65532:" > "$ROOT/etc/group"
 chmod 1777 "$ROOT/tmp"
 touch "$STAGE/datadir/.keep"
 cp deploy/docker/Dockerfile "$STAGE/Dockerfile"
-if ! docker build -t "$IMAGE" "$STAGE" > "$STAGE/build.log" 2>&1; then
+VERSION=$("$BINARY" --version | awk '{print $2}')
+case "$VERSION" in
+  ''|*[!0-9A-Za-z.+-]*) echo "build-image.sh: $BINARY --version gave no version" >&2; exit 1 ;;
+esac
+REVISION=$(git rev-parse HEAD 2>/dev/null || echo unknown)
+if ! docker build -t "$IMAGE" -t "leasehold:$VERSION" --build-arg "VERSION=$VERSION" \
+    --build-arg "REVISION=$REVISION" "$STAGE" > "$STAGE/build.log" 2>&1; then
   cat "$STAGE/build.log" >&2
   echo "build-image.sh: docker build failed" >&2
   exit 1
 fi
-echo "built $IMAGE from $BINARY ($(du -h "$BINARY" | cut -f1) binary)"
+echo "built $IMAGE and leasehold:$VERSION from $BINARY ($(du -h "$BINARY" | cut -f1) binary)"

@@ -176,6 +176,16 @@ docker build --quiet -t "$LOAD_IMAGE" "$WORK/load" > "$WORK/load-build.log" 2>&1
 info "built $LOAD_IMAGE (the image plus the load client)"
 [ "$(docker image inspect -f '{{json .Config.Healthcheck.Test}}' "$IMAGE")" = '["CMD","/usr/local/bin/leasehold","health"]' ] \
   || fail "the image has no HEALTHCHECK running leasehold health"
+# What a registry push takes as it is: the version tag of the binary, the
+# OCI labels, an unprivileged user.
+version=$("$BINARY" --version | awk '{print $2}')
+[ "$(docker image inspect -f '{{.Id}}' "leasehold:$version")" = "$(docker image inspect -f '{{.Id}}' "$IMAGE")" ] \
+  || fail "the image is not also tagged leasehold:$version"
+[ "$(docker image inspect -f '{{index .Config.Labels "org.opencontainers.image.version"}}' "$IMAGE")" = "$version" ] \
+  || fail "the image's org.opencontainers.image.version label is not $version"
+[ "$(docker image inspect -f '{{.Config.User}}' "$IMAGE")" = "65532:65532" ] \
+  || fail "the image does not run as 65532:65532"
+info "tagged leasehold:$version, OCI labels, user 65532"
 
 export LEASEHOLD_IMAGE="$IMAGE"
 # JSON log lines (checked below), and published ports the kernel hands out

@@ -3,9 +3,9 @@
 //! [`CoordinatorClient`].
 
 use leasehold_proto::v1::{
-    AddLearnerRequest, ChangeMembershipRequest, ChangeMembershipResponse, DeletePolicyRequest,
-    InitRequest, ListPoliciesRequest, Member, Policy, SaveSnapshotRequest, SetPolicyRequest,
-    SnapshotInfo, StatusRequest, StatusResponse, StepDownRequest,
+    AddLearnerRequest, AddLearnerResponse, ChangeMembershipRequest, ChangeMembershipResponse,
+    DeletePolicyRequest, InitRequest, ListPoliciesRequest, Member, Policy, SaveSnapshotRequest,
+    SetPolicyRequest, SnapshotInfo, StatusRequest, StatusResponse, StepDownRequest,
 };
 
 use super::{with_timeout, CoordinatorClient, CoordinatorError, Target};
@@ -52,8 +52,13 @@ impl AdminClient {
     }
 
     /// Adds a non-voting member that starts receiving the log; returns the
-    /// log index of the membership change.
-    pub async fn add_learner(&self, id: u64, addr: &str) -> Result<u64, CoordinatorError> {
+    /// log index of the membership change and whether the learner held it
+    /// within the leader's wait (asking again is harmless and waits again).
+    pub async fn add_learner(
+        &self,
+        id: u64,
+        addr: &str,
+    ) -> Result<AddLearnerResponse, CoordinatorError> {
         let request = AddLearnerRequest {
             member: Some(Member {
                 id,
@@ -70,7 +75,6 @@ impl AdminClient {
                 }
             })
             .await
-            .map(|response| response.log_index)
     }
 
     /// Makes exactly `voter_ids` the voters; with `retain`, removed voters

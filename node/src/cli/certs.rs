@@ -28,7 +28,8 @@ pub enum CertsCommand {
 /// Options of `leasehold certs mint`.
 #[derive(Debug, Clone, Args)]
 pub struct MintArgs {
-    /// Directory to write into (created if missing; files are replaced).
+    /// Directory to write into (created if missing; certificates are
+    /// replaced, a CA never: a CA already there issues, see --ca-cert).
     #[arg(long)]
     pub out: PathBuf,
     /// Member ids (comma-separated).
@@ -49,7 +50,9 @@ pub struct MintArgs {
     /// IP addresses members and escrow nodes are dialled by.
     #[arg(long, value_delimiter = ',')]
     pub ip: Vec<std::net::IpAddr>,
-    /// Issue with this existing CA certificate (with --ca-key) instead of a new CA.
+    /// Issue with this existing CA certificate (with --ca-key) instead of a
+    /// new CA. Without it, the CA already in --out (ca.pem and ca.key)
+    /// issues; a new CA is made only where --out holds none.
     #[arg(long, requires = "ca_key")]
     pub ca_cert: Option<PathBuf>,
     /// The existing CA's private key.
@@ -82,6 +85,14 @@ impl MintArgs {
             .collect::<Result<Vec<_>, CliError>>()?;
         let mut server_names = self.dns.clone();
         server_names.extend(self.ip.iter().map(ToString::to_string));
+        if server_names.is_empty() && !(self.members.is_empty() && self.regions.is_empty()) {
+            return Err(CliError::Usage(
+                "member and escrow node certificates must name the hosts they are dialled by: \
+                 pass --dns NAME,… and/or --ip ADDRESS,… (a server certificate naming no host \
+                 is refused by every client)"
+                    .into(),
+            ));
+        }
         let plan = MintPlan {
             members: self.members.clone(),
             regions: self
@@ -119,9 +130,27 @@ fn mint_files(args: &MintArgs) -> Result<(), CliError> {
         return Ok(());
     }
     let failed = |e: crate::certs::CertError| CliError::Failed(e.to_string());
+    let (here_cert, here_key) = (args.out.join("ca.pem"), args.out.join("ca.key"));
     let ca = match (&args.ca_cert, &args.ca_key) {
         (Some(cert), Some(key)) => {
             CertificateAuthority::load(cert, key, args.days).map_err(failed)?
+        }
+        // Minting into a folder that holds a CA issues with it: a new CA
+        // would leave every certificate it issued chained to a deleted key.
+        _ if here_cert.exists() && here_key.exists() => {
+            println!(
+                "issuing with the CA already in {} (ca.pem, ca.key)",
+                args.out.display()
+            );
+            CertificateAuthority::load(&here_cert, &here_key, args.days).map_err(failed)?
+        }
+        _ if here_cert.exists() => {
+            return Err(CliError::Conflict(format!(
+                "{} holds a CA certificate but not its key: pass the CA as --ca-cert and \
+                 --ca-key, or mint into another --out (a new CA here would replace the one \
+                 every identity chains to)",
+                args.out.display()
+            )));
         }
         _ => {
             let ca = CertificateAuthority::generate("Leasehold CA", args.days).map_err(failed)?;
@@ -203,6 +232,84 @@ mod tests {
         })
         .unwrap();
         assert_eq!(std::fs::read(dir.path().join("ca.pem")).unwrap(), ca_before);
+    }
+
+    #[test]
+    fn minting_again_into_a_folder_issues_with_its_ca_and_never_replaces_it() {
+        let dir = tempfile::tempdir().unwrap();
+        mint_files(&args(dir.path().to_path_buf())).unwrap();
+        let ca_files = |dir: &std::path::Path| {
+            (
+                std::fs::read(dir.join("ca.pem")).unwrap(),
+                std::fs::read(dir.join("ca.key")).unwrap(),
+            )
+        };
+        let before = ca_files(dir.path());
+        mint_files(&MintArgs {
+            members: vec![4, 5, 6],
+            ..args(dir.path().to_path_buf())
+        })
+        .unwrap();
+        assert_eq!(ca_files(dir.path()), before, "the CA was replaced");
+        // Member 5's certificate chains to the CA member 1's does.
+        let ca = crate::tls::TlsFiles {
+            ca: dir.path().join("ca.pem"),
+            cert: dir.path().join("member-5.pem"),
+            key: dir.path().join("member-5.key"),
+        };
+        load_server_config(&ca).unwrap();
+        let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+            {
+                let mut roots = rustls::RootCertStore::empty();
+                let pem = std::fs::read(dir.path().join("ca.pem")).unwrap();
+                roots
+                    .add(CertificateDer::from_pem_slice(&pem).unwrap())
+                    .unwrap();
+                std::sync::Arc::new(roots)
+            },
+            std::sync::Arc::new(rustls::crypto::ring::default_provider()),
+        )
+        .build()
+        .unwrap();
+        let pem = std::fs::read(dir.path().join("member-5.pem")).unwrap();
+        let member_5 = CertificateDer::from_pem_slice(&pem).unwrap();
+        verifier
+            .verify_client_cert(&member_5, &[], rustls_pki_types::UnixTime::now())
+            .expect("member 5 chains to the folder's CA");
+
+        // A CA certificate without its key: refused, nothing written.
+        std::fs::remove_file(dir.path().join("ca.key")).unwrap();
+        let refused = mint_files(&MintArgs {
+            members: vec![7],
+            ..args(dir.path().to_path_buf())
+        });
+        assert!(matches!(refused, Err(CliError::Conflict(_))), "{refused:?}");
+        assert!(!dir.path().join("member-7.pem").exists());
+        assert_eq!(std::fs::read(dir.path().join("ca.pem")).unwrap(), before.0);
+    }
+
+    #[test]
+    fn server_certificates_must_name_a_host() {
+        let dir = tempfile::tempdir().unwrap();
+        for (members, regions) in [(vec![4], vec![]), (vec![], vec!["eu".to_string()])] {
+            let nameless = MintArgs {
+                members,
+                regions,
+                dns: vec![],
+                ip: vec![],
+                ..args(dir.path().to_path_buf())
+            };
+            assert!(matches!(nameless.plan(), Err(CliError::Usage(m)) if m.contains("--dns")));
+        }
+        // Operators and services are clients only: no host to name.
+        let clients = MintArgs {
+            members: vec![],
+            regions: vec![],
+            dns: vec![],
+            ip: vec![],
+            ..args(dir.path().to_path_buf())
+        };
+        clients.plan().unwrap();
     }
 
     #[test]

@@ -141,16 +141,7 @@ pub async fn run(args: ClusterArgs) -> Result<(), CliError> {
             });
             Ok(())
         }
-        ClusterCommand::AddLearner(args) => {
-            let (id, addr) = &args.member;
-            let index = args.client.client()?.admin().add_learner(*id, addr).await?;
-            emit(
-                args.client.output,
-                json!({"added_learner": id, "log_index": index}),
-                || format!("added learner {id} at {addr} (log index {index})"),
-            );
-            Ok(())
-        }
+        ClusterCommand::AddLearner(args) => add_learner(args).await,
         ClusterCommand::ChangeMembership(args) => {
             let change = args
                 .client
@@ -184,6 +175,46 @@ pub async fn run(args: ClusterArgs) -> Result<(), CliError> {
             Ok(())
         }
     }
+}
+
+/// `cluster add-learner`: adds the member, then asks again (harmless: the
+/// leader waits each time) until it holds the entry that added it or
+/// `--timeout-ms` runs out: a learner that never takes the log is an error,
+/// not an added member.
+async fn add_learner(args: AddLearnerArgs) -> Result<(), CliError> {
+    let (id, addr) = &args.member;
+    let admin = args.client.client()?.admin();
+    let deadline =
+        tokio::time::Instant::now() + Duration::from_millis(args.client.timeout_ms.max(1));
+    let added = loop {
+        let added = admin.add_learner(*id, addr).await?;
+        if added.caught_up || tokio::time::Instant::now() >= deadline {
+            break added;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let index = added.log_index;
+    if !added.caught_up {
+        let holds = if added.matched_any {
+            format!("holds the log only up to index {}", added.matched_index)
+        } else {
+            "has taken nothing of the log".to_string()
+        };
+        return Err(CliError::Failed(format!(
+            "learner {id} at {addr} was added (log index {index}) but {holds} after {} ms: \
+             check that it runs at {addr}, reaches the members, and was started with \
+             --join-members listing the current members (docs/security.md, \"Joining a \
+             member\"); run add-learner again to wait longer (`change-membership` refuses to \
+             make it a voter until it catches up)",
+            args.client.timeout_ms
+        )));
+    }
+    emit(
+        args.client.output,
+        json!({"added_learner": id, "log_index": index, "caught_up": true}),
+        || format!("added learner {id} at {addr} (log index {index}); it holds the log"),
+    );
+    Ok(())
 }
 
 /// After `init` found the cluster initialised: succeeds (idempotent) only if

@@ -42,8 +42,16 @@ pub enum SnapshotCommand {
 #[derive(Debug, Clone, Args)]
 pub struct SaveArgs {
     /// The backup file to write (written beside, then renamed into place).
+    #[arg(long, required_unless_present = "out_dir", conflicts_with = "out_dir")]
+    pub out: Option<PathBuf>,
+    /// Write `leasehold-<unix ms>.backup` into this directory instead (for
+    /// scheduled backups: a CronJob, a timer).
     #[arg(long)]
-    pub out: PathBuf,
+    pub out_dir: Option<PathBuf>,
+    /// With --out-dir: keep the newest N backups there, deleting older
+    /// `leasehold-*.backup` files once this one is written (0 keeps all).
+    #[arg(long, requires = "out_dir", default_value_t = 0)]
+    pub keep: usize,
     /// Take it from the first endpoint that answers, leader or not (its
     /// applied state, which may lag the leader's), e.g. while no leader can
     /// be elected.
@@ -138,12 +146,26 @@ async fn save(args: SaveArgs) -> Result<(), CliError> {
             "the backup does not read back: {e}; nothing was written"
         ))
     })?;
-    write_atomically(&args.out, &bytes)?;
-    emit(args.client.output, saved_json(&args.out, &info), || {
+    let out = match (&args.out, &args.out_dir) {
+        (Some(out), _) => out.clone(),
+        (None, Some(dir)) => dir.join(format!("{BACKUP_PREFIX}{}{BACKUP_SUFFIX}", wall_now_ms())),
+        (None, None) => return Err(CliError::Usage("pass --out FILE or --out-dir DIR".into())),
+    };
+    write_atomically(&out, &bytes)?;
+    let pruned = match &args.out_dir {
+        Some(dir) if args.keep > 0 => prune_backups(dir, args.keep)?,
+        _ => Vec::new(),
+    };
+    let mut json = saved_json(&out, &info);
+    json["pruned"] = json!(pruned
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect::<Vec<_>>());
+    emit(args.client.output, json, || {
         format!(
             "saved {} ({} bytes, CRC-32 {:08x}) from member {}{}: log position {} (term {}), \
-             {} live windows, {} policies, voters {:?}",
-            args.out.display(),
+             {} live windows, {} policies, voters {:?}{}",
+            out.display(),
             info.bytes,
             info.crc32,
             info.taken_from,
@@ -156,10 +178,53 @@ async fn save(args: SaveArgs) -> Result<(), CliError> {
             info.last_log_term,
             info.live_windows,
             info.policies,
-            info.voter_ids
+            info.voter_ids,
+            if pruned.is_empty() {
+                String::new()
+            } else {
+                format!("; deleted {} older backups", pruned.len())
+            }
         )
     });
     Ok(())
+}
+
+/// The names `snapshot save --out-dir` writes: `leasehold-<unix ms>.backup`.
+const BACKUP_PREFIX: &str = "leasehold-";
+const BACKUP_SUFFIX: &str = ".backup";
+
+/// Whether `name` is one `--out-dir` wrote: the prefix, digits, the suffix.
+fn is_scheduled_backup(name: &str) -> Option<u64> {
+    let stamp = name
+        .strip_prefix(BACKUP_PREFIX)?
+        .strip_suffix(BACKUP_SUFFIX)?;
+    if stamp.is_empty() || !stamp.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    stamp.parse().ok()
+}
+
+/// Deletes all but the newest `keep` scheduled backups in `dir` (by the
+/// time in their names; other files are never touched); returns those
+/// deleted.
+fn prune_backups(dir: &Path, keep: usize) -> Result<Vec<PathBuf>, CliError> {
+    let failed = |e: std::io::Error| CliError::Failed(format!("listing {}: {e}", dir.display()));
+    let mut backups = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(failed)? {
+        let entry = entry.map_err(failed)?;
+        if let Some(stamp) = entry.file_name().to_str().and_then(is_scheduled_backup) {
+            backups.push((stamp, entry.path()));
+        }
+    }
+    backups.sort();
+    let excess = backups.len().saturating_sub(keep);
+    let mut deleted = Vec::new();
+    for (_, path) in backups.into_iter().take(excess) {
+        std::fs::remove_file(&path)
+            .map_err(|e| CliError::Failed(format!("deleting {}: {e}", path.display())))?;
+        deleted.push(path);
+    }
+    Ok(deleted)
 }
 
 fn saved_json(out: &Path, info: &pb::SnapshotInfo) -> Value {
@@ -345,4 +410,48 @@ fn new_cluster(
         text
     });
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_scheduled_backups_are_pruned_oldest_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let names = [
+            "leasehold-100.backup",
+            "leasehold-20.backup",
+            "leasehold-3000.backup",
+            "leasehold-.backup",
+            "leasehold-12x.backup",
+            "leasehold-5.backup.partial",
+            "mine.backup",
+        ];
+        for name in names {
+            std::fs::write(dir.path().join(name), b"x").unwrap();
+        }
+        let deleted = prune_backups(dir.path(), 1).unwrap();
+        let deleted: Vec<String> = deleted
+            .iter()
+            .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(deleted, ["leasehold-20.backup", "leasehold-100.backup"]);
+        let mut left: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(
+            left,
+            [
+                "leasehold-.backup",
+                "leasehold-12x.backup",
+                "leasehold-3000.backup",
+                "leasehold-5.backup.partial",
+                "mine.backup"
+            ]
+        );
+        assert!(prune_backups(dir.path(), 5).unwrap().is_empty());
+    }
 }

@@ -14,6 +14,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Duration;
 
 use leasehold_client::transport::normalize_addr;
 use leasehold_core::coordinator::sharding::PlacementChange;
@@ -69,6 +70,54 @@ async fn hand_off(
 /// is 3 s by default).
 const LAGGING_MEMBER_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// How long `AddLearner` waits for the new learner to hold the membership
+/// entry that adds it, and `ChangeMembership` for each member it makes a
+/// voter to hold what this leader had applied, at most (a caller waiting
+/// longer asks again; see [`catch_up_wait`]).
+const CATCH_UP_WAIT: Duration = Duration::from_secs(2);
+
+/// The wait an admin call may spend before answering: [`CATCH_UP_WAIT`],
+/// the member's admin timeout, and half of what the caller's `grpc-timeout`
+/// header leaves (the rest carries the answer back), whichever is least.
+fn catch_up_wait(metadata: &tonic::metadata::MetadataMap, admin_timeout: Duration) -> Duration {
+    let callers = metadata
+        .get("grpc-timeout")
+        .and_then(|value| value.to_str().ok())
+        .and_then(grpc_timeout)
+        .map_or(Duration::MAX, |budget| budget / 2);
+    CATCH_UP_WAIT.min(admin_timeout).min(callers)
+}
+
+/// A `grpc-timeout` header's value (at most 8 digits and a unit of H, M,
+/// S, m, u or n, per the gRPC HTTP/2 protocol).
+fn grpc_timeout(value: &str) -> Option<Duration> {
+    let (digits, unit) = value.split_at(value.len().checked_sub(1)?);
+    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let amount: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(amount.checked_mul(3600)?),
+        "M" => Duration::from_secs(amount.checked_mul(60)?),
+        "S" => Duration::from_secs(amount),
+        "m" => Duration::from_millis(amount),
+        "u" => Duration::from_micros(amount),
+        "n" => Duration::from_nanos(amount),
+        _ => return None,
+    })
+}
+
+/// How far the leader's replication shows `id`'s log: the index of its
+/// last matched entry, `None` when it has matched nothing yet (it never
+/// answered the leader, or refused it).
+fn matched_index(metrics: &openraft::RaftMetrics<NodeId, Node>, id: NodeId) -> Option<u64> {
+    metrics
+        .replication
+        .as_ref()
+        .and_then(|progress| progress.get(&id).copied().flatten())
+        .map(|matched| matched.index)
+}
+
 /// The members of `metrics`' membership other than `me` whose log does not
 /// reach `index` as far as the leader's replication shows (every other
 /// member when `metrics` shows no replication: `me` does not lead).
@@ -77,13 +126,7 @@ fn members_lacking(
     me: NodeId,
     index: u64,
 ) -> Vec<NodeId> {
-    let holds = |id: &NodeId| {
-        metrics
-            .replication
-            .as_ref()
-            .and_then(|progress| progress.get(id).copied().flatten())
-            .is_some_and(|matched| matched.index >= index)
-    };
+    let holds = |id: &NodeId| matched_index(metrics, *id).is_some_and(|matched| matched >= index);
     metrics
         .membership_config
         .membership()
@@ -176,6 +219,86 @@ impl AdminApi {
         }
     }
 
+    /// Waits until the leader's replication shows every member of `ids`
+    /// holding log index `index`, or `deadline`; returns those that do not,
+    /// each with the index it holds (`None`: nothing matched yet).
+    async fn wait_until_these_hold(
+        &self,
+        ids: &[NodeId],
+        index: u64,
+        deadline: tokio::time::Instant,
+    ) -> Vec<(NodeId, Option<u64>)> {
+        let lacking = |metrics: &openraft::RaftMetrics<NodeId, Node>| {
+            ids.iter()
+                .map(|id| (*id, matched_index(metrics, *id)))
+                .filter(|(_, matched)| !matched.is_some_and(|m| m >= index))
+                .collect::<Vec<_>>()
+        };
+        let mut metrics = self.node.raft.metrics();
+        let wait = async {
+            loop {
+                let lagging = lacking(&metrics.borrow_and_update());
+                if lagging.is_empty() || metrics.changed().await.is_err() {
+                    return lagging;
+                }
+            }
+        };
+        match tokio::time::timeout_at(deadline, wait).await {
+            Ok(lagging) => lagging,
+            Err(_) => lacking(&self.node.raft.metrics().borrow()),
+        }
+    }
+
+    /// Refuses a membership whose new voters (the members of `voters` not
+    /// voting now) do not hold, within [`CATCH_UP_WAIT`], what this leader
+    /// had applied when asked: a voter that never took the log adds
+    /// nothing to the quorum but its absence, and one more failure loses it.
+    async fn refuse_voters_behind(
+        &self,
+        voters: &BTreeSet<NodeId>,
+        wait: Duration,
+    ) -> Result<(), Status> {
+        let (new_voters, applied) = {
+            let metrics = self.node.raft.metrics();
+            let metrics = metrics.borrow();
+            let membership = metrics.membership_config.membership();
+            let voting: BTreeSet<NodeId> = membership.voter_ids().collect();
+            let new_voters: Vec<NodeId> = voters
+                .iter()
+                .copied()
+                .filter(|id| !voting.contains(id) && *id != self.node.id)
+                .collect();
+            (
+                new_voters,
+                metrics.last_applied.map_or(0, |applied| applied.index),
+            )
+        };
+        if new_voters.is_empty() {
+            return Ok(());
+        }
+        let deadline = tokio::time::Instant::now() + wait;
+        let behind = self
+            .wait_until_these_hold(&new_voters, applied, deadline)
+            .await;
+        let Some((id, matched)) = behind.first() else {
+            return Ok(());
+        };
+        let holds = match matched {
+            Some(index) => format!("holds the log up to index {index}"),
+            None => "has taken nothing of the log".to_string(),
+        };
+        Err(refusal(
+            Reason::MembershipRejected,
+            format!(
+                "member {id} {holds}, and this leader has applied up to {applied}: it cannot \
+                 be made a voter before it catches up. Add it first (`cluster add-learner`, \
+                 which waits for it), and check that it runs, reaches the members and was \
+                 started with --join-members listing the current members \
+                 (docs/security.md, \"Joining a member\"); nothing changed"
+            ),
+        ))
+    }
+
     async fn policy_write(&self, command: Command) -> Result<Outcome, Status> {
         self.node.require_leader()?;
         match self.node.propose(command).await? {
@@ -263,6 +386,7 @@ impl Admin for AdminApi {
         &self,
         request: Request<pb::AddLearnerRequest>,
     ) -> Result<Response<pb::AddLearnerResponse>, Status> {
+        let wait = catch_up_wait(request.metadata(), self.node.config.admin_timeout());
         let raw = request
             .into_inner()
             .member
@@ -278,11 +402,44 @@ impl Admin for AdminApi {
                 ),
             ));
         }
+        let known = self
+            .node
+            .raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .get_node(&id)
+            .map(|known| known.addr.clone());
+        if let Some(known) = known.filter(|known| *known != node.addr) {
+            // The membership keeps a member's first address: adding the id
+            // again elsewhere would answer as if it moved, and never reach it.
+            return Err(refusal(
+                Reason::MembershipRejected,
+                format!(
+                    "member {id} is already in the membership at {known}, not {}: start it \
+                     there, or give the member at the new address a new id; nothing changed",
+                    node.addr
+                ),
+            ));
+        }
         let timeout = self.node.config.admin_timeout();
         match tokio::time::timeout(timeout, self.node.raft.add_learner(id, node, false)).await {
-            Ok(Ok(response)) => Ok(Response::new(pb::AddLearnerResponse {
-                log_index: response.log_id.index,
-            })),
+            Ok(Ok(response)) => {
+                // Added is not joined: a learner that cannot take the log
+                // (not running, unreachable, refusing the leader) is named
+                // in the answer, never promoted by `ChangeMembership`.
+                let log_index = response.log_id.index;
+                let deadline = tokio::time::Instant::now() + wait;
+                let lagging = self.wait_until_these_hold(&[id], log_index, deadline).await;
+                let matched = lagging.first().map_or(Some(log_index), |(_, m)| *m);
+                Ok(Response::new(pb::AddLearnerResponse {
+                    log_index,
+                    caught_up: lagging.is_empty(),
+                    matched_index: matched.unwrap_or(0),
+                    matched_any: matched.is_some(),
+                }))
+            }
             Ok(Err(error)) => membership_write_status(error),
             Err(_) => Err(admin_timeout(timeout.as_millis())),
         }
@@ -292,6 +449,7 @@ impl Admin for AdminApi {
         &self,
         request: Request<pb::ChangeMembershipRequest>,
     ) -> Result<Response<pb::ChangeMembershipResponse>, Status> {
+        let wait = catch_up_wait(request.metadata(), self.node.config.admin_timeout());
         let request = request.into_inner();
         let voters: BTreeSet<NodeId> = request.voter_ids.iter().copied().collect();
         if voters.is_empty() || voters.contains(&0) {
@@ -302,6 +460,7 @@ impl Admin for AdminApi {
         }
         self.node.require_leader()?;
         let timeout = self.node.config.admin_timeout();
+        self.refuse_voters_behind(&voters, wait).await?;
         match tokio::time::timeout(
             timeout,
             self.node.raft.change_membership(voters, request.retain),
@@ -610,5 +769,38 @@ impl Admin for AdminApi {
         Ok(Response::new(pb::ListPoliciesResponse {
             policies: policies.iter().map(pb::Policy::from).collect(),
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_timeouts_read_in_every_unit_and_nothing_else() {
+        assert_eq!(grpc_timeout("2S"), Some(Duration::from_secs(2)));
+        assert_eq!(grpc_timeout("780m"), Some(Duration::from_millis(780)));
+        assert_eq!(grpc_timeout("1H"), Some(Duration::from_secs(3600)));
+        assert_eq!(grpc_timeout("3M"), Some(Duration::from_secs(180)));
+        assert_eq!(grpc_timeout("5u"), Some(Duration::from_micros(5)));
+        assert_eq!(grpc_timeout("7n"), Some(Duration::from_nanos(7)));
+        for bad in ["", "S", "123456789S", "-1S", "1s", "1.5S", "１S"] {
+            assert_eq!(grpc_timeout(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn the_catch_up_wait_leaves_the_caller_half_its_budget() {
+        let mut metadata = tonic::metadata::MetadataMap::new();
+        let admin = Duration::from_secs(10);
+        assert_eq!(catch_up_wait(&metadata, admin), CATCH_UP_WAIT);
+        assert_eq!(
+            catch_up_wait(&metadata, Duration::from_millis(300)),
+            Duration::from_millis(300)
+        );
+        metadata.insert("grpc-timeout", "780m".parse().unwrap());
+        assert_eq!(catch_up_wait(&metadata, admin), Duration::from_millis(390));
+        metadata.insert("grpc-timeout", "60S".parse().unwrap());
+        assert_eq!(catch_up_wait(&metadata, admin), CATCH_UP_WAIT);
     }
 }

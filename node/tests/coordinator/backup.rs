@@ -350,6 +350,34 @@ async fn the_snapshot_commands_save_inspect_and_restore() -> Result<()> {
         }
     }
 
+    // Scheduled backups: named by the time, the newest `--keep` kept.
+    let scheduled = dir.path().join("scheduled");
+    std::fs::create_dir(&scheduled)?;
+    let scheduled_arg = scheduled.to_str().context("utf-8 path")?;
+    for _ in 0..3 {
+        let (code, out, err) = leasehold(&[
+            "snapshot",
+            "save",
+            "--endpoint",
+            &endpoints,
+            "--out-dir",
+            scheduled_arg,
+            "--keep",
+            "2",
+            "--output",
+            "json",
+        ])?;
+        ensure!(code == 0, "{err}");
+        let saved: serde_json::Value = serde_json::from_str(&out)?;
+        let written = saved["file"].as_str().context("the file written")?;
+        ensure!(std::path::Path::new(written).exists(), "{saved}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let kept = std::fs::read_dir(&scheduled)?.count();
+    ensure!(kept == 2, "--keep 2 left {kept} backups");
+    let (code, _, err) = leasehold(&["snapshot", "save", "--endpoint", &endpoints])?;
+    ensure!(code == 2 && err.contains("--out"), "{code}: {err}");
+
     let (code, out, err) = leasehold(&["snapshot", "inspect", file_arg, "--output", "json"])?;
     ensure!(code == 0, "{err}");
     let inspected: serde_json::Value = serde_json::from_str(&out)?;

@@ -1225,3 +1225,94 @@ async fn health_probes_need_no_certificate_and_open_nothing_else() -> Result<()>
     task5.await??;
     cluster.stop().await
 }
+
+/// The runbook's "add a member" with one step left out: member 5 is
+/// started without `--join-members`, so on mutual TLS it refuses the
+/// leader and takes nothing of the log. `cluster add-learner` must say so
+/// (exit 1, not 0), `change-membership` must refuse to make it a voter
+/// (nothing changes: the quorum stays 2 of 3), and with the step done the
+/// same commands succeed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_cannot_join_is_neither_reported_added_nor_promoted() -> Result<()> {
+    let cluster = TlsCluster::start_initialised().await?;
+    let admin = cluster.client_as(&operator())?.admin();
+    let (addr5, (stop5, task5)) = cluster
+        .start_member_with(5, |config| config.join_members = vec![])
+        .await?;
+    let operator_files = cluster.files(&operator());
+    let cli = |args: &[&str]| -> Result<(i32, String)> {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_leasehold"))
+            .args(args)
+            .args(["--endpoint", &cluster.addrs.join(",")])
+            .args(["--ca", &operator_files.ca.to_string_lossy()])
+            .args(["--cert", &operator_files.cert.to_string_lossy()])
+            .args(["--cert-key", &operator_files.key.to_string_lossy()])
+            .env_remove("LEASEHOLD_INSECURE")
+            .env("RUST_LOG", "error")
+            .output()?;
+        Ok((
+            output.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&output.stderr).into_owned()
+                + &String::from_utf8_lossy(&output.stdout),
+        ))
+    };
+    let member5 = format!("5={addr5}");
+    let (code, said) = cli(&[
+        "cluster",
+        "add-learner",
+        "--member",
+        &member5,
+        "--timeout-ms",
+        "3000",
+    ])?;
+    ensure!(
+        code == 1
+            && said.contains("has taken nothing of the log")
+            && said.contains("--join-members"),
+        "add-learner of a member that cannot join: exit {code}: {said}"
+    );
+    let refused = admin.change_membership(&[1, 2, 3, 5], false).await;
+    ensure!(
+        matches!(&refused, Err(e) if e.code() == Code::FailedPrecondition),
+        "a member holding nothing was made a voter: {refused:?}"
+    );
+    let voter_flags = |last: &'static str| {
+        let mut flags = vec!["cluster", "change-membership"];
+        for id in ["1", "2", "3", last] {
+            flags.extend(["--voter", id]);
+        }
+        flags
+    };
+    let (code, said) = cli(&voter_flags("5"))?;
+    ensure!(
+        code != 0 && said.contains("cannot be made a voter"),
+        "change-membership of a member holding nothing: exit {code}: {said}"
+    );
+    let voters: Vec<u64> = admin.status().await?.voters.iter().map(|m| m.id).collect();
+    ensure!(voters == vec![1, 2, 3], "the voters changed: {voters:?}");
+    let _ = stop5.send(());
+    task5.await??;
+
+    // The id is taken at that address: adding it elsewhere is refused,
+    // not silently kept at the old one.
+    let moved = admin.add_learner(5, "127.0.0.1:1").await;
+    ensure!(
+        code_of(moved) == Code::FailedPrecondition,
+        "member 5 was re-added at another address"
+    );
+
+    // Started as the runbook says, the same steps work.
+    let (addr4, (stop4, task4)) = cluster.start_member(4).await?;
+    let member4 = format!("4={addr4}");
+    let (code, said) = cli(&["cluster", "add-learner", "--member", &member4])?;
+    ensure!(
+        code == 0 && said.contains("it holds the log"),
+        "exit {code}: {said}"
+    );
+    let (code, said) = cli(&voter_flags("4"))?;
+    ensure!(code == 0, "exit {code}: {said}");
+    ensure_still_granting(&cluster).await?;
+    let _ = stop4.send(());
+    task4.await??;
+    cluster.stop().await
+}
