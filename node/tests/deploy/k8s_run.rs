@@ -224,6 +224,28 @@ fn probe_paths(container: &Yaml) -> Result<Vec<String>> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_base_runs_with_mutual_tls_as_written() -> Result<()> {
+    run_as_written(base_documents()?).await
+}
+
+/// The Helm chart rendered with its defaults as the release `leasehold`
+/// (the names of the base and of mint-secrets.sh's Secrets), run the same
+/// way, its backup CronJob included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_chart_runs_with_mutual_tls_as_rendered() -> Result<()> {
+    let rendered = crate::helm::helm(&["template", "leasehold", &crate::helm::chart()])?;
+    let docs: Vec<Yaml> = yaml_rust2::YamlLoader::load_from_str(&rendered)?
+        .into_iter()
+        .filter(|d| !d.is_null())
+        .collect();
+    ensure!(
+        docs.iter().any(|d| d["kind"].as_str() == Some("CronJob")),
+        "the chart renders no backup CronJob"
+    );
+    run_as_written(docs).await
+}
+
+/// Runs `docs`' workloads as processes (see the module documentation).
+async fn run_as_written(docs: Vec<Yaml>) -> Result<()> {
     let dir = tempfile::tempdir()?;
     let mint = dir.path().join("mint");
     let status = Command::new("bash")
@@ -235,7 +257,6 @@ async fn the_base_runs_with_mutual_tls_as_written() -> Result<()> {
         .status()?;
     ensure!(status.success(), "mint-secrets.sh failed: {status}");
     let secrets = decode_secrets(&mint.join("secrets.yaml"))?;
-    let docs = base_documents()?;
     let statefulset = workload(&docs, "StatefulSet")?;
     let escrow = workload(&docs, "Deployment")?;
     let job = workload(&docs, "Job")?;
@@ -414,5 +435,55 @@ async fn the_base_runs_with_mutual_tls_as_written() -> Result<()> {
         .into_inner()
         .granted;
     ensure!(granted == 3, "the escrow node granted {granted} of 3");
+
+    // The backup CronJob, where there is one: twice, its volume mapped.
+    if let Some(cron) = docs.iter().find(|d| d["kind"].as_str() == Some("CronJob")) {
+        let template = &cron["spec"]["jobTemplate"]["spec"]["template"];
+        let container = &list(&template["spec"]["containers"])[0];
+        let (mount, certs) = mount_certs(template, &secrets, dir.path())?;
+        let backups = dir.path().join("backups");
+        std::fs::create_dir_all(&backups)?;
+        let mut map = replacements.clone();
+        map.push((format!("{mount}/"), format!("{}/", certs.to_string_lossy())));
+        map.push(("/backups".into(), backups.to_string_lossy().into_owned()));
+        let args = mapped(&strings(&container["args"]), &map);
+        for _ in 0..2 {
+            let args = args.clone();
+            let run = tokio::task::spawn_blocking(move || {
+                Command::new(env!("CARGO_BIN_EXE_leasehold"))
+                    .args(&args)
+                    .output()
+            })
+            .await??;
+            ensure!(
+                run.status.success(),
+                "the backup CronJob failed: {}",
+                String::from_utf8_lossy(&run.stderr)
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let written: Vec<PathBuf> = std::fs::read_dir(&backups)?
+            .map(|e| e.map(|e| e.path()))
+            .collect::<Result<_, _>>()?;
+        ensure!(written.len() == 2, "backups written: {written:?}");
+        for backup in &written {
+            #[cfg(unix)]
+            {
+                use std::os::unix::fs::PermissionsExt;
+                let mode = std::fs::metadata(backup)?.permissions().mode() & 0o777;
+                ensure!(mode == 0o600, "{} has mode {mode:o}", backup.display());
+            }
+            let inspect = Command::new(env!("CARGO_BIN_EXE_leasehold"))
+                .args(["snapshot", "inspect"])
+                .arg(backup)
+                .output()?;
+            ensure!(
+                inspect.status.success(),
+                "{}: {}",
+                backup.display(),
+                String::from_utf8_lossy(&inspect.stderr)
+            );
+        }
+    }
     processes.ensure_running()
 }

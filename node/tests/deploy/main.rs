@@ -17,6 +17,7 @@
 //!   `systemd-sysusers` and `systemd-tmpfiles` accept them where installed.
 
 mod compose;
+mod helm;
 mod k8s;
 mod k8s_run;
 mod systemd;
