@@ -153,10 +153,13 @@ fn mint_files(args: &MintArgs) -> Result<(), CliError> {
             )));
         }
         _ => {
-            let ca = CertificateAuthority::generate("Leasehold CA", args.days).map_err(failed)?;
+            // A name of its own: two clusters' CAs are told apart by name,
+            // in a certificate dump and in a verifier's error.
+            let name = format!("Leasehold CA {:08x}", rand::random::<u32>());
+            let ca = CertificateAuthority::generate(&name, args.days).map_err(failed)?;
             ca.write(&args.out, true).map_err(failed)?;
             println!(
-                "new CA: {} (keep {} offline: it signs every identity)",
+                "new CA {name:?}: {} (keep {} offline: it signs every identity)",
                 args.out.join("ca.pem").display(),
                 args.out.join("ca.key").display()
             );
@@ -286,6 +289,22 @@ mod tests {
         assert!(matches!(refused, Err(CliError::Conflict(_))), "{refused:?}");
         assert!(!dir.path().join("member-7.pem").exists());
         assert_eq!(std::fs::read(dir.path().join("ca.pem")).unwrap(), before.0);
+    }
+
+    #[test]
+    fn each_new_ca_has_a_name_of_its_own() {
+        let subject = |dir: &std::path::Path| {
+            let pem = std::fs::read(dir.join("ca.pem")).unwrap();
+            let der = CertificateDer::from_pem_slice(&pem).unwrap();
+            let (_, cert) = x509_parser::parse_x509_certificate(&der).unwrap();
+            cert.subject().to_string()
+        };
+        let (one, two) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        mint_files(&args(one.path().to_path_buf())).unwrap();
+        mint_files(&args(two.path().to_path_buf())).unwrap();
+        let (one, two) = (subject(one.path()), subject(two.path()));
+        assert!(one.starts_with("CN=Leasehold CA "), "{one}");
+        assert_ne!(one, two);
     }
 
     #[test]
