@@ -68,7 +68,7 @@ async fn hand_off(
 /// member to hold it before answering with those that do not (a live
 /// member receives it within a heartbeat or two; a caller's call timeout
 /// is 3 s by default).
-const LAGGING_MEMBER_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+const LAGGING_MEMBER_WAIT: Duration = Duration::from_secs(1);
 
 /// How long `AddLearner` waits for the new learner to hold the membership
 /// entry that adds it, and `ChangeMembership` for each member it makes a
@@ -204,19 +204,8 @@ impl AdminApi {
         deadline: tokio::time::Instant,
     ) -> Vec<NodeId> {
         let me = self.node.id;
-        let mut metrics = self.node.raft.metrics();
-        let wait = async {
-            loop {
-                let lagging = members_lacking(&metrics.borrow_and_update(), me, index);
-                if lagging.is_empty() || metrics.changed().await.is_err() {
-                    return lagging;
-                }
-            }
-        };
-        match tokio::time::timeout_at(deadline, wait).await {
-            Ok(lagging) => lagging,
-            Err(_) => members_lacking(&self.node.raft.metrics().borrow(), me, index),
-        }
+        self.wait_until_none_lack(|metrics| members_lacking(metrics, me, index), deadline)
+            .await
     }
 
     /// Waits until the leader's replication shows every member of `ids`
@@ -232,8 +221,18 @@ impl AdminApi {
             ids.iter()
                 .map(|id| (*id, matched_index(metrics, *id)))
                 .filter(|(_, matched)| !matched.is_some_and(|m| m >= index))
-                .collect::<Vec<_>>()
+                .collect()
         };
+        self.wait_until_none_lack(lacking, deadline).await
+    }
+
+    /// Re-reads the Raft metrics at every change until `lacking` finds
+    /// nothing, or `deadline`; returns what it found last.
+    async fn wait_until_none_lack<T>(
+        &self,
+        lacking: impl Fn(&openraft::RaftMetrics<NodeId, Node>) -> Vec<T>,
+        deadline: tokio::time::Instant,
+    ) -> Vec<T> {
         let mut metrics = self.node.raft.metrics();
         let wait = async {
             loop {
