@@ -609,120 +609,59 @@ mod tests {
         parse(text).expect_err("expected problems")
     }
 
-    /// The nine examples of the `envoyproxy/ratelimit` README load
-    /// unchanged, and requests match them as the README says.
+    /// The nine examples of the `envoyproxy/ratelimit` README
+    /// (`node/testdata/ratelimit-readme/`) load unchanged, and requests
+    /// match them as the README says: every case of every `.cases` file.
     #[test]
     fn every_readme_example_loads_and_matches_as_it_documents() {
         use leasehold_core::rls::answer::{plan_request, Plan, RequestDescriptor};
-        // (key, value) lists of one request -> the limit each descriptor
-        // gets (None: not limited, Some(0..): requests per unit).
-        fn limits(config: &DomainConfig, request: &[&[(&str, &str)]]) -> Vec<Option<u32>> {
-            let descriptors: Vec<RequestDescriptor> = request
-                .iter()
-                .map(|entries| RequestDescriptor { entries, hits: 1 })
-                .collect();
-            plan_request(Some(config), &descriptors)
-                .into_iter()
-                .map(|plan| match plan {
-                    Plan::Limited(limited) => Some(limited.requests_per_unit),
-                    Plan::Unlimited => Some(u32::MAX),
-                    Plan::NoLimit => None,
-                })
-                .collect()
+        let folder = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/ratelimit-readme");
+        let mut examples: Vec<_> = std::fs::read_dir(&folder)
+            .unwrap()
+            .map(|entry| entry.unwrap().path())
+            .filter(|path| path.extension().is_some_and(|e| e == "yaml"))
+            .collect();
+        examples.sort();
+        assert_eq!(examples.len(), 10, "nine examples, the fourth in two parts");
+        let mut checked = 0;
+        for example in &examples {
+            let config = load(example).unwrap_or_else(|p| panic!("{}: {p:?}", example.display()));
+            let cases = std::fs::read_to_string(example.with_extension("cases")).unwrap();
+            for case in cases.lines().filter(|l| !l.trim().is_empty() && !l.starts_with('#')) {
+                let (request, expected) = case.split_once("->").expect("a case reads REQUEST -> LIMITS");
+                let entries: Vec<Vec<(&str, &str)>> = request
+                    .split('|')
+                    .map(|descriptor| {
+                        descriptor
+                            .split(',')
+                            .map(|entry| entry.trim().split_once('=').expect("key=value"))
+                            .collect()
+                    })
+                    .collect();
+                let descriptors: Vec<RequestDescriptor> = entries
+                    .iter()
+                    .map(|entries| RequestDescriptor { entries, hits: 1 })
+                    .collect();
+                let got: Vec<String> = plan_request(Some(&config), &descriptors)
+                    .into_iter()
+                    .map(|plan| match plan {
+                        Plan::Limited(limited) => limited.requests_per_unit.to_string(),
+                        Plan::Unlimited => "unlimited".to_string(),
+                        Plan::NoLimit => "none".to_string(),
+                    })
+                    .collect();
+                let expected: Vec<&str> = expected.split_whitespace().collect();
+                assert_eq!(got, expected, "{}: {case}", example.display());
+                checked += 1;
+            }
         }
-        let load = |yaml: &str| parse(yaml).unwrap_or_else(|p| panic!("{p:?}"));
-        let mongo = load(
-            "domain: mongo_cps\ndescriptors:\n  - key: database\n    value: users\n    rate_limit:\n      unit: second\n      requests_per_unit: 500\n\n  - key: database\n    value: default\n    rate_limit:\n      unit: second\n      requests_per_unit: 500\n",
-        );
-        assert_eq!(
-            limits(
-                &mongo,
-                &[&[("database", "users")], &[("database", "other")]]
-            ),
-            [Some(500), None]
-        );
-        let messaging = load(
-            "domain: messaging\ndescriptors:\n  # 5 marketing messages a day\n  - key: message_type\n    value: marketing\n    descriptors:\n      - key: to_number\n        rate_limit:\n          unit: day\n          requests_per_unit: 5\n\n  # 100 messages a day to any number\n  - key: to_number\n    rate_limit:\n      unit: day\n      requests_per_unit: 100\n",
-        );
-        assert_eq!(
-            limits(
-                &messaging,
-                &[
-                    &[("message_type", "marketing"), ("to_number", "2061111111")],
-                    &[("to_number", "2061111111")]
-                ]
-            ),
-            [Some(5), Some(100)]
-        );
-        let per_ip = load(
-            "domain: edge_proxy_per_ip\ndescriptors:\n  - key: remote_address\n    rate_limit:\n      unit: second\n      requests_per_unit: 10\n\n  # Black list IP\n  - key: remote_address\n    value: 50.0.0.5\n    rate_limit:\n      unit: second\n      requests_per_unit: 0\n",
-        );
-        assert_eq!(
-            limits(
-                &per_ip,
-                &[
-                    &[("remote_address", "50.0.0.1")],
-                    &[("remote_address", "50.0.0.5")]
-                ]
-            ),
-            [Some(10), Some(0)]
-        );
-        let one_level = load(
-            "domain: example4\ndescriptors:\n  - key: key\n    value: value\n    rate_limit:\n      requests_per_unit: 300\n      unit: second\n",
-        );
-        let two_levels = load(
-            "domain: example4\ndescriptors:\n  - key: key\n    value: value\n    descriptors:\n      - key: subkey\n        rate_limit:\n          requests_per_unit: 300\n          unit: second\n",
-        );
-        let request: &[&[(&str, &str)]] = &[&[("key", "value"), ("subkey", "subvalue")]];
-        assert_eq!(limits(&one_level, request), [None]);
-        assert_eq!(limits(&two_levels, request), [Some(300)]);
-        let internal = load(
-            "domain: internal\ndescriptors:\n  - key: ldap\n    rate_limit:\n      unlimited: true\n\n  - key: azure\n    rate_limit:\n      unit: minute\n      requests_per_unit: 100\n",
-        );
-        assert_eq!(
-            limits(&internal, &[&[("ldap", "x")], &[("azure", "y")]]),
-            [Some(u32::MAX), Some(100)]
-        );
-        let shadow = load(
-            "domain: example6\ndescriptors:\n  - key: service\n    descriptors:\n      - key: user\n        value: user-a\n        rate_limit:\n          requests_per_unit: 10\n          unit: second\n        shadow_mode: true\n      - key: user\n        value: user-b\n        rate_limit:\n          requests_per_unit: 20\n          unit: second\n",
-        );
-        let policies = shadow.policies();
+        assert!(checked >= 12, "{checked} cases");
+        let example = |name: &str| load(&folder.join(name)).unwrap();
+        let policies = example("6-shadow_mode.yaml").policies();
         assert_eq!(policies.len(), 2);
         assert!(policies.iter().any(|p| p.shadow && p.limit == 10));
         assert!(policies.iter().any(|p| !p.shadow && p.limit == 20));
-        let replaces = load(
-            "domain: example7\ndescriptors:\n  - key: key_1\n    value: value_1\n    descriptors:\n      - key: user\n        value: bkthomps\n        rate_limit:\n          name: specific_limit\n          requests_per_unit: 5\n          unit: second\n  - key: key_2\n    value: value_2\n    descriptors:\n      - key: user\n        value: bkthomps\n        rate_limit:\n          replaces:\n            - name: specific_limit\n          requests_per_unit: 10\n          unit: second\n",
-        );
-        let first: &[(&str, &str)] = &[("key_1", "value_1"), ("user", "bkthomps")];
-        let second: &[(&str, &str)] = &[("key_2", "value_2"), ("user", "bkthomps")];
-        assert_eq!(limits(&replaces, &[first]), [Some(5)]);
-        assert_eq!(limits(&replaces, &[second]), [Some(10)]);
-        assert_eq!(limits(&replaces, &[first, second]), [None, Some(10)]);
-        let detailed = load(
-            "domain: example8\ndescriptors:\n  - key: key1\n    detailed_metric: true\n    rate_limit:\n      unit: minute\n      requests_per_unit: 10\n  - key: key1\n    value: value1\n    rate_limit:\n      unit: minute\n      requests_per_unit: 20\n",
-        );
-        assert_eq!(
-            limits(
-                &detailed,
-                &[&[("key1", "unspecified_value")], &[("key1", "value1")]]
-            ),
-            [Some(10), Some(20)]
-        );
-        assert!(detailed.descriptors[0].detailed_metric);
-        let wildcard = load(
-            "domain: example9\ndescriptors:\n  - key: key1\n    value: value*\n    rate_limit:\n      unit: minute\n      requests_per_unit: 20\n",
-        );
-        assert_eq!(
-            limits(
-                &wildcard,
-                &[
-                    &[("key1", "value_1")],
-                    &[("key1", "value_2")],
-                    &[("key1", "other")]
-                ]
-            ),
-            [Some(20), Some(20), None]
-        );
+        assert!(example("8-detailed_metric.yaml").descriptors[0].detailed_metric);
     }
 
     #[test]

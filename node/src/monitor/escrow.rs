@@ -11,7 +11,7 @@ use futures::FutureExt;
 use leasehold_proto::v1 as pb;
 
 use super::watch::{Sample, Sampler, View};
-use super::{WatchTarget, MAX_COUNTED_KEYS, MAX_WATCHED_KEYS};
+use super::limits::{WatchTarget, MAX_COUNTED_KEYS, MAX_WATCHED_KEYS};
 use crate::escrow::actor::KeyView;
 use crate::escrow::table::KeyTable;
 

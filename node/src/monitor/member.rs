@@ -16,7 +16,7 @@ use leasehold_proto::convert::coordinator::window_response;
 use leasehold_proto::v1 as pb;
 
 use super::watch::{Sample, Sampler, View};
-use super::{WatchTarget, MAX_COUNTED_KEYS, MAX_WATCHED_KEYS};
+use super::limits::{WatchTarget, MAX_COUNTED_KEYS, MAX_WATCHED_KEYS};
 use crate::coordinator::context::NodeContext;
 use crate::coordinator::leader::LeaderView;
 use crate::coordinator::shard::routing::{HostedApis, ShardRouting};

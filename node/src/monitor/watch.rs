@@ -36,7 +36,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tonic::{Request, Response, Status};
 
 use super::cadence::{Cadence, SAMPLE_INTERVAL_MS};
-use super::{WatchSlot, WatchSlots, WatchTarget};
+use super::limits::{WatchSlot, WatchSlots, WatchTarget};
 use crate::auth::caller;
 use leasehold_core::principal::Principal;
 
