@@ -21,7 +21,8 @@
 //! - [`window_credit`]: the one rule by which L1 and L2 credit a window's grant.
 //! - [`escrow`]: the rules of one region's escrow for one key (L2, sans IO).
 //! - [`wfe`]: in-region weighted-fair escrow over a region's pool grant.
-//! - [`sizer`]: the online EOQ lease-size learner.
+//! - [`sizer`]: how a key's lease size is chosen (fixed, EOQ, predictive).
+//! - [`eoq_sizer`]: the online EOQ lease-size learner.
 //! - [`predictive_sizer`]: prediction-following and EOQ experts under Hedge.
 //! - [`water_fill`]: the flat weighted max-min oracle.
 //! - [`static_partition`]: the uncoordinated even split, the baseline leasing beats.
@@ -33,6 +34,7 @@
 pub mod admission;
 pub mod coordinator;
 pub mod decision;
+pub mod eoq_sizer;
 pub mod escrow;
 pub mod fair_throttle;
 pub mod ids;

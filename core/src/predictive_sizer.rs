@@ -22,7 +22,7 @@
 //! - **safety is untouched**: the output is an integer in
 //!   `[min_size, max_size]`; window coupling caps admissions whatever it says.
 
-use crate::sizer::{EoqParams, EoqSizer, LeaseSizer, SizerError};
+use crate::eoq_sizer::{EoqParams, EoqSizer, SizerError};
 
 /// Which lease sizer a node or client runs, as `--sizer fixed|eoq|predictive`
 /// spells it.
@@ -60,20 +60,6 @@ impl std::fmt::Display for SizerKind {
             SizerKind::Fixed => "fixed",
             SizerKind::Eoq => "eoq",
             SizerKind::Predictive => "predictive",
-        })
-    }
-}
-
-impl SizerKind {
-    /// A fresh sizer of this kind: `batch` for fixed, `eoq` for the
-    /// learners (the predictive sizer with default Hedge parameters).
-    pub fn build(self, batch: u64, eoq: EoqParams) -> Result<LeaseSizer, SizerError> {
-        Ok(match self {
-            SizerKind::Fixed => LeaseSizer::Fixed(batch),
-            SizerKind::Eoq => LeaseSizer::Eoq(EoqSizer::new(eoq)?),
-            SizerKind::Predictive => {
-                LeaseSizer::Predictive(PredictiveSizer::new(eoq, PredictiveParams::default())?)
-            }
         })
     }
 }
@@ -364,7 +350,7 @@ mod tests {
         }
         assert!("hedge".parse::<SizerKind>().is_err());
         let mut sizer = SizerKind::Predictive.build(16, params()).unwrap();
-        assert!(matches!(sizer, LeaseSizer::Predictive(_)));
+        assert!(matches!(sizer, crate::sizer::LeaseSizer::Predictive(_)));
         sizer.observe(1_000);
         assert!(sizer.size() >= 1);
         assert_eq!(SizerKind::Fixed.build(7, params()).unwrap().size(), 7);

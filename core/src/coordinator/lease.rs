@@ -11,7 +11,7 @@
 //! governing policy (`NoPolicy`), a `fair` key (`WrongKind`: use `PoolGrant`),
 //! a new region beyond [`MAX_REGIONS_PER_WINDOW`] (`InvalidArgument`).
 
-use super::command::{CommandError, LeaseGrant, Outcome};
+use super::outcome::{CommandError, LeaseGrant, Outcome};
 use super::state::CoordinatorState;
 use crate::ids::{Key, RegionId};
 use crate::policy::PolicyKind;

@@ -30,7 +30,7 @@
 //! refused with `NoPolicy`; their live windows are kept until they end, so
 //! grants already made keep counting (and may still be reconciled).
 
-use super::command::{CommandError, Outcome};
+use super::outcome::{CommandError, Outcome};
 use super::state::CoordinatorState;
 use crate::policy::Policy;
 

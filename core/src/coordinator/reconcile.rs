@@ -14,7 +14,7 @@
 //! blocks another's (the original shared one marker per window). Pool grants
 //! of `fair` keys are totals that never shrink, so they are not reconciled.
 
-use super::command::{CommandError, Outcome, ReconcileDisposition, ReconcileOutcome};
+use super::outcome::{CommandError, Outcome, ReconcileDisposition, ReconcileOutcome};
 use super::state::CoordinatorState;
 use crate::ids::{Key, RegionId};
 use crate::policy::PolicyKind;

@@ -47,7 +47,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use super::command::Outcome;
+use super::outcome::{Outcome, PoolGrantOutcome};
 use crate::ids::{ClientId, RequestId};
 use crate::principal::Principal;
 use crate::shard::Slot;
@@ -180,7 +180,7 @@ impl Sessions {
                 let outcome = &mut response.outcome;
                 let upgraded = std::mem::replace(outcome, Outcome::PolicySet).upgraded();
                 *outcome = match upgraded {
-                    Outcome::PoolGrant(grant) => Outcome::PoolGrant(super::PoolGrantOutcome {
+                    Outcome::PoolGrant(grant) => Outcome::PoolGrant(PoolGrantOutcome {
                         granted_increment: 0,
                         ..grant
                     }),
@@ -428,7 +428,7 @@ impl From<SessionsV8> for Sessions {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::coordinator::command::CommandError;
+    use crate::coordinator::outcome::CommandError;
     use crate::ids::RegionId;
     use proptest::prelude::*;
 

@@ -63,13 +63,13 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::command::{Command, CommandError, Outcome, ShardingOutcome};
+pub use super::moves::{AcquirePart, MoveId, PlacementChange, SessionsPart};
+use super::command::Command;
 use super::sessions::MovedSession;
-use super::state::CoordinatorState;
 use super::windows::{MovedFloors, MovedKey};
 use crate::ids::Key;
 use crate::policy::Policy;
-use crate::shard::{slot_of, MemberId, Placement, PlacementV8, ShardId, Slot, SlotMove, SLOTS};
+use crate::shard::{slot_of, Placement, PlacementV8, ShardId, Slot, SlotMove, SLOTS};
 
 /// Most bytes (as [`MovedKey::size_bound`] counts them) of the keys one [`Command::AcquireSlots`] carries
 /// (one key above it travels alone).
@@ -136,67 +136,6 @@ impl SlotSet {
     }
 }
 
-/// Names a move of slots: the placement version that made it and its rank
-/// among that change's moves.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, Default,
-)]
-pub struct MoveId {
-    /// The placement version the change raised the placement to.
-    pub version: u64,
-    /// Its rank among the change's moves (slot order).
-    pub index: u32,
-}
-
-impl std::fmt::Display for MoveId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}.{}", self.version, self.index)
-    }
-}
-
-/// A change of the placement, proposed to the meta group.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub enum PlacementChange {
-    /// Add an empty shard replicated by these members.
-    AddShard {
-        /// The new shard's id (not 0).
-        shard: ShardId,
-        /// Its replicas (member ids).
-        replicas: Vec<MemberId>,
-    },
-    /// Replace a shard's replicas.
-    SetReplicas {
-        /// The shard (not 0).
-        shard: ShardId,
-        /// Its replicas.
-        replicas: Vec<MemberId>,
-    },
-    /// Remove a shard that owns no slot.
-    RemoveShard {
-        /// The shard (not 0).
-        shard: ShardId,
-    },
-    /// Give the slots `start..end` to `to`.
-    MoveSlots {
-        /// First slot.
-        start: u32,
-        /// One past the last slot.
-        end: u32,
-        /// The new owner.
-        to: ShardId,
-    },
-    /// Move the upper half of `shard`'s slots to the new shard `into`,
-    /// replicated by `replicas`.
-    Split {
-        /// The shard split.
-        shard: ShardId,
-        /// The new shard.
-        into: ShardId,
-        /// Its replicas.
-        replicas: Vec<MemberId>,
-    },
-}
-
 /// A move of slots: in the meta group the record of every move the
 /// placement made; in the source (the meta group for moves out of shard
 /// 0) the window state the keys had when it released them, until it
@@ -205,15 +144,15 @@ pub enum PlacementChange {
 pub struct Outgoing {
     /// The slots, and the shards they moved between.
     pub slots: SlotMove,
-    keys: Vec<MovedKey>,
-    floors: MovedFloors,
+    pub(super) keys: Vec<MovedKey>,
+    pub(super) floors: MovedFloors,
     /// When the keys, floors and sessions stop mattering (then they are
     /// dropped).
-    expires_ms: u64,
+    pub(super) expires_ms: u64,
     /// The source's client sessions as of the release, with their answers
     /// about the moved keys (storage format 9): the new owner merges them
     /// before it serves a key of the move.
-    sessions: Vec<MovedSession>,
+    pub(super) sessions: Vec<MovedSession>,
 }
 
 /// A move as storage format 8 kept it (no sessions); read as a move
@@ -239,54 +178,15 @@ impl From<OutgoingV8> for Outgoing {
 }
 
 impl Outgoing {
-    /// The move `slots` with the window state of its keys taken out of
-    /// `state`'s table.
-    fn take(state: &mut CoordinatorState, slots: SlotMove) -> Outgoing {
-        let in_move = |key: &Key| {
-            let slot = u32::from(slot_of(key.as_str()));
-            slots.start <= slot && slot < slots.end
-        };
-        let (keys, floors) = state.windows.take_keys(in_move);
-        let sessions = state
-            .sessions
-            .moving(|slot| slots.start <= u32::from(slot) && u32::from(slot) < slots.end);
-        let expires_ms = keys
-            .iter()
-            .map(MovedKey::expires_ms)
-            .chain([floors.growth_floors_until_ms()])
-            .chain(sessions.iter().map(MovedSession::retain_until_ms))
-            .max()
-            .unwrap_or(0);
-        Outgoing {
-            slots,
-            keys,
-            floors,
-            expires_ms,
-            sessions,
-        }
-    }
-
     /// The meta group's record of a move out of another shard (whose keys
     /// that shard releases).
-    fn record(slots: SlotMove) -> Outgoing {
+    pub(super) fn record(slots: SlotMove) -> Outgoing {
         Outgoing {
             slots,
             keys: Vec::new(),
             floors: MovedFloors::default(),
             expires_ms: 0,
             sessions: Vec::new(),
-        }
-    }
-
-    /// The command that takes the move `id` one part further into a shard
-    /// where it stands at `arrival`: its sessions first
-    /// ([`Command::AcquireSessions`]), then its keys
-    /// ([`Command::AcquireSlots`]).
-    pub fn next_part(&self, id: MoveId, arrival: Arrival) -> Command {
-        if arrival.sessions_complete {
-            Command::AcquireSlots(self.part(id, arrival.acquired_keys))
-        } else {
-            Command::AcquireSessions(self.sessions_part(id, arrival.acquired_sessions))
         }
     }
 
@@ -355,59 +255,6 @@ fn part_range<T>(items: &[T], first: u64, size: impl Fn(&T) -> usize) -> (usize,
     (start, end)
 }
 
-/// One part of a move, as the new owner applies it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct AcquirePart {
-    /// The move.
-    pub id: MoveId,
-    /// Its slots and shards.
-    pub slots: SlotMove,
-    /// The number of the part's first key within the move.
-    pub first_key: u64,
-    keys: Vec<MovedKey>,
-    /// The floors (first part only).
-    floors: Option<MovedFloors>,
-    /// Whether this part ends the move.
-    pub last: bool,
-}
-
-impl AcquirePart {
-    /// How many keys the part carries.
-    pub fn key_count(&self) -> usize {
-        self.keys.len()
-    }
-}
-
-/// One part of a move's client sessions, as the new owner applies it
-/// (before any of the move's keys: [`Command::AcquireSessions`]).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SessionsPart {
-    /// The move.
-    pub id: MoveId,
-    /// Its slots and shards.
-    pub slots: SlotMove,
-    /// The number of the part's first session within the move.
-    pub first: u64,
-    sessions: Vec<MovedSession>,
-    /// Whether this part ends the move's sessions.
-    pub last: bool,
-}
-
-impl SessionsPart {
-    /// The whole of a move that carries no sessions: what an entry of
-    /// storage format 6 or earlier, which acquired keys alone, reads as
-    /// before each of its key parts.
-    pub fn none(id: MoveId, slots: SlotMove) -> Self {
-        SessionsPart {
-            id,
-            slots,
-            first: 0,
-            sessions: Vec::new(),
-            last: true,
-        }
-    }
-}
-
 /// How far a move into this shard has come.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct Arrival {
@@ -444,16 +291,16 @@ impl From<ArrivalV8> for Arrival {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Sharding {
     /// Meta group: the placement (`None`: never changed, all slots shard 0's).
-    placement: Option<Placement>,
+    pub(super) placement: Option<Placement>,
     /// Meta group: every move the placement made (with the keys of those
     /// out of shard 0); another shard: the moves it released.
-    outgoing: BTreeMap<MoveId, Outgoing>,
+    pub(super) outgoing: BTreeMap<MoveId, Outgoing>,
     /// Another shard: its id (`None`: this group is the meta group).
-    shard: Option<ShardId>,
+    pub(super) shard: Option<ShardId>,
     /// Another shard: the slots it owns.
-    owned: SlotSet,
+    pub(super) owned: SlotSet,
     /// Another shard: moves into it, by move.
-    arrivals: BTreeMap<MoveId, Arrival>,
+    pub(super) arrivals: BTreeMap<MoveId, Arrival>,
 }
 
 /// A group's part in a sharded cluster as storage format 8 kept it.
@@ -572,242 +419,4 @@ pub fn policy_sync_commands(meta: &[Policy], shard: &[Policy]) -> Vec<Command> {
             prefix: (*prefix).to_string(),
         });
     sets.chain(deletes).collect()
-}
-
-/// Why the move `slots`, out of a shard other than 0, cannot be made in
-/// `after` (the placement it would make): slots go back into shard 0
-/// never, and into another shard only when every replica of it is a
-/// replica of the source (its leader reads the move from its replica of
-/// the source).
-fn unmovable(after: &Placement, slots: &SlotMove) -> Option<String> {
-    if slots.to == ShardId(0) {
-        return Some(format!(
-            "slots {}..{} would move from shard {} back into shard 0: slots leave shard 0, \
-             they do not return to it",
-            slots.start, slots.end, slots.from.0
-        ));
-    }
-    let source = after.replicas(slots.from)?;
-    let target = after.replicas(slots.to)?;
-    (!target.is_subset(source)).then(|| {
-        format!(
-            "slots {}..{} would move from shard {} (replicas {source:?}) to shard {} (replicas \
-             {target:?}): a move out of a shard other than 0 goes to a shard on its replicas \
-             (split on the same members, then move the new shard's replicas)",
-            slots.start, slots.end, slots.from.0, slots.to.0
-        )
-    })
-}
-
-fn refused(message: String) -> Outcome {
-    Outcome::Rejected(CommandError::Placement(message))
-}
-
-impl CoordinatorState {
-    /// Whether this group serves `key` now (see [`Sharding::owns`]).
-    pub fn owns(&self, key: &Key) -> bool {
-        self.sharding.owns(key)
-    }
-
-    /// This group's part in a sharded cluster.
-    pub fn sharding(&self) -> &Sharding {
-        &self.sharding
-    }
-
-    /// Runs `execute` if this group serves `key`, else refuses `NotOwner`.
-    pub(super) fn if_owned(
-        &mut self,
-        key: &Key,
-        execute: impl FnOnce(&mut Self) -> Outcome,
-    ) -> Outcome {
-        if self.sharding.owns(key) {
-            return execute(self);
-        }
-        self.not_owner(key)
-    }
-
-    /// The refusal of a command about `key`, which this group does not
-    /// serve (nothing executed: the owner answers it).
-    pub(super) fn not_owner(&self, key: &Key) -> Outcome {
-        Outcome::Rejected(CommandError::NotOwner(format!(
-            "shard {} does not serve key \"{key}\" (slot {}); ask the placement for its owner",
-            self.sharding.shard().0,
-            slot_of(key.as_str())
-        )))
-    }
-
-    /// [`super::Command::ChangePlacement`] (see the module doc).
-    pub(super) fn change_placement(
-        &mut self,
-        expected_version: u64,
-        change: &PlacementChange,
-    ) -> Outcome {
-        if let Some(shard) = self.sharding.shard {
-            return refused(format!(
-                "shard {} is not the meta group: placement changes go to shard 0",
-                shard.0
-            ));
-        }
-        let before = self.sharding.placement();
-        if before.version() != expected_version {
-            return refused(format!(
-                "the placement is at version {}, not {expected_version}: read it again",
-                before.version()
-            ));
-        }
-        let mut after = before.clone();
-        let applied = match change {
-            PlacementChange::AddShard { shard, replicas } => {
-                after.add_shard(*shard, replicas.iter().copied())
-            }
-            PlacementChange::SetReplicas { shard, replicas } => {
-                after.set_replicas(*shard, replicas.iter().copied())
-            }
-            PlacementChange::RemoveShard { shard } => after.remove_shard(*shard),
-            PlacementChange::MoveSlots { start, end, to } => after.move_slots(*start, *end, *to),
-            PlacementChange::Split {
-                shard,
-                into,
-                replicas,
-            } => after.split(*shard, *into, replicas.iter().copied()),
-        };
-        if let Err(e) = applied {
-            return refused(e.to_string());
-        }
-        let moves = before.moves_to(&after);
-        for slots in moves.iter().filter(|m| m.from != ShardId(0)) {
-            if let Some(message) = unmovable(&after, slots) {
-                return refused(message);
-            }
-        }
-        for (index, slots) in moves.into_iter().enumerate() {
-            let id = MoveId {
-                version: after.version(),
-                index: u32::try_from(index).unwrap_or(u32::MAX),
-            };
-            let outgoing = if slots.from == ShardId(0) {
-                Outgoing::take(self, slots)
-            } else {
-                Outgoing::record(slots)
-            };
-            self.sharding.outgoing.insert(id, outgoing);
-        }
-        let version = after.version();
-        self.sharding.placement = Some(after);
-        Outcome::Sharding(ShardingOutcome::PlacementChanged { version })
-    }
-
-    /// [`super::Command::BecomeShard`]: a new group becomes `shard`; only
-    /// a group that holds nothing yet (no placement, no key, no move).
-    pub(super) fn become_shard(&mut self, shard: ShardId) -> Outcome {
-        if self.sharding.shard == Some(shard) {
-            return Outcome::Sharding(ShardingOutcome::BecameShard { shard });
-        }
-        if shard == ShardId(0) {
-            return refused("shard 0 is the meta group; no group becomes it".into());
-        }
-        let pristine = self.sharding == Sharding::default() && self.windows.key_count() == 0;
-        if !pristine {
-            return refused(format!(
-                "this group holds state (it is shard {}): it cannot become shard {}",
-                self.sharding.shard().0,
-                shard.0
-            ));
-        }
-        self.sharding.shard = Some(shard);
-        Outcome::Sharding(ShardingOutcome::BecameShard { shard })
-    }
-
-    /// [`super::Command::ReleaseSlots`]: a shard other than 0 gives up the
-    /// slots of the move `id`, taking their keys' window state out of its
-    /// table (see the module doc). Only the move's source, and only once
-    /// it owns every slot of it; a release already made answers again.
-    pub(super) fn release_slots(&mut self, id: MoveId, slots: SlotMove) -> Outcome {
-        if let Some(released) = self.sharding.outgoing.get(&id) {
-            return Outcome::Sharding(ShardingOutcome::Released {
-                keys: released.keys.len() as u64,
-            });
-        }
-        if slots.from == ShardId(0) || self.sharding.shard != Some(slots.from) {
-            return refused(format!(
-                "this group is shard {}, not shard {}: it releases nothing of move {id}",
-                self.sharding.shard().0,
-                slots.from.0
-            ));
-        }
-        if !self.sharding.owned.contains_range(slots.start, slots.end) {
-            return refused(format!(
-                "shard {} does not own every slot of {}..{} yet: it releases them once it does",
-                slots.from.0, slots.start, slots.end
-            ));
-        }
-        let outgoing = Outgoing::take(self, slots);
-        let keys = outgoing.keys.len() as u64;
-        self.sharding.owned.remove_range(slots.start, slots.end);
-        self.sharding.outgoing.insert(id, outgoing);
-        Outcome::Sharding(ShardingOutcome::Released { keys })
-    }
-
-    /// [`super::Command::AcquireSlots`]: applies one part of a move into
-    /// this shard. A part that does not start where the move stands
-    /// changes nothing and answers where it stands.
-    pub(super) fn acquire_slots(&mut self, part: &AcquirePart) -> Outcome {
-        if self.sharding.shard != Some(part.slots.to) {
-            return refused(format!(
-                "this group is shard {}, not shard {}: it acquires nothing of move {}",
-                self.sharding.shard().0,
-                part.slots.to.0,
-                part.id
-            ));
-        }
-        let arrival = self.sharding.arrivals.entry(part.id).or_default();
-        // The move's sessions first: once a key of the move is served, an
-        // id the old owner answered must be answered as it did.
-        let ready = arrival.sessions_complete;
-        if ready && !arrival.complete && arrival.acquired_keys == part.first_key {
-            self.windows.put_keys(part.keys.clone());
-            if let Some(floors) = &part.floors {
-                self.windows.put_floors(floors.clone());
-            }
-            arrival.acquired_keys += part.keys.len() as u64;
-            if part.last {
-                arrival.complete = true;
-                self.sharding
-                    .owned
-                    .insert_range(part.slots.start, part.slots.end);
-            }
-        }
-        let arrival = *arrival;
-        Outcome::Sharding(ShardingOutcome::Acquired {
-            acquired_keys: arrival.acquired_keys,
-            complete: arrival.complete,
-        })
-    }
-
-    /// [`super::Command::AcquireSessions`]: merges one part of a move's
-    /// client sessions into this shard's (before any of its keys). A part
-    /// that does not start where the move's sessions stand changes
-    /// nothing and answers where they stand.
-    pub(super) fn acquire_sessions(&mut self, part: &SessionsPart) -> Outcome {
-        if self.sharding.shard != Some(part.slots.to) {
-            return refused(format!(
-                "this group is shard {}, not shard {}: it acquires nothing of move {}",
-                self.sharding.shard().0,
-                part.slots.to.0,
-                part.id
-            ));
-        }
-        let now_ms = self.now_ms;
-        let arrival = self.sharding.arrivals.entry(part.id).or_default();
-        if !arrival.sessions_complete && arrival.acquired_sessions == part.first {
-            self.sessions.put_moved(&part.sessions, now_ms);
-            arrival.acquired_sessions += part.sessions.len() as u64;
-            arrival.sessions_complete = part.last;
-        }
-        let arrival = *arrival;
-        Outcome::Sharding(ShardingOutcome::AcquiredSessions {
-            acquired_sessions: arrival.acquired_sessions,
-            complete: arrival.sessions_complete,
-        })
-    }
 }

@@ -23,6 +23,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::command::*;
+use super::outcome::*;
 use super::sessions::{
     SessionLookup, Sessions, MAX_SESSIONS, MAX_SESSIONS_PER_PRINCIPAL, SESSION_MIN_RETAIN_MS,
 };

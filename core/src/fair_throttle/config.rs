@@ -174,11 +174,6 @@ impl FairThrottleConfig {
     pub fn cells(&self) -> u64 {
         u64::from(self.levels) * u64::from(self.buckets)
     }
-
-    /// Bytes of cells one structure holds (fixed at construction).
-    pub fn structure_bytes(&self) -> u64 {
-        self.cells() * super::structure::CELL_BYTES as u64
-    }
 }
 
 #[cfg(test)]

@@ -23,6 +23,14 @@ use super::murmur3::murmur3_x64_128;
 /// Bytes one cell takes.
 pub const CELL_BYTES: usize = std::mem::size_of::<Cell>();
 
+impl FairThrottleConfig {
+    /// Bytes of cells one structure of this configuration holds (fixed at
+    /// construction).
+    pub fn structure_bytes(&self) -> u64 {
+        self.cells() * CELL_BYTES as u64
+    }
+}
+
 /// A caller's id as the throttle sees it (an API key, an IP, a tenant):
 /// any non-empty byte string. Borrowed, so asking costs no allocation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
