@@ -10,7 +10,11 @@
 //! carries in the window it joins; and it writes in each grant's and
 //! join's `region_weight` the sum over the region's holders
 //! ([`HolderWeights`]: a region served by several escrow processes weighs
-//! what they serve together). After the commands are applied it
+//! what they serve together). Every driver — the coordinator's API, the
+//! simulations, the tests — proposes the plan's commands in one group
+//! and hands their outcomes to [`PoolDesk::finish`], which settles the
+//! asks it planned and reads back the call's outcome, its join's and the
+//! lapses' ([`PoolCallOutcome`]). After the commands are applied it
 //! answers a grant's hints ([`PoolDesk::grant_notes`], [`PoolDesk::join_notes`]):
 //! the region's standing, plain and expected, what other regions reserve
 //! unheld or keep retired, what was handed back late in the window before,
@@ -20,7 +24,8 @@
 //! it is the leader's memory, never replicated: hints, never a bound.
 
 use crate::coordinator::{
-    Command, CoordinatorState, PoolGrantOutcome, PoolReleaseOutcome, PoolView,
+    Command, CoordinatorState, Outcome, PoolGrantOutcome, PoolReleaseDisposition,
+    PoolReleaseOutcome, PoolView,
 };
 use crate::ids::{Key, RegionId, TenantId};
 use crate::pool::demand_board::{DemandBoard, Reporter};
@@ -97,8 +102,44 @@ pub struct PoolPlan {
     /// Whether the last command is the call's join ahead.
     pub joined: bool,
     /// The asks by `want_more` it planned, to settle once the commands'
-    /// outcomes are known ([`PoolDesk::settle`]).
+    /// outcomes are known ([`PoolDesk::finish`]).
     pub in_flight: Vec<u64>,
+}
+
+impl PoolPlan {
+    /// The commands to propose, in one group and in order, and the receipt
+    /// that reads their outcomes back ([`PoolDesk::finish`]).
+    pub fn into_parts(self) -> (Vec<Command>, PlanReceipt) {
+        let receipt = PlanReceipt {
+            lapses: self.lapses,
+            joined: self.joined,
+            in_flight: self.in_flight,
+        };
+        (self.commands, receipt)
+    }
+}
+
+/// What [`PoolDesk::finish`] needs of a plan once its commands are
+/// proposed: where the call's outcomes stand among theirs and the asks to
+/// settle.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlanReceipt {
+    lapses: usize,
+    joined: bool,
+    in_flight: Vec<u64>,
+}
+
+/// What one pool call's commands came to, in the call's terms
+/// ([`PoolDesk::finish`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolCallOutcome {
+    /// The call's own command's outcome (a refusal included).
+    pub call: Outcome,
+    /// Its join ahead's, when it carried one.
+    pub join: Option<Outcome>,
+    /// How many regions the lapses retired (a lapse that met a total
+    /// changed since the plan retired none).
+    pub lapsed: u64,
 }
 
 /// What a grant's answer carries besides its outcome (the proto's
@@ -230,12 +271,36 @@ impl PoolDesk {
         }
     }
 
-    /// Forgets the asks `plan` made once its commands' outcomes are known
-    /// (applied or refused): the region's totals now count them.
-    pub fn settle(&mut self, plan_in_flight: &[u64]) {
-        for id in plan_in_flight {
+    /// Finishes a planned call once its commands were applied or refused:
+    /// forgets the asks it planned (the region's totals now count them:
+    /// [`InFlightAsks`]) and reads back, from `outcomes` — one per planned
+    /// command, in order — the call's outcome, its join's and how many
+    /// regions its lapses retired. `None` when the outcomes are not one per
+    /// command (a proposal that failed before any was applied: pass none).
+    pub fn finish(
+        &mut self,
+        receipt: PlanReceipt,
+        mut outcomes: Vec<Outcome>,
+    ) -> Option<PoolCallOutcome> {
+        for id in &receipt.in_flight {
             self.in_flight.settle(*id);
         }
+        if outcomes.len() != receipt.lapses + 1 + usize::from(receipt.joined) {
+            return None;
+        }
+        let join = if receipt.joined { outcomes.pop() } else { None };
+        let call = outcomes.pop()?;
+        let lapsed = outcomes
+            .iter()
+            .filter(|outcome| {
+                matches!(
+                    outcome,
+                    Outcome::PoolRelease(release)
+                        if release.disposition == PoolReleaseDisposition::Released
+                )
+            })
+            .count() as u64;
+        Some(PoolCallOutcome { call, join, lapsed })
     }
 
     /// Raises a `PoolGrant`'s or `PoolJoinNext`'s `want_total` to the
@@ -544,6 +609,24 @@ mod tests {
             .outcomes
     }
 
+    /// Applies `plan` at `at` and finishes it on `desk`, as every driver
+    /// does: its outcomes, one per command, the call's where `finish` reads
+    /// it.
+    fn apply_and_finish(
+        desk: &mut PoolDesk,
+        state: &mut CoordinatorState,
+        plan: &PoolPlan,
+        at: u64,
+    ) -> Vec<Outcome> {
+        let outcomes = apply(state, plan, at);
+        let finished = desk
+            .finish(plan.clone().into_parts().1, outcomes.clone())
+            .expect("one outcome per command");
+        assert_eq!(Some(&finished.call), outcomes.get(plan.lapses));
+        assert_eq!(finished.join.is_some(), plan.joined);
+        outcomes
+    }
+
     fn want_of(command: &Command) -> u64 {
         match command {
             Command::PoolGrant { want_total, .. } | Command::PoolJoinNext { want_total, .. } => {
@@ -750,8 +833,7 @@ mod tests {
                     &leader,
                 );
                 let weight = weight_of(&plan.commands[plan.lapses]);
-                let outcomes = apply(&mut state, &plan, start + 1);
-                desk.settle(&plan.in_flight);
+                let outcomes = apply_and_finish(&mut desk, &mut state, &plan, start + 1);
                 match outcomes.last() {
                     Some(Outcome::PoolGrant(grant)) => (weight, grant.granted_total),
                     other => panic!("{other:?}"),
@@ -778,7 +860,8 @@ mod tests {
                 start + 1,
                 &leader,
             );
-            desk.settle(&plan.in_flight);
+            // Planned, never proposed: finished with no outcome.
+            assert_eq!(desk.finish(plan.into_parts().1, Vec::new()), None);
         }
         let released = PoolReleaseOutcome {
             disposition: crate::coordinator::PoolReleaseDisposition::Released,
@@ -854,8 +937,7 @@ mod tests {
                 })
                 .collect();
             for (plan, increment) in plans.iter().zip(increments) {
-                let outcomes = apply(&mut state, plan, late);
-                desk.settle(&plan.in_flight);
+                let outcomes = apply_and_finish(&mut desk, &mut state, plan, late);
                 match outcomes.last() {
                     Some(Outcome::PoolGrant(grant)) => {
                         assert_eq!(grant.window_start_ms, next);
@@ -922,5 +1004,276 @@ mod tests {
             &leader,
         );
         assert_eq!(want_of(&plan.commands[plan.lapses]), 35);
+    }
+
+
+    fn seq(client: &str, seq: u64) -> Option<RequestId> {
+        Some(RequestId {
+            client: ClientId::new(client).expect("valid"),
+            seq,
+        })
+    }
+
+    /// The whole command list of a late ask beyond the ceiling by a second
+    /// holder of us, asking by how much more it wants and joining the next
+    /// window: the lapse of eu's reserve (keeping all it holds, by the
+    /// leader, in the live window), the ask weighing both of us's holders
+    /// and sized from what us holds, then the join weighing the one holder
+    /// that joined — and what `finish` reads back.
+    #[test]
+    fn a_late_ask_plans_the_lapse_the_ask_and_its_join_in_that_order() {
+        let mut desk = PoolDesk::new();
+        let mut state = state();
+        let start = T0 / WINDOW_MS * WINDOW_MS;
+        let key = grant_key();
+        let (eu, us) = (RegionId::new("eu").unwrap(), RegionId::new("us").unwrap());
+        for (region, name, weight, want) in [("us", "us-a", 2, 50), ("eu", "eu-a", 1, 10)] {
+            let call = PoolCall {
+                command: ask(region, weight, want, None),
+                holder: holder(name),
+                want_more: 0,
+                join: None,
+            };
+            let plan = desk.plan(&state, call, start + 1, &Principal::Member(1));
+            apply_and_finish(&mut desk, &mut state, &plan, start + 1);
+        }
+        let late = start + WINDOW_MS - WINDOW_MS / 16;
+        let next = start + WINDOW_MS;
+        let join = Command::PoolJoinNext {
+            key: key.clone(),
+            region: us.clone(),
+            region_weight: 1,
+            want_total: 30,
+            window_start_ms: next,
+            retire: false,
+            request_id: seq("us-b", 2),
+            caller: Principal::Anonymous,
+        };
+        let call = PoolCall {
+            command: Command::PoolGrant {
+                key: key.clone(),
+                region: us.clone(),
+                region_weight: 1,
+                want_total: 1,
+                request_id: seq("us-b", 1),
+                caller: Principal::Anonymous,
+            },
+            holder: holder("us-b"),
+            want_more: 40,
+            join: Some((join, 0)),
+        };
+        let plan = desk.plan(&state, call, late, &Principal::Member(1));
+        assert_eq!(
+            plan.commands,
+            vec![
+                Command::PoolRelease {
+                    key: key.clone(),
+                    region: eu.clone(),
+                    from_total: 10,
+                    keep_total: 10,
+                    window_start_ms: start,
+                    request_id: None,
+                    caller: Principal::Member(1),
+                },
+                Command::PoolGrant {
+                    key: key.clone(),
+                    region: us.clone(),
+                    region_weight: 3,
+                    want_total: 90,
+                    request_id: seq("us-b", 1),
+                    caller: Principal::Anonymous,
+                },
+                Command::PoolJoinNext {
+                    key: key.clone(),
+                    region: us.clone(),
+                    region_weight: 1,
+                    want_total: 30,
+                    window_start_ms: next,
+                    retire: false,
+                    request_id: seq("us-b", 2),
+                    caller: Principal::Anonymous,
+                },
+            ]
+        );
+        assert_eq!((plan.lapses, plan.joined, plan.in_flight.len()), (1, true, 1));
+        let (commands, receipt) = plan.into_parts();
+        let outcomes = state.apply(&Proposal { stamp_ms: late, commands }).outcomes;
+        let finished = desk.finish(receipt, outcomes).expect("one outcome per command");
+        assert_eq!(finished.lapsed, 1);
+        match (&finished.call, &finished.join) {
+            (Outcome::PoolGrant(grant), Some(Outcome::PoolGrant(joined))) => {
+                assert_eq!((grant.granted_total, grant.granted_increment), (90, 40));
+                assert_eq!((joined.window_start_ms, joined.granted_increment), (next, 30));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(desk.in_flight.is_empty());
+    }
+
+    mod laws {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// One pool call of the world below.
+        #[derive(Debug, Clone)]
+        struct Step {
+            region: usize,
+            holder: usize,
+            weight: u64,
+            want: u64,
+            want_more: u64,
+            advance_ms: u64,
+            join: bool,
+            release_keeping: Option<u64>,
+        }
+
+        fn step() -> impl Strategy<Value = Step> {
+            (
+                0..3usize,
+                0..2usize,
+                1..5u64,
+                0..120u64,
+                prop_oneof![Just(0u64), 1..60u64],
+                0..WINDOW_MS / 3,
+                any::<bool>(),
+                proptest::option::weighted(0.2, 0..100u64),
+            )
+                .prop_map(|(region, holder, weight, want, want_more, advance_ms, join, release_keeping)| Step {
+                    region,
+                    holder,
+                    weight,
+                    want,
+                    want_more,
+                    advance_ms,
+                    join,
+                    release_keeping,
+                })
+        }
+
+        const REGIONS: [&str; 3] = ["eu", "us", "ap"];
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(128))]
+
+            /// Over any sequence of grants, joins and releases by several
+            /// holders of several regions, driven as every driver drives the
+            /// desk (plan, apply in one group, finish), each plan's whole
+            /// command list is: the lapses — releases by the leader of other
+            /// regions keeping all they hold, in the live window — then the
+            /// call, changed in its weight and total only (its weight at
+            /// least what its holder declared), then its join; `finish`
+            /// reads one outcome of the call's kind back; no ask stays in
+            /// flight; and no window grants past its limit.
+            #[test]
+            fn every_plan_is_lapses_the_call_and_its_join(steps in proptest::collection::vec(step(), 1..40)) {
+                let mut desk = PoolDesk::new();
+                let mut state = state();
+                let key = grant_key();
+                let leader = Principal::Member(1);
+                let mut now = T0 / WINDOW_MS * WINDOW_MS + 1;
+                for (n, step) in steps.iter().enumerate() {
+                    now += step.advance_ms;
+                    let region = RegionId::new(REGIONS[step.region]).unwrap();
+                    let name = format!("{}-{}", REGIONS[step.region], step.holder);
+                    let live = state.pool_view(&key, now);
+                    let held = live.as_ref().and_then(|view| {
+                        view.regions.iter().find(|(id, _)| *id == region).map(|(_, m)| m.granted)
+                    });
+                    let command = match (step.release_keeping, &live, held) {
+                        (Some(keep), Some(view), Some(total)) => Command::PoolRelease {
+                            key: key.clone(),
+                            region: region.clone(),
+                            from_total: total,
+                            keep_total: keep.min(total),
+                            window_start_ms: view.bounds.start_ms,
+                            request_id: seq(&name, n as u64 + 1),
+                            caller: Principal::Anonymous,
+                        },
+                        _ => ask(REGIONS[step.region], step.weight, step.want, None),
+                    };
+                    let is_grant = matches!(command, Command::PoolGrant { .. });
+                    let join = step.join.then(|| {
+                        let next = (now / WINDOW_MS + 1) * WINDOW_MS;
+                        (
+                            Command::PoolJoinNext {
+                                key: key.clone(),
+                                region: region.clone(),
+                                region_weight: step.weight,
+                                want_total: step.want,
+                                window_start_ms: next,
+                                retire: false,
+                                request_id: None,
+                                caller: Principal::Anonymous,
+                            },
+                            step.want_more,
+                        )
+                    });
+                    let call = PoolCall {
+                        command: command.clone(),
+                        holder: holder(&name),
+                        want_more: if is_grant { step.want_more } else { 0 },
+                        join: join.clone(),
+                    };
+                    let plan = desk.plan(&state, call, now, &leader);
+                    let lapses = &plan.commands[..plan.lapses];
+                    for lapse in lapses {
+                        match lapse {
+                            Command::PoolRelease { key: k, region: r, from_total, keep_total, window_start_ms, request_id, caller } => {
+                                prop_assert_eq!(k, &key);
+                                prop_assert_ne!(r, &region);
+                                prop_assert_eq!(from_total, keep_total);
+                                prop_assert_eq!(Some(*window_start_ms), live.as_ref().map(|v| v.bounds.start_ms));
+                                prop_assert_eq!(request_id, &None);
+                                prop_assert_eq!(caller, &leader);
+                            }
+                            other => prop_assert!(false, "a lapse that is not a release: {:?}", other),
+                        }
+                    }
+                    prop_assert!(lapses.is_empty() || is_grant, "only a grant lapses reserves");
+                    prop_assert_eq!(plan.commands.len(), plan.lapses + 1 + usize::from(plan.joined));
+                    prop_assert_eq!(plan.joined, join.is_some());
+                    let planned = &plan.commands[plan.lapses];
+                    match (&command, planned) {
+                        (
+                            Command::PoolGrant { key: k0, region: r0, region_weight: w0, request_id: q0, caller: c0, .. },
+                            Command::PoolGrant { key: k1, region: r1, region_weight: w1, request_id: q1, caller: c1, .. },
+                        ) => {
+                            prop_assert_eq!((k0, r0, q0, c0), (k1, r1, q1, c1));
+                            prop_assert!(w1 >= w0, "weight {} below the declared {}", w1, w0);
+                        }
+                        (release @ Command::PoolRelease { .. }, planned) => prop_assert_eq!(release, planned),
+                        other => prop_assert!(false, "{:?}", other),
+                    }
+                    if let (Some((join, _)), true) = (&join, plan.joined) {
+                        match (join, plan.commands.last().unwrap()) {
+                            (
+                                Command::PoolJoinNext { key: k0, region: r0, window_start_ms: s0, retire: t0, request_id: q0, caller: c0, .. },
+                                Command::PoolJoinNext { key: k1, region: r1, window_start_ms: s1, retire: t1, request_id: q1, caller: c1, .. },
+                            ) => prop_assert_eq!((k0, r0, s0, t0, q0, c0), (k1, r1, s1, t1, q1, c1)),
+                            other => prop_assert!(false, "{:?}", other),
+                        }
+                    }
+                    let (commands, receipt) = plan.into_parts();
+                    let outcomes = state.apply(&Proposal { stamp_ms: now, commands }).outcomes;
+                    let finished = desk.finish(receipt, outcomes);
+                    prop_assert!(finished.is_some(), "one outcome per command");
+                    let finished = finished.unwrap();
+                    match (&command, &finished.call) {
+                        (_, Outcome::Rejected(_))
+                        | (Command::PoolGrant { .. }, Outcome::PoolGrant(_))
+                        | (Command::PoolRelease { .. }, Outcome::PoolRelease(_)) => {}
+                        other => prop_assert!(false, "the call read back as {:?}", other),
+                    }
+                    prop_assert_eq!(finished.join.is_some(), join.is_some());
+                    prop_assert!(desk.in_flight.is_empty(), "an ask left in flight");
+                    for at in [now, (now / WINDOW_MS + 1) * WINDOW_MS] {
+                        if let Some(view) = state.pool_view_at(&key, at / WINDOW_MS * WINDOW_MS, now) {
+                            let granted: u64 = view.regions.iter().map(|(_, m)| m.granted).sum();
+                            prop_assert!(granted <= view.limit, "{} granted past {}", granted, view.limit);
+                        }
+                    }
+                }
+            }
+        }
     }
 }

@@ -388,20 +388,16 @@ impl Coordinator {
     /// Applies pool call `command` with its join ahead as the leader's desk
     /// plans them, at `stamp_ms`: the call's outcome and the join's.
     fn propose(&mut self, call: PoolCall, stamp_ms: u64) -> (Outcome, Option<Outcome>) {
-        let plan = self
+        let (commands, receipt) = self
             .desk
-            .plan(&self.state, call, stamp_ms, &Principal::Member(1));
-        let mut outcomes = self
-            .state
-            .apply(&Proposal {
-                stamp_ms,
-                commands: plan.commands,
-            })
-            .outcomes;
-        self.desk.settle(&plan.in_flight);
-        let join_outcome = if plan.joined { outcomes.pop() } else { None };
-        let outcome = outcomes.pop().expect("one outcome per command");
-        (outcome, join_outcome)
+            .plan(&self.state, call, stamp_ms, &Principal::Member(1))
+            .into_parts();
+        let outcomes = self.state.apply(&Proposal { stamp_ms, commands }).outcomes;
+        let finished = self
+            .desk
+            .finish(receipt, outcomes)
+            .expect("one outcome per command");
+        (finished.call, finished.join)
     }
 
     /// A pool release (or its resend), answered.

@@ -3,7 +3,7 @@
 //! planned by the leader's pool desk (capped asks, lapses first, the join
 //! last) and proposed in one group commit.
 
-use leasehold_core::coordinator::{Command, Outcome, PoolReleaseDisposition};
+use leasehold_core::coordinator::{Command, Outcome};
 use leasehold_core::pool::desk::{PoolCall, PoolDesk};
 use leasehold_core::pool::holder_weights::Holder;
 use leasehold_core::principal::Principal;
@@ -160,59 +160,51 @@ impl CoordinatorApi {
 
     /// Proposes pool call `command` with its join ahead as the desk plans
     /// them (capped asks, lapses first, the join last, in one group) and
-    /// returns the call's outcome and the join's. A refused call is its
-    /// error status.
+    /// returns the call's outcome and the join's, as the desk reads them
+    /// back ([`PoolDesk::finish`]). A refused call is its error status.
     async fn propose_pool_call(
         &self,
         call: PoolCall,
     ) -> Result<(Outcome, Option<Outcome>), Status> {
         let now_ms = self.node.clock.now_ms();
         let leader = Principal::Member(self.node.id);
-        let plan = self
+        let (commands, receipt) = self
             .node
             .state
-            .read(|state| self.desk().plan(state, call, now_ms, &leader));
-        let in_flight = plan.in_flight.clone();
-        let outcomes = self.propose_plan(plan).await;
+            .read(|state| self.desk().plan(state, call, now_ms, &leader))
+            .into_parts();
+        let (outcomes, failed) = match self.propose_commands(commands).await {
+            Ok(outcomes) => (outcomes, None),
+            Err(status) => (Vec::new(), Some(status)),
+        };
         // Applied or refused: the asks it planned no longer wait in the log.
-        self.desk().settle(&in_flight);
-        outcomes
+        let finished = self.desk().finish(receipt, outcomes);
+        if let Some(status) = failed {
+            return Err(status);
+        }
+        let Some(finished) = finished else {
+            return Err(refusal(Reason::Internal, "no outcome for the pool call"));
+        };
+        self.node
+            .metrics
+            .record_pool_reserves_lapsed(finished.lapsed);
+        match finished.call {
+            Outcome::Rejected(error) => Err(command_error_status(&error)),
+            outcome => Ok((outcome, finished.join)),
+        }
     }
 
-    /// Proposes the commands of `plan` (see [`Self::propose_pool_call`]).
-    async fn propose_plan(
-        &self,
-        plan: leasehold_core::pool::desk::PoolPlan,
-    ) -> Result<(Outcome, Option<Outcome>), Status> {
-        if plan.commands.len() == 1 {
-            let Some(command) = plan.commands.into_iter().next() else {
+    /// Proposes `commands` in one group: a lone command through group
+    /// commit, several as one entry of their own. One outcome per command.
+    async fn propose_commands(&self, commands: Vec<Command>) -> Result<Vec<Outcome>, Status> {
+        if let [_] = commands.as_slice() {
+            let Some(command) = commands.into_iter().next() else {
                 return Err(refusal(Reason::Internal, "no command to propose"));
             };
-            return Ok((self.write(command).await?, None));
+            return Ok(vec![self.write(command).await?]);
         }
         self.node.require_leader()?;
-        let mut outcomes = self.node.propose_all(plan.commands).await?;
-        let join_outcome = if plan.joined { outcomes.pop() } else { None };
-        if plan.lapses > 0 {
-            // (A release that met a changed total retired no one.)
-            let lapsed = outcomes
-                .iter()
-                .take(plan.lapses)
-                .filter(|outcome| {
-                    matches!(
-                        outcome,
-                        Outcome::PoolRelease(release)
-                            if release.disposition == PoolReleaseDisposition::Released
-                    )
-                })
-                .count() as u64;
-            self.node.metrics.record_pool_reserves_lapsed(lapsed);
-        }
-        match outcomes.pop() {
-            Some(Outcome::Rejected(error)) => Err(command_error_status(&error)),
-            Some(outcome) => Ok((outcome, join_outcome)),
-            None => Err(refusal(Reason::Internal, "no outcome for the pool call")),
-        }
+        self.node.propose_all(commands).await
     }
 
     /// A join ahead's demand report, read before anything is proposed (a
