@@ -56,11 +56,20 @@ fn of_kind<'a>(docs: &'a [Yaml], wanted: &'a str) -> impl Iterator<Item = &'a Ya
     docs.iter().filter(move |doc| kind(doc) == wanted)
 }
 
+/// A workload's pod template (a CronJob's is in its job template).
+fn template_of(doc: &Yaml) -> &Yaml {
+    if kind(doc) == "CronJob" {
+        &doc["spec"]["jobTemplate"]["spec"]["template"]
+    } else {
+        &doc["spec"]["template"]
+    }
+}
+
 /// Workloads with a pod template: (workload, template).
 fn pod_templates(docs: &[Yaml]) -> Vec<(&Yaml, &Yaml)> {
     docs.iter()
-        .filter(|doc| matches!(kind(doc), "StatefulSet" | "Deployment" | "Job"))
-        .map(|doc| (doc, &doc["spec"]["template"]))
+        .filter(|doc| matches!(kind(doc), "StatefulSet" | "Deployment" | "Job" | "CronJob"))
+        .map(|doc| (doc, template_of(doc)))
         .collect()
 }
 
@@ -68,7 +77,7 @@ fn pod_templates(docs: &[Yaml]) -> Vec<(&Yaml, &Yaml)> {
 fn servers(docs: &[Yaml]) -> Vec<(&Yaml, &Yaml)> {
     pod_templates(docs)
         .into_iter()
-        .filter(|(doc, _)| kind(doc) != "Job")
+        .filter(|(doc, _)| !matches!(kind(doc), "Job" | "CronJob"))
         .collect()
 }
 
@@ -208,9 +217,10 @@ fn workloads_budgets_and_the_headless_service_select_the_members() -> Result<()>
 }
 
 /// No region has a single point of failure: every escrow Deployment runs
-/// at least two nodes, rolls them one at a time (never all down at once),
-/// and a PodDisruptionBudget keeps at least one of them through voluntary
-/// disruptions.
+/// at least two nodes — its own `replicas`, or, when an autoscaler owns the
+/// count, the autoscaler's least — rolls them one at a time (never all
+/// down at once), and a PodDisruptionBudget keeps at least one of them
+/// through voluntary disruptions.
 #[test]
 fn every_region_runs_two_escrow_nodes_and_keeps_one_up() -> Result<()> {
     let docs = manifests()?;
@@ -227,7 +237,32 @@ fn every_region_runs_two_escrow_nodes_and_keeps_one_up() -> Result<()> {
         }
         regions += 1;
         let deployment_name = name(deployment);
-        let replicas = deployment["spec"]["replicas"].as_i64().unwrap_or(1);
+        let autoscaler = of_kind(&docs, "HorizontalPodAutoscaler").find(|hpa| {
+            let target = &hpa["spec"]["scaleTargetRef"];
+            target["kind"].as_str() == Some("Deployment")
+                && target["name"].as_str() == Some(deployment_name)
+        });
+        let replicas = match (deployment["spec"]["replicas"].as_i64(), autoscaler) {
+            (Some(_), Some(_)) => {
+                bail!("{deployment_name}: `replicas` beside an autoscaler is reset by every apply")
+            }
+            (Some(replicas), None) => replicas,
+            (None, Some(hpa)) => {
+                let least = hpa["spec"]["minReplicas"].as_i64().unwrap_or(1);
+                let most = hpa["spec"]["maxReplicas"].as_i64().unwrap_or(0);
+                ensure!(most >= least, "{deployment_name}: scales to {most}, below {least}");
+                let down = &hpa["spec"]["behavior"]["scaleDown"];
+                ensure!(
+                    down["stabilizationWindowSeconds"].as_i64().unwrap_or(0) >= 60
+                        && list(&down["policies"])
+                            .iter()
+                            .all(|p| p["type"].as_str() == Some("Pods") && p["value"].as_i64() == Some(1)),
+                    "{deployment_name}: a scale-down strands what a node held: one node at a time, slowly"
+                );
+                least
+            }
+            (None, None) => 1,
+        };
         ensure!(
             replicas >= 2,
             "{deployment_name}: {replicas} escrow node(s)"
@@ -493,8 +528,8 @@ fn patched<'a>(docs: &'a [Yaml], patch: &Yaml) -> Result<&'a Yaml> {
                 name(patch)
             )
         })?;
-    let base = &target["spec"]["template"];
-    for container in containers(&patch["spec"]["template"]) {
+    let base = template_of(target);
+    for container in containers(template_of(patch)) {
         let wanted = container["name"].as_str();
         ensure!(
             containers(base)
@@ -504,7 +539,7 @@ fn patched<'a>(docs: &'a [Yaml], patch: &Yaml) -> Result<&'a Yaml> {
             name(target)
         );
     }
-    for volume in list(&patch["spec"]["template"]["spec"]["volumes"]) {
+    for volume in list(&template_of(patch)["spec"]["volumes"]) {
         let wanted = volume["name"].as_str();
         ensure!(
             list(&base["spec"]["volumes"])
@@ -525,7 +560,7 @@ fn the_dev_overlay_alone_is_plaintext_and_patches_every_workload() -> Result<()>
     for patch in &patches {
         let target = patched(&docs, patch)?;
         covered.push(name(target).to_string());
-        for container in containers(&patch["spec"]["template"]) {
+        for container in containers(template_of(patch)) {
             let args = strings(&container["args"]);
             ensure!(
                 args.iter().any(|a| a == "--insecure"),
@@ -537,14 +572,14 @@ fn the_dev_overlay_alone_is_plaintext_and_patches_every_workload() -> Result<()>
                 "{}: TLS flags with --insecure: {args:?}",
                 name(target)
             );
-            let base_args = strings(&containers(&target["spec"]["template"])[0]["args"]);
+            let base_args = strings(&containers(template_of(target))[0]["args"]);
             ensure!(
                 args.first() == base_args.first(),
                 "{}: the overlay runs another command",
                 name(target)
             );
         }
-        for volume in list(&patch["spec"]["template"]["spec"]["volumes"]) {
+        for volume in list(&template_of(patch)["spec"]["volumes"]) {
             ensure!(
                 volume["secret"]["optional"].as_bool() == Some(true),
                 "{}: plaintext needs no Secret",
@@ -586,7 +621,7 @@ fn cert_manager_projects_exactly_the_files_each_workload_reads() -> Result<()> {
     for patch in &patches {
         let target = patched(&docs, patch)?;
         covered.push(name(target).to_string());
-        let volume = list(&patch["spec"]["template"]["spec"]["volumes"])
+        let volume = list(&template_of(patch)["spec"]["volumes"])
             .iter()
             .find(|v| v["name"].as_str() == Some("certs"))
             .context("no certs volume in the patch")?;
@@ -616,7 +651,7 @@ fn cert_manager_projects_exactly_the_files_each_workload_reads() -> Result<()> {
         }
         files.sort();
         ensure!(
-            files == files_read(target, &target["spec"]["template"])?,
+            files == files_read(target, template_of(target))?,
             "{}: projects {files:?}",
             name(target)
         );
@@ -740,3 +775,79 @@ fn member_addresses_are_read_from_lists_and_member_pairs() {
     assert!(member_addresses("0.0.0.0:7100").is_empty());
     assert!(member_addresses("--coordinator").is_empty());
 }
+
+/// The backup CronJob saves snapshots as an operator from the members
+/// (every member named: the CLI finds the leader), into a claim of its
+/// own, keeping a bounded number, never two runs at once, each run bounded
+/// in time.
+#[test]
+fn backups_are_scheduled_from_the_members_into_their_own_claim() -> Result<()> {
+    let docs = manifests()?;
+    let cron = of_kind(&docs, "CronJob").next().context("no backup CronJob")?;
+    ensure!(cron["spec"]["concurrencyPolicy"].as_str() == Some("Forbid"));
+    ensure!(cron["spec"]["jobTemplate"]["spec"]["activeDeadlineSeconds"].as_i64().is_some());
+    let template = template_of(cron);
+    let args = strings(&containers(template)[0]["args"]);
+    ensure!(args.starts_with(&["snapshot".to_string(), "save".to_string()]), "{args:?}");
+    let keep: i64 = flag_value(&args, "--keep").context("--keep")?.parse()?;
+    ensure!(keep >= 1, "--keep {keep}");
+    let statefulset = of_kind(&docs, "StatefulSet").next().context("no StatefulSet")?;
+    let replicas = statefulset["spec"]["replicas"].as_i64().context("replicas")?;
+    let endpoints = member_addresses(flag_value(&args, "--endpoint").context("--endpoint")?);
+    ensure!(endpoints.len() as i64 == replicas, "the backup names {endpoints:?}");
+    ensure!(
+        flag_value(&args, "--tls-cert").is_some_and(|c| c.contains("operator-")),
+        "backups are taken as an operator"
+    );
+    let out = flag_value(&args, "--out-dir").context("--out-dir")?;
+    let mount = list(&containers(template)[0]["volumeMounts"])
+        .iter()
+        .find(|m| m["mountPath"].as_str() == Some(out))
+        .context("--out-dir is not a mount")?;
+    let volume = list(&template["spec"]["volumes"])
+        .iter()
+        .find(|v| v["name"] == mount["name"])
+        .context("the backups volume")?;
+    let claim = string(&volume["persistentVolumeClaim"]["claimName"], "claimName")?;
+    ensure!(
+        of_kind(&docs, "PersistentVolumeClaim").any(|c| name(c) == claim),
+        "no claim {claim}"
+    );
+    Ok(())
+}
+
+/// The Prometheus Operator overlay scrapes each component's Services on
+/// their `metrics` port: every ServiceMonitor selects Services of the base,
+/// some of which have that port.
+#[test]
+fn service_monitors_select_services_with_a_metrics_port() -> Result<()> {
+    let docs = manifests()?;
+    let (kustomization, _) = overlay("prometheus-operator")?;
+    let mut monitors = Vec::new();
+    for resource in strings(&kustomization["resources"]) {
+        if resource != "../base" {
+            monitors.extend(load_documents(&deploy_dir().join("k8s/prometheus-operator").join(resource))?);
+        }
+    }
+    ensure!(monitors.len() >= 2, "a monitor for the members and one for the escrow nodes");
+    for monitor in &monitors {
+        ensure!(kind(monitor) == "ServiceMonitor", "{}", kind(monitor));
+        let wanted = string_map(&monitor["spec"]["selector"]["matchLabels"]);
+        let ports: Vec<&str> = list(&monitor["spec"]["endpoints"])
+            .iter()
+            .filter_map(|e| e["port"].as_str())
+            .collect();
+        ensure!(!ports.is_empty(), "{}: no endpoint", name(monitor));
+        let scraped = of_kind(&docs, "Service")
+            .filter(|service| selects(&wanted, &string_map(&service["metadata"]["labels"])))
+            .filter(|service| {
+                list(&service["spec"]["ports"])
+                    .iter()
+                    .any(|p| ports.contains(&p["name"].as_str().unwrap_or("")))
+            })
+            .count();
+        ensure!(scraped >= 1, "{} scrapes no Service", name(monitor));
+    }
+    Ok(())
+}
+
