@@ -22,6 +22,8 @@
 //!   host by tests and local tools, below the ephemeral range.
 //! - [`net`]: connection cap, first-byte deadline and gRPC server limits
 //!   of every listener.
+//! - [`connection_adapter`]: a connection whose reads are watched or
+//!   changed and whose writes pass through (listeners, the CLI's probe).
 //! - [`monitor`]: the read-only Monitor service (`leasehold watch`): live
 //!   streams of key windows from a member's applied state.
 //! - [`escrow`]: the regional escrow node (L2): one actor per key over the
@@ -56,6 +58,7 @@ pub mod certs;
 pub mod cli;
 pub mod config;
 pub mod config_check;
+pub mod connection_adapter;
 pub mod coordinator;
 pub mod error;
 pub mod escrow;

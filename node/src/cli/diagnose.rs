@@ -62,6 +62,7 @@ use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
 
 use super::{CliError, ClientArgs, TransportArgs};
+use crate::connection_adapter::{AdaptedConnection, ReadAdapter};
 
 /// Bound on one endpoint's probe (connect, handshake, answer).
 const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
@@ -452,10 +453,7 @@ pub async fn probe_connection(addr: &str, transport: &TransportArgs) -> Option<D
     }));
     let config = client_config(verifier.clone(), files)?;
     let first_bytes = Arc::new(Mutex::new(Vec::new()));
-    let stream = FirstBytes {
-        inner: tcp,
-        seen: first_bytes.clone(),
-    };
+    let stream = AdaptedConnection::new(tcp, KeepFirstBytes(first_bytes.clone()));
     let host = server_name(addr);
     let name = ServerName::try_from(host.clone()).ok()?;
     let handshake = tokio_rustls::TlsConnector::from(Arc::new(config))
@@ -803,26 +801,24 @@ impl ServerCertVerifier for Recorder {
     }
 }
 
-/// A stream that keeps the first bytes read from it.
-struct FirstBytes<S> {
-    inner: S,
-    seen: Arc<Mutex<Vec<u8>>>,
-}
+/// Keeps the first bytes read from a connection ([`FIRST_BYTES`] at most).
+struct KeepFirstBytes(Arc<Mutex<Vec<u8>>>);
 
-/// How many first bytes [`FirstBytes`] keeps.
+/// How many first bytes [`KeepFirstBytes`] keeps.
 const FIRST_BYTES: usize = 16;
 
-impl<S: AsyncRead + Unpin> AsyncRead for FirstBytes<S> {
+impl<S: AsyncRead + Unpin> ReadAdapter<S> for KeepFirstBytes {
     fn poll_read(
-        mut self: Pin<&mut Self>,
+        &mut self,
+        inner: Pin<&mut S>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let before = buf.filled().len();
-        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
+        let polled = inner.poll_read(cx, buf);
         if let Poll::Ready(Ok(())) = polled {
             let mut seen = self
-                .seen
+                .0
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
             let room = FIRST_BYTES.saturating_sub(seen.len());
@@ -830,24 +826,6 @@ impl<S: AsyncRead + Unpin> AsyncRead for FirstBytes<S> {
             seen.extend_from_slice(&new[..new.len().min(room)]);
         }
         polled
-    }
-}
-
-impl<S: AsyncWrite + Unpin> AsyncWrite for FirstBytes<S> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }
 
