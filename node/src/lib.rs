@@ -8,6 +8,8 @@
 //! - [`config_check`]: `leasehold config check`: member configs, escrow
 //!   configs and policy files, every problem with file, field and line.
 //! - [`policy_file`]: the policy table as a TOML file (`policy apply`).
+//! - [`toml_file`]: the loader of those TOML files (errors with file,
+//!   line, column and field) and the problems their checks find.
 //! - [`coordinator`]: one coordinator member: [`run_coordinator`] with
 //!   injected stores, listener, dialer, clock and shutdown; [`serve`] on
 //!   real TCP; group commit, leader hints, the Coordinator / Admin / Raft /
@@ -72,6 +74,7 @@ pub mod ratelimit_file;
 pub mod reflection;
 pub mod telemetry;
 pub mod tls;
+pub mod toml_file;
 
 pub use config::NodeConfig;
 pub use coordinator::{run_coordinator, run_coordinator_with_shards, serve};
