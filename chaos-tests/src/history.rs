@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 /// The key every honest client spends from (utilisation, liveness and the
 /// coordinator reads are about it).
-pub use crate::sim::KEY as SHARED_KEY;
+pub const SHARED_KEY: &str = "chaos/budget";
 
 /// One allowed decision of one client.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

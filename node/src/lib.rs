@@ -8,6 +8,8 @@
 //! - [`config_check`]: `leasehold config check`: member configs, escrow
 //!   configs and policy files, every problem with file, field and line.
 //! - [`policy_file`]: the policy table as a TOML file (`policy apply`).
+//! - [`toml_file`]: the loader of those TOML files (errors with file,
+//!   line, column and field) and the problems their checks find.
 //! - [`coordinator`]: one coordinator member: [`run_coordinator`] with
 //!   injected stores, listener, dialer, clock and shutdown; [`serve`] on
 //!   real TCP; group commit, leader hints, the Coordinator / Admin / Raft /
@@ -22,6 +24,8 @@
 //!   host by tests and local tools, below the ephemeral range.
 //! - [`net`]: connection cap, first-byte deadline and gRPC server limits
 //!   of every listener.
+//! - [`connection_adapter`]: a connection whose reads are watched or
+//!   changed and whose writes pass through (listeners, the CLI's probe).
 //! - [`monitor`]: the read-only Monitor service (`leasehold watch`): live
 //!   streams of key windows from a member's applied state.
 //! - [`escrow`]: the regional escrow node (L2): one actor per key over the
@@ -56,6 +60,7 @@ pub mod certs;
 pub mod cli;
 pub mod config;
 pub mod config_check;
+pub mod connection_adapter;
 pub mod coordinator;
 pub mod error;
 pub mod escrow;
@@ -69,6 +74,7 @@ pub mod ratelimit_file;
 pub mod reflection;
 pub mod telemetry;
 pub mod tls;
+pub mod toml_file;
 
 pub use config::NodeConfig;
 pub use coordinator::{run_coordinator, run_coordinator_with_shards, serve};

@@ -18,7 +18,8 @@
 //!   (`EMFILE`, `ENFILE`, `ENOBUFS`, `ENOMEM`), the stream waits
 //!   [`ACCEPT_ERROR_BACKOFF`] before accepting again instead of spinning.
 //!
-//! The wrapped connection forwards [`Connected::connect_info`] of the inner
+//! The wrapped connection forwards
+//! [`Connected::connect_info`](tonic::transport::server::Connected::connect_info) of the inner
 //! one, so handlers still see the peer address (and certificates).
 
 use std::future::Future;
@@ -29,13 +30,13 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use crate::connection_adapter::{AdaptedConnection, ReadAdapter};
 use futures::Stream;
 use leasehold_proto::refusal::{refusal, Reason};
 use leasehold_proto::REASON_METADATA;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, ReadBuf};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Sleep;
-use tonic::transport::server::Connected;
 
 /// How long the listener pauses after an accept failed for lack of file
 /// descriptors or memory, so it does not spin on the failing accept.
@@ -300,38 +301,41 @@ pub fn refusal_layer<B>(
 }
 
 /// An accepted connection with its connection-cap permit and first-byte deadline.
-pub struct BoundedConnection<IO> {
-    inner: IO,
+pub type BoundedConnection<IO> = AdaptedConnection<IO, FirstByteDeadline>;
+
+/// What a [`BoundedConnection`] holds besides the connection: its permit and,
+/// until the first byte arrives, the deadline for it.
+pub struct FirstByteDeadline {
     /// Released when the connection is dropped.
     _permit: OwnedSemaphorePermit,
     /// Set until the first byte arrives.
-    first_byte_deadline: Option<Pin<Box<Sleep>>>,
+    deadline: Option<Pin<Box<Sleep>>>,
     counters: Arc<ConnectionCounters>,
 }
 
-impl<IO: AsyncRead + Unpin> AsyncRead for BoundedConnection<IO> {
+impl<IO: AsyncRead + Unpin> ReadAdapter<IO> for FirstByteDeadline {
     fn poll_read(
-        mut self: Pin<&mut Self>,
+        &mut self,
+        inner: Pin<&mut IO>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        let this = &mut *self;
         let before = buf.filled().len();
-        let polled = Pin::new(&mut this.inner).poll_read(cx, buf);
-        let Some(deadline) = this.first_byte_deadline.as_mut() else {
+        let polled = inner.poll_read(cx, buf);
+        let Some(deadline) = self.deadline.as_mut() else {
             return polled;
         };
         match polled {
             Poll::Ready(Ok(())) if buf.filled().len() > before => {
-                this.first_byte_deadline = None;
+                self.deadline = None;
                 Poll::Ready(Ok(()))
             }
             Poll::Ready(result) => Poll::Ready(result),
             Poll::Pending => match deadline.as_mut().poll(cx) {
                 Poll::Pending => Poll::Pending,
                 Poll::Ready(()) => {
-                    this.first_byte_deadline = None;
-                    this.counters
+                    self.deadline = None;
+                    self.counters
                         .closed_idle_before_first_byte
                         .fetch_add(1, Ordering::Relaxed);
                     Poll::Ready(Err(io::Error::new(
@@ -341,44 +345,6 @@ impl<IO: AsyncRead + Unpin> AsyncRead for BoundedConnection<IO> {
                 }
             },
         }
-    }
-}
-
-impl<IO: AsyncWrite + Unpin> AsyncWrite for BoundedConnection<IO> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-}
-
-impl<IO: Connected> Connected for BoundedConnection<IO> {
-    type ConnectInfo = IO::ConnectInfo;
-
-    fn connect_info(&self) -> Self::ConnectInfo {
-        self.inner.connect_info()
     }
 }
 
@@ -472,12 +438,14 @@ where
                 continue;
             };
             this.counters.accepted.fetch_add(1, Ordering::Relaxed);
-            return Poll::Ready(Some(Ok(BoundedConnection {
-                inner: accepted,
-                _permit: permit,
-                first_byte_deadline: Some(Box::pin(tokio::time::sleep(this.first_byte_timeout))),
-                counters: this.counters.clone(),
-            })));
+            return Poll::Ready(Some(Ok(AdaptedConnection::new(
+                accepted,
+                FirstByteDeadline {
+                    _permit: permit,
+                    deadline: Some(Box::pin(tokio::time::sleep(this.first_byte_timeout))),
+                    counters: this.counters.clone(),
+                },
+            ))));
         }
     }
 }
@@ -486,7 +454,8 @@ where
 mod tests {
     use super::*;
     use futures::StreamExt;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
+    use tonic::transport::server::Connected;
 
     struct Duplex(tokio::io::DuplexStream);
 

@@ -25,7 +25,7 @@ use leasehold_core::policy::{
 use leasehold_proto::v1 as pb;
 use serde::{Deserialize, Serialize};
 
-use crate::config_check::{FieldPath, Problem};
+use crate::toml_file::{self, FieldPath, Problem, TomlFileError};
 
 /// A policy file.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -58,17 +58,8 @@ pub struct PolicyEntry {
 
 impl PolicyFile {
     /// Reads and parses a file (syntax and unknown keys).
-    pub fn load(path: &Path) -> Result<Self, String> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-        toml::from_str(&text).map_err(|e| {
-            format!(
-                "{}: {} (`leasehold config check {}` lists every problem)",
-                path.display(),
-                e.message().trim(),
-                path.display()
-            )
-        })
+    pub fn load(path: &Path) -> Result<Self, TomlFileError> {
+        toml_file::load(path)
     }
 
     /// Every problem, each with its entry, field and what to do.

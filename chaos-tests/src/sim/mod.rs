@@ -36,8 +36,8 @@ pub use net::{incoming, SimDialer};
 use crate::history::{History, Recorder};
 use crate::plan::{Fault, Scenario};
 
-/// The key every client spends from.
-pub const KEY: &str = "chaos/budget";
+/// The key every client spends from (the history's [`SHARED_KEY`](crate::history::SHARED_KEY)).
+pub const KEY: &str = crate::history::SHARED_KEY;
 /// Port of every coordinator member.
 pub const PORT: u16 = 7100;
 /// Port of every escrow node.

@@ -10,6 +10,7 @@ use crate::escrow::config_file::EscrowFile;
 use crate::escrow::fair_throttle::DEFAULT_FAIR_RETRY_AFTER_MS;
 use crate::escrow::{serve_escrow, EscrowConfig, FairThrottleRule};
 use crate::tls::Security;
+use crate::NodeError;
 use leasehold_core::predictive_sizer::SizerKind;
 
 /// Arguments of `leasehold escrow`.
@@ -171,7 +172,7 @@ impl EscrowArgs {
     /// The node configuration these arguments describe.
     pub fn config(&self) -> Result<EscrowConfig, CliError> {
         if let Some(path) = &self.config {
-            let file = EscrowFile::load(path)?;
+            let file = EscrowFile::load(path).map_err(|e| NodeError::Invalid(e.to_string()))?;
             let tls = &self.tls;
             let flags_name_tls = tls.tls_ca.is_some()
                 || tls.tls_cert.is_some()

@@ -207,7 +207,7 @@ pub async fn run(args: PolicyArgs) -> Result<(), CliError> {
                     .collect::<Vec<_>>()
             } else {
                 PolicyFile::load(&args.file)
-                    .map_err(CliError::Usage)?
+                    .map_err(|e| CliError::Usage(e.to_string()))?
                     .to_wire()
                     .map_err(|problems| {
                         CliError::Usage(format!("{} problem(s) in the file", problems.len()))

@@ -10,7 +10,10 @@
 //!   [`PolicyFile`](crate::policy_file::PolicyFile)).
 //! - a rate limit configuration in the format of `envoyproxy/ratelimit`
 //!   (YAML; `leasehold policy apply`, [`crate::ratelimit_file`]).
-//! - [`locate`]: the line a field is written on.
+//!
+//! The words of every finding — the [`FieldPath`] of a field, a
+//! [`Problem`] with it, its [`Severity`] — and the line a field is written
+//! on come from [`crate::toml_file`], which the files' own parsers use too.
 //!
 //! Which kind a file is: `--kind`, or else its name and content — a
 //! `.yaml` or `.yml` file is a rate limit configuration; in TOML a
@@ -21,7 +24,6 @@
 //! `--skip-files` (checking a config meant for another host).
 
 pub mod escrow;
-pub mod locate;
 pub mod member;
 pub mod policies;
 
@@ -31,7 +33,8 @@ use std::path::{Path, PathBuf};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use locate::Section;
+use crate::toml_file::{first_line, locate};
+pub use crate::toml_file::{FieldPath, Problem, Severity};
 
 /// Which format a file is checked as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
@@ -55,118 +58,6 @@ impl fmt::Display for FileKind {
             FileKind::Policies => "policy file",
             FileKind::Ratelimit => "rate limit configuration",
         })
-    }
-}
-
-/// How serious a finding is: errors fail the check, notes do not.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Severity {
-    /// The file cannot work as written.
-    Error,
-    /// Worth knowing (e.g. a setting the command line must then give).
-    Note,
-}
-
-/// Where a field lives: its table and key.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FieldPath {
-    /// `None`: top level; `Some((name, None))`: `[name]`;
-    /// `Some((name, Some(i)))`: the i-th `[[name]]`.
-    pub table: Option<(String, Option<usize>)>,
-    /// The key (empty: the table itself).
-    pub key: String,
-}
-
-impl FieldPath {
-    /// A top-level key.
-    pub fn top(key: impl Into<String>) -> Self {
-        FieldPath {
-            table: None,
-            key: key.into(),
-        }
-    }
-
-    /// A key of the `[table]`.
-    pub fn in_table(table: &str, key: impl Into<String>) -> Self {
-        FieldPath {
-            table: Some((table.to_string(), None)),
-            key: key.into(),
-        }
-    }
-
-    /// A key of the `index`-th `[[table]]`.
-    pub fn in_entry(table: &str, index: usize, key: impl Into<String>) -> Self {
-        FieldPath {
-            table: Some((table.to_string(), Some(index))),
-            key: key.into(),
-        }
-    }
-
-    fn section(&self) -> Section<'_> {
-        match &self.table {
-            None => Section::Top,
-            Some((name, None)) => Section::Table(name),
-            Some((name, Some(index))) => Section::ArrayEntry(name, *index),
-        }
-    }
-
-    /// The line where the field (or its table) is written in `text`.
-    pub fn line_in(&self, text: &str) -> Option<usize> {
-        let key = (!self.key.is_empty()).then_some(self.key.as_str());
-        locate::line_of(text, self.section(), key)
-            .or_else(|| locate::line_of(text, self.section(), None))
-    }
-}
-
-impl fmt::Display for FieldPath {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.table {
-            None => write!(f, "{}", self.key),
-            Some((name, index)) => {
-                write!(f, "{name}")?;
-                if let Some(index) = index {
-                    write!(f, "[{index}]")?;
-                }
-                if !self.key.is_empty() {
-                    write!(f, ".{}", self.key)?;
-                }
-                Ok(())
-            }
-        }
-    }
-}
-
-/// One problem of a file's content, before it is placed in the file.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Problem {
-    /// The field it is about.
-    pub field: FieldPath,
-    /// What is wrong.
-    pub problem: String,
-    /// What to do about it.
-    pub fix: String,
-    /// Error or note.
-    pub severity: Severity,
-}
-
-impl Problem {
-    /// An error about `field`.
-    pub fn error(field: FieldPath, problem: impl Into<String>, fix: impl Into<String>) -> Self {
-        Problem {
-            field,
-            problem: problem.into(),
-            fix: fix.into(),
-            severity: Severity::Error,
-        }
-    }
-
-    /// A note about `field`.
-    pub fn note(field: FieldPath, problem: impl Into<String>, fix: impl Into<String>) -> Self {
-        Problem {
-            severity: Severity::Note,
-            ..Problem::error(field, problem, fix)
-        }
     }
 }
 
@@ -431,10 +322,6 @@ pub fn key_problems<T: DeserializeOwned>(
             Problem::error(place(&key), problem, fix)
         })
         .collect()
-}
-
-fn first_line(message: &str) -> &str {
-    message.lines().next().unwrap_or(message).trim()
 }
 
 #[cfg(test)]

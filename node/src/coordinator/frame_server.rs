@@ -24,7 +24,6 @@
 //! ends the session.
 
 use std::any::Any;
-use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -33,7 +32,7 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;
 use futures::{FutureExt, Stream, StreamExt};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{watch, Semaphore};
 use tonic::transport::server::Connected;
 
@@ -42,6 +41,7 @@ use super::peer_frames::{
 };
 use super::raft_service::RaftService;
 use crate::auth::PeerInfo;
+use crate::connection_adapter::{AdaptedConnection, ReadBack};
 use crate::net::AcceptError;
 
 /// How long a new connection has to show which protocol it speaks.
@@ -63,64 +63,7 @@ pub struct FrameServer {
 
 /// A connection that was not framed, with the bytes read to tell put back
 /// in front of the rest.
-pub struct SniffedConnection<IO> {
-    read_back: Vec<u8>,
-    inner: IO,
-}
-
-impl<IO: AsyncRead + Unpin> AsyncRead for SniffedConnection<IO> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        if !self.read_back.is_empty() {
-            let n = self.read_back.len().min(buf.remaining());
-            buf.put_slice(&self.read_back[..n]);
-            self.read_back.drain(..n);
-            return Poll::Ready(Ok(()));
-        }
-        Pin::new(&mut self.inner).poll_read(cx, buf)
-    }
-}
-
-impl<IO: AsyncWrite + Unpin> AsyncWrite for SniffedConnection<IO> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-}
-
-impl<IO: Connected> Connected for SniffedConnection<IO> {
-    type ConnectInfo = IO::ConnectInfo;
-
-    fn connect_info(&self) -> Self::ConnectInfo {
-        self.inner.connect_info()
-    }
-}
+pub type SniffedConnection<IO> = AdaptedConnection<IO, ReadBack>;
 
 /// The stream [`split_framed`] returns.
 pub struct SplitFramed<S, IO> {
@@ -195,10 +138,7 @@ where
             }
             None
         }
-        Ok(Some(Told::Other(read_back))) => Some(SniffedConnection {
-            read_back,
-            inner: io,
-        }),
+        Ok(Some(Told::Other(read_back))) => Some(AdaptedConnection::new(io, ReadBack(read_back))),
         Ok(None) | Err(_) => None,
     }
 }

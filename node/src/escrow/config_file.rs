@@ -36,9 +36,9 @@ use serde::{Deserialize, Serialize};
 
 use super::fair_throttle::{FairThrottleRule, DEFAULT_FAIR_RETRY_AFTER_MS};
 use super::EscrowConfig;
-use crate::config_check::{FieldPath, Problem};
 use crate::error::NodeError;
 use crate::tls::Security;
+use crate::toml_file::{self, FieldPath, Problem, TomlFileError};
 
 /// Where an escrow node listens when the file does not say.
 pub const DEFAULT_ESCROW_LISTEN: &str = "127.0.0.1:7201";
@@ -138,17 +138,8 @@ pub struct FairThrottleFile {
 impl EscrowFile {
     /// Reads and parses a file (syntax and unknown keys; see
     /// [`problems`](Self::problems) for the values).
-    pub fn load(path: &Path) -> Result<Self, NodeError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| NodeError::Invalid(format!("cannot read {}: {e}", path.display())))?;
-        toml::from_str(&text).map_err(|e| {
-            NodeError::Invalid(format!(
-                "{}: {} (`leasehold config check {}` lists every problem)",
-                path.display(),
-                e.message().trim(),
-                path.display()
-            ))
-        })
+    pub fn load(path: &Path) -> Result<Self, TomlFileError> {
+        toml_file::load(path)
     }
 
     /// Every problem of the values, each with its field and what to do.

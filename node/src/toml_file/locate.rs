@@ -1,6 +1,6 @@
 //! Where a field is written in a TOML text: the line of a key at the top
-//! level, in a `[table]`, or in the n-th `[[array]]` table, and the line of
-//! a byte offset (for the parser's own errors). Best effort over plain
+//! level, in a `[table]`, or in the n-th `[[array]]` table, the line of
+//! a byte offset (for the parser's own errors) and the field written there. Best effort over plain
 //! `key = value` lines, which is how every Leasehold file is written; a
 //! key it cannot find simply has no line.
 
@@ -17,21 +17,70 @@ pub enum Section<'a> {
 
 /// The 1-based line of byte `offset` in `text`.
 pub fn line_of_offset(text: &str, offset: usize) -> usize {
-    let offset = offset.min(text.len());
-    text.as_bytes()[..offset]
-        .iter()
-        .filter(|b| **b == b'\n')
-        .count()
-        + 1
+    line_and_column(text, offset).0
+}
+
+/// The 1-based line and column (in characters) of byte `offset` in `text`.
+pub fn line_and_column(text: &str, offset: usize) -> (usize, usize) {
+    let mut offset = offset.min(text.len());
+    while !text.is_char_boundary(offset) {
+        offset -= 1;
+    }
+    let before = &text[..offset];
+    let line = before.bytes().filter(|b| *b == b'\n').count() + 1;
+    let line_start = before.rfind('\n').map_or(0, |newline| newline + 1);
+    (line, before[line_start..].chars().count() + 1)
 }
 
 /// The 1-based line where `key` is assigned in `section`, if found; with
 /// no key, the line of the section's header.
 pub fn line_of(text: &str, section: Section<'_>, key: Option<&str>) -> Option<usize> {
+    lines(text)
+        .find(|line| {
+            line.section == section
+                && match key {
+                    None => line.header,
+                    Some(key) => !line.header && assigns(line.text, key),
+                }
+        })
+        .map(|line| line.number)
+}
+
+/// What is written at byte `offset` of `text`: the section of its line and
+/// the key that line assigns (`None` on a table's header, or on a line
+/// that assigns no bare key).
+pub fn field_at(text: &str, offset: usize) -> (Section<'_>, Option<&str>) {
+    let number = line_of_offset(text, offset);
+    let Some(line) = lines(text).find(|line| line.number == number) else {
+        return (Section::Top, None);
+    };
+    let key = (!line.header)
+        .then(|| line.text.split_once('='))
+        .flatten()
+        .map(|(key, _)| key.trim().trim_matches('"'))
+        .filter(|key| !key.is_empty());
+    (line.section, key)
+}
+
+/// One line of a TOML text, in the section it belongs to.
+struct Line<'a> {
+    /// 1-based.
+    number: usize,
+    /// The line without surrounding blanks.
+    text: &'a str,
+    /// Its section (a header line opens its own).
+    section: Section<'a>,
+    /// Whether the line is a table header.
+    header: bool,
+}
+
+/// Every line of `text` with its section.
+fn lines(text: &str) -> impl Iterator<Item = Line<'_>> {
     let mut current = Section::Top;
     let mut seen_entries: Vec<(&str, usize)> = Vec::new();
-    for (number, raw) in text.lines().enumerate() {
+    text.lines().enumerate().map(move |(number, raw)| {
         let line = raw.trim();
+        let mut header = true;
         if let Some(name) = line
             .strip_prefix("[[")
             .and_then(|rest| rest.split("]]").next())
@@ -53,21 +102,16 @@ pub fn line_of(text: &str, section: Section<'_>, key: Option<&str>) -> Option<us
             .and_then(|rest| rest.split(']').next())
         {
             current = Section::Table(name.trim());
-        } else if current == section {
-            if let Some(key) = key {
-                if assigns(line, key) {
-                    return Some(number + 1);
-                }
-            }
-            continue;
         } else {
-            continue;
+            header = false;
         }
-        if current == section && key.is_none() {
-            return Some(number + 1);
+        Line {
+            number: number + 1,
+            text: line,
+            section: current,
+            header,
         }
-    }
-    None
+    })
 }
 
 /// Whether `line` assigns `key` (bare or quoted).
@@ -121,9 +165,34 @@ mod tests {
     }
 
     #[test]
+    fn offsets_map_to_the_field_written_there() {
+        assert_eq!(field_at(TEXT, 0), (Section::Top, Some("id")));
+        let levels = TEXT.find("levels").unwrap();
+        assert_eq!(
+            field_at(TEXT, levels + 3),
+            (Section::Table("fair_throttle"), Some("levels"))
+        );
+        let second = TEXT.find("\"limit\"").unwrap();
+        assert_eq!(
+            field_at(TEXT, second),
+            (Section::ArrayEntry("policy", 1), Some("limit"))
+        );
+        let header = TEXT.find("[fair_throttle]").unwrap();
+        assert_eq!(
+            field_at(TEXT, header),
+            (Section::Table("fair_throttle"), None)
+        );
+        assert_eq!(field_at(TEXT, 10_000), (Section::Top, None));
+    }
+
+    #[test]
     fn offsets_map_to_lines() {
         assert_eq!(line_of_offset(TEXT, 0), 1);
         assert_eq!(line_of_offset(TEXT, 7), 2);
         assert_eq!(line_of_offset(TEXT, 10_000), TEXT.lines().count() + 1);
+        assert_eq!(line_and_column(TEXT, 0), (1, 1));
+        assert_eq!(line_and_column(TEXT, 9), (2, 3));
+        assert_eq!(line_and_column("é = 1", 3), (1, 3));
+        assert_eq!(line_and_column("é = 1", 1), (1, 1));
     }
 }

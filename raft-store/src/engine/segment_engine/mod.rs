@@ -46,6 +46,10 @@
 //! [`SegmentOptions::inline_max_bytes`] (log
 //! metadata, entries of a lightly loaded log) are kept in memory too, larger
 //! ones are read back from the segment or their blob on demand.
+//!
+//! # Layout
+//! - `record`: the segment's header and record format, encoded and decoded.
+//! - `directory`: the directory's files (names, `LOCK`, synced writes, blobs).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::{self, File, OpenOptions};
@@ -53,6 +57,18 @@ use std::io::{self, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+mod directory;
+mod record;
+
+use directory::{
+    blob_name, corrupt, io_error, lock_directory, open_whole_blob, parse_id, remove_if_present,
+    segment_name, sync_directory, write_synced,
+};
+use record::{
+    decode_payload, keyspace_code, PayloadWriter, RecordedValue, HEADER, MAX_RECORD_BYTES,
+    RECORD_HEADER_BYTES,
+};
 
 use super::{
     is_empty_range, EngineError, KeyRange, KeyValue, Keyspace, StorageEngine, WriteBatch, WriteOp,
@@ -81,35 +97,6 @@ impl Default for SegmentOptions {
     }
 }
 
-const HEADER: &[u8; 8] = b"LHSEG\x00\x00\x01";
-const RECORD_HEADER_BYTES: u64 = 8;
-/// Larger records are refused as corrupt on replay (a damaged length).
-const MAX_RECORD_BYTES: u32 = 1 << 30;
-
-const OP_INSERT: u8 = 1;
-const OP_INSERT_BLOB: u8 = 2;
-const OP_REMOVE: u8 = 3;
-
-fn io_error(error: io::Error) -> EngineError {
-    EngineError::Backend(Box::new(error))
-}
-
-fn corrupt(what: &str) -> EngineError {
-    io_error(io::Error::new(io::ErrorKind::InvalidData, what.to_string()))
-}
-
-fn keyspace_code(keyspace: Keyspace) -> u8 {
-    match keyspace {
-        Keyspace::Log => 0,
-        Keyspace::LogMeta => 1,
-        Keyspace::StateMachine => 2,
-    }
-}
-
-fn keyspace_of(code: u8) -> Option<Keyspace> {
-    Keyspace::ALL.get(usize::from(code)).copied()
-}
-
 /// Where a value lives.
 #[derive(Debug, Clone)]
 enum Stored {
@@ -127,133 +114,6 @@ enum Stored {
     },
 }
 
-/// A value as recorded: the bytes, or a blob reference.
-enum RecordedValue<'a> {
-    Bytes(&'a [u8]),
-    Blob { id: u64, len: u64, crc: u32 },
-}
-
-/// One write as decoded from a record, with the offset of its value bytes
-/// within the segment.
-struct DecodedOp<'a> {
-    keyspace: Keyspace,
-    key: &'a [u8],
-    /// `None`: a removal.
-    value: Option<(RecordedValue<'a>, u64)>,
-}
-
-/// A little-endian reader over a record payload.
-struct Cursor<'a> {
-    bytes: &'a [u8],
-    at: usize,
-}
-
-impl<'a> Cursor<'a> {
-    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
-        let end = self.at.checked_add(n)?;
-        let slice = self.bytes.get(self.at..end)?;
-        self.at = end;
-        Some(slice)
-    }
-    fn u8(&mut self) -> Option<u8> {
-        self.take(1).map(|b| b[0])
-    }
-    fn u32(&mut self) -> Option<u32> {
-        self.take(4)
-            .map(|b| u32::from_le_bytes(b.try_into().unwrap_or_default()))
-    }
-    fn u64(&mut self) -> Option<u64> {
-        self.take(8)
-            .map(|b| u64::from_le_bytes(b.try_into().unwrap_or_default()))
-    }
-    fn bytes(&mut self) -> Option<&'a [u8]> {
-        let len = self.u32()? as usize;
-        self.take(len)
-    }
-}
-
-/// Decodes a record payload; `None` if it is malformed. `payload_offset`
-/// is where the payload starts in the segment.
-fn decode_payload(payload: &[u8], payload_offset: u64) -> Option<Vec<DecodedOp<'_>>> {
-    let mut cursor = Cursor {
-        bytes: payload,
-        at: 0,
-    };
-    let count = cursor.u32()?;
-    let mut ops = Vec::with_capacity(count.min(1 << 16) as usize);
-    for _ in 0..count {
-        let tag = cursor.u8()?;
-        let keyspace = keyspace_of(cursor.u8()?)?;
-        let key = cursor.bytes()?;
-        let value = match tag {
-            OP_INSERT => {
-                let bytes = cursor.bytes()?;
-                let offset = payload_offset + (cursor.at - bytes.len()) as u64;
-                Some((RecordedValue::Bytes(bytes), offset))
-            }
-            OP_INSERT_BLOB => {
-                let (id, len, crc) = (cursor.u64()?, cursor.u64()?, cursor.u32()?);
-                Some((RecordedValue::Blob { id, len, crc }, 0))
-            }
-            OP_REMOVE => None,
-            _ => return None,
-        };
-        ops.push(DecodedOp {
-            keyspace,
-            key,
-            value,
-        });
-    }
-    (cursor.at == payload.len()).then_some(ops)
-}
-
-/// Encodes a record payload, appending to `out`.
-struct PayloadWriter {
-    out: Vec<u8>,
-}
-
-impl PayloadWriter {
-    fn new(count: usize) -> Self {
-        let mut out = Vec::with_capacity(64);
-        out.extend_from_slice(&(count as u32).to_le_bytes());
-        Self { out }
-    }
-    fn bytes(&mut self, bytes: &[u8]) {
-        self.out
-            .extend_from_slice(&(bytes.len() as u32).to_le_bytes());
-        self.out.extend_from_slice(bytes);
-    }
-    fn head(&mut self, tag: u8, keyspace: Keyspace, key: &[u8]) {
-        self.out.push(tag);
-        self.out.push(keyspace_code(keyspace));
-        self.bytes(key);
-    }
-    /// Adds an insert of inline bytes; returns the value's offset within the
-    /// payload.
-    fn insert(&mut self, keyspace: Keyspace, key: &[u8], value: &[u8]) -> usize {
-        self.head(OP_INSERT, keyspace, key);
-        self.bytes(value);
-        self.out.len() - value.len()
-    }
-    fn insert_blob(&mut self, keyspace: Keyspace, key: &[u8], id: u64, len: u64, crc: u32) {
-        self.head(OP_INSERT_BLOB, keyspace, key);
-        self.out.extend_from_slice(&id.to_le_bytes());
-        self.out.extend_from_slice(&len.to_le_bytes());
-        self.out.extend_from_slice(&crc.to_le_bytes());
-    }
-    fn remove(&mut self, keyspace: Keyspace, key: &[u8]) {
-        self.head(OP_REMOVE, keyspace, key);
-    }
-    /// The framed record: length, crc, payload.
-    fn into_record(self) -> Vec<u8> {
-        let mut record = Vec::with_capacity(self.out.len() + RECORD_HEADER_BYTES as usize);
-        record.extend_from_slice(&(self.out.len() as u32).to_le_bytes());
-        record.extend_from_slice(&crc32fast::hash(&self.out).to_le_bytes());
-        record.extend_from_slice(&self.out);
-        record
-    }
-}
-
 /// Bytes a live value accounts for in a compacted segment.
 fn live_bytes(key: &[u8], stored: &Stored) -> u64 {
     let value = match stored {
@@ -263,62 +123,6 @@ fn live_bytes(key: &[u8], stored: &Stored) -> u64 {
     };
     // Tag, keyspace, two lengths, and a share of the record framing.
     key.len() as u64 + value + 10 + RECORD_HEADER_BYTES
-}
-
-fn segment_name(id: u64) -> String {
-    format!("segment-{id:020}.log")
-}
-
-fn blob_name(id: u64) -> String {
-    format!("blob-{id:020}.bin")
-}
-
-fn parse_id(name: &str, prefix: &str, suffix: &str) -> Option<u64> {
-    name.strip_prefix(prefix)?
-        .strip_suffix(suffix)?
-        .parse()
-        .ok()
-}
-
-/// How long [`SegmentEngine::open`] waits for another holder of the
-/// directory (a store being dropped in this process) to let go.
-const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
-
-/// Locks `dir/LOCK` exclusively: one engine per directory, across processes.
-fn lock_directory(dir: &Path) -> Result<File, EngineError> {
-    let file = OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(dir.join("LOCK"))
-        .map_err(io_error)?;
-    let deadline = std::time::Instant::now() + LOCK_WAIT;
-    loop {
-        match file.try_lock() {
-            Ok(()) => return Ok(file),
-            Err(fs::TryLockError::WouldBlock) if std::time::Instant::now() < deadline => {
-                std::thread::sleep(std::time::Duration::from_millis(5));
-            }
-            Err(fs::TryLockError::WouldBlock) => {
-                return Err(io_error(io::Error::new(
-                    io::ErrorKind::WouldBlock,
-                    format!("another process holds the Raft store in {}", dir.display()),
-                )))
-            }
-            Err(fs::TryLockError::Error(error)) => return Err(io_error(error)),
-        }
-    }
-}
-
-fn remove_if_present(path: &Path) -> Result<(), EngineError> {
-    match fs::remove_file(path) {
-        Err(error) if error.kind() != io::ErrorKind::NotFound => Err(io_error(error)),
-        _ => Ok(()),
-    }
-}
-
-fn sync_directory(dir: &Path) -> Result<(), EngineError> {
-    File::open(dir).and_then(|d| d.sync_all()).map_err(io_error)
 }
 
 struct Inner {
@@ -512,17 +316,6 @@ fn read_value(segment: &File, stored: Stored) -> Result<Vec<u8>, EngineError> {
             Ok(value)
         }
     }
-}
-
-/// Writes `bytes` to a new file at `path` through a `.tmp` name, synced,
-/// then renamed into place and the directory synced.
-fn write_synced(dir: &Path, path: &Path, bytes: &[u8]) -> Result<(), EngineError> {
-    let tmp = path.with_extension("tmp");
-    let mut file = File::create(&tmp).map_err(io_error)?;
-    file.write_all(bytes).map_err(io_error)?;
-    file.sync_all().map_err(io_error)?;
-    fs::rename(&tmp, path).map_err(io_error)?;
-    sync_directory(dir)
 }
 
 impl Inner {
@@ -826,15 +619,6 @@ impl Inner {
         }
         sync_directory(&self.dir)
     }
-}
-
-/// Blob `id`, opened, if it exists with exactly `len` bytes and crc `crc`.
-fn open_whole_blob(dir: &Path, id: u64, len: u64, crc: u32) -> Option<Arc<File>> {
-    let file = File::open(dir.join(blob_name(id))).ok()?;
-    let mut bytes = vec![0; usize::try_from(len).ok()?];
-    file.read_exact_at(&mut bytes, 0).ok()?;
-    let whole = file.metadata().ok()?.len() == len && crc32fast::hash(&bytes) == crc;
-    whole.then(|| Arc::new(file))
 }
 
 fn owned_entry((key, stored): (&Vec<u8>, &Stored)) -> (Vec<u8>, Stored) {
