@@ -7,12 +7,11 @@
 //!   the lease, pool and reconcile RPCs (at most one in flight), timers,
 //!   replies and metrics.
 //! - [`service`]: the `leasehold.v1.Escrow` gRPC service (Acquire, Check,
-//!   Return, Status) and the key table (bounded; idle actors evicted).
+//!   Return, Status); [`table`]: the key table (bounded; idle actors
+//!   evicted). The node also serves `leasehold.v1.Monitor` (`Watch`, see
+//!   [`crate::monitor::escrow`]).
 //! - [`outage`]: when the node enters and leaves a coordinator outage
 //!   (one log line each way, with what the outage cost).
-//!   Return, Status) and the key table (bounded; idle actors evicted). The
-//!   node also serves `leasehold.v1.Monitor` (`Watch`, see
-//!   [`crate::monitor::escrow`]).
 //! - [`fair_throttle`]: which keys a fair throttle (FAIR) fronts, its
 //!   validation, and who the caller is.
 //! - [`config_file`]: the node's TOML config file (`--config`).
@@ -20,6 +19,10 @@
 //!   (RLS v3) from the node's escrow; the domains, counters and refund book
 //!   it serves with (shared with [`shared`], depending on nothing of the
 //!   node); its route with descriptor entries read as bytes.
+//!
+//! [`run_escrow`] serves them on injected connections, [`serve_escrow`] on
+//! real TCP in the serve shell it shares with members
+//! ([`crate::serving`]).
 //!
 //! Credits are in memory only: they die with their window, so a restarted
 //! escrow node simply leases afresh. Policies (kind, outage mode) are read
@@ -43,25 +46,24 @@ use std::time::Duration;
 
 use futures::Stream;
 use leasehold_client::coordinator::{CoordinatorClient, RetryOptions};
-use leasehold_client::transport::{Dialer, SystemClock, WallClock};
+use leasehold_client::transport::{Dialer, WallClock};
 use leasehold_core::escrow::HolderLimits;
 use leasehold_core::ids::RegionId;
 use leasehold_core::predictive_sizer::SizerKind;
 use leasehold_proto::v1::escrow_server::EscrowServer;
 use leasehold_proto::v1::monitor_server::MonitorServer;
-use tokio::io::{AsyncRead, AsyncWrite};
-use tonic::transport::server::Connected;
 
 use crate::auth::{AuthLayer, Scope};
 use crate::error::NodeError;
 use crate::monitor::escrow::EscrowSampler;
 use crate::monitor::watch::MonitorApi;
 use crate::monitor::WatchSlots;
-use crate::net::{bounded_incoming, refusal_layer, ServerLimits, MAX_RESPONSE_BYTES};
-use crate::tls::{
-    ReloadingServerConfig, Security, SecurityChoiceError, TlsIncoming, DEFAULT_HANDSHAKE_TIMEOUT,
-    DEFAULT_RELOAD_INTERVAL,
+use crate::net::{bounded_incoming, AcceptError, ServerLimits, MAX_RESPONSE_BYTES};
+use crate::serving::{
+    announce_shutdown, health_and_reflection, serve_on_tcp, serve_routes, Connection,
+    ConnectionServer,
 };
+use crate::tls::{Security, SecurityChoiceError};
 pub use fair_throttle::FairThrottleRule;
 use service::EscrowApi;
 use shared::EscrowShared;
@@ -286,8 +288,8 @@ pub async fn run_escrow<I, IO, IE>(
 ) -> Result<(), NodeError>
 where
     I: Stream<Item = Result<IO, IE>>,
-    IO: AsyncRead + AsyncWrite + Connected + Unpin + Send + 'static,
-    IE: Into<Box<dyn std::error::Error + Send + Sync>>,
+    IO: Connection,
+    IE: Into<AcceptError>,
 {
     config.validate()?;
     let timeout = Duration::from_millis(config.coordinator_timeout_ms);
@@ -343,7 +345,13 @@ where
         }
         None => None,
     };
-    let (health_reporter, health_service) = tonic_health::server::health_reporter();
+    let (health_reporter, routes) = health_and_reflection(
+        &[
+            leasehold_proto::v1::escrow_server::SERVICE_NAME,
+            leasehold_proto::v1::monitor_server::SERVICE_NAME,
+        ],
+        limits.max_request_bytes,
+    )?;
     health_reporter
         .set_serving::<EscrowServer<EscrowApi>>()
         .await;
@@ -359,52 +367,46 @@ where
         },
         shared.auth_refusals.clone(),
     );
-    // Watch streams end when shutdown begins, so none holds it open.
-    let (closing_tx, closing) = tokio::sync::watch::channel(false);
-    let shutdown = async move {
-        shutdown.await;
-        let _ = closing_tx.send(true);
-    };
+    let (shutdown, closing) = announce_shutdown(shutdown);
     let monitor = MonitorApi::new(
         Arc::new(EscrowSampler::new(table.clone())),
         clock,
         Arc::new(WatchSlots::default()),
         closing,
     );
-    let (reflection, reflection_v1alpha) = crate::reflection::reflection_services(&[
-        leasehold_proto::v1::escrow_server::SERVICE_NAME,
-        leasehold_proto::v1::monitor_server::SERVICE_NAME,
-    ])
-    .map_err(|e| NodeError::Reflection(e.to_string()))?;
-    let rls = shared.rls.clone().map(|state| {
-        rls_wire::RateLimitServer::new(rls::RateLimitApi::new(EscrowApi::new(table.clone()), state))
-            .max_decoding_message_size(limits.max_request_bytes)
-            .max_encoding_message_size(MAX_RESPONSE_BYTES)
-    });
-    if let Some(rls) = &config.rls {
-        let domains: Vec<&str> = rls.domains.iter().map(|d| d.domain.as_str()).collect();
-        tracing::info!(?domains, "serving Envoy's rate limit service (RLS v3)");
-    }
-    let served = limits
-        .server_builder()
-        .layer(refusal_layer(shared.connections.clone()))
-        .layer(auth)
-        .add_service(health_service)
-        .add_service(reflection.max_decoding_message_size(limits.max_request_bytes))
-        .add_service(reflection_v1alpha.max_decoding_message_size(limits.max_request_bytes))
+    let mut routes = routes
         .add_service(
             EscrowServer::new(EscrowApi::new(table.clone()))
                 .max_decoding_message_size(limits.max_request_bytes)
                 .max_encoding_message_size(MAX_RESPONSE_BYTES),
         )
-        .add_optional_service(rls)
         .add_service(
             MonitorServer::new(monitor)
                 .max_decoding_message_size(limits.max_request_bytes)
                 .max_encoding_message_size(MAX_RESPONSE_BYTES),
-        )
-        .serve_with_incoming_shutdown(incoming, shutdown)
-        .await;
+        );
+    if let Some(rls) = &config.rls {
+        let domains: Vec<&str> = rls.domains.iter().map(|d| d.domain.as_str()).collect();
+        tracing::info!(?domains, "serving Envoy's rate limit service (RLS v3)");
+    }
+    if let Some(state) = shared.rls.clone() {
+        routes = routes.add_service(
+            rls_wire::RateLimitServer::new(rls::RateLimitApi::new(
+                EscrowApi::new(table.clone()),
+                state,
+            ))
+            .max_decoding_message_size(limits.max_request_bytes)
+            .max_encoding_message_size(MAX_RESPONSE_BYTES),
+        );
+    }
+    let served = serve_routes(
+        limits.server_builder(),
+        (shared.connections.clone(), auth),
+        routes,
+        incoming,
+        shutdown,
+    )
+    .await;
     refresher.abort();
     if let Some(reloader) = rls_reloader {
         reloader.abort();
@@ -436,21 +438,29 @@ pub async fn serve_escrow(
         .security
         .clone()
         .ok_or_else(|| NodeError::Invalid(SecurityChoiceError::Missing.to_string()))?;
-    let dialer = security.dialer();
-    let listener = crate::coordinator::bind(&config.listen).await?;
-    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-    match security {
-        Security::Insecure => {
-            tracing::warn!("serving plaintext (--insecure): callers are not authenticated");
-            run_escrow(config, incoming, dialer, Arc::new(SystemClock), shutdown).await
-        }
-        Security::MutualTls(files) => {
-            let tls = ReloadingServerConfig::load(files)?;
-            let (_stop_reloading, stop) = tokio::sync::watch::channel(false);
-            tokio::spawn(tls.clone().watch(DEFAULT_RELOAD_INTERVAL, stop));
-            let incoming = TlsIncoming::new(incoming, tls, DEFAULT_HANDSHAKE_TIMEOUT);
-            run_escrow(config, incoming, dialer, Arc::new(SystemClock), shutdown).await
-        }
+    let listen = config.listen.clone();
+    serve_on_tcp(&listen, security, EscrowOnTcp { config, shutdown }).await
+}
+
+/// An escrow node [`serve_escrow`] runs on the connections of its listener.
+struct EscrowOnTcp<S> {
+    config: EscrowConfig,
+    shutdown: S,
+}
+
+impl<S: Future<Output = ()> + Send> ConnectionServer for EscrowOnTcp<S> {
+    fn run_on<I, IO, IE>(
+        self,
+        incoming: I,
+        dialer: Arc<dyn Dialer>,
+        clock: Arc<dyn WallClock>,
+    ) -> impl Future<Output = Result<(), NodeError>> + Send
+    where
+        I: Stream<Item = Result<IO, IE>> + Send + 'static,
+        IO: Connection,
+        IE: Into<AcceptError> + Send + 'static,
+    {
+        run_escrow(self.config, incoming, dialer, clock, self.shutdown)
     }
 }
 

@@ -4,7 +4,7 @@
 //! placement and, for every shard that names this member a replica:
 //!
 //! 1. **Hosts it**: opens the shard's store ([`ShardStoreOpener`]; on disk
-//!    `data_dir/shards/<id>`), starts its Raft group on the member's one
+//!    `data_dir/shards/<id>`, [`crate::coordinator::stores::on_disk`]), starts its Raft group on the member's one
 //!    transport ([`PeerNetwork::for_shard`]), registers it with the Raft
 //!    handler and the router, and gives it a batcher and clock ticks of
 //!    its own. One replica of the shard's *founding* replicas (those it
@@ -52,7 +52,6 @@
 //! not told) — or at once when the shard left the placement.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -70,7 +69,8 @@ use crate::coordinator::context::{store_has_log, GroupParts, NodeContext, RaftPr
 use crate::coordinator::leader::LeaderView;
 use crate::coordinator::network::PeerNetwork;
 use crate::coordinator::raft_service::{HostedGroup, HostedShards};
-use crate::coordinator::{tasks, CoordinatorStores};
+use crate::coordinator::stores::ShardStoreOpener;
+use crate::coordinator::tasks;
 use crate::error::NodeError;
 
 /// How often the host compares the placement with what it hosts and
@@ -97,30 +97,6 @@ pub const RECLAIM_BACKOFF_MAX: Duration = Duration::from_secs(300);
 
 /// Most parts of moves one pass proposes for one shard.
 const PARTS_PER_PASS: usize = 64;
-
-/// Opens (creating if needed) the Raft store of a shard past 0.
-pub type ShardStoreOpener =
-    Arc<dyn Fn(ShardId) -> Result<CoordinatorStores, NodeError> + Send + Sync>;
-
-/// The directory of shard `shard`'s store under a member's data directory.
-pub fn shard_dir(data_dir: &std::path::Path, shard: ShardId) -> PathBuf {
-    data_dir.join("shards").join(shard.0.to_string())
-}
-
-/// Opens each shard's store on disk under `data_dir/shards/<id>`.
-pub fn on_disk(data_dir: PathBuf) -> ShardStoreOpener {
-    Arc::new(move |shard| {
-        let dir = shard_dir(&data_dir, shard);
-        std::fs::create_dir_all(&dir).map_err(|source| NodeError::DataDir {
-            path: dir.clone(),
-            source,
-        })?;
-        leasehold_raft_store::open_data_dir(&dir).map_err(|e| NodeError::Storage {
-            path: dir.clone(),
-            message: e.to_string(),
-        })
-    })
-}
 
 /// One hosted shard.
 struct Hosted {
