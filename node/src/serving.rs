@@ -69,18 +69,14 @@ pub async fn serve_on_tcp(
     match security {
         Security::Insecure => {
             tracing::warn!("serving plaintext (--insecure): callers are not authenticated");
-            server
-                .run_on(incoming, dialer, Arc::new(SystemClock))
-                .await
+            server.run_on(incoming, dialer, Arc::new(SystemClock)).await
         }
         Security::MutualTls(files) => {
             let tls = ReloadingServerConfig::load(files)?;
             let (_stop_reloading, stop) = watch::channel(false);
             tokio::spawn(tls.clone().watch(DEFAULT_RELOAD_INTERVAL, stop));
             let incoming = TlsIncoming::new(incoming, tls, DEFAULT_HANDSHAKE_TIMEOUT);
-            server
-                .run_on(incoming, dialer, Arc::new(SystemClock))
-                .await
+            server.run_on(incoming, dialer, Arc::new(SystemClock)).await
         }
     }
 }
