@@ -26,6 +26,10 @@
 //!   of every listener.
 //! - [`connection_adapter`]: a connection whose reads are watched or
 //!   changed and whose writes pass through (listeners, the CLI's probe).
+//! - [`serving`]: the serve shell of members and escrow nodes: the TCP
+//!   listener, plaintext or mutual TLS, and the gRPC server around a
+//!   listener's own services (health, reflection, identity checks,
+//!   refusal counts, shutdown).
 //! - [`monitor`]: the read-only Monitor service (`leasehold watch`): live
 //!   streams of key windows from a member's applied state.
 //! - [`escrow`]: the regional escrow node (L2): one actor per key over the
@@ -35,7 +39,8 @@
 //! - [`tls`] and [`certs`]: mutual TLS (files reloaded as they change) and
 //!   `leasehold certs` (a CA and the certificates it signs).
 //! - [`metrics_http`]: the plain-HTTP `/metrics` listener of members and
-//!   escrow nodes.
+//!   escrow nodes, serving what each gives it to render and its readiness
+//!   (it knows neither).
 //! - [`reflection`]: gRPC server reflection of the services served.
 //! - `scripts/failover-bench.sh`: kills the leader of a 3-process cluster
 //!   under `leasehold bench` load; results in `docs/benchmarks.md`.
@@ -72,6 +77,7 @@ pub mod net;
 pub mod policy_file;
 pub mod ratelimit_file;
 pub mod reflection;
+pub mod serving;
 pub mod telemetry;
 pub mod tls;
 pub mod toml_file;

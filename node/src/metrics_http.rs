@@ -198,7 +198,7 @@ pub async fn spawn_metrics_listener(
     exposed: Exposed,
     stop: watch::Receiver<bool>,
 ) -> Result<tokio::task::JoinHandle<()>, crate::error::NodeError> {
-    let listener = crate::coordinator::bind(addr).await?;
+    let listener = crate::serving::bind(addr).await?;
     tracing::info!(listen = %addr, "serving Prometheus metrics at /metrics, probes at /healthz and /readyz");
     Ok(tokio::spawn(serve_metrics(listener, exposed, stop)))
 }

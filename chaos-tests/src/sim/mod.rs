@@ -299,7 +299,7 @@ fn shard_store_opener(
     id: u64,
     disks: &ShardDisks,
     options: PowerLossOptions,
-) -> leasehold_node::coordinator::shard::hosting::ShardStoreOpener {
+) -> leasehold_node::coordinator::stores::ShardStoreOpener {
     let disks = disks.clone();
     Arc::new(move |shard| {
         let disk = disks

@@ -14,10 +14,12 @@
 //! [`admin`] (the Admin service), [`batcher`] (group commit), [`leader`]
 //! (leader view and hints), [`network`], [`raft_service`], [`peer_frames`],
 //! [`frame_link`] and [`frame_server`] (the peer transport: frames, or gRPC
-//! to older members),
-//! [`metrics`] (counters), `tasks`
-//! (health and clock ticks), [`status_log`] and [`peer_links`] (one log
-//! line per change of leader, membership or peer link).
+//! to older members), [`stores`] (the groups' Raft stores on disk),
+//! [`metrics`] (counters) and [`prometheus`] (their exposition), `tasks`
+//! (health and clock ticks, readiness), [`status_log`] and [`peer_links`]
+//! (one log line per change of leader, membership or peer link). The TCP
+//! and TLS shell it serves in is [`crate::serving`]'s, shared with the
+//! escrow node.
 
 pub mod admin;
 pub mod api;
@@ -34,6 +36,7 @@ pub mod prometheus;
 pub mod raft_service;
 pub mod shard;
 pub mod status_log;
+pub mod stores;
 mod tasks;
 
 use std::future::Future;
@@ -41,14 +44,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::Stream;
-use leasehold_client::transport::{Dialer, SystemClock, WallClock};
+use leasehold_client::transport::{Dialer, WallClock};
 use leasehold_proto::v1::admin_server::AdminServer;
 use leasehold_proto::v1::coordinator_server::CoordinatorServer;
 use leasehold_proto::v1::monitor_server::MonitorServer;
-use leasehold_raft_store::{LogStore, Raft, StateMachineStore};
-use tokio::io::{AsyncRead, AsyncWrite};
+use leasehold_raft_store::Raft;
 use tokio::sync::watch;
-use tonic::transport::server::Connected;
 
 use self::admin::AdminApi;
 use self::api::CoordinatorApi;
@@ -59,25 +60,23 @@ use self::network::PeerNetwork;
 use self::raft_service::RaftService;
 use self::shard::hosting::ShardHost;
 use self::shard::routing::{HostedApis, ShardRouting};
+use self::stores::ShardStoreOpener;
+pub use self::stores::{open_stores, CoordinatorStores};
 use crate::auth::{AuthLayer, Scope};
 use crate::config::NodeConfig;
 use crate::error::NodeError;
 use crate::monitor::member::MemberSampler;
 use crate::monitor::watch::MonitorApi;
 use crate::monitor::WatchSlots;
-use crate::net::{bounded_incoming, refusal_layer, MAX_RESPONSE_BYTES};
-use crate::tls::{
-    ReloadingServerConfig, Security, TlsIncoming, DEFAULT_HANDSHAKE_TIMEOUT,
-    DEFAULT_RELOAD_INTERVAL,
+use crate::net::{bounded_incoming, AcceptError, MAX_RESPONSE_BYTES};
+use crate::serving::{
+    announce_shutdown, health_and_reflection, serve_on_tcp, serve_routes, Connection,
+    ConnectionServer,
 };
 
 /// HTTP/2 keep-alive of the server side: a peer that stops acknowledging
 /// PINGs is dropped instead of holding a wedged connection.
 const SERVER_KEEP_ALIVE: Duration = Duration::from_secs(2);
-
-/// The Raft log store and state machine of one member, as opened by
-/// `leasehold_raft_store::open_data_dir` or `open_with_engine`.
-pub type CoordinatorStores = (LogStore, StateMachineStore);
 
 /// Runs one coordinator member until `shutdown` resolves, then stops the
 /// server (in-flight requests finish), the batcher and Raft, and returns
@@ -99,10 +98,10 @@ pub async fn run_coordinator<I, IO, IE>(
 ) -> Result<(), NodeError>
 where
     I: Stream<Item = Result<IO, IE>>,
-    IO: AsyncRead + AsyncWrite + Connected + Unpin + Send + 'static,
-    IE: Into<Box<dyn std::error::Error + Send + Sync>>,
+    IO: Connection,
+    IE: Into<AcceptError>,
 {
-    let shard_stores = shard::hosting::on_disk(config.data_dir.clone());
+    let shard_stores = stores::on_disk(config.data_dir.clone());
     run_coordinator_with_shards(
         config,
         stores,
@@ -117,11 +116,11 @@ where
 
 /// [`run_coordinator`] with the stores of the shards past 0 this member
 /// comes to host opened by `shard_stores` (the simulation's power-loss
-/// disks; on a real member `data_dir/shards/<id>`, [`shard::hosting::on_disk`]).
+/// disks; on a real member `data_dir/shards/<id>`, [`stores::on_disk`]).
 pub async fn run_coordinator_with_shards<I, IO, IE>(
     config: NodeConfig,
     stores: CoordinatorStores,
-    shard_stores: shard::hosting::ShardStoreOpener,
+    shard_stores: ShardStoreOpener,
     incoming: I,
     dialer: Arc<dyn Dialer>,
     clock: Arc<dyn WallClock>,
@@ -129,8 +128,8 @@ pub async fn run_coordinator_with_shards<I, IO, IE>(
 ) -> Result<(), NodeError>
 where
     I: Stream<Item = Result<IO, IE>>,
-    IO: AsyncRead + AsyncWrite + Connected + Unpin + Send + 'static,
-    IE: Into<Box<dyn std::error::Error + Send + Sync>>,
+    IO: Connection,
+    IE: Into<AcceptError>,
 {
     config.validate()?;
     let raft_config = config.raft_config()?;
@@ -194,7 +193,15 @@ where
         hosted_apis,
     );
 
-    let (health_reporter, health_service) = tonic_health::server::health_reporter();
+    let public_request_limit = limits.max_request_bytes;
+    let (health_reporter, routes) = health_and_reflection(
+        &[
+            leasehold_proto::v1::coordinator_server::SERVICE_NAME,
+            leasehold_proto::v1::admin_server::SERVICE_NAME,
+            leasehold_proto::v1::monitor_server::SERVICE_NAME,
+        ],
+        public_request_limit,
+    )?;
     let mut background = vec![
         tokio::spawn(tasks::report_health(
             raft.clone(),
@@ -222,12 +229,7 @@ where
         );
     }
 
-    // Watch streams end when shutdown begins, so none holds it open.
-    let (closing_tx, closing) = watch::channel(false);
-    let shutdown = async move {
-        shutdown.await;
-        let _ = closing_tx.send(true);
-    };
+    let (shutdown, closing) = announce_shutdown(shutdown);
     let membership = raft.clone();
     let monitor = MonitorApi::new(
         Arc::new(
@@ -248,23 +250,8 @@ where
     }));
 
     tracing::info!(id = node.id, listen = %node.config.listen, "coordinator member serving");
-    let public_request_limit = limits.max_request_bytes;
     let auth = AuthLayer::new(Scope::Coordinator, node.metrics.auth.clone());
-    let (reflection, reflection_v1alpha) = crate::reflection::reflection_services(&[
-        leasehold_proto::v1::coordinator_server::SERVICE_NAME,
-        leasehold_proto::v1::admin_server::SERVICE_NAME,
-        leasehold_proto::v1::monitor_server::SERVICE_NAME,
-    ])
-    .map_err(|e| NodeError::Reflection(e.to_string()))?;
-    let served = limits
-        .server_builder()
-        .http2_keepalive_interval(Some(SERVER_KEEP_ALIVE))
-        .http2_keepalive_timeout(Some(SERVER_KEEP_ALIVE))
-        .layer(refusal_layer(connection_counters))
-        .layer(auth)
-        .add_service(health_service)
-        .add_service(reflection.max_decoding_message_size(public_request_limit))
-        .add_service(reflection_v1alpha.max_decoding_message_size(public_request_limit))
+    let routes = routes
         .add_service(
             CoordinatorServer::from_arc(routing)
                 .max_decoding_message_size(public_request_limit)
@@ -285,9 +272,19 @@ where
                 .into_server()
                 .max_decoding_message_size(peer_message_limit)
                 .max_encoding_message_size(peer_message_limit),
-        )
-        .serve_with_incoming_shutdown(incoming, shutdown)
-        .await;
+        );
+    let server = limits
+        .server_builder()
+        .http2_keepalive_interval(Some(SERVER_KEEP_ALIVE))
+        .http2_keepalive_timeout(Some(SERVER_KEEP_ALIVE));
+    let served = serve_routes(
+        server,
+        (connection_counters, auth),
+        routes,
+        incoming,
+        shutdown,
+    )
+    .await;
 
     tracing::info!(id = node.id, "coordinator member stopping");
     let _ = stop.send(true);
@@ -312,61 +309,42 @@ pub async fn serve(
 ) -> Result<(), NodeError> {
     config.validate()?;
     let security = config.security()?;
-    let dialer = security.dialer();
     let stores = open_stores(&config)?;
-    let listener = bind(&config.listen).await?;
-    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-    match security {
-        Security::Insecure => {
-            tracing::warn!("serving plaintext (--insecure): callers are not authenticated");
-            run_coordinator(
-                config,
-                stores,
-                incoming,
-                dialer,
-                Arc::new(SystemClock),
-                shutdown,
-            )
-            .await
-        }
-        Security::MutualTls(files) => {
-            let tls = ReloadingServerConfig::load(files)?;
-            let (_stop_reloading, stop) = watch::channel(false);
-            tokio::spawn(tls.clone().watch(DEFAULT_RELOAD_INTERVAL, stop));
-            let incoming = TlsIncoming::new(incoming, tls, DEFAULT_HANDSHAKE_TIMEOUT);
-            run_coordinator(
-                config,
-                stores,
-                incoming,
-                dialer,
-                Arc::new(SystemClock),
-                shutdown,
-            )
-            .await
-        }
+    let listen = config.listen.clone();
+    let member = MemberOnTcp {
+        config,
+        stores,
+        shutdown,
+    };
+    serve_on_tcp(&listen, security, member).await
+}
+
+/// A member [`serve`] runs on the connections of its listener.
+struct MemberOnTcp<S> {
+    config: NodeConfig,
+    stores: CoordinatorStores,
+    shutdown: S,
+}
+
+impl<S: Future<Output = ()> + Send> ConnectionServer for MemberOnTcp<S> {
+    fn run_on<I, IO, IE>(
+        self,
+        incoming: I,
+        dialer: Arc<dyn Dialer>,
+        clock: Arc<dyn WallClock>,
+    ) -> impl Future<Output = Result<(), NodeError>> + Send
+    where
+        I: Stream<Item = Result<IO, IE>> + Send + 'static,
+        IO: Connection,
+        IE: Into<AcceptError> + Send + 'static,
+    {
+        run_coordinator(
+            self.config,
+            self.stores,
+            incoming,
+            dialer,
+            clock,
+            self.shutdown,
+        )
     }
-}
-
-/// Opens the Raft store of `config.data_dir` (created if missing; a store
-/// of an earlier build on sled is moved to segment files by a build with
-/// the `migrate-sled` feature and refused, with that advice, otherwise).
-pub fn open_stores(config: &NodeConfig) -> Result<CoordinatorStores, NodeError> {
-    std::fs::create_dir_all(&config.data_dir).map_err(|source| NodeError::DataDir {
-        path: config.data_dir.clone(),
-        source,
-    })?;
-    leasehold_raft_store::open_data_dir(&config.data_dir).map_err(|e| NodeError::Storage {
-        path: config.data_dir.clone(),
-        message: e.to_string(),
-    })
-}
-
-/// Binds a TCP listener on `addr` (`host:port`).
-pub async fn bind(addr: &str) -> Result<tokio::net::TcpListener, NodeError> {
-    tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|source| NodeError::Bind {
-            addr: addr.to_string(),
-            source,
-        })
 }

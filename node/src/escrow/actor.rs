@@ -38,7 +38,7 @@ use tonic::{Code, Status};
 use tracing::Instrument;
 
 use super::fair_throttle::{caller_id, rule_for, KeyFairThrottle};
-use super::shared::EscrowShared;
+use super::key_shared::KeyShared;
 
 pub use leasehold_core::escrow::machine::{Acquired, HolderRequest, KeyView, MAX_VIEWED_TENANTS};
 
@@ -158,7 +158,7 @@ impl KeyHandle {
     /// Starts the actor of `key`; `on_idle` is called with the key when the
     /// actor stops taking requests because it has been idle (the table
     /// forgets it).
-    pub fn spawn(key: String, shared: Arc<EscrowShared>, on_idle: OnIdle) -> Self {
+    pub fn spawn(key: String, shared: Arc<KeyShared>, on_idle: OnIdle) -> Self {
         let (sender, mailbox) = mpsc::channel(KEY_MAILBOX_CAPACITY);
         let view = Arc::new(std::sync::Mutex::new(KeyView::default()));
         let eoq = EoqParams {
@@ -245,7 +245,8 @@ struct KeyActor {
     on_idle: OnIdle,
     /// Whether a fair throttle fronts the key (the caller id is then worked out).
     has_throttle: bool,
-    shared: Arc<EscrowShared>,
+    /// All of the node the actor sees.
+    shared: Arc<KeyShared>,
     mailbox: mpsc::Receiver<KeyRequest>,
     /// What watchers read (see [`KeyView`]).
     view: Arc<std::sync::Mutex<KeyView>>,

@@ -8,7 +8,8 @@
 use leasehold_core::metrics::HistogramSnapshot;
 use leasehold_proto::v1 as pb;
 
-use super::shared::{DenialReason, EscrowShared};
+use super::key_shared::DenialReason;
+use super::shared::EscrowShared;
 use crate::metrics_http::{Exposition, MetricKind};
 
 /// What the metrics show beyond `Escrow.Status`.
@@ -30,14 +31,15 @@ impl Observations {
     /// The node's observations now.
     pub fn of(shared: &EscrowShared) -> Self {
         Self {
-            lease_round_trip: shared.lease_round_trip.snapshot(),
-            denials: shared.denials(),
+            lease_round_trip: shared.keys.lease_round_trip.snapshot(),
+            denials: shared.keys.denials(),
             lease_calls: shared
+                .keys
                 .leases
                 .stats()
                 .calls
                 .load(std::sync::atomic::Ordering::Relaxed),
-            lease_call_items: shared.leases.stats().items_per_call.snapshot(),
+            lease_call_items: shared.keys.leases.stats().items_per_call.snapshot(),
             rls: shared.rls.clone(),
         }
     }

@@ -13,7 +13,8 @@ use leasehold_proto::{REASON_FAIR_THROTTLED, REASON_METADATA};
 use tonic::{Request, Response, Status};
 
 use super::actor::{Acquired, HolderRequest, KeyRequest};
-use super::shared::{status_of, DenialReason, EscrowShared};
+use super::key_shared::DenialReason;
+use super::shared::{status_of, EscrowShared};
 use super::table::KeyTable;
 use crate::telemetry;
 use leasehold_core::escrow::machine::Serving;
@@ -73,7 +74,7 @@ impl EscrowApi {
 
     /// The node's wall clock, epoch ms.
     pub(crate) fn wall_ms(&self) -> u64 {
-        self.shared.wall_ms()
+        self.shared.keys.wall_ms()
     }
 
     /// One acquisition of `tokens` on `key` by `principal` (and the holder
@@ -145,12 +146,12 @@ fn record_escrow_denial(shared: &EscrowShared, acquired: &Acquired) {
     if let Acquired::Denied { fair_throttled, .. } = acquired {
         let reason = if *fair_throttled {
             DenialReason::FairThrottled
-        } else if !shared.is_reachable() {
+        } else if !shared.keys.is_reachable() {
             DenialReason::CoordinatorUnreachable
         } else {
             DenialReason::WindowExhausted
         };
-        shared.record_denial(reason);
+        shared.keys.record_denial(reason);
         telemetry::record_denial(reason.as_str());
     }
 }
@@ -174,7 +175,7 @@ impl pb::escrow_server::Escrow for EscrowApi {
         let caller = crate::auth::caller(&request);
         let request = request.into_inner();
         let from = holder_request(caller.clone(), request.request_id)?;
-        let reachable = self.shared.is_reachable();
+        let reachable = self.shared.keys.is_reachable();
         let mut fair_throttled = false;
         let acquired = traced(
             self.acquire_tokens(

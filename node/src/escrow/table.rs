@@ -52,7 +52,7 @@ impl KeyTable {
         if let Some((_, creator)) = actors.handles.remove(key) {
             actors.created.give_back(&creator);
             drop(actors);
-            self.shared.note_evicted();
+            self.shared.keys.note_evicted();
         }
     }
 
@@ -69,13 +69,13 @@ impl KeyTable {
         }
         let max = self.shared.config.max_keys_per_identity;
         if !actors.created.take(caller, max) {
-            self.shared.note_identity_keys_refused();
+            self.shared.keys.note_identity_keys_refused();
             return Err(refusal(Reason::KeysExhausted, format!(
                 "{caller} already created its maximum of {max} keys on this escrow node; idle keys are released after {} ms",
                 self.shared.config.idle_evict_ms
             )));
         }
-        let handle = KeyHandle::spawn(key.to_string(), self.shared.clone(), {
+        let handle = KeyHandle::spawn(key.to_string(), self.shared.keys.clone(), {
             let table = self.me.clone();
             Arc::new(move |key: &str| {
                 if let Some(table) = table.upgrade() {
@@ -123,7 +123,7 @@ impl KeyTable {
             actors.handles.drain().map(|(_, (h, _))| h).collect()
         };
         drop(handles);
-        self.shared.wait_for_actors(deadline).await
+        self.shared.keys.wait_for_actors(deadline).await
     }
 
     /// The views of the keys a watch of `target` shows (see

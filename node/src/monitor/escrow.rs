@@ -37,7 +37,7 @@ impl Sampler for EscrowSampler {
         let mut windows = Vec::new();
         let mut tenants = Vec::new();
         for (key, view) in views {
-            let policy = shared.policy_for(&key).map(|p| pb::Policy::from(&p));
+            let policy = shared.keys.policy_for(&key).map(|p| pb::Policy::from(&p));
             let (window, key_tenants) = window_of(&key, policy, view, &region);
             windows.push(window);
             tenants.extend(key_tenants);

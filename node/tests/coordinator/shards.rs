@@ -647,7 +647,7 @@ async fn until_shard_led(
 /// out again after a failure. Shard 1 stays with member 2.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_preferred_leader_that_comes_back_takes_its_shard_back() -> Result<()> {
-    use leasehold_node::coordinator::shard::hosting::RECLAIM_AFTER;
+    use leasehold_node::coordinator::shard::reclaim::RECLAIM_AFTER;
     let (mut cluster, client) = cluster_with_policy(3).await?;
     let admin = client.admin();
     admin.change_placement(add_shard(0, 1, &[1, 2, 3])).await?;

@@ -5,7 +5,7 @@ use leasehold_proto::refusal::{refusal, Reason};
 use leasehold_proto::v1 as pb;
 use tonic::Status;
 
-use super::CoordinatorApi;
+use super::group::CoordinatorApi;
 use crate::coordinator::leader::command_error_status;
 use crate::coordinator::metrics::Rejection;
 

@@ -7,8 +7,7 @@ use leasehold_proto::refusal::item_refusal;
 use leasehold_proto::v1 as pb;
 use tonic::Status;
 
-use super::{unexpected, Caller, CoordinatorApi};
-use crate::auth::authorize_region;
+use super::group::{unexpected, Caller, CoordinatorApi};
 use crate::coordinator::leader::command_error_status;
 
 /// What becomes of one item of a batch before anything is proposed.
@@ -35,12 +34,9 @@ impl CoordinatorApi {
         let mut slots = Vec::with_capacity(items.len());
         let mut commands = Vec::with_capacity(items.len());
         for item in items {
-            if let Err(refused) = authorize_region(&caller.principal, &item.region) {
-                let status = self.node.metrics.auth.refuse(
-                    caller.peer.as_ref(),
-                    "Coordinator/LeaseBatch",
-                    refused,
-                );
+            if let Err(status) =
+                self.require_region_in(caller, &item.region, "Coordinator/LeaseBatch")
+            {
                 slots.push(BatchSlot::Refused(status));
                 continue;
             }

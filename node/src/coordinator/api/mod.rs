@@ -22,123 +22,15 @@
 //!
 //! One file per RPC: [`lease`], [`reconcile`], [`pool`] (`PoolGrant` and
 //! `PoolRelease`, which share the pool desk), [`get_window`] and
-//! [`lease_batch`]; this file holds what they share.
+//! [`lease_batch`], each adding its methods to the one group's API of
+//! [`group`] ([`CoordinatorApi`], with what they share: who the caller is,
+//! the region check, proposing a write).
 
 mod get_window;
+mod group;
 mod lease;
 mod lease_batch;
 mod pool;
 mod reconcile;
 
-use std::sync::Arc;
-
-use leasehold_core::coordinator::{Command, Outcome};
-use leasehold_core::pool::desk::{GrantNotes, PoolDesk};
-use leasehold_core::principal::Principal;
-use leasehold_proto::convert::coordinator as convert;
-use leasehold_proto::convert::InvalidField;
-use leasehold_proto::refusal::{refusal, Reason};
-use leasehold_proto::v1 as pb;
-use tonic::{Request, Status};
-
-use super::context::NodeContext;
-use super::leader::command_error_status;
-use super::metrics::Rejection;
-use crate::auth::{authorize_region, PeerInfo};
-
-/// Who sent a call, as its connection proved it.
-pub struct Caller {
-    /// The principal its certificate proves (anonymous in plaintext).
-    pub principal: Principal,
-    /// Its peer, for the refusals counted against it.
-    pub peer: Option<PeerInfo>,
-}
-
-impl Caller {
-    /// The sender of `request`.
-    pub fn of<T>(request: &Request<T>) -> Self {
-        Self {
-            principal: crate::auth::caller(request),
-            peer: request.extensions().get::<PeerInfo>().cloned(),
-        }
-    }
-}
-
-/// Answers `leasehold.v1.Coordinator` calls for one group of a member.
-#[derive(Clone)]
-pub struct CoordinatorApi {
-    node: Arc<NodeContext>,
-    /// The leader's pool memory — demand reports, the regions of recent
-    /// windows, capped asks — held while leading (see
-    /// `leasehold_core::pool::desk`).
-    pool_desk: Arc<std::sync::Mutex<PoolDesk>>,
-}
-
-impl CoordinatorApi {
-    /// The API over a group's shared context.
-    pub fn new(node: Arc<NodeContext>) -> Self {
-        Self {
-            node,
-            pool_desk: Arc::default(),
-        }
-    }
-
-    /// The Raft handle of this API's group.
-    pub fn raft(&self) -> leasehold_raft_store::Raft {
-        self.node.raft.clone()
-    }
-
-    /// The group this API answers for.
-    pub fn context(&self) -> &Arc<NodeContext> {
-        &self.node
-    }
-
-    /// The `INVALID_ARGUMENT` refusal of `error`, counted.
-    fn invalid(&self, error: InvalidField) -> Status {
-        self.node
-            .metrics
-            .record_rejection(Rejection::InvalidArgument);
-        Status::from(error)
-    }
-
-    /// Refuses unless `caller` may act for `region`.
-    fn require_region(&self, caller: &Caller, region: &str) -> Result<(), Status> {
-        authorize_region(&caller.principal, region).map_err(|refusal| {
-            self.node
-                .metrics
-                .auth
-                .refuse(caller.peer.as_ref(), "Coordinator", refusal)
-        })
-    }
-
-    async fn write(&self, command: Command) -> Result<Outcome, Status> {
-        self.node.require_leader()?;
-        let outcome = self.node.propose(command).await?;
-        match outcome {
-            Outcome::Rejected(error) => Err(command_error_status(&error)),
-            outcome => Ok(outcome),
-        }
-    }
-}
-
-/// `notes` in a pool grant's answer: the hints and the demand totals.
-fn add_notes(response: &mut pb::PoolGrantResponse, notes: GrantNotes) {
-    if let Some(standing) = notes.standing {
-        response.guarantee_total = standing.guarantee;
-        response.ceiling_total = standing.ceiling;
-    }
-    if let Some(expected) = notes.expected {
-        response.expected_guarantee_total = expected.guarantee;
-        response.expected_ceiling_total = expected.ceiling;
-    }
-    response.reserved_unheld_total = notes.reserved_unheld;
-    response.retired_kept_total = notes.retired_kept;
-    response.late_released_before_total = notes.late_released_before;
-    response.tenant_demands = convert::tenant_demands_to_wire(&notes.tenant_demands);
-    response.settled_tenant_demands =
-        convert::tenant_demands_to_wire(&notes.settled_tenant_demands);
-}
-
-fn unexpected(outcome: &Outcome) -> Status {
-    refusal(Reason::Internal, format!("unexpected outcome {outcome:?}"))
-}
+pub use group::{Caller, CoordinatorApi};

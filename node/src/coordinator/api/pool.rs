@@ -12,7 +12,7 @@ use leasehold_proto::refusal::{refusal, Reason};
 use leasehold_proto::v1 as pb;
 use tonic::Status;
 
-use super::{add_notes, unexpected, Caller, CoordinatorApi};
+use super::group::{add_notes, unexpected, Caller, CoordinatorApi};
 use crate::coordinator::leader::command_error_status;
 
 impl CoordinatorApi {

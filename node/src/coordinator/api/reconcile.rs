@@ -5,7 +5,7 @@ use leasehold_proto::convert::coordinator as convert;
 use leasehold_proto::v1 as pb;
 use tonic::Status;
 
-use super::{unexpected, Caller, CoordinatorApi};
+use super::group::{unexpected, Caller, CoordinatorApi};
 
 impl CoordinatorApi {
     /// `Reconcile` in this group.

@@ -463,9 +463,26 @@ fn traced<T>(
     result.map(Response::new)
 }
 
-/// Each key-addressed call: routed (a refusal here is returned as it is),
-/// then answered by the key's group with the decoded message and its
-/// caller.
+impl ShardRouting {
+    /// The prologue of every key-addressed call, in one place: the call
+    /// routed by its key (`key_of` its message; a refusal here is returned
+    /// as it is) and its caller worked out once, with the decoded message
+    /// for the key's group to answer.
+    fn prologue<T>(
+        &self,
+        request: Request<T>,
+        key_of: impl FnOnce(&T) -> &str,
+    ) -> Result<(Route, Caller, T), Status> {
+        let route = self.route(key_of(request.get_ref()))?;
+        let caller = Caller::of(&request);
+        Ok((route, caller, request.into_inner()))
+    }
+}
+
+/// Each key-addressed call: its [`ShardRouting::prologue`], then its
+/// message answered by the key's group with its caller, the answer
+/// annotated with the shard ([`Route::answer`]) and recorded on the call's
+/// span. A batch is cut by shard ([`ShardRouting::lease_batch_results`]).
 #[tonic::async_trait]
 impl Coordinator for ShardRouting {
     #[tracing::instrument(name = "coordinator.lease", level = "debug", skip_all, fields(
@@ -474,9 +491,8 @@ impl Coordinator for ShardRouting {
         &self,
         request: Request<pb::LeaseRequest>,
     ) -> Result<Response<pb::LeaseResponse>, Status> {
-        let route = self.route(&request.get_ref().key)?;
-        let caller = Caller::of(&request);
-        let answer = route.api.lease(&caller, request.into_inner()).await;
+        let (route, caller, message) = self.prologue(request, |m| &m.key)?;
+        let answer = route.api.lease(&caller, message).await;
         traced(route.answer(answer), |r| r.granted == 0)
     }
 
@@ -499,9 +515,8 @@ impl Coordinator for ShardRouting {
         &self,
         request: Request<pb::ReconcileRequest>,
     ) -> Result<Response<pb::ReconcileResponse>, Status> {
-        let route = self.route(&request.get_ref().key)?;
-        let caller = Caller::of(&request);
-        let answer = route.api.reconcile(&caller, request.into_inner()).await;
+        let (route, caller, message) = self.prologue(request, |m| &m.key)?;
+        let answer = route.api.reconcile(&caller, message).await;
         traced(route.answer(answer), |_| false)
     }
 
@@ -511,9 +526,8 @@ impl Coordinator for ShardRouting {
         &self,
         request: Request<pb::PoolGrantRequest>,
     ) -> Result<Response<pb::PoolGrantResponse>, Status> {
-        let route = self.route(&request.get_ref().key)?;
-        let caller = Caller::of(&request);
-        let answer = route.api.pool_grant(&caller, request.into_inner()).await;
+        let (route, caller, message) = self.prologue(request, |m| &m.key)?;
+        let answer = route.api.pool_grant(&caller, message).await;
         traced(route.answer(answer), |r| r.granted_total == 0)
     }
 
@@ -523,9 +537,8 @@ impl Coordinator for ShardRouting {
         &self,
         request: Request<pb::PoolReleaseRequest>,
     ) -> Result<Response<pb::PoolReleaseResponse>, Status> {
-        let route = self.route(&request.get_ref().key)?;
-        let caller = Caller::of(&request);
-        let answer = route.api.pool_release(&caller, request.into_inner()).await;
+        let (route, caller, message) = self.prologue(request, |m| &m.key)?;
+        let answer = route.api.pool_release(&caller, message).await;
         traced(route.answer(answer), |_| false)
     }
 
@@ -535,8 +548,8 @@ impl Coordinator for ShardRouting {
         &self,
         request: Request<pb::GetWindowRequest>,
     ) -> Result<Response<pb::GetWindowResponse>, Status> {
-        let route = self.route(&request.get_ref().key)?;
-        let answer = route.api.get_window(request.get_ref()).await;
+        let (route, _caller, message) = self.prologue(request, |m| &m.key)?;
+        let answer = route.api.get_window(&message).await;
         traced(route.answer(answer), |_| false)
     }
 
