@@ -6,10 +6,11 @@ use std::sync::{Arc, Mutex};
 
 use leasehold_core::admission::axis::{Axis, AxisDecisions};
 use leasehold_core::admission::bid_price::{BidPriceFilter, BidVerdict};
-use leasehold_core::admission::concurrency::{ConcurrencyLimit, ConcurrencyParams};
+use leasehold_core::admission::concurrency::ConcurrencyParams;
 use leasehold_core::decision::Decision;
 use tracing::Instrument;
 
+use super::concurrency::ConcurrencyAxis;
 use super::error::AdmissionError;
 use super::in_process::{InProcessLimit, KeyedLimit};
 use super::release::Release;
@@ -150,10 +151,11 @@ impl AdmissionGateBuilder {
             return Err(AdmissionError::PolicyNeedsCostAxis);
         }
         let concurrency = match self.concurrency {
-            Some(params) => Some(ConcurrencyAxis {
-                limit: Mutex::new(ConcurrencyLimit::new(params)?),
-                retry_after_ms: self.concurrency_retry_after_ms,
-            }),
+            Some(params) => Some(Arc::new(ConcurrencyAxis::new(
+                params,
+                self.concurrency_retry_after_ms,
+                Arc::clone(&self.clock),
+            )?)),
             None => None,
         };
         let rate = match self.rate {
@@ -212,11 +214,6 @@ pub struct AdmissionGate {
     inner: Arc<GateInner>,
 }
 
-pub(crate) struct ConcurrencyAxis {
-    pub(crate) limit: Mutex<ConcurrencyLimit>,
-    retry_after_ms: u64,
-}
-
 enum CostBackend {
     InProcess(KeyedLimit),
     Global(Limiter),
@@ -269,9 +266,9 @@ impl PerTenant {
     }
 }
 
-pub(crate) struct GateInner {
-    pub(crate) clock: Arc<dyn WallClock>,
-    pub(crate) concurrency: Option<ConcurrencyAxis>,
+struct GateInner {
+    clock: Arc<dyn WallClock>,
+    concurrency: Option<Arc<ConcurrencyAxis>>,
     rate: Option<KeyedLimit>,
     cost: Option<CostBackend>,
     last: Mutex<AxisDecisions>,
@@ -465,10 +462,10 @@ impl AdmissionGate {
     /// The concurrency ceiling now and the requests in flight, when the
     /// gate has a concurrency axis.
     pub fn concurrency(&self) -> Option<(u64, u64)> {
-        self.inner.concurrency.as_ref().map(|c| {
-            let limit = lock(&c.limit);
-            (limit.limit(), limit.in_flight())
-        })
+        self.inner
+            .concurrency
+            .as_ref()
+            .map(|axis| axis.limit_and_in_flight())
     }
 
     fn validate(&self, request: &AdmitRequest<'_>) -> Result<(), AdmissionError> {
@@ -508,7 +505,7 @@ impl AdmissionGate {
             now_ms,
         };
         if let Some(concurrency) = &inner.concurrency {
-            let d = lock(&concurrency.limit).try_acquire(now_ms, concurrency.retry_after_ms);
+            let d = concurrency.try_acquire(now_ms);
             taken.decisions.set(Axis::Concurrency, d);
             if !d.allowed {
                 self.ask_later_axes(request, &mut taken, Axis::Concurrency);
@@ -577,10 +574,9 @@ impl AdmissionGate {
     fn allow(&self, taken: Taken) -> AdmitOutcome {
         *lock(&self.inner.last) = taken.decisions;
         self.inner.counters.admitted.fetch_add(1, Ordering::Relaxed);
-        let release = if taken.slot {
-            Release::holding(self.inner.clone(), taken.now_ms)
-        } else {
-            Release::nothing_held()
+        let release = match &self.inner.concurrency {
+            Some(axis) if taken.slot => Release::holding(Arc::clone(axis), taken.now_ms),
+            _ => Release::nothing_held(),
         };
         AdmitOutcome {
             decision: taken.decisions.combined(),
@@ -652,7 +648,7 @@ impl AdmissionGate {
         }
         if taken.slot {
             if let Some(concurrency) = &self.inner.concurrency {
-                lock(&concurrency.limit).cancel(taken.now_ms);
+                concurrency.cancel(taken.now_ms);
             }
         }
     }

@@ -31,8 +31,11 @@
 //! - [`layer`] — [`AdmissionLayer`]: the gate as a tower layer for HTTP
 //!   services (axum, hyper, tonic), `429` with `Retry-After`.
 //! - [`release`] — the concurrency slot's [`Release`] handle.
+//! - `concurrency` — the concurrency axis the gate takes slots from and
+//!   each [`Release`] gives its slot back to.
 //! - [`error`] — [`AdmissionError`].
 
+mod concurrency;
 pub mod error;
 pub mod gate;
 pub mod in_process;

@@ -5,10 +5,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use leasehold_core::admission::concurrency::Completion;
-
-use super::gate::GateInner;
-use crate::limiter::lock;
+use super::concurrency::ConcurrencyAxis;
 
 /// What a call to [`Release::release`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,7 +35,7 @@ pub struct Release {
 
 #[derive(Debug)]
 struct HeldSlot {
-    gate: Arc<GateInner>,
+    axis: Arc<ConcurrencyAxis>,
     started_ms: u64,
     released: AtomicBool,
 }
@@ -48,10 +45,10 @@ impl Release {
         Release { slot: None }
     }
 
-    pub(crate) fn holding(gate: Arc<GateInner>, started_ms: u64) -> Self {
+    pub(crate) fn holding(axis: Arc<ConcurrencyAxis>, started_ms: u64) -> Self {
         Release {
             slot: Some(HeldSlot {
-                gate,
+                axis,
                 started_ms,
                 released: AtomicBool::new(false),
             }),
@@ -75,15 +72,7 @@ impl Release {
         if slot.released.swap(true, Ordering::AcqRel) {
             return ReleaseOutcome::AlreadyReleased;
         }
-        let Some(concurrency) = &slot.gate.concurrency else {
-            return ReleaseOutcome::NothingHeld;
-        };
-        let latency_ms = slot.gate.clock.now_ms().saturating_sub(slot.started_ms);
-        lock(&concurrency.limit).release(Completion {
-            started_ms: slot.started_ms,
-            latency_ms,
-            dropped,
-        });
+        slot.axis.complete(slot.started_ms, dropped);
         ReleaseOutcome::Released
     }
 }
@@ -92,9 +81,7 @@ impl Drop for Release {
     fn drop(&mut self) {
         if let Some(slot) = &self.slot {
             if !slot.released.swap(true, Ordering::AcqRel) {
-                if let Some(concurrency) = &slot.gate.concurrency {
-                    lock(&concurrency.limit).cancel(slot.started_ms);
-                }
+                slot.axis.cancel(slot.started_ms);
             }
         }
     }

@@ -1,14 +1,19 @@
 //! [`AdminClient`]: cluster membership, status and policies over the
 //! `leasehold.v1.Admin` service, with the same routing and retries as
-//! [`CoordinatorClient`].
+//! [`CoordinatorClient`] (each call a thin wrapper of its generic call).
 
+use leasehold_proto::v1::admin_client::AdminClient as AdminRpc;
 use leasehold_proto::v1::{
     AddLearnerRequest, AddLearnerResponse, ChangeMembershipRequest, ChangeMembershipResponse,
-    DeletePolicyRequest, InitRequest, ListPoliciesRequest, Member, Policy, SaveSnapshotRequest,
-    SetPolicyRequest, SnapshotInfo, StatusRequest, StatusResponse, StepDownRequest,
+    ChangePlacementRequest, DeletePolicyRequest, GetPlacementRequest, InitRequest,
+    ListPoliciesRequest, Member, Placement, Policy, SaveSnapshotRequest, SetPolicyRequest,
+    SnapshotInfo, StatusRequest, StatusResponse, StepDownRequest,
 };
 
-use super::{with_timeout, CoordinatorClient, CoordinatorError, Target};
+use super::client::CoordinatorClient;
+use super::error::CoordinatorError;
+use super::routing::Target;
+use crate::transport::outgoing;
 
 /// Administers a coordinator cluster. Writes and policy reads go to the
 /// leader; [`status`](Self::status) and [`init`](Self::init) go to the first
@@ -16,6 +21,13 @@ use super::{with_timeout, CoordinatorClient, CoordinatorError, Target};
 #[derive(Debug, Clone)]
 pub struct AdminClient {
     client: CoordinatorClient,
+}
+
+impl CoordinatorClient {
+    /// An admin client sharing this client's routing and connections.
+    pub fn admin(&self) -> AdminClient {
+        AdminClient::from_client(self.clone())
+    }
 }
 
 impl AdminClient {
@@ -42,13 +54,7 @@ impl AdminClient {
                 })
                 .collect(),
         };
-        self.client
-            .call(Target::Any, move |channel, timeout| {
-                let request = with_timeout(request.clone(), timeout);
-                async move { CoordinatorClient::admin_rpc(channel).init(request).await }
-            })
-            .await
-            .map(|_| ())
+        self.client.send(Target::Any, request).await.map(|_| ())
     }
 
     /// Adds a non-voting member that starts receiving the log; returns the
@@ -65,16 +71,7 @@ impl AdminClient {
                 addr: addr.to_string(),
             }),
         };
-        self.client
-            .call(Target::Leader, move |channel, timeout| {
-                let request = with_timeout(request.clone(), timeout);
-                async move {
-                    CoordinatorClient::admin_rpc(channel)
-                        .add_learner(request)
-                        .await
-                }
-            })
-            .await
+        self.client.send(Target::Leader, request).await
     }
 
     /// Makes exactly `voter_ids` the voters; with `retain`, removed voters
@@ -90,16 +87,7 @@ impl AdminClient {
             voter_ids: voter_ids.to_vec(),
             retain,
         };
-        self.client
-            .call(Target::Leader, move |channel, timeout| {
-                let request = with_timeout(request.clone(), timeout);
-                async move {
-                    CoordinatorClient::admin_rpc(channel)
-                        .change_membership(request)
-                        .await
-                }
-            })
-            .await
+        self.client.send(Target::Leader, request).await
     }
 
     /// A backup of the coordinator state (`Admin/SaveSnapshot`): from the
@@ -120,14 +108,14 @@ impl AdminClient {
         };
         self.client
             .call(target, move |channel, timeout| {
-                let request = with_timeout(
+                let request = outgoing(
                     SaveSnapshotRequest {
                         any_member: from_any_member,
                     },
                     timeout,
                 );
                 async move {
-                    let mut chunks = CoordinatorClient::admin_rpc(channel)
+                    let mut chunks = AdminRpc::new(channel)
                         .save_snapshot(request)
                         .await?
                         .into_inner();
@@ -156,14 +144,7 @@ impl AdminClient {
             leader_id: leader_id.unwrap_or(0),
         };
         self.client
-            .call(Target::Leader, move |channel, timeout| {
-                let request = with_timeout(request, timeout);
-                async move {
-                    CoordinatorClient::admin_rpc(channel)
-                        .step_down(request)
-                        .await
-                }
-            })
+            .send(Target::Leader, request)
             .await
             .map(|response| response.new_leader)
     }
@@ -171,12 +152,7 @@ impl AdminClient {
     /// The status of the first configured endpoint that answers (node-local,
     /// not necessarily the leader's).
     pub async fn status(&self) -> Result<StatusResponse, CoordinatorError> {
-        self.client
-            .call(Target::Any, move |channel, timeout| {
-                let request = with_timeout(StatusRequest {}, timeout);
-                async move { CoordinatorClient::admin_rpc(channel).status(request).await }
-            })
-            .await
+        self.client.send(Target::Any, StatusRequest {}).await
     }
 
     /// Inserts or replaces the policy with `policy.prefix`: a core policy
@@ -187,17 +163,7 @@ impl AdminClient {
         let request = SetPolicyRequest {
             policy: Some(policy.into()),
         };
-        self.client
-            .call(Target::Leader, move |channel, timeout| {
-                let request = with_timeout(request.clone(), timeout);
-                async move {
-                    CoordinatorClient::admin_rpc(channel)
-                        .set_policy(request)
-                        .await
-                }
-            })
-            .await
-            .map(|_| ())
+        self.client.send(Target::Leader, request).await.map(|_| ())
     }
 
     /// Removes the policy with exactly `prefix`; returns whether it existed.
@@ -206,62 +172,30 @@ impl AdminClient {
             prefix: prefix.to_string(),
         };
         self.client
-            .call(Target::Leader, move |channel, timeout| {
-                let request = with_timeout(request.clone(), timeout);
-                async move {
-                    CoordinatorClient::admin_rpc(channel)
-                        .delete_policy(request)
-                        .await
-                }
-            })
+            .send(Target::Leader, request)
             .await
             .map(|response| response.existed)
     }
 
     /// The placement of keys on shards as the first member that answers
     /// knows it (`GetPlacement`).
-    pub async fn placement(&self) -> Result<leasehold_proto::v1::Placement, CoordinatorError> {
-        self.client
-            .call(Target::Any, move |channel, timeout| {
-                let request = with_timeout(leasehold_proto::v1::GetPlacementRequest {}, timeout);
-                async move {
-                    leasehold_proto::v1::coordinator_client::CoordinatorClient::new(channel)
-                        .get_placement(request)
-                        .await
-                }
-            })
-            .await
+    pub async fn placement(&self) -> Result<Placement, CoordinatorError> {
+        self.client.send(Target::Any, GetPlacementRequest {}).await
     }
 
     /// Changes the placement (at shard 0's leader), if it is at the
     /// request's `expected_version`; answers the placement after.
     pub async fn change_placement(
         &self,
-        request: leasehold_proto::v1::ChangePlacementRequest,
-    ) -> Result<leasehold_proto::v1::Placement, CoordinatorError> {
-        self.client
-            .call(Target::Leader, move |channel, timeout| {
-                let request = with_timeout(request.clone(), timeout);
-                async move {
-                    CoordinatorClient::admin_rpc(channel)
-                        .change_placement(request)
-                        .await
-                }
-            })
-            .await
+        request: ChangePlacementRequest,
+    ) -> Result<Placement, CoordinatorError> {
+        self.client.send(Target::Leader, request).await
     }
 
     /// Every policy, sorted by prefix (a linearizable read at the leader).
     pub async fn list_policies(&self) -> Result<Vec<Policy>, CoordinatorError> {
         self.client
-            .call(Target::Leader, move |channel, timeout| {
-                let request = with_timeout(ListPoliciesRequest {}, timeout);
-                async move {
-                    CoordinatorClient::admin_rpc(channel)
-                        .list_policies(request)
-                        .await
-                }
-            })
+            .send(Target::Leader, ListPoliciesRequest {})
             .await
             .map(|response| response.policies)
     }

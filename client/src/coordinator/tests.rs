@@ -11,7 +11,7 @@ use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status};
 
 use super::*;
-use crate::transport::TcpDialer;
+use crate::transport::{Dialer, TcpDialer};
 
 /// What a fake node answers to its next lease.
 #[derive(Clone)]

@@ -132,7 +132,12 @@ pub async fn pool_grant(args: PoolGrantArgs) -> Result<(), CliError> {
     });
     client.set_node_name(&node)?;
     let response = client
-        .pool_grant(&args.key, &args.region, args.weight, args.want)
+        .pool_grant(leasehold_client::coordinator::PoolGrantCall::new(
+            &args.key,
+            &args.region,
+            args.weight,
+            args.want,
+        ))
         .await?;
     let json = json!({
         "granted_total": response.granted_total,

@@ -510,14 +510,16 @@ impl KeyActor {
         let answer = self
             .shared
             .client
-            .pool_grant_asking_more(
-                &self.key,
-                self.shared.config.region.as_str(),
-                region_weight,
-                (want_total, want_more),
-                demand_window_ms,
-                demands,
-                join_next,
+            .pool_grant(
+                leasehold_client::coordinator::PoolGrantCall::new(
+                    &self.key,
+                    self.shared.config.region.as_str(),
+                    region_weight,
+                    want_total,
+                )
+                .reporting(demand_window_ms, demands)
+                .joining_next(join_next)
+                .asking_more(want_more),
             )
             .await;
         let outage = self.outage_policy();
@@ -586,14 +588,16 @@ impl KeyActor {
         let answer = self
             .shared
             .client
-            .pool_release_joining_next(
-                &self.key,
-                self.shared.config.region.as_str(),
-                pending.from_total,
-                pending.keep_total,
-                pending.window.start_ms,
+            .pool_release_with_id(
+                leasehold_client::coordinator::PoolReleaseCall::new(
+                    &self.key,
+                    self.shared.config.region.as_str(),
+                    pending.from_total,
+                    pending.keep_total,
+                    pending.window.start_ms,
+                )
+                .joining_next(join_next),
                 request_id,
-                join_next,
             )
             .await;
         match answer {

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{ensure, Result};
+use leasehold_client::coordinator::{PoolGrantCall, PoolReleaseCall};
 use leasehold_client::transport::{SystemClock, TcpDialer};
 use leasehold_client::{
     EscrowSource, EscrowSourceOptions, LeaseOptions, LeaseSizing, Limiter, LimiterConfig, Mode,
@@ -1288,10 +1289,12 @@ async fn demand_reports_count_only_for_the_window_before_the_grant() -> Result<(
             demand: 5,
         }]
     };
-    let grant = client.pool_grant("report/k", "us", 1_000, 1).await?;
+    let grant = client
+        .pool_grant(PoolGrantCall::new("report/k", "us", 1_000, 1))
+        .await?;
     for wrong in [u64::MAX, grant.window_start_ms, 0] {
         let answer = client
-            .pool_grant_reporting("report/k", "us", 1_000, 1, wrong, report())
+            .pool_grant(PoolGrantCall::new("report/k", "us", 1_000, 1).reporting(wrong, report()))
             .await?;
         ensure!(
             answer.tenant_demands.is_empty(),
@@ -1301,7 +1304,7 @@ async fn demand_reports_count_only_for_the_window_before_the_grant() -> Result<(
     }
     let previous = grant.window_start_ms - LONG_WINDOW_MS;
     let answer = client
-        .pool_grant_reporting("report/k", "us", 1_000, 1, previous, report())
+        .pool_grant(PoolGrantCall::new("report/k", "us", 1_000, 1).reporting(previous, report()))
         .await?;
     let totals: Vec<(String, u64)> = answer
         .tenant_demands
@@ -1335,15 +1338,21 @@ async fn early_in_a_window_the_leader_keeps_room_for_the_regions_of_the_window_b
     // A window where eu (weight 1) and us (weight 3) both ask: the leader
     // records them. Nothing recorded before it: no expected standing.
     into_window(50).await;
-    let first = client.pool_grant("expect/k", "eu", 1_000, 1).await?;
+    let first = client
+        .pool_grant(PoolGrantCall::new("expect/k", "eu", 1_000, 1))
+        .await?;
     ensure!(
         first.expected_ceiling_total == 0 && first.expected_guarantee_total == 0,
         "nothing to expect in the key's first window: {first:?}"
     );
-    client.pool_grant("expect/k", "us", 3_000, 1).await?;
+    client
+        .pool_grant(PoolGrantCall::new("expect/k", "us", 3_000, 1))
+        .await?;
     // The next window, within its first quarter: us asks for all of L.
     into_window(50).await;
-    let us = client.pool_grant("expect/k", "us", 3_000, 100).await?;
+    let us = client
+        .pool_grant(PoolGrantCall::new("expect/k", "us", 3_000, 100))
+        .await?;
     ensure!(
         us.window_start_ms == first.window_start_ms + WINDOW_MS,
         "{us:?}"
@@ -1360,7 +1369,9 @@ async fn early_in_a_window_the_leader_keeps_room_for_the_regions_of_the_window_b
         (us.guarantee_total, us.ceiling_total) == (100, 100),
         "alone in the window so far: {us:?}"
     );
-    let eu = client.pool_grant("expect/k", "eu", 1_000, 100).await?;
+    let eu = client
+        .pool_grant(PoolGrantCall::new("expect/k", "eu", 1_000, 100))
+        .await?;
     ensure!(eu.granted_total == 25, "{eu:?}");
     ensure!(
         (eu.expected_guarantee_total, eu.expected_ceiling_total) == (25, 25),
@@ -1369,7 +1380,9 @@ async fn early_in_a_window_the_leader_keeps_room_for_the_regions_of_the_window_b
     // Once the first quarter is over, nobody is expected any more: a
     // region that did not come leaves its share to the others.
     into_window(600).await;
-    let us = client.pool_grant("expect/k", "us", 3_000, 100).await?;
+    let us = client
+        .pool_grant(PoolGrantCall::new("expect/k", "us", 3_000, 100))
+        .await?;
     ensure!(us.granted_total == 100, "{us:?}");
     Ok(())
 }
@@ -1395,16 +1408,24 @@ async fn late_in_a_window_the_reserves_no_region_holds_lapse() -> Result<()> {
     until(start + 50).await;
     // eu and ap (weight 1 each) hold 10 of their 33; us (weight 1) gets
     // its ceiling, 100 − 33 − 33.
-    let eu = client.pool_grant("lapse/k", "eu", 1_000, 10).await?;
-    client.pool_grant("lapse/k", "ap", 1_000, 10).await?;
-    let us = client.pool_grant("lapse/k", "us", 1_000, 100).await?;
+    let eu = client
+        .pool_grant(PoolGrantCall::new("lapse/k", "eu", 1_000, 10))
+        .await?;
+    client
+        .pool_grant(PoolGrantCall::new("lapse/k", "ap", 1_000, 10))
+        .await?;
+    let us = client
+        .pool_grant(PoolGrantCall::new("lapse/k", "us", 1_000, 100))
+        .await?;
     ensure!(
         us.window_start_ms == start && us.granted_total == 34,
         "{us:?}"
     );
     // Half way: still its ceiling.
     until(start + WINDOW_MS / 2).await;
-    let us = client.pool_grant("lapse/k", "us", 1_000, 100).await?;
+    let us = client
+        .pool_grant(PoolGrantCall::new("lapse/k", "us", 1_000, 100))
+        .await?;
     ensure!(
         us.granted_total == 34,
         "no lapse before the last eighth: {us:?}"
@@ -1413,11 +1434,7 @@ async fn late_in_a_window_the_reserves_no_region_holds_lapse() -> Result<()> {
     until(start + WINDOW_MS * 3 / 4 + 100).await;
     let released = client
         .pool_release_with_id(
-            "lapse/k",
-            "eu",
-            eu.granted_total,
-            5,
-            start,
+            PoolReleaseCall::new("lapse/k", "eu", eu.granted_total, 5, start),
             client.next_request_id(),
         )
         .await?;
@@ -1425,7 +1442,9 @@ async fn late_in_a_window_the_reserves_no_region_holds_lapse() -> Result<()> {
     // In the last eighth us takes all that no region holds: ap retires
     // keeping its 10.
     until(start + WINDOW_MS * 7 / 8 + 100).await;
-    let us = client.pool_grant("lapse/k", "us", 1_000, 100).await?;
+    let us = client
+        .pool_grant(PoolGrantCall::new("lapse/k", "us", 1_000, 100))
+        .await?;
     ensure!(us.granted_total == 85, "the reserves lapsed: {us:?}");
     let window = client.get_window("lapse/k").await?;
     let region = |name: &str| {
@@ -1447,7 +1466,9 @@ async fn late_in_a_window_the_reserves_no_region_holds_lapse() -> Result<()> {
     );
     // The next window's grants report the late hand-back.
     until(start + WINDOW_MS + 50).await;
-    let next = client.pool_grant("lapse/k", "us", 1_000, 10).await?;
+    let next = client
+        .pool_grant(PoolGrantCall::new("lapse/k", "us", 1_000, 10))
+        .await?;
     ensure!(
         next.window_start_ms == start + WINDOW_MS && next.late_released_before_total == 5,
         "{next:?}"
@@ -1487,19 +1508,16 @@ async fn a_late_pool_call_joins_the_next_window_ahead() -> Result<()> {
         want_more: 0,
     };
     until(start + 50).await;
-    let eu = client.pool_grant("ahead/k", "eu", 1_000, 40).await?;
+    let eu = client
+        .pool_grant(PoolGrantCall::new("ahead/k", "eu", 1_000, 40))
+        .await?;
     ensure!(eu.granted_total == 40, "{eu:?}");
     // Half way: too early to join the next window; the grant is answered.
     until(start + WINDOW_MS / 2).await;
     let early = client
-        .pool_grant_joining_next(
-            "ahead/k",
-            "us",
-            1_000,
-            10,
-            0,
-            Vec::new(),
-            Some(join(50, client.next_request_id())),
+        .pool_grant(
+            PoolGrantCall::new("ahead/k", "us", 1_000, 10)
+                .joining_next(Some(join(50, client.next_request_id()))),
         )
         .await?;
     ensure!(
@@ -1513,14 +1531,10 @@ async fn a_late_pool_call_joins_the_next_window_ahead() -> Result<()> {
     until(start + WINDOW_MS * 3 / 4 + 100).await;
     let (release_id, join_id) = (client.next_request_id(), client.next_request_id());
     let released = client
-        .pool_release_joining_next(
-            "ahead/k",
-            "eu",
-            40,
-            30,
-            start,
+        .pool_release_with_id(
+            PoolReleaseCall::new("ahead/k", "eu", 40, 30, start)
+                .joining_next(Some(join(60, join_id.clone()))),
             release_id.clone(),
-            Some(join(60, join_id.clone())),
         )
         .await?;
     let eu_next = released.next_window.clone().unwrap_or_default();
@@ -1536,14 +1550,9 @@ async fn a_late_pool_call_joins_the_next_window_ahead() -> Result<()> {
     // us, of equal weight, joins with a grant that asks nothing more here,
     // and finds the other 50.
     let us = client
-        .pool_grant_joining_next(
-            "ahead/k",
-            "us",
-            1_000,
-            10,
-            0,
-            Vec::new(),
-            Some(join(80, client.next_request_id())),
+        .pool_grant(
+            PoolGrantCall::new("ahead/k", "us", 1_000, 10)
+                .joining_next(Some(join(80, client.next_request_id()))),
         )
         .await?;
     let us_next = us.next_window.clone().unwrap_or_default();
@@ -1566,14 +1575,10 @@ async fn a_late_pool_call_joins_the_next_window_ahead() -> Result<()> {
         )
     };
     let resent = client
-        .pool_release_joining_next(
-            "ahead/k",
-            "eu",
-            40,
-            30,
-            start,
+        .pool_release_with_id(
+            PoolReleaseCall::new("ahead/k", "eu", 40, 30, start)
+                .joining_next(Some(join(60, join_id))),
             release_id,
-            Some(join(60, join_id)),
         )
         .await?;
     ensure!(
@@ -1635,10 +1640,10 @@ async fn a_join_ahead_reports_its_window_and_hears_the_settled_totals() -> Resul
     until(second + 50).await;
     let pool = "report/k";
     client
-        .pool_grant_joining_next(pool, "eu", 1_000, 10, first, demand(30), None)
+        .pool_grant(PoolGrantCall::new(pool, "eu", 1_000, 10).reporting(first, demand(30)))
         .await?;
     client
-        .pool_grant_joining_next(pool, "ap", 1_000, 10, first, demand(10), None)
+        .pool_grant(PoolGrantCall::new(pool, "ap", 1_000, 10).reporting(first, demand(10)))
         .await?;
     // In its last quarter ap joins the third window ahead, reporting the
     // second (20 so far, projected): it hears the first's settled 40.
@@ -1654,21 +1659,21 @@ async fn a_join_ahead_reports_its_window_and_hears_the_settled_totals() -> Resul
     };
     let twice = [demand(1), demand(2)].concat();
     let refused = client
-        .pool_grant_joining_next(pool, "ap", 1_000, 10, first, demand(10), Some(join(twice)))
+        .pool_grant(
+            PoolGrantCall::new(pool, "ap", 1_000, 10)
+                .reporting(first, demand(10))
+                .joining_next(Some(join(twice))),
+        )
         .await;
     match refused {
         Err(e) => ensure!(e.to_string().contains("join_next"), "{e}"),
         Ok(answer) => anyhow::bail!("a report naming beta twice was taken: {answer:?}"),
     }
     let ap = client
-        .pool_grant_joining_next(
-            pool,
-            "ap",
-            1_000,
-            10,
-            first,
-            demand(10),
-            Some(join(demand(20))),
+        .pool_grant(
+            PoolGrantCall::new(pool, "ap", 1_000, 10)
+                .reporting(first, demand(10))
+                .joining_next(Some(join(demand(20)))),
         )
         .await?;
     let joined = ap.next_window.clone().unwrap_or_default();
@@ -1685,7 +1690,7 @@ async fn a_join_ahead_reports_its_window_and_hears_the_settled_totals() -> Resul
     // total counts ap's report made with its join.
     until(third + 50).await;
     let eu = client
-        .pool_grant_joining_next(pool, "eu", 1_000, 10, second, demand(60), None)
+        .pool_grant(PoolGrantCall::new(pool, "eu", 1_000, 10).reporting(second, demand(60)))
         .await?;
     ensure!(
         totals(&eu.tenant_demands) == [("beta".to_string(), 80)],
@@ -1716,14 +1721,20 @@ async fn a_region_of_two_holders_weighs_their_sum_and_asks_by_more() -> Result<(
         .admin()
         .set_policy(fair(counter_policy("holders/", 100, LONG_WINDOW_MS)))
         .await?;
-    first.pool_grant("holders/k", "us", 2_000, 1).await?;
-    first.pool_grant("holders/k", "eu", 1_000, 100).await?;
-    let eu = second.pool_grant("holders/k", "eu", 1_000, 100).await?;
+    first
+        .pool_grant(PoolGrantCall::new("holders/k", "us", 2_000, 1))
+        .await?;
+    first
+        .pool_grant(PoolGrantCall::new("holders/k", "eu", 1_000, 100))
+        .await?;
+    let eu = second
+        .pool_grant(PoolGrantCall::new("holders/k", "eu", 1_000, 100))
+        .await?;
     ensure!(eu.granted_total == 50, "eu weighs 2 000: {eu:?}");
     // At eu's share, 5 more by want_more are not granted: the rule caps
     // the raised total as any other.
     let more = first
-        .pool_grant_asking_more("holders/k", "eu", 1_000, (10, 5), 0, Vec::new(), None)
+        .pool_grant(PoolGrantCall::new("holders/k", "eu", 1_000, 10).asking_more(5))
         .await?;
     ensure!(
         more.granted_increment == 0 && more.granted_total == 50,
@@ -1737,10 +1748,14 @@ async fn a_region_of_two_holders_weighs_their_sum_and_asks_by_more() -> Result<(
         .admin()
         .set_policy(fair(counter_policy("more/", 100, LONG_WINDOW_MS)))
         .await?;
-    first.pool_grant("more/k", "eu", 1_000, 10).await?;
-    second.pool_grant("more/k", "eu", 1_000, 20).await?;
+    first
+        .pool_grant(PoolGrantCall::new("more/k", "eu", 1_000, 10))
+        .await?;
+    second
+        .pool_grant(PoolGrantCall::new("more/k", "eu", 1_000, 20))
+        .await?;
     let asked = first
-        .pool_grant_asking_more("more/k", "eu", 1_000, (15, 5), 0, Vec::new(), None)
+        .pool_grant(PoolGrantCall::new("more/k", "eu", 1_000, 15).asking_more(5))
         .await?;
     ensure!(
         (asked.granted_total, asked.granted_increment) == (25, 5),

@@ -7,7 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
-use leasehold_client::coordinator::{CoordinatorClient, CoordinatorError, RetryOptions};
+use leasehold_client::coordinator::{
+    CoordinatorClient, CoordinatorError, PoolGrantCall, RetryOptions,
+};
 use leasehold_client::transport::{Dialer, SystemClock, TcpDialer};
 use leasehold_core::ids::RegionId;
 use leasehold_core::principal::Principal;
@@ -508,7 +510,12 @@ async fn a_region_leases_only_for_itself() -> Result<()> {
     )?;
     ensure!(code_of(eu.lease("tls/k", "us", 5).await) == Code::PermissionDenied);
     ensure!(code_of(eu.reconcile("tls/k", "us", 5, 0).await) == Code::PermissionDenied);
-    ensure!(code_of(eu.pool_grant("tls/k", "us", 1, 10).await) == Code::PermissionDenied);
+    ensure!(
+        code_of(
+            eu.pool_grant(PoolGrantCall::new("tls/k", "us", 1, 10))
+                .await
+        ) == Code::PermissionDenied
+    );
     let operator_client = CoordinatorClient::with_options(
         cluster.addrs.clone(),
         cluster.dialer_as(&operator()),
