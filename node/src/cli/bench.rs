@@ -14,7 +14,8 @@ use serde_json::json;
 use tokio::time::Instant;
 
 use super::output::emit;
-use super::{CliError, ClientArgs};
+use super::error::CliError;
+use super::args::ClientArgs;
 
 /// Options of `leasehold bench`.
 #[derive(Debug, Clone, Args)]

@@ -4,7 +4,8 @@ use clap::Args;
 use serde_json::json;
 
 use super::output::{disposition_name, emit, lease_json, window_json};
-use super::{CliError, ClientArgs};
+use super::error::CliError;
+use super::args::ClientArgs;
 
 /// Options of `leasehold lease`.
 #[derive(Debug, Clone, Args)]

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use clap::{Args, Subcommand};
 use leasehold_core::ids::RegionId;
 
-use super::CliError;
+use super::error::CliError;
 use crate::certs::{file_stem, mint, CertificateAuthority, MintPlan};
 
 /// `leasehold certs …`.

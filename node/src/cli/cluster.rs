@@ -9,7 +9,8 @@ use leasehold_proto::v1 as pb;
 use serde_json::json;
 
 use super::output::{emit, status_json, status_text};
-use super::{CliError, ClientArgs};
+use super::error::CliError;
+use super::args::ClientArgs;
 
 /// Options of `leasehold cluster`.
 #[derive(Debug, Clone, Args)]

@@ -10,7 +10,7 @@ use clap::{Args, Subcommand};
 use serde_json::json;
 
 use super::output::OutputFormat;
-use super::CliError;
+use super::error::CliError;
 use crate::config_check::{check_file, CheckOptions, FileKind, FileReport, Severity};
 
 /// Options of `leasehold config`.

@@ -25,7 +25,7 @@ use leasehold_proto::v1::escrow_client::EscrowClient;
 use tokio::sync::watch;
 
 use super::dev::{dev_operator, dev_security, dev_service, prepare, DevArgs, DevCluster};
-use super::CliError;
+use super::error::CliError;
 use crate::escrow::{serve_escrow, EscrowConfig};
 
 /// Options of `leasehold demo`.

@@ -22,7 +22,8 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use super::cluster::wait_for_leader;
-use super::{shutdown_signal, CliError};
+use super::error::CliError;
+use super::signal::shutdown_signal;
 use crate::certs::{files_for, mint, CertificateAuthority, MintPlan};
 use crate::config::NodeConfig;
 use crate::error::NodeError;

@@ -15,7 +15,7 @@
 
 use serde_json::{json, Value};
 
-use super::CliError;
+use super::error::CliError;
 use crate::error::NodeError;
 use leasehold_client::coordinator::CoordinatorError;
 use leasehold_proto::refusal::Reason;

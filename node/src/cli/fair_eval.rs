@@ -11,7 +11,7 @@ use leasehold_core::fair_throttle::{FairThrottleConfig, LevelCombine};
 use serde_json::json;
 
 use super::output::{emit, OutputFormat};
-use super::CliError;
+use super::error::CliError;
 
 /// Options of `leasehold fair-eval`.
 #[derive(Debug, Clone, Args)]

@@ -30,7 +30,8 @@ use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
 
 use super::output::{emit, OutputFormat};
-use super::{CliError, TransportArgs};
+use super::error::CliError;
+use super::args::TransportArgs;
 
 /// Options of `leasehold health`.
 #[derive(Debug, Clone, Args)]

@@ -18,6 +18,10 @@
 //!   configs, escrow configs and policy files.
 //! - [`runtime`]: `--worker-threads`, the tokio workers of the process.
 //! - [`output`]: `--output text|json` rendering.
+//! - [`args`]: the options commands share (endpoints, transport, a
+//!   server's TLS).
+//! - [`error`]: why a command failed ([`CliError`]).
+//! - [`signal`]: Ctrl-C and SIGTERM for the long-running commands.
 //! - [`failure`]: what a failed command prints, and its exit code.
 //! - [`diagnose`]: the cause of a call that failed at the connection or
 //!   reached another service, found by probing the endpoints.
@@ -28,6 +32,7 @@
 //! mutual TLS, or `--insecure` (`LEASEHOLD_INSECURE=true`) for a plaintext
 //! cluster.
 
+pub mod args;
 pub mod bench;
 pub mod calls;
 pub mod certs;
@@ -36,6 +41,7 @@ pub mod config;
 pub mod demo;
 pub mod dev;
 pub mod diagnose;
+pub mod error;
 pub mod escrow;
 pub mod failure;
 pub mod fair_eval;
@@ -45,21 +51,17 @@ pub mod policy;
 pub mod runtime;
 pub mod serve;
 pub mod shard;
+pub mod signal;
 pub mod snapshot;
 pub mod watch;
 
-use std::path::PathBuf;
-use std::sync::Arc;
-use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
-use leasehold_client::coordinator::{CoordinatorClient, CoordinatorError, RetryOptions};
-use leasehold_client::tls::{ClientTlsFiles, TlsDialer};
-use leasehold_client::transport::{Dialer, TcpDialer};
+use clap::{Parser, Subcommand};
 
-use crate::config::ConfigError;
-use crate::error::NodeError;
-use output::OutputFormat;
+
+pub use args::{ClientArgs, ServerTlsArgs, TransportArgs};
+pub use error::CliError;
+pub use signal::shutdown_signal;
 
 /// `leasehold`: global admission coordinator — cluster member, escrow node and operator CLI.
 #[derive(Debug, Parser)]
@@ -128,171 +130,6 @@ pub enum Command {
     Snapshot(snapshot::SnapshotArgs),
     /// UNSAFE: make a stopped survivor of a lost quorum the only voter of a new cluster.
     ForceNewCluster(snapshot::ForceNewClusterArgs),
-}
-
-/// Why a command failed.
-#[derive(Debug, thiserror::Error)]
-pub enum CliError {
-    /// A member failed to start or run.
-    #[error(transparent)]
-    Node(#[from] NodeError),
-    /// The configuration was refused.
-    #[error(transparent)]
-    Config(#[from] ConfigError),
-    /// A call to the cluster failed.
-    #[error(transparent)]
-    Coordinator(#[from] CoordinatorError),
-    /// The arguments do not make sense together.
-    #[error("{0}")]
-    Usage(String),
-    /// Any other failure, explained.
-    #[error("{0}")]
-    Failed(String),
-    /// The cluster's state conflicts with what the command asked for (e.g.
-    /// `cluster init` with another member list than the one initialised).
-    #[error("{0}")]
-    Conflict(String),
-    /// The thing the command acts on does not exist (e.g. `policy delete`
-    /// of a prefix with no policy, without `--if-exists`).
-    #[error("{0}")]
-    NotFound(String),
-    /// A call failed because of how this command and the endpoint connect
-    /// (TLS on one side only, a certificate one side refuses) or because
-    /// the endpoint is not a coordinator member: the cause a probe of the
-    /// endpoint found after the call failed ([`diagnose`]).
-    #[error("{0}")]
-    Diagnosed(diagnose::Diagnosis),
-}
-
-/// Where a client command connects, and how it prints.
-#[derive(Debug, Clone, Args)]
-pub struct ClientArgs {
-    /// Coordinator member(s) as HOST:PORT (or http://HOST:PORT); repeat or comma-separate.
-    #[arg(
-        long = "endpoint",
-        short = 'e',
-        value_delimiter = ',',
-        default_value = "127.0.0.1:7100",
-        env = "LEASEHOLD_ENDPOINT"
-    )]
-    pub endpoints: Vec<String>,
-    /// Total time budget of the call, retries included, in milliseconds.
-    #[arg(long, default_value_t = 10_000)]
-    pub timeout_ms: u64,
-    /// Output format.
-    #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
-    pub output: OutputFormat,
-    /// How to connect (mutual TLS or plaintext).
-    #[command(flatten)]
-    pub transport: TransportArgs,
-}
-
-/// How a client command connects: mutual TLS with a CA bundle, a
-/// certificate and its key, or plaintext with `--insecure`.
-#[derive(Debug, Clone, Default, Args)]
-pub struct TransportArgs {
-    /// CA bundle (PEM) the cluster's certificates chain to.
-    #[arg(long, visible_alias = "tls-ca", env = "LEASEHOLD_CA")]
-    pub ca: Option<PathBuf>,
-    /// Your certificate (PEM), e.g. an operator's.
-    #[arg(long, visible_alias = "tls-cert", env = "LEASEHOLD_CERT")]
-    pub cert: Option<PathBuf>,
-    /// Your certificate's private key (PEM). (`--key` names the limited key.)
-    #[arg(long = "cert-key", visible_alias = "tls-key", env = "LEASEHOLD_KEY")]
-    pub cert_key: Option<PathBuf>,
-    /// Connect in plaintext, without a certificate (clusters run with --insecure).
-    #[arg(long, env = "LEASEHOLD_INSECURE")]
-    pub insecure: bool,
-}
-
-impl TransportArgs {
-    /// Plaintext, for clusters running with `--insecure`.
-    pub fn insecure() -> Self {
-        Self {
-            insecure: true,
-            ..Self::default()
-        }
-    }
-
-    /// Mutual TLS with these files.
-    pub fn tls(files: &crate::tls::TlsFiles) -> Self {
-        Self {
-            ca: Some(files.ca.clone()),
-            cert: Some(files.cert.clone()),
-            cert_key: Some(files.key.clone()),
-            insecure: false,
-        }
-    }
-
-    /// The dialer these options describe.
-    pub fn dialer(&self) -> Result<Arc<dyn Dialer>, CliError> {
-        match (&self.ca, &self.cert, &self.cert_key, self.insecure) {
-            (None, None, None, true) => Ok(Arc::new(TcpDialer::default())),
-            (Some(ca), Some(cert), Some(key), false) => {
-                Ok(Arc::new(TlsDialer::new(ClientTlsFiles {
-                    ca: ca.clone(),
-                    cert: cert.clone(),
-                    key: key.clone(),
-                })))
-            }
-            (None, None, None, false) => Err(CliError::Usage(
-                "no TLS credentials: pass --ca, --cert and --cert-key (or set LEASEHOLD_CA, \
-                 LEASEHOLD_CERT, LEASEHOLD_KEY), or --insecure for a cluster running plaintext"
-                    .into(),
-            )),
-            (_, _, _, true) => Err(CliError::Usage(
-                "--insecure and --ca/--cert/--cert-key were both given: choose one".into(),
-            )),
-            _ => Err(CliError::Usage(
-                "--ca, --cert and --cert-key must be given together".into(),
-            )),
-        }
-    }
-}
-
-/// Mutual TLS of a server process (`serve`, `escrow`): its CA bundle,
-/// certificate and key, or `--insecure`.
-#[derive(Debug, Clone, Default, Args)]
-pub struct ServerTlsArgs {
-    /// CA bundle (PEM) that callers' certificates must chain to.
-    #[arg(long, env = "LEASEHOLD_TLS_CA")]
-    pub tls_ca: Option<PathBuf>,
-    /// This process's certificate (PEM), also presented to the servers it calls.
-    #[arg(long, env = "LEASEHOLD_TLS_CERT")]
-    pub tls_cert: Option<PathBuf>,
-    /// This process's private key (PEM).
-    #[arg(long, env = "LEASEHOLD_TLS_KEY")]
-    pub tls_key: Option<PathBuf>,
-    /// Serve and call in plaintext, without identities: no protection against
-    /// callers on the network. For tests and trusted local setups only.
-    #[arg(long)]
-    pub insecure: bool,
-}
-
-impl ClientArgs {
-    /// A coordinator client for these endpoints.
-    pub fn client(&self) -> Result<CoordinatorClient, CliError> {
-        self.client_with_call_timeout(RetryOptions::default().call_timeout)
-    }
-
-    /// A coordinator client for these endpoints whose tries may each take
-    /// up to `call_timeout` (within the total budget).
-    pub fn client_with_call_timeout(
-        &self,
-        call_timeout: Duration,
-    ) -> Result<CoordinatorClient, CliError> {
-        let total = Duration::from_millis(self.timeout_ms.max(1));
-        let options = RetryOptions {
-            total_timeout: total,
-            call_timeout: call_timeout.min(total),
-            ..RetryOptions::default()
-        };
-        Ok(CoordinatorClient::with_options(
-            &self.endpoints,
-            self.transport.dialer()?,
-            options,
-        )?)
-    }
 }
 
 impl Command {
@@ -378,30 +215,6 @@ async fn dispatch(cli: Cli) -> Result<(), CliError> {
         Command::Config(args) => config::run(args),
         Command::Snapshot(args) => snapshot::run(args).await,
         Command::ForceNewCluster(args) => snapshot::force_new_cluster(args).await,
-    }
-}
-
-/// Resolves on Ctrl-C or SIGTERM.
-pub async fn shutdown_signal() {
-    let ctrl_c = async {
-        if tokio::signal::ctrl_c().await.is_err() {
-            std::future::pending::<()>().await;
-        }
-    };
-    #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {}
-        _ = terminate => {}
     }
 }
 

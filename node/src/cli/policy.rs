@@ -10,7 +10,8 @@ use serde_json::json;
 
 use super::config::report_text;
 use super::output::{emit, policy_json, policy_text};
-use super::{CliError, ClientArgs};
+use super::error::CliError;
+use super::args::ClientArgs;
 use crate::config_check::{check_file, CheckOptions, FileKind};
 use crate::policy_file::PolicyFile;
 

@@ -5,7 +5,9 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use super::{shutdown_signal, CliError, ServerTlsArgs};
+use super::error::CliError;
+use super::args::ServerTlsArgs;
+use super::signal::shutdown_signal;
 use crate::config::NodeConfig;
 
 /// Options of `leasehold serve`.

@@ -13,7 +13,8 @@ use pb::change_placement_request::Change;
 use serde_json::{json, Value};
 
 use super::output::emit;
-use super::{CliError, ClientArgs};
+use super::error::CliError;
+use super::args::ClientArgs;
 
 /// Options of `leasehold shard`.
 #[derive(Debug, Clone, Args)]

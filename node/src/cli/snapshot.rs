@@ -17,7 +17,8 @@ use leasehold_raft_store::SnapshotEnvelope;
 use serde_json::{json, Value};
 
 use super::output::{emit, OutputFormat};
-use super::{CliError, ClientArgs};
+use super::error::CliError;
+use super::args::ClientArgs;
 
 /// Options of `leasehold snapshot`.
 #[derive(Debug, Clone, Args)]

@@ -21,7 +21,8 @@ use serde_json::json;
 use tonic::Code;
 
 use super::output::{window_json, OutputFormat};
-use super::{CliError, ClientArgs};
+use super::error::CliError;
+use super::args::ClientArgs;
 
 /// Pause before trying the next endpoint after a stream broke.
 const RECONNECT_PAUSE: Duration = Duration::from_millis(500);

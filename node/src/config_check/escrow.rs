@@ -6,7 +6,8 @@
 
 use std::path::PathBuf;
 
-use super::{key_problems, FieldPath, FileLookup, Problem};
+use super::field_checks::{key_problems, FileLookup};
+use crate::toml_file::{FieldPath, Problem};
 use crate::escrow::config_file::{EscrowFile, FairThrottleFile};
 use crate::tls::Security;
 

@@ -2,7 +2,8 @@
 //! of each `[[policy]]` table, then every value [`PolicyFile::problems`]
 //! refuses (the rules of `leasehold policy set`).
 
-use super::{key_problems, FieldPath, Problem};
+use super::field_checks::key_problems;
+use crate::toml_file::{FieldPath, Problem};
 use crate::policy_file::{PolicyEntry, PolicyFile};
 
 const EXAMPLE: &str = "deploy/config/policies.example.toml";

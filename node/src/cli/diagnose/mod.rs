@@ -60,7 +60,8 @@ use std::time::Duration;
 use leasehold_client::coordinator::CoordinatorError;
 use leasehold_client::transport::normalize_endpoints;
 
-use super::{CliError, ClientArgs, TransportArgs};
+use super::args::{ClientArgs, TransportArgs};
+use super::error::CliError;
 use connection::PROBE_TIMEOUT;
 pub use diagnosis::{Diagnosis, Refusal};
 pub use service::probe_service;
