@@ -5,7 +5,9 @@
 
 use std::sync::{Arc, Mutex};
 
-use leasehold_core::admission::concurrency::{Completion, ConcurrencyLimit, ConcurrencyParams};
+use leasehold_core::admission::concurrency::{
+    Completion, ConcurrencyLimit, ConcurrencyParams, WaitBasis,
+};
 use leasehold_core::admission::AdmissionConfigError;
 use leasehold_core::decision::Decision;
 
@@ -43,9 +45,10 @@ impl ConcurrencyAxis {
         })
     }
 
-    /// Takes a slot at `now_ms` if the ceiling allows one.
-    pub(crate) fn try_acquire(&self, now_ms: u64) -> Decision {
-        lock(&self.limit).try_acquire(now_ms, self.retry_after_ms)
+    /// Takes a slot at `now_ms` if the ceiling allows one; a denial says
+    /// how its wait was found.
+    pub(crate) fn try_acquire(&self, now_ms: u64) -> (Decision, Option<WaitBasis>) {
+        lock(&self.limit).try_acquire_explained(now_ms, self.retry_after_ms)
     }
 
     /// Gives back the slot taken at `started_ms` without teaching the

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use leasehold_core::admission::axis::{Axis, AxisDecisions};
 use leasehold_core::admission::bid_price::{BidPriceFilter, BidVerdict};
-use leasehold_core::admission::concurrency::ConcurrencyParams;
+use leasehold_core::admission::concurrency::{ConcurrencyParams, WaitBasis};
 use leasehold_core::decision::Decision;
 use tracing::Instrument;
 
@@ -291,6 +291,8 @@ impl std::fmt::Debug for GateInner {
 /// What the axes before cost took, to give back if a later axis denies.
 struct Taken {
     decisions: AxisDecisions,
+    /// How the concurrency axis's denial found its wait.
+    slot_wait: Option<WaitBasis>,
     slot: bool,
     rate: bool,
     now_ms: u64,
@@ -500,13 +502,15 @@ impl AdmissionGate {
         let now_ms = inner.clock.now_ms();
         let mut taken = Taken {
             decisions: AxisDecisions::default(),
+            slot_wait: None,
             slot: false,
             rate: false,
             now_ms,
         };
         if let Some(concurrency) = &inner.concurrency {
-            let d = concurrency.try_acquire(now_ms);
+            let (d, basis) = concurrency.try_acquire(now_ms);
             taken.decisions.set(Axis::Concurrency, d);
+            taken.slot_wait = basis;
             if !d.allowed {
                 self.ask_later_axes(request, &mut taken, Axis::Concurrency);
                 return Ok(Stage::Done(self.deny(request, &taken)));
@@ -582,6 +586,7 @@ impl AdmissionGate {
             decision: taken.decisions.combined(),
             release,
             binding_axis: None,
+            slot_wait: None,
             policy_denied: false,
             priced_out: false,
         }
@@ -613,6 +618,7 @@ impl AdmissionGate {
             decision,
             release: Release::nothing_held(),
             binding_axis,
+            slot_wait: taken.slot_wait.filter(|_| binding_axis == Some(Axis::Concurrency)),
             policy_denied: false,
             priced_out: false,
         }

@@ -49,7 +49,7 @@ pub use in_process::InProcessLimit;
 pub use layer::{AdmissionLayer, AdmissionLayerStats, AdmissionService, Admit, WhenUnanswered};
 pub use leasehold_core::admission::axis::{Axis, AxisDecisions};
 pub use leasehold_core::admission::bid_price::{BidPriceFilter, Duals, RequestType, Workload};
-pub use leasehold_core::admission::concurrency::ConcurrencyParams;
+pub use leasehold_core::admission::concurrency::{ConcurrencyParams, WaitBasis};
 pub use leasehold_core::admission::gcra::GcraParams;
 pub use leasehold_core::admission::token_bucket::TokenBucketParams;
 pub use release::{Release, ReleaseOutcome};

@@ -2,6 +2,7 @@
 //! [`AdmitOutcome`] and the per-axis denial counts [`DeniedByAxis`].
 
 use leasehold_core::admission::axis::{retry_after_secs, Axis};
+use leasehold_core::admission::concurrency::WaitBasis;
 use leasehold_core::decision::Decision;
 
 use super::release::Release;
@@ -75,6 +76,11 @@ pub struct AdmitOutcome {
     /// The first denying axis in priority order (`None` when allowed, or
     /// when only the bid-price policy denied).
     pub binding_axis: Option<Axis>,
+    /// How a concurrency denial's `retry_after_ms` was found: an estimate
+    /// from the latencies seen, one resting on requests that have run past
+    /// them, or the configured fallback before any request completed
+    /// (no estimate). `None` unless the concurrency axis denied.
+    pub slot_wait: Option<WaitBasis>,
     /// Whether the bid-price policy denied a request every axis reached
     /// had room for.
     pub policy_denied: bool,

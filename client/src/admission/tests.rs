@@ -1028,3 +1028,40 @@ mod tenants {
         );
     }
 }
+
+/// A concurrency denial says how its Retry-After was found: the
+/// configured fallback before any request completed, an estimate from the
+/// latencies seen, and one resting on a request that has run longer than
+/// any seen; a denial by another axis says nothing of it.
+#[test]
+fn a_concurrency_denial_says_how_its_wait_was_found() {
+    let c = clock();
+    let g = AdmissionGate::builder()
+        .clock(c.clone())
+        .concurrency(ConcurrencyParams::aimd(1, 1))
+        .concurrency_retry_after_ms(250)
+        .build()
+        .unwrap();
+    let first = g.admit_sync(AdmitRequest::new("k", 1)).unwrap();
+    let denied = g.admit_sync(AdmitRequest::new("k", 1)).unwrap();
+    assert_eq!(denied.binding_axis, Some(Axis::Concurrency));
+    assert_eq!(denied.slot_wait, Some(WaitBasis::NoHistory));
+    assert_eq!(denied.decision.retry_after_ms, 250, "the fallback, not an estimate");
+    c.advance(40);
+    first.release.release(true);
+    let second = g.admit_sync(AdmitRequest::new("k", 1)).unwrap();
+    assert_eq!(second.slot_wait, None, "allowed");
+    c.advance(10);
+    let denied = g.admit_sync(AdmitRequest::new("k", 1)).unwrap();
+    assert_eq!(denied.slot_wait, Some(WaitBasis::Estimated));
+    c.advance(100);
+    let denied = g.admit_sync(AdmitRequest::new("k", 1)).unwrap();
+    assert_eq!(denied.slot_wait, Some(WaitBasis::BeyondHistory));
+    second.release.release(true);
+    // A rate denial says nothing of slots.
+    let rated = gate(&c, 10, 1, 1_000);
+    rated.admit_sync(AdmitRequest::new("r", 1)).unwrap().release.release(true);
+    let denied = rated.admit_sync(AdmitRequest::new("r", 1)).unwrap();
+    assert_eq!(denied.binding_axis, Some(Axis::Rate));
+    assert_eq!(denied.slot_wait, None);
+}

@@ -291,6 +291,21 @@ impl Survival {
     }
 }
 
+/// How a concurrency denial's `retry_after_ms` was found
+/// ([`ConcurrencyLimit::try_acquire_explained`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WaitBasis {
+    /// From the latencies seen: a slot frees by then with probability
+    /// [`SLOT_FREE_CONFIDENCE`].
+    Estimated,
+    /// The same, but resting on requests in flight that have run longer
+    /// than every latency seen, and so on the assumed scale-free tail.
+    BeyondHistory,
+    /// No request has completed yet: the wait is the configured fallback,
+    /// not an estimate.
+    NoHistory,
+}
+
 /// What the limit can say about when a slot frees.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SlotWait {
@@ -348,30 +363,53 @@ impl ConcurrencyLimit {
     /// `fallback_retry_after_ms` until a request has completed
     /// ([`SlotWait::NoHistory`]).
     pub fn try_acquire(&mut self, now_ms: u64, fallback_retry_after_ms: u64) -> Decision {
+        self.try_acquire_explained(now_ms, fallback_retry_after_ms).0
+    }
+
+    /// [`ConcurrencyLimit::try_acquire`], with how a denial's
+    /// `retry_after_ms` was found (`None` when allowed): a caller can tell
+    /// an estimate from the fallback that stands for none.
+    pub fn try_acquire_explained(
+        &mut self,
+        now_ms: u64,
+        fallback_retry_after_ms: u64,
+    ) -> (Decision, Option<WaitBasis>) {
         let limit = self.limit();
         if self.in_flight < limit {
             self.in_flight += 1;
             *self.started.entry(now_ms).or_default() += 1;
-            Decision {
+            let allowed = Decision {
                 allowed: true,
                 limit,
                 remaining: limit - self.in_flight,
                 reset_at_ms: 0,
                 retry_after_ms: 0,
-            }
-        } else {
-            let wait = match self.slot_wait(now_ms) {
-                SlotWait::Estimated { wait_ms, .. } => wait_ms,
-                SlotWait::Free | SlotWait::NoHistory => fallback_retry_after_ms,
             };
-            Decision {
-                allowed: false,
-                limit,
-                remaining: 0,
-                reset_at_ms: 0,
-                retry_after_ms: wait.max(1),
-            }
+            return (allowed, None);
         }
+        let (wait, basis) = match self.slot_wait(now_ms) {
+            SlotWait::Estimated {
+                wait_ms,
+                beyond_history,
+            } => (
+                wait_ms,
+                if beyond_history {
+                    WaitBasis::BeyondHistory
+                } else {
+                    WaitBasis::Estimated
+                },
+            ),
+            // (Free cannot meet a full ceiling; it is read as no estimate.)
+            SlotWait::Free | SlotWait::NoHistory => (fallback_retry_after_ms, WaitBasis::NoHistory),
+        };
+        let denied = Decision {
+            allowed: false,
+            limit,
+            remaining: 0,
+            reset_at_ms: 0,
+            retry_after_ms: wait.max(1),
+        };
+        (denied, Some(basis))
     }
 
     /// How long from `now_ms` until a slot frees for one more request

@@ -43,34 +43,6 @@ fn a_good_member_config_passes_and_missing_flag_settings_are_notes() {
 }
 
 #[test]
-fn every_member_problem_is_reported_with_its_field_and_line() {
-    let text = "id = 0\nlisten = \"nowhere\"\nheartbeat_ms = 0\nhaertbeat_ms = 5\n\
-                proposal_timeout_ms = \"soon\"\ndata_dir = \"/d\"\ntls_ca = \"/ca.pem\"\n";
-    let report = check(text);
-    let found = errors(&report);
-    for expected in [
-        ("haertbeat_ms", Some(4)),
-        ("proposal_timeout_ms", Some(5)),
-        ("id", Some(1)),
-        ("listen", Some(2)),
-        ("heartbeat_ms", Some(3)),
-        ("tls_ca", Some(7)),
-    ] {
-        assert!(
-            found.contains(&(expected.0.to_string(), expected.1)),
-            "{expected:?} missing from {found:?}"
-        );
-    }
-    assert!(report.findings.iter().all(|f| !f.fix.is_empty()));
-    let unknown = report
-        .findings
-        .iter()
-        .find(|f| f.field == "haertbeat_ms")
-        .unwrap();
-    assert!(unknown.problem.contains("unknown field"), "{unknown:?}");
-}
-
-#[test]
 fn missing_tls_files_are_reported_unless_skipped() {
     let text = "id = 1\nlisten = \"a:1\"\ndata_dir = \"/d\"\ntls_ca = \"/nope/ca.pem\"\n\
                 tls_cert = \"/nope/c.pem\"\ntls_key = \"/nope/k.pem\"\n";
@@ -93,63 +65,63 @@ fn missing_tls_files_are_reported_unless_skipped() {
     assert!(local_file_problem(&not_pem).unwrap().contains("PEM"));
 }
 
+/// The cases of `node/testdata/config-check/`: each file is recognised as
+/// its `.expect` file says, with exactly the errors it lists (field and
+/// line, in order), and every finding says how to fix it.
 #[test]
-fn escrow_and_policy_files_are_recognised_and_checked() {
-    let escrow = check(
-        "region = \"eu\"\ncoordinators = [\"n1:7100\", \"bad\"]\nbatch = 0\ninsecure = true\n\
-         [fair_throttle]\nprefixes = [\"a/\"]\nlevelz = 2\n",
-    );
-    assert_eq!(escrow.kind, Some(FileKind::Escrow));
-    assert_eq!(
-        errors(&escrow),
-        [("fair_throttle.levelz".to_string(), Some(7))]
-    );
-    let escrow = check("region = \"eu\"\ncoordinators = [\"n1:7100\", \"bad\"]\nbatch = 0\n");
-    let found = errors(&escrow);
-    assert!(
-        found.contains(&("coordinators".into(), Some(2))),
-        "{found:?}"
-    );
-    assert!(found.contains(&("batch".into(), Some(3))), "{found:?}");
+fn every_case_is_found_as_its_expect_file_says() {
+    let folder = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/config-check");
+    let mut cases: Vec<PathBuf> = std::fs::read_dir(&folder)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.extension().is_some_and(|e| e == "toml"))
+        .collect();
+    cases.sort();
+    assert!(cases.len() >= 7, "{cases:?}");
+    for case in &cases {
+        let text = std::fs::read_to_string(case).unwrap();
+        let report = check(&text);
+        let expect = std::fs::read_to_string(case.with_extension("expect")).unwrap();
+        let mut lines = expect.lines();
+        let kind = match lines.next() {
+            Some("kind member") => Some(FileKind::Member),
+            Some("kind escrow") => Some(FileKind::Escrow),
+            Some("kind policies") => Some(FileKind::Policies),
+            Some("kind unknown") => None,
+            other => panic!("{}: a first line `kind …`, not {other:?}", case.display()),
+        };
+        assert_eq!(report.kind, kind, "{}", case.display());
+        let expected: Vec<(String, Option<usize>)> = lines
+            .map(|line| {
+                let mut words = line.split_whitespace();
+                assert_eq!(words.next(), Some("error"), "{}: {line}", case.display());
+                let field = words.next().expect("a field");
+                let at = words.next().expect("a line");
+                (
+                    if field == "-" { String::new() } else { field.to_string() },
+                    (at != "-").then(|| at.parse().expect("a line number")),
+                )
+            })
+            .collect();
+        assert_eq!(errors(&report), expected, "{}", case.display());
+        assert!(
+            report.findings.iter().all(|f| !f.fix.is_empty()),
+            "{}: a finding without a fix",
+            case.display()
+        );
+    }
+    // What the cases say in words, beyond field and line.
+    let unknown = check(&std::fs::read_to_string(folder.join("member-problems.toml")).unwrap());
+    let unknown = unknown.findings.iter().find(|f| f.field == "haertbeat_ms").unwrap();
+    assert!(unknown.problem.contains("unknown field"), "{unknown:?}");
+    let escrow = check(&std::fs::read_to_string(folder.join("escrow-bad-values.toml")).unwrap());
     assert!(escrow.findings.iter().any(|f| f.severity == Severity::Note));
-
-    let policies = check(
-        "[[policy]]\nprefix = \"a\"\nlimit = 0\nwindow_ms = 1000\n\
-         [[policy]]\nprefix = \"b\"\nlimit = 281474976710657\nwindow_ms = 0\nspeed = 1\n\
-         [[policy]]\nprefix = \"c\"\nlimit = -5\nwindow_ms = 10\n",
-    );
-    assert_eq!(policies.kind, Some(FileKind::Policies));
-    let found = errors(&policies);
-    assert_eq!(
-        found,
-        [
-            ("policy[1].speed".to_string(), Some(9)),
-            ("policy[2].limit".to_string(), Some(12)),
-        ],
-        "unreadable keys first"
-    );
-    let policies = check(
-        "[[policy]]\nprefix = \"a\"\nlimit = 0\nwindow_ms = 1000\n\
-         [[policy]]\nprefix = \"b\"\nlimit = 281474976710657\nwindow_ms = 0\n",
-    );
-    let found = errors(&policies);
-    assert_eq!(
-        found,
-        [
-            ("policy[0].limit".to_string(), Some(3)),
-            ("policy[1].limit".to_string(), Some(7)),
-            ("policy[1].window_ms".to_string(), Some(8)),
-        ],
-        "every value error of every entry"
-    );
+    let syntax = check(&std::fs::read_to_string(folder.join("syntax-error.toml")).unwrap());
+    assert!(syntax.findings[0].problem.starts_with("not valid TOML"));
 }
 
 #[test]
-fn syntax_errors_have_a_line() {
-    let report = check("id = 1\nlisten = \"unterminated\n");
-    assert_eq!(report.errors(), 1);
-    assert_eq!(report.findings[0].line, Some(2));
-    assert!(report.findings[0].problem.starts_with("not valid TOML"));
+fn an_unreadable_file_is_one_error_of_no_kind() {
     let unreadable = check_file(
         Path::new("/nonexistent/leasehold.toml"),
         CheckOptions::default(),
