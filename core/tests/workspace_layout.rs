@@ -35,7 +35,14 @@ const PURE_MACHINES: &[&str] = &[
 ];
 
 /// The crates of the workspace, by folder.
-const CRATES: &[&str] = &["core", "raft-store", "node", "client", "proto", "chaos-tests"];
+const CRATES: &[&str] = &[
+    "core",
+    "raft-store",
+    "node",
+    "client",
+    "proto",
+    "chaos-tests",
+];
 
 /// A module's path inside its crate (`["coordinator", "api"]`); the crate
 /// root is the empty path.
@@ -51,7 +58,10 @@ struct SourceFile {
 }
 
 fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
 }
 
 /// Every library source file of a crate (binaries' own roots, `bin/`
@@ -85,7 +95,12 @@ fn crate_files(crate_dir: &Path) -> Vec<SourceFile> {
             let blanked = blank_comments_and_literals(&text);
             let (code, test_lines) = blank_test_items(&blanked);
             let lines = text.lines().count() - test_lines;
-            out.push(SourceFile { path, module, code, lines });
+            out.push(SourceFile {
+                path,
+                module,
+                code,
+                lines,
+            });
         }
     }
     out
@@ -126,7 +141,10 @@ fn blank_comments_and_literals(text: &str) -> String {
                     i += 1;
                 }
             }
-        } else if c == 'r' && (next == Some('"') || next == Some('#')) && !is_ident_char(i.checked_sub(1).map(|p| chars[p])) {
+        } else if c == 'r'
+            && (next == Some('"') || next == Some('#'))
+            && !is_ident_char(i.checked_sub(1).map(|p| chars[p]))
+        {
             // A raw string r"…" or r#"…"#.
             let mut j = i + 1;
             let mut hashes = 0;
@@ -280,7 +298,10 @@ fn named_paths(code: &str) -> Vec<Vec<String>> {
                     j += 1;
                 }
                 path.push(bytes[s..j].iter().collect::<String>());
-                if bytes.get(j) == Some(&':') && bytes.get(j + 1) == Some(&':') && is_ident_char(bytes.get(j + 2).copied()) {
+                if bytes.get(j) == Some(&':')
+                    && bytes.get(j + 1) == Some(&':')
+                    && is_ident_char(bytes.get(j + 2).copied())
+                {
                     j += 2;
                 } else {
                     break;
@@ -405,8 +426,10 @@ struct ImportGraph {
 }
 
 fn import_graph(files: &[SourceFile]) -> ImportGraph {
-    let by_module: BTreeMap<ModPath, PathBuf> =
-        files.iter().map(|f| (f.module.clone(), f.path.clone())).collect();
+    let by_module: BTreeMap<ModPath, PathBuf> = files
+        .iter()
+        .map(|f| (f.module.clone(), f.path.clone()))
+        .collect();
     let mut arrows: BTreeMap<ModPath, BTreeSet<ModPath>> = BTreeMap::new();
     let mut up_arrows = BTreeSet::new();
     for file in files {
@@ -417,7 +440,9 @@ fn import_graph(files: &[SourceFile]) -> ImportGraph {
             .collect();
         let from = arrows.entry(file.module.clone()).or_default();
         for path in named_paths(&file.code) {
-            let Some(target) = absolute(&file.module, &path, &children) else { continue };
+            let Some(target) = absolute(&file.module, &path, &children) else {
+                continue;
+            };
             let Some(reached) = (0..=target.len())
                 .rev()
                 .map(|n| target[..n].to_vec())
@@ -435,7 +460,11 @@ fn import_graph(files: &[SourceFile]) -> ImportGraph {
             }
         }
     }
-    ImportGraph { files: by_module, arrows, up_arrows }
+    ImportGraph {
+        files: by_module,
+        arrows,
+        up_arrows,
+    }
 }
 
 /// The graph's circles: its strongly connected groups of two or more files.
@@ -454,7 +483,14 @@ fn circles(graph: &ImportGraph) -> Vec<Vec<ModPath>> {
         walk.low.insert(v.clone(), n);
         walk.stack.push(v.clone());
         walk.on_stack.insert(v.clone());
-        let targets: Vec<ModPath> = walk.graph.arrows.get(v).into_iter().flatten().cloned().collect();
+        let targets: Vec<ModPath> = walk
+            .graph
+            .arrows
+            .get(v)
+            .into_iter()
+            .flatten()
+            .cloned()
+            .collect();
         for w in targets {
             if !walk.index.contains_key(&w) {
                 visit(walk, &w);
@@ -525,7 +561,11 @@ fn no_files_of_a_crate_import_each_other_around_a_circle() {
             found.push(format!("{name}: {}", inside.join(", ")));
         }
     }
-    assert!(found.is_empty(), "circles of imports:\n{}", found.join("\n"));
+    assert!(
+        found.is_empty(),
+        "circles of imports:\n{}",
+        found.join("\n")
+    );
 }
 
 #[test]
@@ -545,13 +585,22 @@ fn no_file_but_the_pure_machines_is_over_the_line_limit() {
     let mut big = Vec::new();
     for name in CRATES {
         for file in crate_files(&root.join(name)) {
-            let relative = file.path.strip_prefix(&root).unwrap().to_string_lossy().into_owned();
+            let relative = file
+                .path
+                .strip_prefix(&root)
+                .unwrap()
+                .to_string_lossy()
+                .into_owned();
             if file.lines > MAX_LINES && !PURE_MACHINES.contains(&relative.as_str()) {
                 big.push(format!("{relative}: {} lines", file.lines));
             }
         }
     }
-    assert!(big.is_empty(), "files over {MAX_LINES} lines outside their tests:\n{}", big.join("\n"));
+    assert!(
+        big.is_empty(),
+        "files over {MAX_LINES} lines outside their tests:\n{}",
+        big.join("\n")
+    );
 }
 
 // The scan itself, on inputs whose answer is known.
@@ -559,7 +608,11 @@ fn no_file_but_the_pure_machines_is_over_the_line_limit() {
 #[test]
 fn use_trees_expand_into_every_path_they_name() {
     let mut out = Vec::new();
-    expand_use_tree("crate::{a::{b, c as d}, e, self}", &mut Vec::new(), &mut out);
+    expand_use_tree(
+        "crate::{a::{b, c as d}, e, self}",
+        &mut Vec::new(),
+        &mut out,
+    );
     let shown: Vec<String> = out.iter().map(|p| p.join("::")).collect();
     assert_eq!(shown, ["crate::a::b", "crate::a::c", "crate::e", "crate"]);
 }
@@ -576,13 +629,28 @@ fn paths_in_comments_strings_and_tests_are_not_imports() {
 #[test]
 fn a_circle_through_three_files_is_found_and_a_chain_is_not() {
     let module = |s: &str| -> ModPath { s.split('/').map(String::from).collect() };
-    let mut graph = ImportGraph { files: BTreeMap::new(), arrows: BTreeMap::new(), up_arrows: BTreeSet::new() };
+    let mut graph = ImportGraph {
+        files: BTreeMap::new(),
+        arrows: BTreeMap::new(),
+        up_arrows: BTreeSet::new(),
+    };
     for (from, to) in [("a", "b"), ("b", "c"), ("c", "a"), ("c", "d")] {
         graph.files.insert(module(from), PathBuf::new());
         graph.files.insert(module(to), PathBuf::new());
-        graph.arrows.entry(module(from)).or_default().insert(module(to));
+        graph
+            .arrows
+            .entry(module(from))
+            .or_default()
+            .insert(module(to));
     }
-    assert_eq!(circles(&graph), vec![vec![module("a"), module("b"), module("c")]]);
-    graph.arrows.get_mut(&module("c")).unwrap().remove(&module("a"));
+    assert_eq!(
+        circles(&graph),
+        vec![vec![module("a"), module("b"), module("c")]]
+    );
+    graph
+        .arrows
+        .get_mut(&module("c"))
+        .unwrap()
+        .remove(&module("a"));
     assert!(circles(&graph).is_empty());
 }

@@ -627,8 +627,13 @@ mod tests {
         for example in &examples {
             let config = load(example).unwrap_or_else(|p| panic!("{}: {p:?}", example.display()));
             let cases = std::fs::read_to_string(example.with_extension("cases")).unwrap();
-            for case in cases.lines().filter(|l| !l.trim().is_empty() && !l.starts_with('#')) {
-                let (request, expected) = case.split_once("->").expect("a case reads REQUEST -> LIMITS");
+            for case in cases
+                .lines()
+                .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
+            {
+                let (request, expected) = case
+                    .split_once("->")
+                    .expect("a case reads REQUEST -> LIMITS");
                 let entries: Vec<Vec<(&str, &str)>> = request
                     .split('|')
                     .map(|descriptor| {

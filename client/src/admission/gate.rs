@@ -618,7 +618,9 @@ impl AdmissionGate {
             decision,
             release: Release::nothing_held(),
             binding_axis,
-            slot_wait: taken.slot_wait.filter(|_| binding_axis == Some(Axis::Concurrency)),
+            slot_wait: taken
+                .slot_wait
+                .filter(|_| binding_axis == Some(Axis::Concurrency)),
             policy_denied: false,
             priced_out: false,
         }

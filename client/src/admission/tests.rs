@@ -1046,7 +1046,10 @@ fn a_concurrency_denial_says_how_its_wait_was_found() {
     let denied = g.admit_sync(AdmitRequest::new("k", 1)).unwrap();
     assert_eq!(denied.binding_axis, Some(Axis::Concurrency));
     assert_eq!(denied.slot_wait, Some(WaitBasis::NoHistory));
-    assert_eq!(denied.decision.retry_after_ms, 250, "the fallback, not an estimate");
+    assert_eq!(
+        denied.decision.retry_after_ms, 250,
+        "the fallback, not an estimate"
+    );
     c.advance(40);
     first.release.release(true);
     let second = g.admit_sync(AdmitRequest::new("k", 1)).unwrap();
@@ -1060,7 +1063,11 @@ fn a_concurrency_denial_says_how_its_wait_was_found() {
     second.release.release(true);
     // A rate denial says nothing of slots.
     let rated = gate(&c, 10, 1, 1_000);
-    rated.admit_sync(AdmitRequest::new("r", 1)).unwrap().release.release(true);
+    rated
+        .admit_sync(AdmitRequest::new("r", 1))
+        .unwrap()
+        .release
+        .release(true);
     let denied = rated.admit_sync(AdmitRequest::new("r", 1)).unwrap();
     assert_eq!(denied.binding_axis, Some(Axis::Rate));
     assert_eq!(denied.slot_wait, None);

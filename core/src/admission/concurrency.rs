@@ -363,7 +363,8 @@ impl ConcurrencyLimit {
     /// `fallback_retry_after_ms` until a request has completed
     /// ([`SlotWait::NoHistory`]).
     pub fn try_acquire(&mut self, now_ms: u64, fallback_retry_after_ms: u64) -> Decision {
-        self.try_acquire_explained(now_ms, fallback_retry_after_ms).0
+        self.try_acquire_explained(now_ms, fallback_retry_after_ms)
+            .0
     }
 
     /// [`ConcurrencyLimit::try_acquire`], with how a denial's

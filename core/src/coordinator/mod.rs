@@ -46,8 +46,8 @@ mod state;
 mod windows;
 
 pub use command::*;
-pub use outcome::*;
 pub use lease::MAX_REGIONS_PER_WINDOW;
+pub use outcome::*;
 pub use pool::{PoolView, NEXT_WINDOW_JOIN_SHARE};
 pub use sessions::{
     MovedSession, Response, MAX_RESPONSES_PER_SESSION, MAX_SESSIONS, MAX_SESSIONS_PER_PRINCIPAL,

@@ -14,7 +14,6 @@ pub struct ProposalResult {
     pub outcomes: Vec<Outcome>,
 }
 
-
 /// What one command did.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Outcome {
@@ -251,4 +250,3 @@ pub enum CommandError {
     #[error("placement refused: {0}")]
     Placement(String),
 }
-

@@ -57,8 +57,10 @@
 //! rule, so `Σ granted ≤ L` holds for it as for any window; it becomes the
 //! live window when the current one ends, with what it granted.
 
-use super::outcome::{CommandError, Outcome, PoolGrantOutcome, PoolReleaseDisposition, PoolReleaseOutcome};
 use super::lease::MAX_REGIONS_PER_WINDOW;
+use super::outcome::{
+    CommandError, Outcome, PoolGrantOutcome, PoolReleaseDisposition, PoolReleaseOutcome,
+};
 use super::region_uses::RegionUses;
 use super::state::CoordinatorState;
 use super::windows::{RegionUse, WindowRecord};

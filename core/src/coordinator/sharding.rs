@@ -63,8 +63,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-pub use super::moves::{AcquirePart, MoveId, PlacementChange, SessionsPart};
 use super::command::Command;
+pub use super::moves::{AcquirePart, MoveId, PlacementChange, SessionsPart};
 use super::sessions::MovedSession;
 use super::windows::{MovedFloors, MovedKey};
 use crate::ids::Key;

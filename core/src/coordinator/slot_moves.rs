@@ -5,9 +5,9 @@
 //! command passes first.
 
 use super::command::Command;
+use super::moves::{AcquirePart, MoveId, PlacementChange, SessionsPart};
 use super::outcome::{CommandError, Outcome, ShardingOutcome};
 use super::sessions::MovedSession;
-use super::moves::{AcquirePart, MoveId, PlacementChange, SessionsPart};
 use super::sharding::{Arrival, Outgoing, Sharding};
 use super::state::CoordinatorState;
 use super::windows::MovedKey;
@@ -54,7 +54,6 @@ impl Outgoing {
         }
     }
 }
-
 
 /// Why the move `slots`, out of a shard other than 0, cannot be made in
 /// `after` (the placement it would make): slots go back into shard 0

@@ -1006,7 +1006,6 @@ mod tests {
         assert_eq!(want_of(&plan.commands[plan.lapses]), 35);
     }
 
-
     fn seq(client: &str, seq: u64) -> Option<RequestId> {
         Some(RequestId {
             client: ClientId::new(client).expect("valid"),
@@ -1095,15 +1094,28 @@ mod tests {
                 },
             ]
         );
-        assert_eq!((plan.lapses, plan.joined, plan.in_flight.len()), (1, true, 1));
+        assert_eq!(
+            (plan.lapses, plan.joined, plan.in_flight.len()),
+            (1, true, 1)
+        );
         let (commands, receipt) = plan.into_parts();
-        let outcomes = state.apply(&Proposal { stamp_ms: late, commands }).outcomes;
-        let finished = desk.finish(receipt, outcomes).expect("one outcome per command");
+        let outcomes = state
+            .apply(&Proposal {
+                stamp_ms: late,
+                commands,
+            })
+            .outcomes;
+        let finished = desk
+            .finish(receipt, outcomes)
+            .expect("one outcome per command");
         assert_eq!(finished.lapsed, 1);
         match (&finished.call, &finished.join) {
             (Outcome::PoolGrant(grant), Some(Outcome::PoolGrant(joined))) => {
                 assert_eq!((grant.granted_total, grant.granted_increment), (90, 40));
-                assert_eq!((joined.window_start_ms, joined.granted_increment), (next, 30));
+                assert_eq!(
+                    (joined.window_start_ms, joined.granted_increment),
+                    (next, 30)
+                );
             }
             other => panic!("{other:?}"),
         }
@@ -1138,16 +1150,27 @@ mod tests {
                 any::<bool>(),
                 proptest::option::weighted(0.2, 0..100u64),
             )
-                .prop_map(|(region, holder, weight, want, want_more, advance_ms, join, release_keeping)| Step {
-                    region,
-                    holder,
-                    weight,
-                    want,
-                    want_more,
-                    advance_ms,
-                    join,
-                    release_keeping,
-                })
+                .prop_map(
+                    |(
+                        region,
+                        holder,
+                        weight,
+                        want,
+                        want_more,
+                        advance_ms,
+                        join,
+                        release_keeping,
+                    )| Step {
+                        region,
+                        holder,
+                        weight,
+                        want,
+                        want_more,
+                        advance_ms,
+                        join,
+                        release_keeping,
+                    },
+                )
         }
 
         const REGIONS: [&str; 3] = ["eu", "us", "ap"];

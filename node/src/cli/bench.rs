@@ -13,9 +13,9 @@ use leasehold_core::policy::{Policy, MAX_LIMIT};
 use serde_json::json;
 use tokio::time::Instant;
 
-use super::output::emit;
-use super::error::CliError;
 use super::args::ClientArgs;
+use super::error::CliError;
+use super::output::emit;
 
 /// Options of `leasehold bench`.
 #[derive(Debug, Clone, Args)]

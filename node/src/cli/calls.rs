@@ -3,9 +3,9 @@
 use clap::Args;
 use serde_json::json;
 
-use super::output::{disposition_name, emit, lease_json, window_json};
-use super::error::CliError;
 use super::args::ClientArgs;
+use super::error::CliError;
+use super::output::{disposition_name, emit, lease_json, window_json};
 
 /// Options of `leasehold lease`.
 #[derive(Debug, Clone, Args)]

@@ -8,9 +8,9 @@ use leasehold_core::policy::Policy;
 use leasehold_proto::v1 as pb;
 use serde_json::json;
 
-use super::output::{emit, status_json, status_text};
-use super::error::CliError;
 use super::args::ClientArgs;
+use super::error::CliError;
+use super::output::{emit, status_json, status_text};
 
 /// Options of `leasehold cluster`.
 #[derive(Debug, Clone, Args)]

@@ -9,8 +9,8 @@ use std::path::PathBuf;
 use clap::{Args, Subcommand};
 use serde_json::json;
 
-use super::output::OutputFormat;
 use super::error::CliError;
+use super::output::OutputFormat;
 use crate::config_check::{check_file, CheckOptions, FileKind, FileReport, Severity};
 
 /// Options of `leasehold config`.

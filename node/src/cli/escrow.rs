@@ -5,14 +5,14 @@ use clap::Args;
 use leasehold_core::fair_throttle::FairThrottleConfig;
 use leasehold_core::ids::RegionId;
 
-use super::error::CliError;
 use super::args::ServerTlsArgs;
+use super::error::CliError;
 use super::signal::shutdown_signal;
+use crate::error::NodeError;
 use crate::escrow::config_file::EscrowFile;
 use crate::escrow::fair_throttle::DEFAULT_FAIR_RETRY_AFTER_MS;
 use crate::escrow::{serve_escrow, EscrowConfig, FairThrottleRule};
 use crate::tls::Security;
-use crate::error::NodeError;
 use leasehold_core::predictive_sizer::SizerKind;
 
 /// Arguments of `leasehold escrow`.

@@ -10,8 +10,8 @@ use leasehold_core::fair_throttle::evaluation::{evaluate, AdmissionPolicy, Evalu
 use leasehold_core::fair_throttle::{FairThrottleConfig, LevelCombine};
 use serde_json::json;
 
-use super::output::{emit, OutputFormat};
 use super::error::CliError;
+use super::output::{emit, OutputFormat};
 
 /// Options of `leasehold fair-eval`.
 #[derive(Debug, Clone, Args)]

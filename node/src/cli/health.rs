@@ -29,9 +29,9 @@ use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
 
-use super::output::{emit, OutputFormat};
-use super::error::CliError;
 use super::args::TransportArgs;
+use super::error::CliError;
+use super::output::{emit, OutputFormat};
 
 /// Options of `leasehold health`.
 #[derive(Debug, Clone, Args)]

@@ -55,9 +55,7 @@ pub mod signal;
 pub mod snapshot;
 pub mod watch;
 
-
 use clap::{Parser, Subcommand};
-
 
 pub use args::{ClientArgs, ServerTlsArgs, TransportArgs};
 pub use error::CliError;

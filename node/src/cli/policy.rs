@@ -8,10 +8,10 @@ use leasehold_core::policy::{OutagePolicy, Policy};
 use leasehold_proto::v1 as pb;
 use serde_json::json;
 
-use super::config::report_text;
-use super::output::{emit, policy_json, policy_text};
-use super::error::CliError;
 use super::args::ClientArgs;
+use super::config::report_text;
+use super::error::CliError;
+use super::output::{emit, policy_json, policy_text};
 use crate::config_check::{check_file, CheckOptions, FileKind};
 use crate::policy_file::PolicyFile;
 

@@ -5,8 +5,8 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use super::error::CliError;
 use super::args::ServerTlsArgs;
+use super::error::CliError;
 use super::signal::shutdown_signal;
 use crate::config::NodeConfig;
 

@@ -12,9 +12,9 @@ use leasehold_proto::v1 as pb;
 use pb::change_placement_request::Change;
 use serde_json::{json, Value};
 
-use super::output::emit;
-use super::error::CliError;
 use super::args::ClientArgs;
+use super::error::CliError;
+use super::output::emit;
 
 /// Options of `leasehold shard`.
 #[derive(Debug, Clone, Args)]

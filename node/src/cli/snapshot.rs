@@ -16,9 +16,9 @@ use leasehold_raft_store::backup::{
 use leasehold_raft_store::SnapshotEnvelope;
 use serde_json::{json, Value};
 
-use super::output::{emit, OutputFormat};
-use super::error::CliError;
 use super::args::ClientArgs;
+use super::error::CliError;
+use super::output::{emit, OutputFormat};
 
 /// Options of `leasehold snapshot`.
 #[derive(Debug, Clone, Args)]

@@ -20,9 +20,9 @@ use leasehold_proto::v1::watch_request::Target;
 use serde_json::json;
 use tonic::Code;
 
-use super::output::{window_json, OutputFormat};
-use super::error::CliError;
 use super::args::ClientArgs;
+use super::error::CliError;
+use super::output::{window_json, OutputFormat};
 
 /// Pause before trying the next endpoint after a stream broke.
 const RECONNECT_PAUSE: Duration = Duration::from_millis(500);

@@ -7,9 +7,9 @@
 use std::path::PathBuf;
 
 use super::field_checks::{key_problems, FileLookup};
-use crate::toml_file::{FieldPath, Problem};
 use crate::escrow::config_file::{EscrowFile, FairThrottleFile};
 use crate::tls::Security;
+use crate::toml_file::{FieldPath, Problem};
 
 const EXAMPLE: &str = "deploy/config/escrow.example.toml";
 

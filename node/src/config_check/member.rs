@@ -11,9 +11,9 @@
 use std::path::PathBuf;
 
 use super::field_checks::{key_problems, FileLookup};
-use crate::toml_file::{FieldPath, Problem};
 use crate::config::{ConfigError, NodeConfig};
 use crate::tls::Security;
+use crate::toml_file::{FieldPath, Problem};
 
 const EXAMPLE: &str = "deploy/config/node.example.toml";
 

@@ -3,8 +3,8 @@
 //! refuses (the rules of `leasehold policy set`).
 
 use super::field_checks::key_problems;
-use crate::toml_file::{FieldPath, Problem};
 use crate::policy_file::{PolicyEntry, PolicyFile};
+use crate::toml_file::{FieldPath, Problem};
 
 const EXAMPLE: &str = "deploy/config/policies.example.toml";
 

@@ -98,7 +98,11 @@ fn every_case_is_found_as_its_expect_file_says() {
                 let field = words.next().expect("a field");
                 let at = words.next().expect("a line");
                 (
-                    if field == "-" { String::new() } else { field.to_string() },
+                    if field == "-" {
+                        String::new()
+                    } else {
+                        field.to_string()
+                    },
                     (at != "-").then(|| at.parse().expect("a line number")),
                 )
             })
@@ -112,7 +116,11 @@ fn every_case_is_found_as_its_expect_file_says() {
     }
     // What the cases say in words, beyond field and line.
     let unknown = check(&std::fs::read_to_string(folder.join("member-problems.toml")).unwrap());
-    let unknown = unknown.findings.iter().find(|f| f.field == "haertbeat_ms").unwrap();
+    let unknown = unknown
+        .findings
+        .iter()
+        .find(|f| f.field == "haertbeat_ms")
+        .unwrap();
     assert!(unknown.problem.contains("unknown field"), "{unknown:?}");
     let escrow = check(&std::fs::read_to_string(folder.join("escrow-bad-values.toml")).unwrap());
     assert!(escrow.findings.iter().any(|f| f.severity == Severity::Note));

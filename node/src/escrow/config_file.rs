@@ -34,8 +34,8 @@ use leasehold_core::ids::RegionId;
 use leasehold_core::predictive_sizer::SizerKind;
 use serde::{Deserialize, Serialize};
 
-use super::fair_throttle::{FairThrottleRule, DEFAULT_FAIR_RETRY_AFTER_MS};
 use super::config::EscrowConfig;
+use super::fair_throttle::{FairThrottleRule, DEFAULT_FAIR_RETRY_AFTER_MS};
 use crate::error::NodeError;
 use crate::tls::Security;
 use crate::toml_file::{self, FieldPath, Problem, TomlFileError};

@@ -10,8 +10,8 @@ use futures::future::BoxFuture;
 use futures::FutureExt;
 use leasehold_proto::v1 as pb;
 
-use super::watch::{Sample, Sampler, View};
 use super::limits::{WatchTarget, MAX_COUNTED_KEYS, MAX_WATCHED_KEYS};
+use super::watch::{Sample, Sampler, View};
 use crate::escrow::actor::KeyView;
 use crate::escrow::table::KeyTable;
 

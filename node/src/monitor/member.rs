@@ -15,8 +15,8 @@ use leasehold_core::ids::Key;
 use leasehold_proto::convert::coordinator::window_response;
 use leasehold_proto::v1 as pb;
 
-use super::watch::{Sample, Sampler, View};
 use super::limits::{WatchTarget, MAX_COUNTED_KEYS, MAX_WATCHED_KEYS};
+use super::watch::{Sample, Sampler, View};
 use crate::coordinator::context::NodeContext;
 use crate::coordinator::leader::LeaderView;
 use crate::coordinator::shard::routing::{HostedApis, ShardRouting};

@@ -250,7 +250,10 @@ fn every_region_runs_two_escrow_nodes_and_keeps_one_up() -> Result<()> {
             (None, Some(hpa)) => {
                 let least = hpa["spec"]["minReplicas"].as_i64().unwrap_or(1);
                 let most = hpa["spec"]["maxReplicas"].as_i64().unwrap_or(0);
-                ensure!(most >= least, "{deployment_name}: scales to {most}, below {least}");
+                ensure!(
+                    most >= least,
+                    "{deployment_name}: scales to {most}, below {least}"
+                );
                 let down = &hpa["spec"]["behavior"]["scaleDown"];
                 ensure!(
                     down["stabilizationWindowSeconds"].as_i64().unwrap_or(0) >= 60
@@ -783,18 +786,32 @@ fn member_addresses_are_read_from_lists_and_member_pairs() {
 #[test]
 fn backups_are_scheduled_from_the_members_into_their_own_claim() -> Result<()> {
     let docs = manifests()?;
-    let cron = of_kind(&docs, "CronJob").next().context("no backup CronJob")?;
+    let cron = of_kind(&docs, "CronJob")
+        .next()
+        .context("no backup CronJob")?;
     ensure!(cron["spec"]["concurrencyPolicy"].as_str() == Some("Forbid"));
-    ensure!(cron["spec"]["jobTemplate"]["spec"]["activeDeadlineSeconds"].as_i64().is_some());
+    ensure!(cron["spec"]["jobTemplate"]["spec"]["activeDeadlineSeconds"]
+        .as_i64()
+        .is_some());
     let template = template_of(cron);
     let args = strings(&containers(template)[0]["args"]);
-    ensure!(args.starts_with(&["snapshot".to_string(), "save".to_string()]), "{args:?}");
+    ensure!(
+        args.starts_with(&["snapshot".to_string(), "save".to_string()]),
+        "{args:?}"
+    );
     let keep: i64 = flag_value(&args, "--keep").context("--keep")?.parse()?;
     ensure!(keep >= 1, "--keep {keep}");
-    let statefulset = of_kind(&docs, "StatefulSet").next().context("no StatefulSet")?;
-    let replicas = statefulset["spec"]["replicas"].as_i64().context("replicas")?;
+    let statefulset = of_kind(&docs, "StatefulSet")
+        .next()
+        .context("no StatefulSet")?;
+    let replicas = statefulset["spec"]["replicas"]
+        .as_i64()
+        .context("replicas")?;
     let endpoints = member_addresses(flag_value(&args, "--endpoint").context("--endpoint")?);
-    ensure!(endpoints.len() as i64 == replicas, "the backup names {endpoints:?}");
+    ensure!(
+        endpoints.len() as i64 == replicas,
+        "the backup names {endpoints:?}"
+    );
     ensure!(
         flag_value(&args, "--tls-cert").is_some_and(|c| c.contains("operator-")),
         "backups are taken as an operator"
@@ -826,10 +843,15 @@ fn service_monitors_select_services_with_a_metrics_port() -> Result<()> {
     let mut monitors = Vec::new();
     for resource in strings(&kustomization["resources"]) {
         if resource != "../base" {
-            monitors.extend(load_documents(&deploy_dir().join("k8s/prometheus-operator").join(resource))?);
+            monitors.extend(load_documents(
+                &deploy_dir().join("k8s/prometheus-operator").join(resource),
+            )?);
         }
     }
-    ensure!(monitors.len() >= 2, "a monitor for the members and one for the escrow nodes");
+    ensure!(
+        monitors.len() >= 2,
+        "a monitor for the members and one for the escrow nodes"
+    );
     for monitor in &monitors {
         ensure!(kind(monitor) == "ServiceMonitor", "{}", kind(monitor));
         let wanted = string_map(&monitor["spec"]["selector"]["matchLabels"]);
@@ -850,4 +872,3 @@ fn service_monitors_select_services_with_a_metrics_port() -> Result<()> {
     }
     Ok(())
 }
-
